@@ -1,0 +1,352 @@
+//! Request and reply types of the embedded [`crate::Inbox`] API.
+//!
+//! The vocabulary is SPEC.md's: `msg_seq` orders a conversation, `sync_seq`
+//! orders a user's event stream, a device has a `generation` and an
+//! `acked_sync_seq`. The daemon translates wire frames into exactly these
+//! types and nothing more.
+
+use bytes::Bytes;
+
+pub type Uid = u64;
+pub type ConvId = u64;
+pub type DeviceId = u64;
+/// Server-assigned, unique across the store. The top [`MSG_ID_SHARD_BITS`]
+/// bits are reserved for a shard id (R3).
+pub type MsgId = u64;
+pub type MsgSeq = u64;
+pub type SyncSeq = u64;
+pub type Generation = u64;
+/// Client-chosen idempotency key, unique per sender (a UUID fits).
+pub type ClientMsgId = u128;
+/// Milliseconds since the Unix epoch, as stamped by the sequencer.
+pub type TimestampMs = u64;
+
+pub const MSG_ID_SHARD_BITS: u32 = 10;
+
+/// Application message type; opaque to the store except for the control
+/// kinds the store itself writes (join, leave, recall, edit).
+pub type MsgType = u16;
+
+/// What a message in a conversation log is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MessageKind {
+    /// An ordinary message with a payload.
+    Normal,
+    /// A member joined; `target` is unused.
+    Join,
+    /// A member left; `target` is unused.
+    Leave,
+    /// Recall of `target`; the target becomes a tombstone.
+    Recall,
+    /// Edit of `target`; the payload is the new body.
+    Edit,
+}
+
+/// One message as served by pull and history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub conv: ConvId,
+    pub msg_seq: MsgSeq,
+    pub msg_id: MsgId,
+    pub sender: Uid,
+    pub kind: MessageKind,
+    pub msg_type: MsgType,
+    /// For recall and edit: the message they refer to.
+    pub target: Option<MsgId>,
+    pub sent_at_ms: TimestampMs,
+    /// True when this message was recalled: `payload` is then empty and the
+    /// original body is never served again (R6, R13).
+    pub tombstone: bool,
+    pub payload: Bytes,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendRequest {
+    pub conv: ConvId,
+    pub sender: Uid,
+    pub client_msg_id: ClientMsgId,
+    pub msg_type: MsgType,
+    pub payload: Bytes,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendReply {
+    pub msg_id: MsgId,
+    pub msg_seq: MsgSeq,
+    /// True when `(sender, client_msg_id)` was seen before: the ids are the
+    /// original message's and nothing new was written.
+    pub duplicate: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecallRequest {
+    pub conv: ConvId,
+    pub sender: Uid,
+    pub client_msg_id: ClientMsgId,
+    pub target: MsgId,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EditRequest {
+    pub conv: ConvId,
+    pub sender: Uid,
+    pub client_msg_id: ClientMsgId,
+    pub target: MsgId,
+    pub payload: Bytes,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MembershipReply {
+    /// The `msg_seq` of the join or leave record in the conversation.
+    pub msg_seq: MsgSeq,
+    pub period_id: u32,
+}
+
+/// Kind of a user sync event. The space is open: a client must skip a kind
+/// it does not know (`Unknown` carries the raw code).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    Msg,
+    Read,
+    Recall,
+    Edit,
+    Conv,
+    Member,
+    Dirty,
+    Unknown(u8),
+}
+
+/// One event of a user's sync stream: a reference plus a small summary,
+/// never a message body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncEvent {
+    pub sync_seq: SyncSeq,
+    pub kind: EventKind,
+    pub conv: ConvId,
+    /// The conversation position the event refers to (the message, the read
+    /// cursor, the join/leave record…).
+    pub msg_seq: MsgSeq,
+    pub msg_id: MsgId,
+    pub at_ms: TimestampMs,
+    /// A short inline summary (at most [`SUMMARY_BYTES_MAX`] bytes).
+    pub summary: Bytes,
+}
+
+pub const SUMMARY_BYTES_MAX: usize = 64;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncRequest {
+    pub uid: Uid,
+    pub device: DeviceId,
+    /// The generation the device believes it is in; `None` after a
+    /// reinstall.
+    pub generation: Option<Generation>,
+    /// The highest `sync_seq` the device has applied locally.
+    pub local_applied_seq: SyncSeq,
+    /// Page size; default 100, hard cap 500.
+    pub limit: u32,
+    /// Present on every page after the first of a batch.
+    pub batch_token: Option<Bytes>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncPage {
+    pub events: Vec<SyncEvent>,
+    /// Where the next page starts (the last event's seq).
+    pub next_cursor: SyncSeq,
+    /// More events up to `batch_hwm` remain.
+    pub has_more: bool,
+    pub acked_sync_seq: SyncSeq,
+    /// Fixed on the first page of a batch (R9).
+    pub batch_hwm: SyncSeq,
+    pub batch_token: Bytes,
+    /// The device's generation; differs from the request when the device was
+    /// put into recovery (R10).
+    pub generation: Generation,
+    /// Set when this batch is a recovery lease; finish it with
+    /// `finish_lease`.
+    pub lease: Option<LeaseInfo>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseInfo {
+    pub lease_id: u64,
+    pub resume_from: SyncSeq,
+    pub hwm: SyncSeq,
+    pub expires_at_ms: TimestampMs,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AckRequest {
+    pub uid: Uid,
+    pub device: DeviceId,
+    pub generation: Generation,
+    pub seq: SyncSeq,
+    pub batch_token: Bytes,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AckReply {
+    /// The device's ACK after this call; an older ACK is a no-op that
+    /// returns the current value (R11).
+    pub acked_sync_seq: SyncSeq,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceState {
+    Active,
+    Recovering,
+    Resetting,
+    Revoked,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub device: DeviceId,
+    pub generation: Generation,
+    pub acked_sync_seq: SyncSeq,
+    pub state: DeviceState,
+    pub last_seen_ms: TimestampMs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegisterReply {
+    pub device: DeviceInfo,
+    /// The least recently seen device evicted by the device cap (R17).
+    pub evicted: Option<DeviceId>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvPull {
+    pub conv: ConvId,
+    pub messages: Vec<Message>,
+    pub has_more: bool,
+    /// The conversation's current committed max `msg_seq`.
+    pub max_seq: MsgSeq,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HistoryPage {
+    /// Newest first.
+    pub messages: Vec<Message>,
+    pub has_more: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadReply {
+    pub read_seq: MsgSeq,
+    pub unread: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvSummary {
+    pub conv: ConvId,
+    pub last_msg_seq: MsgSeq,
+    pub last_msg_id: MsgId,
+    pub last_sender: Uid,
+    pub last_summary: Bytes,
+    pub unread: u32,
+    pub read_seq: MsgSeq,
+    pub last_activity_ms: TimestampMs,
+    pub muted: bool,
+    pub pinned: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvListPage {
+    /// Ordered by last activity, newest first.
+    pub convs: Vec<ConvSummary>,
+    /// Pass back to get the next page; `None` at the end.
+    pub next_cursor: Option<Bytes>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvFlags {
+    pub muted: bool,
+    pub pinned: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotState {
+    Building,
+    Ready,
+    Installed,
+    Expired,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub snapshot_id: u64,
+    pub base_sync_seq: SyncSeq,
+    pub generation: Generation,
+    pub state: SnapshotState,
+    pub pages: u32,
+    /// SHA-256 over the snapshot's pages, set once READY.
+    pub manifest_digest: [u8; 32],
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotPage {
+    pub snapshot_id: u64,
+    pub page: u32,
+    pub pages: u32,
+    pub convs: Vec<ConvSummary>,
+    /// The last N messages of the conversations on this page (tombstones
+    /// included, bodies of recalled messages never).
+    pub messages: Vec<Message>,
+}
+
+/// What holds a user's events back from compaction (R19).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fence {
+    DeviceAck { device: DeviceId, acked_sync_seq: SyncSeq },
+    RecoveryLease { device: DeviceId, lease_id: u64, resume_from: SyncSeq },
+    Snapshot { snapshot_id: u64, base_sync_seq: SyncSeq },
+    SafetyWindow { oldest_kept: SyncSeq },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserExplain {
+    pub uid: Uid,
+    pub oldest_retained: SyncSeq,
+    pub committed_sync_seq: SyncSeq,
+    pub floor: SyncSeq,
+    /// Every fence, lowest first; the first is what holds the floor.
+    pub fences: Vec<Fence>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentExplain {
+    pub stream: String,
+    pub segment: u32,
+    pub bytes: u64,
+    pub live_bytes: u64,
+    pub live_records: u64,
+    /// Human-readable reasons the live records are still held.
+    pub held_by: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompactionReport {
+    pub events_reclaimed: u64,
+    pub bytes_reclaimed: u64,
+    pub bytes_rewritten: u64,
+    pub segments_dropped: u64,
+    pub segments_rewritten: u64,
+}
+
+/// Counters and gauges for `stats` and the metrics endpoint (R26).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub users: u64,
+    pub conversations: u64,
+    pub devices: u64,
+    pub messages: u64,
+    pub events_live: u64,
+    pub write_batches: u64,
+    pub fsyncs: u64,
+    pub fsync_latency_us_sum: u64,
+    pub bytes_on_disk: u64,
+    pub index_bytes: u64,
+    pub compaction: CompactionReport,
+}

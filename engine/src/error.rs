@@ -1,0 +1,45 @@
+//! The engine's error type. Every variant maps to one protocol error code
+//! (R24); see [`Error::code`].
+
+use crate::api::{Generation, SyncSeq};
+use crate::log::LogError;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Errors returned by the [`crate::Inbox`] API.
+///
+/// A request that fails with any of these changed nothing, except
+/// [`Error::ResetRequired`] from `sync`, which has bumped the device's
+/// generation as R10 requires (the new generation is carried).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error("forbidden: {0}")]
+    Forbidden(String),
+    #[error("stale generation: device is at generation {current}")]
+    StaleGeneration { current: Generation },
+    #[error("reset required: install a snapshot (device generation is now {generation})")]
+    ResetRequired { generation: Generation },
+    #[error("device revoked")]
+    DeviceRevoked,
+    #[error("device is resetting: finish the snapshot install first")]
+    DeviceResetting,
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("too large: {size} bytes exceeds the limit of {limit}")]
+    TooLarge { size: u64, limit: u64 },
+    #[error("batch token is invalid or expired")]
+    BadToken,
+    #[error("ack {seq} is beyond the batch high watermark {batch_hwm}")]
+    AckBeyondHwm { seq: SyncSeq, batch_hwm: SyncSeq },
+    #[error("version conflict: {0}")]
+    Conflict(String),
+    #[error("storage is full: {0}")]
+    NoSpace(String),
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}

@@ -1,0 +1,1 @@
+//! inbox-server: the inboxd daemon, its async Rust client, and inboxctl.

@@ -1,0 +1,1 @@
+//! Helpers for end-to-end tests against the real inboxd binary.
