@@ -223,7 +223,11 @@ pub enum Event {
         body: EventRef,
     },
     /// A kind this build does not know (never 1..=7).
-    Unknown { sync_seq: u64, kind: u8, body: Bytes },
+    Unknown {
+        sync_seq: u64,
+        kind: u8,
+        body: Bytes,
+    },
 }
 
 impl Event {
@@ -560,7 +564,10 @@ pub enum Fence {
         resume_from: u64,
     },
     /// Tag 3.
-    Snapshot { snapshot_id: u64, base_sync_seq: u64 },
+    Snapshot {
+        snapshot_id: u64,
+        base_sync_seq: u64,
+    },
     /// Tag 4.
     SafetyWindow { oldest_kept: u64 },
 }
@@ -619,7 +626,11 @@ impl Field for Fence {
             4 => Self::SafetyWindow {
                 oldest_kept: r.u64()?,
             },
-            other => return Err(WireError::Malformed(format!("fence tag {other} is unknown"))),
+            other => {
+                return Err(WireError::Malformed(format!(
+                    "fence tag {other} is unknown"
+                )))
+            }
         })
     }
 }

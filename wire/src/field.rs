@@ -121,7 +121,9 @@ impl Field for bool {
         match r.u8()? {
             0 => Ok(false),
             1 => Ok(true),
-            other => Err(WireError::Malformed(format!("bool byte is {other}, not 0 or 1"))),
+            other => Err(WireError::Malformed(format!(
+                "bool byte is {other}, not 0 or 1"
+            ))),
         }
     }
 }
@@ -187,7 +189,9 @@ impl<T: Field> Field for Option<T> {
         match r.u8()? {
             0 => Ok(None),
             1 => Ok(Some(T::get(r)?)),
-            other => Err(WireError::Malformed(format!("option tag is {other}, not 0 or 1"))),
+            other => Err(WireError::Malformed(format!(
+                "option tag is {other}, not 0 or 1"
+            ))),
         }
     }
 }

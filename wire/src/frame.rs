@@ -89,7 +89,9 @@ impl FrameCodec {
             });
         }
         if frame_len < HEADER_AFTER_LEN_BYTES {
-            return Err(WireError::FrameTooShort { declared: frame_len });
+            return Err(WireError::FrameTooShort {
+                declared: frame_len,
+            });
         }
         let total = LEN_BYTES + frame_len as usize;
         if buf.len() < total {

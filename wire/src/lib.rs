@@ -40,7 +40,10 @@ pub enum WireError {
 impl WireError {
     /// True when the byte stream can no longer be split into frames.
     pub fn is_stream_fatal(&self) -> bool {
-        matches!(self, Self::FrameTooLarge { .. } | Self::FrameTooShort { .. })
+        matches!(
+            self,
+            Self::FrameTooLarge { .. } | Self::FrameTooShort { .. }
+        )
     }
 
     /// The protocol error code a server answers this with.

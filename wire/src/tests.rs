@@ -35,7 +35,11 @@ fn decode_waits_for_every_byte_of_a_frame() {
     let bytes = frame_bytes(&frame);
     let mut buf = BytesMut::new();
     for (i, byte) in bytes.iter().enumerate() {
-        assert_eq!(decode(&mut buf).expect("never corrupt"), None, "after {i} bytes");
+        assert_eq!(
+            decode(&mut buf).expect("never corrupt"),
+            None,
+            "after {i} bytes"
+        );
         buf.put_u8(*byte);
     }
     assert_eq!(decode(&mut buf).expect("whole frame"), Some(frame));
@@ -58,7 +62,11 @@ fn frame_declaring_4_gib_is_refused_before_any_allocation() {
     );
     assert!(err.is_stream_fatal());
     assert_eq!(err.code(), ErrorCode::TooLarge);
-    assert_eq!(buf.capacity(), capacity_before, "nothing reserved for the frame");
+    assert_eq!(
+        buf.capacity(),
+        capacity_before,
+        "nothing reserved for the frame"
+    );
 }
 
 #[test]
@@ -127,7 +135,10 @@ fn truncated_body_is_malformed() {
     .encode_body();
     for cut in 0..body.len() {
         let err = Request::decode(Op::Send as u8, body.slice(..cut)).expect_err("cut short");
-        assert!(matches!(err, WireError::Malformed(_)), "cut at {cut}: {err:?}");
+        assert!(
+            matches!(err, WireError::Malformed(_)),
+            "cut at {cut}: {err:?}"
+        );
     }
 }
 
