@@ -216,6 +216,16 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
                     _ = shutdown.changed() => break Close::Quietly,
                 };
                 match read {
+                    Ok(Ok(0)) if !buf.is_empty() => {
+                        // The peer half-closed inside a frame; it may still
+                        // be reading, so say what happened.
+                        let message =
+                            format!("stream ended inside a frame ({} bytes buffered)", buf.len());
+                        let _ = tx
+                            .send(error_frame(0, ErrorCode::BadRequest, 0, message))
+                            .await;
+                        break Close::WithError;
+                    }
                     Ok(Ok(0)) | Ok(Err(_)) => break Close::Quietly,
                     Ok(Ok(_)) => continue,
                     Err(_idle) => {

@@ -8,7 +8,7 @@ use std::fmt;
 
 macro_rules! codes {
     ($( $(#[$meta:meta])* $name:ident = $code:expr, $text:expr; )*) => {
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
         #[non_exhaustive]
         pub enum ErrorCode {
             $( $(#[$meta])* $name, )*
@@ -60,6 +60,7 @@ codes! {
     TooLarge = 8, "TOO_LARGE";
     /// Unknown opcode or protocol version.
     Unsupported = 9, "UNSUPPORTED";
+    #[default]
     Internal = 10, "INTERNAL";
     /// The device is installing a snapshot; finish it first.
     DeviceResetting = 11, "DEVICE_RESETTING";
@@ -73,12 +74,6 @@ codes! {
     /// The server is shutting down or its log is poisoned; retry elsewhere
     /// or later.
     Unavailable = 17, "UNAVAILABLE";
-}
-
-impl Default for ErrorCode {
-    fn default() -> Self {
-        Self::Internal
-    }
 }
 
 impl fmt::Display for ErrorCode {

@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the binary protocol and the metrics endpoint.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Check every record of a data directory offline (the daemon must not
     /// be running on it).
     Verify {
