@@ -191,13 +191,7 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
 
 fn start(name: &str, args: &Args, base: &Path) -> Result<Box<dyn System>> {
     match name {
-        #[cfg(feature = "inboxd")]
         "inboxd" => systems::inboxd::Inboxd::start(base, args.inboxd.as_deref()),
-        #[cfg(not(feature = "inboxd"))]
-        "inboxd" => {
-            let _ = args.inboxd;
-            Err("not built in (feature inboxd)".into())
-        }
         #[cfg(feature = "mariadb")]
         "mariadb" => {
             let Some((server, install_db)) = systems::mariadb::installed() else {

@@ -81,10 +81,6 @@ pub struct Outgoing<'a> {
     pub recipients: &'a [Uid],
     pub payload: &'a [u8],
     /// Unique per send of a run (the idempotency key).
-    #[cfg_attr(
-        not(feature = "inboxd"),
-        expect(dead_code, reason = "only inboxd takes idempotency keys")
-    )]
     pub client_msg_id: u128,
 }
 

@@ -7,7 +7,6 @@
 //! send or an ACK only once it is durable (fsynced), except the one labelled
 //! `redis-everysec`, which is measured to show what weaker durability buys.
 
-#[cfg(feature = "inboxd")]
 pub mod inboxd;
 pub mod limit;
 #[cfg(feature = "mariadb")]
@@ -34,10 +33,6 @@ pub struct DeviceCursor {
     pub acked: u64,
     /// A system-specific position (a Redis stream id, a batch token).
     pub position: Vec<u8>,
-    #[cfg_attr(
-        not(feature = "inboxd"),
-        expect(dead_code, reason = "only inboxd has generations")
-    )]
     pub generation: Option<u64>,
     /// The first page reads the server-side cursor; later ones do not.
     pub started: bool,

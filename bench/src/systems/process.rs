@@ -29,11 +29,6 @@ impl ChildGuard {
             child: Some(child),
         })
     }
-
-    #[cfg_attr(
-        not(feature = "inboxd"),
-        expect(dead_code, reason = "only inboxd prints its address")
-    )]
     /// Like [`ChildGuard::spawn`], with the child's stdout handed back (a
     /// server that prints where it listens).
     pub fn spawn_with_stdout(
