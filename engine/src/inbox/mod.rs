@@ -163,7 +163,8 @@ impl<T> Future for Pending<T> {
     type Output = Result<T>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Pin::new(&mut self.0).poll(cx).map(|received| {
-            received.unwrap_or_else(|_| Err(Error::Internal("engine stopped before replying".into())))
+            received
+                .unwrap_or_else(|_| Err(Error::Internal("engine stopped before replying".into())))
         })
     }
 }
@@ -256,7 +257,12 @@ impl Inbox {
     pub fn set_conv_flags(&self, _uid: Uid, _conv: ConvId, _flags: ConvFlags) -> Pending<()> {
         Pending::ready(not_built())
     }
-    pub fn conv_list(&self, _uid: Uid, _limit: u32, _cursor: Option<Bytes>) -> Result<ConvListPage> {
+    pub fn conv_list(
+        &self,
+        _uid: Uid,
+        _limit: u32,
+        _cursor: Option<Bytes>,
+    ) -> Result<ConvListPage> {
         not_built()
     }
     pub fn begin_snapshot(&self, _uid: Uid, _device: DeviceId) -> Pending<SnapshotInfo> {
