@@ -31,3 +31,8 @@ fn segment_recover_corpus_never_panics_and_recovers_only_written_prefixes() {
         inbox_tests::fuzzing::segment_recover::check,
     );
 }
+
+#[test]
+fn wire_decode_corpus_never_panics_and_every_accepted_frame_reencodes_exactly() {
+    replay("wire_decode", inbox_tests::fuzzing::wire_decode::check);
+}

@@ -6,3 +6,4 @@
 //! regression test.
 
 pub mod segment_recover;
+pub mod wire_decode;
