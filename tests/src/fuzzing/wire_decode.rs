@@ -50,7 +50,11 @@ fn check_frame(codec: &FrameCodec, frame: &Frame, original: &[u8]) {
     codec
         .encode(frame, &mut reencoded)
         .expect("a decoded frame fits the limit it was decoded under");
-    assert_eq!(&reencoded[..], original, "frame did not re-encode to its bytes");
+    assert_eq!(
+        &reencoded[..],
+        original,
+        "frame did not re-encode to its bytes"
+    );
 
     if let Ok(request) = Request::decode(frame.opcode, frame.body.clone()) {
         assert_eq!(
