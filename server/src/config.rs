@@ -61,6 +61,9 @@ pub struct ServeArgs {
     /// Seconds to wait for in-flight requests at shutdown [default: 30].
     #[arg(long, env = "INBOXD_SHUTDOWN_GRACE_S")]
     pub shutdown_grace_s: Option<u64>,
+    /// Lifetime of a sync batch token, seconds [default: the engine's, 600].
+    #[arg(long, env = "INBOXD_BATCH_TOKEN_TTL_S")]
+    pub batch_token_ttl_s: Option<u64>,
 }
 
 /// The same keys as [`ServeArgs`], read from TOML.
@@ -81,6 +84,7 @@ struct FileConfig {
     rate_burst: Option<u32>,
     sync: Option<String>,
     shutdown_grace_s: Option<u64>,
+    batch_token_ttl_s: Option<u64>,
 }
 
 /// Where the token comes from, resolved at startup.
@@ -128,6 +132,8 @@ pub struct Config {
     pub limits: Limits,
     pub sync: SyncPolicy,
     pub shutdown_grace: Duration,
+    /// `None` keeps the engine's default.
+    pub batch_token_ttl: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -265,6 +271,10 @@ impl Config {
                     .or(file.shutdown_grace_s)
                     .unwrap_or(30),
             ),
+            batch_token_ttl: args
+                .batch_token_ttl_s
+                .or(file.batch_token_ttl_s)
+                .map(Duration::from_secs),
         })
     }
 }

@@ -68,6 +68,9 @@ pub async fn run(
     let mut engine_config = InboxConfig::new(&config.data_dir);
     engine_config.sync = config.sync;
     engine_config.token_key = token_key;
+    if let Some(ttl) = config.batch_token_ttl {
+        engine_config.batch_token_ttl = ttl;
+    }
     let inbox = tokio::task::spawn_blocking(move || Inbox::open(engine_config))
         .await
         .unwrap_or_else(|join| Err(inbox_engine::Error::Internal(join.to_string())))

@@ -5,6 +5,8 @@
 //! SIGTERM (or SIGKILL) on request or when dropped. [`RawConn`] speaks raw
 //! frames for the bad-input tests.
 
+pub mod fuzzing;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -248,4 +250,76 @@ pub fn hello(token: &str) -> Request {
 /// A fresh data directory.
 pub fn data_dir() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")
+}
+
+/// Registers `device` for `uid` and returns its generation.
+pub async fn register(client: &Client, uid: u64, device: u64) -> u64 {
+    client
+        .register_device(inbox_wire::UserDevice { uid, device })
+        .await
+        .expect("register device")
+        .device
+        .generation
+}
+
+/// Sends `text` from `sender` to `conv` with a fresh idempotency key.
+pub async fn send_text(
+    client: &Client,
+    conv: u64,
+    sender: u64,
+    text: &str,
+) -> inbox_wire::SendReply {
+    client
+        .send(inbox_wire::SendReq {
+            conv,
+            sender,
+            client_msg_id: rand::random(),
+            msg_type: 1,
+            payload: Bytes::from(text.to_string().into_bytes()),
+        })
+        .await
+        .expect("send")
+}
+
+/// Every message of a conversation visible to `uid`, oldest first, by
+/// paging history backwards to the start.
+pub async fn all_history(client: &Client, uid: u64, conv: u64) -> Vec<inbox_wire::Message> {
+    let mut messages = Vec::new();
+    let mut before = None;
+    loop {
+        let page = client
+            .history(inbox_wire::HistoryReq {
+                uid,
+                conv,
+                before_seq: before,
+                limit: 200,
+            })
+            .await
+            .expect("history");
+        let Some(oldest) = page.messages.last().map(|m| m.msg_seq) else {
+            break;
+        };
+        messages.extend(page.messages);
+        if !page.has_more {
+            break;
+        }
+        before = Some(oldest);
+    }
+    messages.reverse();
+    messages
+}
+
+/// The `(conv, msg_seq)` of every `msg` event, in stream order.
+pub fn msg_refs(events: &[inbox_wire::Event]) -> Vec<(u64, u64)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            inbox_wire::Event::Known {
+                kind: inbox_wire::EventKind::Msg,
+                body,
+                ..
+            } => Some((body.conv, body.msg_seq)),
+            _ => None,
+        })
+        .collect()
 }

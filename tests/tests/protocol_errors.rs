@@ -231,3 +231,18 @@ async fn sigterm_with_no_load_exits_zero() {
     let status = daemon.stop();
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test]
+async fn idle_connection_is_closed_after_the_idle_timeout() {
+    let dir = inbox_tests::data_dir();
+    let daemon = Daemon::start_with(dir.path(), &["--idle-timeout-s", "1"]);
+    let mut idle = RawConn::authenticated(daemon.addr).await;
+    let started = std::time::Instant::now();
+    assert!(idle.closed().await);
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_millis(900),
+        "closed only once idle: {waited:?}"
+    );
+    still_serves(&daemon).await;
+}
