@@ -5,6 +5,8 @@
 //! SIGTERM (or SIGKILL) on request or when dropped. [`RawConn`] speaks raw
 //! frames for the bad-input tests.
 
+pub mod fuzzing;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
