@@ -299,10 +299,22 @@ pub struct SnapshotPage {
 /// What holds a user's events back from compaction (R19).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fence {
-    DeviceAck { device: DeviceId, acked_sync_seq: SyncSeq },
-    RecoveryLease { device: DeviceId, lease_id: u64, resume_from: SyncSeq },
-    Snapshot { snapshot_id: u64, base_sync_seq: SyncSeq },
-    SafetyWindow { oldest_kept: SyncSeq },
+    DeviceAck {
+        device: DeviceId,
+        acked_sync_seq: SyncSeq,
+    },
+    RecoveryLease {
+        device: DeviceId,
+        lease_id: u64,
+        resume_from: SyncSeq,
+    },
+    Snapshot {
+        snapshot_id: u64,
+        base_sync_seq: SyncSeq,
+    },
+    SafetyWindow {
+        oldest_kept: SyncSeq,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
