@@ -1,1 +1,79 @@
-fn main() {}
+//! `inbox-bench`: the load harness. Runs each scenario against inboxd and
+//! every installed baseline (MariaDB with the seeds' schema, Redis, RocksDB)
+//! at the same durability, and measures the machine's own limits in the same
+//! run. Prints a table, writes an SVG plot and, on request, a JSON report.
+//!
+//! `--quick` (ingest and sync, small populations) finishes in under a
+//! minute; `--full` runs every scenario.
+
+mod hist;
+mod machine;
+mod report;
+mod run;
+mod scenarios;
+mod svg;
+mod systems;
+mod workload;
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Quick,
+    Full,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "Load harness: inboxd side by side with MariaDB, Redis, RocksDB and the disk's limits"
+)]
+pub struct Args {
+    /// ingest and sync only, small populations, under a minute (the default).
+    #[arg(long, conflicts_with = "full")]
+    pub quick: bool,
+    /// Every scenario: ingest, sync, reconnect-storm, long-offline, mixed, recovery.
+    #[arg(long)]
+    pub full: bool,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the SVG plot here [default: bench/results/inbox-bench-<mode>.svg].
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Systems to run, comma separated: inboxd, mariadb, redis,
+    /// redis-everysec, rocksdb, limit [default: all that are available].
+    #[arg(long, value_delimiter = ',')]
+    pub systems: Vec<String>,
+    /// Client connections for ingest [default: 1,16,128].
+    #[arg(long, value_delimiter = ',')]
+    pub clients: Vec<usize>,
+    /// Users in the ingest population [quick: 2000, full: 100000].
+    #[arg(long)]
+    pub users: Option<u64>,
+    /// Measured seconds per ingest run [quick: 1.5, full: 10].
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Where the systems' temporary data directories go (the disk measured).
+    #[arg(long, env = "INBOX_BENCH_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The inboxd binary [default: target/release/inboxd, else target/debug/inboxd].
+    #[arg(long, env = "INBOX_BENCH_INBOXD")]
+    pub inboxd: Option<PathBuf>,
+    /// Seed of the workload.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+}
+
+fn main() {
+    let args = Args::parse();
+    match run::run(&args) {
+        Ok(()) => {}
+        Err(e) => {
+            eprintln!("inbox-bench: {e}");
+            std::process::exit(1);
+        }
+    }
+}

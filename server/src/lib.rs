@@ -1,1 +1,17 @@
 //! inbox-server: the inboxd daemon, its async Rust client, and inboxctl.
+//!
+//! - [`server::run`]: the daemon's lifecycle (bind, accept, drain, sync);
+//! - [`conn`]: one connection: handshake, limits, pipelining, hint pushes;
+//! - [`service`]: one request → one `Inbox` call → one reply, with the
+//!   field-for-field translation in [`convert`]. No inbox logic lives here;
+//! - [`metrics`]: Prometheus text exposition;
+//! - [`config`]: flags > `INBOXD_*` env > TOML file > defaults;
+//! - [`client`]: the pipelined async client used by inboxctl and the tests.
+
+pub mod client;
+pub mod config;
+pub mod conn;
+pub mod convert;
+pub mod metrics;
+pub mod server;
+pub mod service;

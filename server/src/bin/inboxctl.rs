@@ -1,1 +1,760 @@
-fn main() {}
+//! `inboxctl`: the inboxd command line for humans and scripts.
+//!
+//! Every subcommand is one or a few client calls; `--json` prints the
+//! reply as one JSON object per line, otherwise a readable `key: value`
+//! form of the same object. Exit code 1 on a server error, printed with
+//! its code.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use bytes::Bytes;
+use clap::{Parser, Subcommand};
+use inbox_server::client::{Client, ClientError};
+use inbox_wire::*;
+use serde_json::{json, Map, Value};
+
+#[derive(Parser)]
+#[command(name = "inboxctl", version, about = "Talk to an inboxd server")]
+struct Cli {
+    /// Server address.
+    #[arg(
+        long,
+        env = "INBOXCTL_ADDR",
+        default_value = "127.0.0.1:7070",
+        global = true
+    )]
+    addr: SocketAddr,
+    /// Shared secret (prefer --token-file).
+    #[arg(long, env = "INBOXCTL_TOKEN", hide_env_values = true, global = true)]
+    token: Option<String>,
+    /// File holding the shared secret [default: ./data/token].
+    #[arg(long, env = "INBOXCTL_TOKEN_FILE", global = true)]
+    token_file: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Add a user to a conversation.
+    Join {
+        #[arg(long)]
+        conv: u64,
+        #[arg(long)]
+        uid: u64,
+    },
+    /// Remove a user from a conversation.
+    Leave {
+        #[arg(long)]
+        conv: u64,
+        #[arg(long)]
+        uid: u64,
+    },
+    /// Send a message; returns once it is durable.
+    Send {
+        #[arg(long)]
+        conv: u64,
+        #[arg(long)]
+        from: u64,
+        /// Message text (sent as UTF-8 bytes).
+        #[arg(long)]
+        text: String,
+        #[arg(long, default_value_t = 1)]
+        msg_type: u16,
+        /// Idempotency key (hex, up to 32 digits) [default: random].
+        #[arg(long)]
+        client_msg_id: Option<String>,
+    },
+    /// Recall a message.
+    Recall {
+        #[arg(long)]
+        conv: u64,
+        #[arg(long)]
+        from: u64,
+        #[arg(long)]
+        msg_id: u64,
+        #[arg(long)]
+        client_msg_id: Option<String>,
+    },
+    /// Edit a message.
+    Edit {
+        #[arg(long)]
+        conv: u64,
+        #[arg(long)]
+        from: u64,
+        #[arg(long)]
+        msg_id: u64,
+        #[arg(long)]
+        text: String,
+        #[arg(long)]
+        client_msg_id: Option<String>,
+    },
+    /// Register a device for a user.
+    RegisterDevice {
+        #[arg(long)]
+        uid: u64,
+        #[arg(long)]
+        device: u64,
+    },
+    /// Revoke a device.
+    RevokeDevice {
+        #[arg(long)]
+        uid: u64,
+        #[arg(long)]
+        device: u64,
+    },
+    /// List a user's devices.
+    Devices {
+        #[arg(long)]
+        uid: u64,
+    },
+    /// Sync a device's event stream (every page of one batch).
+    ///
+    /// Without --generation the device's current generation and ACK are
+    /// looked up and used, like a device that applied everything it ACKed.
+    Sync {
+        #[arg(long)]
+        uid: u64,
+        #[arg(long)]
+        device: u64,
+        #[arg(long)]
+        generation: Option<u64>,
+        /// The highest sync_seq the device applied [default: its ACK].
+        #[arg(long)]
+        local: Option<u64>,
+        /// ACK the end of the batch (and finish a recovery lease).
+        #[arg(long)]
+        ack: bool,
+    },
+    /// ACK a sync_seq with the batch token a sync printed.
+    Ack {
+        #[arg(long)]
+        uid: u64,
+        #[arg(long)]
+        device: u64,
+        #[arg(long)]
+        generation: u64,
+        #[arg(long)]
+        seq: u64,
+        /// Hex, as printed by `sync`.
+        #[arg(long)]
+        batch_token: String,
+    },
+    /// Pull messages of conversations after cursors.
+    Pull {
+        #[arg(long)]
+        uid: u64,
+        /// CONV or CONV:AFTER_SEQ, repeatable.
+        #[arg(long = "conv", required = true)]
+        convs: Vec<String>,
+        #[arg(long, default_value_t = 0)]
+        limit: u32,
+    },
+    /// Page a conversation's history backwards.
+    History {
+        #[arg(long)]
+        uid: u64,
+        #[arg(long)]
+        conv: u64,
+        #[arg(long)]
+        before: Option<u64>,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Mark a conversation read up to a msg_seq.
+    Read {
+        #[arg(long)]
+        uid: u64,
+        #[arg(long)]
+        conv: u64,
+        #[arg(long)]
+        to: u64,
+    },
+    /// A user's conversation list, by last activity.
+    ConvList {
+        #[arg(long)]
+        uid: u64,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Start a snapshot for a device and print it (pages once ready).
+    Snapshot {
+        #[arg(long)]
+        uid: u64,
+        #[arg(long)]
+        device: u64,
+        /// Acknowledge the snapshot once its pages are read.
+        #[arg(long)]
+        ack: bool,
+    },
+    /// Server and engine counters.
+    Stats,
+    /// What holds a user's events (or a segment) back from compaction.
+    Explain {
+        #[arg(long, required_unless_present = "segment")]
+        uid: Option<u64>,
+        /// STREAM:SEGMENT_ID, e.g. evt:3.
+        #[arg(long)]
+        segment: Option<String>,
+    },
+    /// Run one compaction pass now.
+    Compact,
+    /// Write an index checkpoint now.
+    Checkpoint,
+}
+
+/// What went wrong, for the exit message.
+enum Failure {
+    Usage(String),
+    Client(ClientError),
+}
+
+impl From<ClientError> for Failure {
+    fn from(err: ClientError) -> Self {
+        Self::Client(err)
+    }
+}
+
+fn parse_cmid(text: Option<&str>) -> Result<u128, Failure> {
+    match text {
+        None => Ok(rand::random()),
+        Some(hex) => u128::from_str_radix(hex.trim_start_matches("0x"), 16)
+            .map_err(|e| Failure::Usage(format!("--client-msg-id {hex:?}: {e}"))),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Result<Bytes, Failure> {
+    if text.len() % 2 != 0 {
+        return Err(Failure::Usage(
+            "hex must have an even number of digits".into(),
+        ));
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16))
+        .collect::<Result<Vec<u8>, _>>()
+        .map(Bytes::from)
+        .map_err(|e| Failure::Usage(format!("bad hex: {e}")))
+}
+
+/// Bytes as text when they are UTF-8, else as `0x…` hex.
+fn text_or_hex(bytes: &[u8]) -> Value {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => json!(text),
+        Err(_) => json!(format!("0x{}", hex(bytes))),
+    }
+}
+
+fn device_json(d: &DeviceInfo) -> Value {
+    json!({
+        "device": d.device,
+        "generation": d.generation,
+        "acked_sync_seq": d.acked_sync_seq,
+        "state": format!("{:?}", d.state).to_uppercase(),
+        "last_seen_ms": d.last_seen_ms,
+    })
+}
+
+fn event_json(e: &Event) -> Value {
+    match e {
+        Event::Known {
+            sync_seq,
+            kind,
+            body,
+        } => json!({
+            "sync_seq": sync_seq,
+            "kind": kind.name(),
+            "conv": body.conv,
+            "msg_seq": body.msg_seq,
+            "msg_id": body.msg_id,
+            "summary": text_or_hex(&body.summary),
+        }),
+        Event::Unknown { sync_seq, kind, .. } => {
+            json!({ "sync_seq": sync_seq, "kind": format!("unknown({kind})") })
+        }
+    }
+}
+
+fn message_json(m: &Message) -> Value {
+    let mut value = json!({
+        "msg_seq": m.msg_seq,
+        "msg_id": m.msg_id,
+        "from": m.sender,
+        "kind": format!("{:?}", m.kind).to_lowercase(),
+        "text": text_or_hex(&m.payload),
+    });
+    if let Some(target) = m.target {
+        value["target"] = json!(target);
+    }
+    if m.tombstone {
+        value["tombstone"] = json!(true);
+    }
+    value
+}
+
+fn conv_json(c: &ConvSummary) -> Value {
+    json!({
+        "conv": c.conv,
+        "unread": c.unread,
+        "read_seq": c.read_seq,
+        "last_msg_seq": c.last_msg_seq,
+        "last_from": c.last_sender,
+        "last": text_or_hex(&c.last_summary),
+        "last_activity_ms": c.last_activity_ms,
+        "muted": c.muted,
+        "pinned": c.pinned,
+    })
+}
+
+fn snapshot_json(s: &SnapshotInfo) -> Value {
+    json!({
+        "snapshot_id": s.snapshot_id,
+        "base_sync_seq": s.base_sync_seq,
+        "generation": s.generation,
+        "state": format!("{:?}", s.state).to_uppercase(),
+        "pages": s.pages,
+        "manifest_digest": hex(&s.manifest_digest),
+    })
+}
+
+fn scalar(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        Value::Object(map) => map
+            .iter()
+            .map(|(k, v)| format!("{k}={}", scalar(v)))
+            .collect::<Vec<_>>()
+            .join(" "),
+        Value::Array(items) => format!(
+            "[{}]",
+            items.iter().map(scalar).collect::<Vec<_>>().join(", ")
+        ),
+        other => other.to_string(),
+    }
+}
+
+/// The text form: one `key: value` line per field; a list of objects gets
+/// one indented line per item.
+fn render_text(value: &Value) -> String {
+    let Value::Object(map) = value else {
+        return scalar(value);
+    };
+    let mut out = String::new();
+    for (key, value) in map {
+        match value {
+            Value::Array(items) if items.iter().any(Value::is_object) => {
+                out.push_str(&format!("{key}: {}\n", items.len()));
+                for item in items {
+                    out.push_str(&format!("  - {}\n", scalar(item)));
+                }
+            }
+            other => out.push_str(&format!("{key}: {}\n", scalar(other))),
+        }
+    }
+    out.trim_end().to_string()
+}
+
+async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
+    Ok(match &cli.command {
+        Command::Join { conv, uid } => {
+            let r = client
+                .join(ConvMember {
+                    conv: *conv,
+                    uid: *uid,
+                })
+                .await?;
+            json!({ "conv": conv, "uid": uid, "msg_seq": r.msg_seq, "period_id": r.period_id })
+        }
+        Command::Leave { conv, uid } => {
+            let r = client
+                .leave(ConvMember {
+                    conv: *conv,
+                    uid: *uid,
+                })
+                .await?;
+            json!({ "conv": conv, "uid": uid, "msg_seq": r.msg_seq, "period_id": r.period_id })
+        }
+        Command::Send {
+            conv,
+            from,
+            text,
+            msg_type,
+            client_msg_id,
+        } => {
+            let r = client
+                .send(SendReq {
+                    conv: *conv,
+                    sender: *from,
+                    client_msg_id: parse_cmid(client_msg_id.as_deref())?,
+                    msg_type: *msg_type,
+                    payload: Bytes::from(text.clone().into_bytes()),
+                })
+                .await?;
+            json!({ "msg_id": r.msg_id, "msg_seq": r.msg_seq, "duplicate": r.duplicate })
+        }
+        Command::Recall {
+            conv,
+            from,
+            msg_id,
+            client_msg_id,
+        } => {
+            let r = client
+                .recall(RecallReq {
+                    conv: *conv,
+                    sender: *from,
+                    client_msg_id: parse_cmid(client_msg_id.as_deref())?,
+                    target: *msg_id,
+                })
+                .await?;
+            json!({ "msg_id": r.msg_id, "msg_seq": r.msg_seq, "duplicate": r.duplicate })
+        }
+        Command::Edit {
+            conv,
+            from,
+            msg_id,
+            text,
+            client_msg_id,
+        } => {
+            let r = client
+                .edit(EditReq {
+                    conv: *conv,
+                    sender: *from,
+                    client_msg_id: parse_cmid(client_msg_id.as_deref())?,
+                    target: *msg_id,
+                    payload: Bytes::from(text.clone().into_bytes()),
+                })
+                .await?;
+            json!({ "msg_id": r.msg_id, "msg_seq": r.msg_seq, "duplicate": r.duplicate })
+        }
+        Command::RegisterDevice { uid, device } => {
+            let r = client
+                .register_device(UserDevice {
+                    uid: *uid,
+                    device: *device,
+                })
+                .await?;
+            let mut value = device_json(&r.device);
+            value["evicted"] = json!(r.evicted);
+            value
+        }
+        Command::RevokeDevice { uid, device } => device_json(
+            &client
+                .revoke_device(UserDevice {
+                    uid: *uid,
+                    device: *device,
+                })
+                .await?,
+        ),
+        Command::Devices { uid } => {
+            let r = client.devices(UserReq { uid: *uid }).await?;
+            json!({ "devices": r.devices.iter().map(device_json).collect::<Vec<_>>() })
+        }
+        Command::Sync {
+            uid,
+            device,
+            generation,
+            local,
+            ack,
+        } => {
+            let (generation, local) = match generation {
+                Some(generation) => (Some(*generation), local.unwrap_or(0)),
+                None => {
+                    let known = client.devices(UserReq { uid: *uid }).await?;
+                    match known.devices.iter().find(|d| d.device == *device) {
+                        Some(d) => (Some(d.generation), local.unwrap_or(d.acked_sync_seq)),
+                        None => (None, local.unwrap_or(0)),
+                    }
+                }
+            };
+            let run = client
+                .sync_to_end(*uid, *device, generation, local, *ack)
+                .await?;
+            let mut value = json!({
+                "events": run.events.iter().map(event_json).collect::<Vec<_>>(),
+                "pages": run.pages,
+                "generation": run.generation,
+                "batch_hwm": run.batch_hwm,
+                "acked_sync_seq": run.acked_sync_seq,
+            });
+            if let Some(lease) = run.lease {
+                value["lease"] = json!({
+                    "lease_id": lease.lease_id,
+                    "resume_from": lease.resume_from,
+                    "hwm": lease.hwm,
+                    "expires_at_ms": lease.expires_at_ms,
+                });
+            }
+            value
+        }
+        Command::Ack {
+            uid,
+            device,
+            generation,
+            seq,
+            batch_token,
+        } => {
+            let r = client
+                .ack(AckReq {
+                    uid: *uid,
+                    device: *device,
+                    generation: *generation,
+                    seq: *seq,
+                    batch_token: unhex(batch_token)?,
+                })
+                .await?;
+            json!({ "acked_sync_seq": r.acked_sync_seq })
+        }
+        Command::Pull { uid, convs, limit } => {
+            let mut cursors = Vec::new();
+            for text in convs {
+                let (conv, after) = text.split_once(':').unwrap_or((text, "0"));
+                let parse = |s: &str| {
+                    s.parse::<u64>()
+                        .map_err(|e| Failure::Usage(format!("--conv {text:?}: {e}")))
+                };
+                cursors.push(PullCursor {
+                    conv: parse(conv)?,
+                    after_seq: parse(after)?,
+                });
+            }
+            let r = client
+                .pull(PullReq {
+                    uid: *uid,
+                    per_conv_limit: *limit,
+                    cursors,
+                })
+                .await?;
+            json!({ "convs": r.convs.iter().map(|c| json!({
+                "conv": c.conv,
+                "max_seq": c.max_seq,
+                "has_more": c.has_more,
+                "messages": c.messages.iter().map(message_json).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>() })
+        }
+        Command::History {
+            uid,
+            conv,
+            before,
+            limit,
+        } => {
+            let r = client
+                .history(HistoryReq {
+                    uid: *uid,
+                    conv: *conv,
+                    before_seq: *before,
+                    limit: *limit,
+                })
+                .await?;
+            json!({
+                "messages": r.messages.iter().map(message_json).collect::<Vec<_>>(),
+                "has_more": r.has_more,
+            })
+        }
+        Command::Read { uid, conv, to } => {
+            let r = client
+                .mark_read(MarkReadReq {
+                    uid: *uid,
+                    conv: *conv,
+                    read_to_seq: *to,
+                })
+                .await?;
+            json!({ "conv": conv, "read_seq": r.read_seq, "unread": r.unread })
+        }
+        Command::ConvList { uid, limit } => {
+            let r = client
+                .conv_list(ConvListReq {
+                    uid: *uid,
+                    limit: *limit,
+                    cursor: None,
+                })
+                .await?;
+            json!({
+                "convs": r.convs.iter().map(conv_json).collect::<Vec<_>>(),
+                "next_cursor": r.next_cursor.map(|c| hex(&c)),
+            })
+        }
+        Command::Snapshot { uid, device, ack } => {
+            let info = client
+                .begin_snapshot(UserDevice {
+                    uid: *uid,
+                    device: *device,
+                })
+                .await?;
+            let mut value = snapshot_json(&info);
+            if info.state == SnapshotState::Ready {
+                let mut convs = Vec::new();
+                let mut messages = Vec::new();
+                for page in 0..info.pages {
+                    let p = client
+                        .snapshot_page(SnapshotPageReq {
+                            uid: *uid,
+                            snapshot_id: info.snapshot_id,
+                            page,
+                        })
+                        .await?;
+                    convs.extend(p.convs.iter().map(conv_json));
+                    messages.extend(p.messages.iter().map(message_json));
+                }
+                value["convs"] = json!(convs);
+                value["messages"] = json!(messages);
+                if *ack {
+                    let d = client
+                        .ack_snapshot(AckSnapshotReq {
+                            uid: *uid,
+                            device: *device,
+                            snapshot_id: info.snapshot_id,
+                            generation: info.generation,
+                        })
+                        .await?;
+                    value["device"] = device_json(&d);
+                }
+            }
+            value
+        }
+        Command::Stats => {
+            let s = client.stats(Empty {}).await?;
+            json!({
+                "users": s.users,
+                "conversations": s.conversations,
+                "devices": s.devices,
+                "messages": s.messages,
+                "events_live": s.events_live,
+                "write_batches": s.write_batches,
+                "fsyncs": s.fsyncs,
+                "fsync_latency_us_sum": s.fsync_latency_us_sum,
+                "bytes_on_disk": s.bytes_on_disk,
+                "index_bytes": s.index_bytes,
+                "compaction_bytes_reclaimed": s.compaction.bytes_reclaimed,
+                "compaction_events_reclaimed": s.compaction.events_reclaimed,
+            })
+        }
+        Command::Explain { uid, segment } => match (uid, segment) {
+            (_, Some(text)) => {
+                let (stream, id) = text
+                    .split_once(':')
+                    .ok_or_else(|| Failure::Usage("--segment wants STREAM:ID".into()))?;
+                let id = id
+                    .parse()
+                    .map_err(|e| Failure::Usage(format!("--segment {text:?}: {e}")))?;
+                let r = client
+                    .explain_segment(SegmentReq {
+                        stream: stream.to_string(),
+                        segment: id,
+                    })
+                    .await?;
+                json!({
+                    "stream": r.stream, "segment": r.segment, "bytes": r.bytes,
+                    "live_bytes": r.live_bytes, "live_records": r.live_records,
+                    "held_by": r.held_by,
+                })
+            }
+            (Some(uid), None) => {
+                let r = client.explain(UserReq { uid: *uid }).await?;
+                let fences: Vec<Value> = r
+                    .fences
+                    .iter()
+                    .map(|f| match f {
+                        Fence::DeviceAck { device, acked_sync_seq } => json!({"fence": "device_ack", "device": device, "acked_sync_seq": acked_sync_seq}),
+                        Fence::RecoveryLease { device, lease_id, resume_from } => json!({"fence": "recovery_lease", "device": device, "lease_id": lease_id, "resume_from": resume_from}),
+                        Fence::Snapshot { snapshot_id, base_sync_seq } => json!({"fence": "snapshot", "snapshot_id": snapshot_id, "base_sync_seq": base_sync_seq}),
+                        Fence::SafetyWindow { oldest_kept } => json!({"fence": "safety_window", "oldest_kept": oldest_kept}),
+                    })
+                    .collect();
+                json!({
+                    "uid": r.uid, "oldest_retained": r.oldest_retained,
+                    "committed_sync_seq": r.committed_sync_seq, "floor": r.floor,
+                    "fences": fences,
+                })
+            }
+            (None, None) => return Err(Failure::Usage("give --uid or --segment".into())),
+        },
+        Command::Compact => {
+            let r = client.compact(Empty {}).await?;
+            json!({
+                "events_reclaimed": r.events_reclaimed,
+                "bytes_reclaimed": r.bytes_reclaimed,
+                "bytes_rewritten": r.bytes_rewritten,
+                "segments_dropped": r.segments_dropped,
+                "segments_rewritten": r.segments_rewritten,
+            })
+        }
+        Command::Checkpoint => {
+            client.checkpoint(Empty {}).await?;
+            Value::Object(Map::from_iter([(
+                "checkpoint".to_string(),
+                json!("written"),
+            )]))
+        }
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let token = match (&cli.token, &cli.token_file) {
+        (Some(token), _) => Bytes::from(token.clone().into_bytes()),
+        (None, file) => {
+            let path = file
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("./data/token"));
+            match inbox_server::config::read_token(&path) {
+                Ok(token) => token,
+                Err(err) => {
+                    eprintln!("inboxctl: cannot read the token from {}: {err} (use --token or --token-file)", path.display());
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("inboxctl: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let client = Client::connect(cli.addr, token).await?;
+        run(&cli, &client).await
+    });
+    match result {
+        Ok(value) => {
+            if cli.json {
+                println!("{value}");
+            } else {
+                println!("{}", render_text(&value));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(Failure::Usage(message)) => {
+            eprintln!("inboxctl: {message}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Client(err)) => {
+            if cli.json {
+                let (code, detail) = match &err {
+                    ClientError::Server { code, detail, .. } => (code.to_string(), *detail),
+                    _ => ("CLIENT".to_string(), 0),
+                };
+                println!(
+                    "{}",
+                    json!({ "error": code, "detail": detail, "message": err.to_string() })
+                );
+            } else {
+                eprintln!("inboxctl: {err}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

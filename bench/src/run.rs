@@ -1,0 +1,443 @@
+//! One harness run: the plan for the chosen mode, the limit probes, each
+//! system started, driven through the scenarios and stopped, then the
+//! table, the ratios, the plot and the JSON.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::hist::Latency;
+use crate::report::{Report, ResultRow};
+use crate::scenarios::{self, per_second};
+use crate::systems::{self, limit, Result, System};
+use crate::workload::{SyncSet, Workload, WorkloadConfig};
+use crate::{machine, svg, Args, Mode};
+
+/// Sizes of one run; `--quick` and `--full` differ only here.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub mode: Mode,
+    pub users: u64,
+    pub clients: Vec<usize>,
+    pub warmup: Duration,
+    pub measure: Duration,
+    pub sync: CatchUpPlan,
+    pub storm: Option<CatchUpPlan>,
+    pub recovery: bool,
+    pub limit_measure: Duration,
+    pub preload_threads: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct CatchUpPlan {
+    pub users: u32,
+    pub devices_per_user: u32,
+    pub backlog: u32,
+    pub clients: usize,
+    pub page: u32,
+}
+
+impl Plan {
+    pub fn new(args: &Args) -> Self {
+        let mode = if args.full { Mode::Full } else { Mode::Quick };
+        let quick = mode == Mode::Quick;
+        let clients = if args.clients.is_empty() {
+            vec![1, 16, 128]
+        } else {
+            args.clients.clone()
+        };
+        let measure = args.seconds.unwrap_or(if quick { 1.5 } else { 10.0 });
+        Self {
+            mode,
+            users: args.users.unwrap_or(if quick { 2_000 } else { 20_000 }),
+            clients,
+            warmup: Duration::from_millis(if quick { 250 } else { 1_000 }),
+            measure: Duration::from_secs_f64(measure.max(0.1)),
+            sync: CatchUpPlan {
+                users: if quick { 100 } else { 1_000 },
+                devices_per_user: 4,
+                backlog: if quick { 300 } else { 1_000 },
+                clients: 16,
+                page: 100,
+            },
+            storm: (!quick).then_some(CatchUpPlan {
+                users: 2_500,
+                devices_per_user: 4,
+                backlog: 50,
+                clients: 128,
+                page: 100,
+            }),
+            recovery: !quick,
+            limit_measure: Duration::from_millis(if quick { 1_000 } else { 5_000 }),
+            preload_threads: 4,
+        }
+    }
+}
+
+const SYSTEMS: [&str; 6] = [
+    "limit",
+    "inboxd",
+    "mariadb",
+    "redis",
+    "redis-everysec",
+    "rocksdb",
+];
+
+pub fn run(args: &Args) -> Result<()> {
+    let plan = Plan::new(args);
+    for name in &args.systems {
+        if !SYSTEMS.contains(&name.as_str()) {
+            return Err(format!("unknown system {name:?}; known: {}", SYSTEMS.join(", ")).into());
+        }
+    }
+    let wanted = |name: &str| args.systems.is_empty() || args.systems.iter().any(|s| s == name);
+    let base = match &args.data_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir(),
+    };
+    std::fs::create_dir_all(&base)?;
+    let mode_name = match plan.mode {
+        Mode::Quick => "quick",
+        Mode::Full => "full",
+    };
+    let started = Instant::now();
+    let config = WorkloadConfig {
+        users: plan.users,
+        ..WorkloadConfig::default()
+    };
+    let workload = Workload::new(config.clone(), args.seed)?;
+    let mut report = Report {
+        machine: machine::describe(&base),
+        results: Vec::new(),
+    };
+    report.machine.mode = mode_name.into();
+    report.machine.users = config.users;
+    report.machine.group_members = config.group_members;
+    report.machine.group_send_fraction = config.group_send_fraction;
+    report.machine.payload_bytes = config.payload_bytes;
+    println!(
+        "inbox-bench --{mode_name}: {} users, {} groups of {}, {:.0}% group sends, {} B payloads; data in {}",
+        config.users,
+        workload.groups().len(),
+        config.group_members,
+        config.group_send_fraction * 100.0,
+        config.payload_bytes,
+        base.display()
+    );
+    println!(
+        "machine: {} x{} cores, {} GiB, {}",
+        report.machine.cpu,
+        report.machine.cores,
+        report.machine.memory_bytes >> 30,
+        report.machine.data_fs
+    );
+
+    if wanted("limit") {
+        run_limit(&plan, &base, &mut report)?;
+    }
+    for name in SYSTEMS.iter().filter(|n| **n != "limit" && wanted(n)) {
+        let system = match start(name, args, &base) {
+            Ok(system) => system,
+            Err(why) => {
+                println!("skip {name}: {why}");
+                continue;
+            }
+        };
+        println!("== {}", system.describe());
+        report.machine.versions.push(system.describe());
+        if let Err(e) = run_system(&plan, &workload, &*system, &mut report, args.seed) {
+            println!("{name}: stopped by an error: {e}");
+        }
+        let mut system = system;
+        if plan.recovery {
+            run_recovery(&mut *system, &mut report);
+        }
+        drop(system);
+    }
+
+    println!();
+    print!("{}", report.table());
+    let ratios = report.ratio_table();
+    if !ratios.is_empty() {
+        println!();
+        print!("{ratios}");
+    }
+    let svg_path = args
+        .svg
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("bench/results/inbox-bench-{mode_name}.svg")));
+    write_file(
+        &svg_path,
+        &svg::plot(&report, &format!("inbox-bench --{mode_name}")),
+    )?;
+    println!("\nplot: {}", svg_path.display());
+    if let Some(json) = &args.json {
+        if let Some(parent) = json.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)?;
+        }
+        report.write_json(json)?;
+        println!("json: {}", json.display());
+    }
+    println!("total {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn write_file(path: &Path, text: &str) -> Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(path, text)?;
+    Ok(())
+}
+
+fn start(name: &str, args: &Args, base: &Path) -> Result<Box<dyn System>> {
+    match name {
+        "inboxd" => systems::inboxd::Inboxd::start(base, args.inboxd.as_deref()),
+        #[cfg(feature = "mariadb")]
+        "mariadb" => {
+            let Some((server, install_db)) = systems::mariadb::installed() else {
+                return Err("not installed (bench/scripts/install-mariadb.sh installs it)".into());
+            };
+            Ok(Box::new(systems::mariadb::MariaDb::start(
+                base,
+                &server,
+                &install_db,
+            )?))
+        }
+        #[cfg(feature = "redis")]
+        "redis" | "redis-everysec" => {
+            let Some(binary) = systems::redis::installed() else {
+                return Err("not installed (bench/scripts/install-redis.sh installs it)".into());
+            };
+            let fsync = if name == "redis" {
+                systems::redis::Fsync::Always
+            } else {
+                systems::redis::Fsync::EverySec
+            };
+            Ok(Box::new(systems::redis::Redis::start(
+                base, &binary, fsync,
+            )?))
+        }
+        #[cfg(feature = "rocksdb")]
+        "rocksdb" => Ok(Box::new(systems::rocksdb::RocksDb::open(base)?)),
+        "rocksdb" => {
+            Err("not built in (cargo build --release -p inbox-bench --features rocksdb)".into())
+        }
+        other => Err(format!("not built in (feature {other:?} is off)").into()),
+    }
+}
+
+fn run_limit(plan: &Plan, base: &Path, report: &mut Report) -> Result<()> {
+    let dir = tempfile::Builder::new().prefix("limit-").tempdir_in(base)?;
+    for (scenario, prepare, what) in [
+        ("fdatasync-4k", limit::Prepare::Overwrite, "overwrite"),
+        (
+            "fdatasync-4k-prealloc",
+            limit::Prepare::Fallocate,
+            "fallocated",
+        ),
+    ] {
+        let fsync = limit::synced_writes(dir.path(), prepare, 4096, 64 << 20, plan.limit_measure)?;
+        println!(
+            "limit: 4 KiB pwrite+fdatasync ({what}): {:.0}/s, p50 {} µs, p99 {} µs",
+            fsync.ops_per_s(),
+            fsync.latency.quantile_us(0.5),
+            fsync.latency.quantile_us(0.99)
+        );
+        report.results.push(ResultRow::new(
+            scenario,
+            "limit",
+            1,
+            fsync.ops_per_s(),
+            &fsync.latency,
+            fsync.bytes,
+        ));
+    }
+    let seq = limit::synced_writes(
+        dir.path(),
+        limit::Prepare::Fallocate,
+        1 << 20,
+        2 << 30,
+        plan.limit_measure,
+    )?;
+    println!(
+        "limit: 1 MiB pwrite+fdatasync: {:.0} MiB/s, p50 {} µs",
+        seq.ops_per_s(),
+        seq.latency.quantile_us(0.5)
+    );
+    report.results.push(ResultRow::new(
+        "seq-write-1m",
+        "limit",
+        1,
+        seq.ops_per_s(),
+        &seq.latency,
+        seq.bytes,
+    ));
+    Ok(())
+}
+
+fn run_system(
+    plan: &Plan,
+    workload: &Workload,
+    system: &dyn System,
+    report: &mut Report,
+    seed: u64,
+) -> Result<()> {
+    let name = system.name().to_string();
+    let t = Instant::now();
+    let setup = crate::workload::Setup {
+        convs: workload.conversations(),
+        devices: Vec::new(),
+    };
+    system.prepare(&setup)?;
+    println!(
+        "{name}: prepared {} conversations in {:.1} s",
+        setup.convs.len(),
+        t.elapsed().as_secs_f64()
+    );
+
+    for (i, &clients) in plan.clients.iter().enumerate() {
+        let run = seed.wrapping_mul(31).wrapping_add(i as u64 + 1);
+        let out = scenarios::ingest(system, workload, clients, plan.warmup, plan.measure, run)?;
+        println!(
+            "{name}: ingest c={clients}: {} sends, {:.0} sends/s, {:.0} events/s, p50 {} µs, p99 {} µs",
+            out.latency.count(),
+            out.ops_per_s(),
+            out.events_per_s(),
+            out.latency.quantile_us(0.5),
+            out.latency.quantile_us(0.99)
+        );
+        let clients = u32::try_from(clients).unwrap_or(u32::MAX);
+        report.results.push(ResultRow::new(
+            "ingest",
+            &name,
+            clients,
+            out.ops_per_s(),
+            &out.latency,
+            out.bytes,
+        ));
+        report.results.push(ResultRow::new(
+            "ingest-events",
+            &name,
+            clients,
+            out.events_per_s(),
+            &out.latency,
+            out.bytes,
+        ));
+    }
+
+    catch_up_scenario("sync", 1, &plan.sync, plan, workload, system, report, seed)?;
+    if let Some(storm) = &plan.storm {
+        catch_up_scenario(
+            "reconnect-storm",
+            2,
+            storm,
+            plan,
+            workload,
+            system,
+            report,
+            seed,
+        )?;
+    }
+    println!(
+        "{name}: data on disk {:.1} MiB",
+        system.data_bytes() as f64 / f64::from(1u32 << 20)
+    );
+    Ok(())
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site per scenario; a struct would only rename them"
+)]
+fn catch_up_scenario(
+    scenario: &str,
+    set: u32,
+    cp: &CatchUpPlan,
+    plan: &Plan,
+    workload: &Workload,
+    system: &dyn System,
+    report: &mut Report,
+    seed: u64,
+) -> Result<()> {
+    let name = system.name().to_string();
+    let sync_set = SyncSet::new(set, cp.users, cp.devices_per_user, cp.backlog);
+    system.prepare(&sync_set.setup())?;
+    let sends = sync_set.backlog_sends();
+    let took = scenarios::preload(
+        system,
+        workload,
+        &sends,
+        plan.preload_threads,
+        50,
+        seed ^ u64::from(set),
+    )?;
+    println!(
+        "{name}: {scenario}: preloaded {} sends ({} events per user) in {:.1} s",
+        sends.len(),
+        cp.backlog,
+        took.as_secs_f64()
+    );
+    let devices: Vec<_> = sync_set.devices().collect();
+    let out = scenarios::catch_up(system, &devices, cp.clients, cp.page)?;
+    println!(
+        "{name}: {scenario} c={}: {} devices caught up in {:.2} s, {:.0} pages/s, {:.0} events/s, page p50 {} µs, p99 {} µs",
+        cp.clients,
+        devices.len(),
+        out.elapsed.as_secs_f64(),
+        out.ops_per_s(),
+        out.events_per_s(),
+        out.latency.quantile_us(0.5),
+        out.latency.quantile_us(0.99)
+    );
+    let clients = u32::try_from(cp.clients).unwrap_or(u32::MAX);
+    report.results.push(ResultRow::new(
+        scenario,
+        &name,
+        clients,
+        out.ops_per_s(),
+        &out.latency,
+        out.bytes,
+    ));
+    if scenario == "reconnect-storm" {
+        // Devices per second: the time until all are caught up is
+        // devices / ops_per_s; the latency is one page's.
+        let mut whole = Latency::new();
+        whole.record(out.elapsed);
+        report.results.push(ResultRow::new(
+            "reconnect-storm-all",
+            &name,
+            clients,
+            per_second(devices.len() as u64, out.elapsed),
+            &whole,
+            out.bytes,
+        ));
+    }
+    Ok(())
+}
+
+fn run_recovery(system: &mut dyn System, report: &mut Report) {
+    let name = system.name().to_string();
+    let bytes = system.data_bytes();
+    match system.crash_and_restart() {
+        Ok(took) => {
+            let gib = bytes as f64 / f64::from(1u32 << 30);
+            println!(
+                "{name}: recovery: kill -9 at {:.2} GiB, serving again after {:.3} s ({:.2} s/GiB)",
+                gib,
+                took.as_secs_f64(),
+                took.as_secs_f64() / gib.max(1e-9)
+            );
+            let mut latency = Latency::new();
+            latency.record(took);
+            report.results.push(ResultRow::new(
+                "recovery",
+                &name,
+                0,
+                per_second(1, took),
+                &latency,
+                bytes,
+            ));
+        }
+        Err(e) => println!("{name}: recovery: skipped: {e}"),
+    }
+}

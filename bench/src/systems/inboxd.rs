@@ -1,0 +1,375 @@
+//! inboxd over TCP through its async Rust client (`inbox_server::client`).
+//!
+//! The harness starts the `inboxd` binary (from `--inboxd`, else
+//! `target/release`, else `target/debug`) on a temporary data directory,
+//! listening on a loopback port the kernel picks, with its default sync
+//! policy (`always`: fdatasync before reply, group-committed). Its
+//! per-connection rate limit is lifted, as no baseline has one.
+//!
+//! Each harness client thread owns a current-thread tokio runtime and one
+//! client connection, so a call is a direct `block_on` with no hop between
+//! threads: the same closed loop the baselines' blocking clients run.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use inbox_server::client::{Client, ClientError};
+use inbox_wire::{
+    AckReq, ConvMember, Empty, Event, FinishLeaseReq, SendReq, SyncReq, UserDevice, UserReq,
+};
+
+use super::process::{find_binary, ChildGuard};
+use super::{dir_bytes, Conn, DeviceCursor, Page, Result, System};
+use crate::workload::{Outgoing, Setup};
+
+/// Application message type of the harness's sends.
+const MSG_TYPE_TEXT: u16 = 1;
+/// Requests each preparing connection keeps in flight.
+const PREPARE_WINDOW: usize = 128;
+const PREPARE_CONNECTIONS: usize = 8;
+
+pub struct Inboxd {
+    dir: tempfile::TempDir,
+    binary: PathBuf,
+    token: String,
+    addr: SocketAddr,
+    server: ChildGuard,
+}
+
+/// The inboxd binary: `explicit`, else the workspace's release build, else
+/// its debug build, else one on PATH.
+pub fn binary(explicit: Option<&Path>) -> Option<PathBuf> {
+    if let Some(path) = explicit {
+        return path.is_file().then(|| path.to_path_buf());
+    }
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
+    for profile in ["release", "debug"] {
+        let path = target.join(profile).join("inboxd");
+        if path.is_file() {
+            return Some(path);
+        }
+    }
+    // Next to this binary (target/<profile>/inbox-bench).
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+    {
+        let path = dir.join("inboxd");
+        if path.is_file() {
+            return Some(path);
+        }
+    }
+    find_binary(&["inboxd"])
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+impl Inboxd {
+    pub fn start(base: &Path, explicit: Option<&Path>) -> Result<Box<dyn System>> {
+        let Some(binary) = binary(explicit) else {
+            return Err(
+                "no inboxd binary (cargo build --release -p inbox-server, or --inboxd PATH)".into(),
+            );
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("inboxd-")
+            .tempdir_in(base)?;
+        let token = format!("bench-{:016x}", rand::random::<u64>());
+        let (server, addr) = Self::spawn(&binary, dir.path(), &token)?;
+        let inboxd = Self {
+            dir,
+            binary,
+            token,
+            addr,
+            server,
+        };
+        inboxd.wait_serving(Duration::from_secs(60))?;
+        Ok(Box::new(inboxd))
+    }
+
+    /// Starts `inboxd serve` and reads the address it listens on from its
+    /// first line of stdout.
+    fn spawn(binary: &Path, dir: &Path, token: &str) -> Result<(ChildGuard, SocketAddr)> {
+        let mut command = Command::new(binary);
+        command
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .args(["--token", token])
+            .args(["--rate-per-s", "100000000", "--rate-burst", "100000000"])
+            .args(["--max-connections", "4096"])
+            .env("RUST_LOG", "warn");
+        let (mut guard, stdout) = ChildGuard::spawn_with_stdout("inboxd", &mut command)?;
+        let mut line = String::new();
+        let mut reader = BufReader::new(stdout);
+        reader.read_line(&mut line)?;
+        let addr = line
+            .strip_prefix("listening on ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|a| a.parse().ok());
+        let Some(addr) = addr else {
+            guard.check_alive()?;
+            return Err(format!("inboxd did not say where it listens: {line:?}").into());
+        };
+        // Keep draining stdout so the daemon never blocks on a full pipe.
+        std::thread::spawn(move || for _ in reader.lines() {});
+        Ok((guard, addr))
+    }
+
+    fn wait_serving(&self, timeout: Duration) -> Result<Duration> {
+        let rt = runtime()?;
+        let start = Instant::now();
+        loop {
+            let probe = rt.block_on(async {
+                let client = Client::connect(self.addr, self.token.clone()).await?;
+                client.ping(Empty {}).await?;
+                Ok::<_, ClientError>(())
+            });
+            match probe {
+                Ok(()) => return Ok(start.elapsed()),
+                Err(e) if start.elapsed() > timeout => {
+                    return Err(format!("inboxd not serving after {timeout:?}: {e}").into());
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    }
+
+    fn client_on(&self, rt: &tokio::runtime::Runtime) -> Result<Client> {
+        Ok(rt.block_on(Client::connect(self.addr, self.token.clone()))?)
+    }
+
+    /// Runs `call` for every item, over several connections with a window
+    /// of requests in flight on each.
+    fn pipelined<T, F, Fut>(&self, items: Vec<T>, call: F) -> Result<()>
+    where
+        T: std::marker::Send + 'static,
+        F: Fn(Arc<Client>, T) -> Fut + Clone + std::marker::Send + 'static,
+        Fut: std::future::Future<Output = std::result::Result<(), ClientError>>
+            + std::marker::Send
+            + 'static,
+    {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let addr = self.addr;
+        let token = self.token.clone();
+        rt.block_on(async move {
+            let mut lanes: Vec<Vec<T>> = (0..PREPARE_CONNECTIONS).map(|_| Vec::new()).collect();
+            for (i, item) in items.into_iter().enumerate() {
+                lanes[i % PREPARE_CONNECTIONS].push(item);
+            }
+            let mut tasks = tokio::task::JoinSet::new();
+            for lane in lanes {
+                let (token, call) = (token.clone(), call.clone());
+                tasks.spawn(async move {
+                    let client = Arc::new(Client::connect(addr, token).await?);
+                    let mut in_flight = tokio::task::JoinSet::new();
+                    for item in lane {
+                        if in_flight.len() >= PREPARE_WINDOW {
+                            if let Some(done) = in_flight.join_next().await {
+                                done.map_err(|e| ClientError::Io(e.to_string()))??;
+                            }
+                        }
+                        in_flight.spawn(call(Arc::clone(&client), item));
+                    }
+                    while let Some(done) = in_flight.join_next().await {
+                        done.map_err(|e| ClientError::Io(e.to_string()))??;
+                    }
+                    Ok::<_, ClientError>(())
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                done.map_err(|e| ClientError::Io(e.to_string()))??;
+            }
+            Ok::<_, ClientError>(())
+        })?;
+        Ok(())
+    }
+}
+
+impl System for Inboxd {
+    fn name(&self) -> &str {
+        "inboxd"
+    }
+
+    fn connect(&self) -> Result<Box<dyn Conn + '_>> {
+        let rt = runtime()?;
+        let client = Arc::new(self.client_on(&rt)?);
+        Ok(Box::new(InboxdConn { rt, client }))
+    }
+
+    fn prepare(&self, setup: &Setup) -> Result<()> {
+        let joins: Vec<ConvMember> = setup
+            .convs
+            .iter()
+            .flat_map(|c| {
+                c.members
+                    .iter()
+                    .map(|&uid| ConvMember { conv: c.conv, uid })
+            })
+            .collect();
+        self.pipelined(joins, |client, member| async move {
+            client.join(member).await.map(|_| ())
+        })?;
+        let devices: Vec<UserDevice> = setup
+            .devices
+            .iter()
+            .map(|&(uid, device)| UserDevice { uid, device })
+            .collect();
+        self.pipelined(devices, |client, device| async move {
+            client.register_device(device).await.map(|_| ())
+        })
+    }
+
+    fn crash_and_restart(&mut self) -> Result<Duration> {
+        self.server.kill_hard()?;
+        let start = Instant::now();
+        let (server, addr) = Self::spawn(&self.binary, self.dir.path(), &self.token)?;
+        self.server = server;
+        self.addr = addr;
+        self.wait_serving(Duration::from_secs(600))?;
+        Ok(start.elapsed())
+    }
+
+    fn data_bytes(&self) -> u64 {
+        dir_bytes(&self.dir.path().join("data"))
+    }
+
+    fn describe(&self) -> String {
+        let version = Command::new(&self.binary)
+            .arg("--version")
+            .stderr(Stdio::null())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        format!("inboxd: {version} ({}, sync always)", self.binary.display())
+    }
+}
+
+struct InboxdConn {
+    rt: tokio::runtime::Runtime,
+    client: Arc<Client>,
+}
+
+fn send_req(send: &Outgoing<'_>) -> SendReq {
+    SendReq {
+        conv: send.conv,
+        sender: send.sender,
+        client_msg_id: send.client_msg_id,
+        msg_type: MSG_TYPE_TEXT,
+        payload: Bytes::copy_from_slice(send.payload),
+    }
+}
+
+/// Bytes of one event as encoded on the wire.
+fn event_bytes(event: &Event) -> u64 {
+    // sync_seq, kind, body length; then the body.
+    const HEAD: u64 = 8 + 1 + 4;
+    match event {
+        Event::Known { body, .. } => HEAD + 8 * 4 + 4 + body.summary.len() as u64,
+        Event::Unknown { body, .. } => HEAD + body.len() as u64,
+    }
+}
+
+impl Conn for InboxdConn {
+    fn send(&mut self, send: &Outgoing<'_>) -> Result<()> {
+        self.rt.block_on(self.client.send(send_req(send)))?;
+        Ok(())
+    }
+
+    fn send_batch(&mut self, sends: &[Outgoing<'_>]) -> Result<()> {
+        // Pipelined: the whole batch in flight on this connection at once.
+        let requests: Vec<SendReq> = sends.iter().map(send_req).collect();
+        let client = &self.client;
+        self.rt.block_on(async {
+            let mut tasks = tokio::task::JoinSet::new();
+            for request in requests {
+                let client = Arc::clone(client);
+                tasks.spawn(async move { client.send(request).await });
+            }
+            while let Some(done) = tasks.join_next().await {
+                done.map_err(|e| ClientError::Io(e.to_string()))??;
+            }
+            Ok::<_, ClientError>(())
+        })?;
+        Ok(())
+    }
+
+    fn sync_page(&mut self, device: &mut DeviceCursor, limit: u32) -> Result<Page> {
+        let client = &self.client;
+        self.rt.block_on(async {
+            if !device.started {
+                // The device knows its generation and its last ACK; a fresh
+                // harness cursor reads them, as the MariaDB driver reads
+                // user_sync_cursor.
+                let list = client.devices(UserReq { uid: device.uid }).await?;
+                if let Some(info) = list.devices.iter().find(|d| d.device == device.device) {
+                    device.generation = Some(info.generation);
+                    device.acked = info.acked_sync_seq;
+                }
+                device.started = true;
+            }
+            let page = client
+                .sync(SyncReq {
+                    uid: device.uid,
+                    device: device.device,
+                    generation: device.generation,
+                    local_applied_seq: device.acked,
+                    limit,
+                    batch_token: (!device.position.is_empty())
+                        .then(|| Bytes::from(device.position.clone())),
+                })
+                .await?;
+            let bytes = page.events.iter().map(event_bytes).sum();
+            let events = u32::try_from(page.events.len()).unwrap_or(u32::MAX);
+            if page.next_cursor > page.acked_sync_seq {
+                client
+                    .ack(AckReq {
+                        uid: device.uid,
+                        device: device.device,
+                        generation: page.generation,
+                        seq: page.next_cursor,
+                        batch_token: page.batch_token.clone(),
+                    })
+                    .await?;
+            }
+            if !page.has_more {
+                if let Some(lease) = &page.lease {
+                    client
+                        .finish_lease(FinishLeaseReq {
+                            uid: device.uid,
+                            device: device.device,
+                            lease_id: lease.lease_id,
+                            generation: page.generation,
+                        })
+                        .await?;
+                }
+            }
+            device.generation = Some(page.generation);
+            device.acked = device.acked.max(page.next_cursor);
+            device.position = if page.has_more {
+                page.batch_token.to_vec()
+            } else {
+                Vec::new()
+            };
+            Ok(Page {
+                events,
+                bytes,
+                has_more: page.has_more,
+            })
+        })
+    }
+}

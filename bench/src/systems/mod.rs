@@ -1,0 +1,121 @@
+//! The systems under test, behind one interface so every scenario drives
+//! them the same way.
+//!
+//! A [`System`] is started (and stopped, on drop) by the harness on loopback
+//! in a temporary directory. Each client thread opens its own [`Conn`], as a
+//! service would hold one connection per worker. Every system acknowledges a
+//! send or an ACK only once it is durable (fsynced), except the one labelled
+//! `redis-everysec`, which is measured to show what weaker durability buys.
+
+pub mod inboxd;
+pub mod limit;
+#[cfg(feature = "mariadb")]
+pub mod mariadb;
+pub mod process;
+#[cfg(feature = "redis")]
+pub mod redis;
+#[cfg(feature = "rocksdb")]
+pub mod rocksdb;
+
+use std::time::Duration;
+
+use crate::workload::{DeviceId, Outgoing, Setup, Uid};
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Where a device is in its user's event stream, as the device keeps it.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceCursor {
+    pub uid: Uid,
+    pub device: DeviceId,
+    /// The last event applied and ACKed, in the system's own numbering.
+    pub acked: u64,
+    /// A system-specific position (a Redis stream id, a batch token).
+    pub position: Vec<u8>,
+    pub generation: Option<u64>,
+    /// The first page reads the server-side cursor; later ones do not.
+    pub started: bool,
+}
+
+impl DeviceCursor {
+    pub fn new(uid: Uid, device: DeviceId) -> Self {
+        Self {
+            uid,
+            device,
+            ..Self::default()
+        }
+    }
+}
+
+/// One page of a device's catch-up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Page {
+    pub events: u32,
+    /// Bytes of event data returned.
+    pub bytes: u64,
+    pub has_more: bool,
+}
+
+/// One client connection.
+pub trait Conn {
+    /// One send, acknowledged once durable: the message stored once, the
+    /// conversation seq allocated, one sync event per recipient.
+    fn send(&mut self, send: &Outgoing<'_>) -> Result<()>;
+
+    /// Many sends at once, to build a backlog before a measurement. May
+    /// commit them together; only the result is used, not the timing.
+    fn send_batch(&mut self, sends: &[Outgoing<'_>]) -> Result<()> {
+        for send in sends {
+            self.send(send)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the next page of at most `limit` events after the device's
+    /// cursor, then ACKs it durably, moving the cursor.
+    fn sync_page(&mut self, device: &mut DeviceCursor, limit: u32) -> Result<Page>;
+}
+
+pub trait System: Sync {
+    /// The label in the report: `inboxd`, `mariadb`, `redis`, ...
+    fn name(&self) -> &str;
+
+    /// Opens one client connection.
+    fn connect(&self) -> Result<Box<dyn Conn + '_>>;
+
+    /// Creates what a scenario needs before it starts: conversations with
+    /// their members, registered devices.
+    fn prepare(&self, setup: &Setup) -> Result<()>;
+
+    /// Kills the system with SIGKILL and starts it again on the same data;
+    /// returns the time from the restart until it serves a request.
+    fn crash_and_restart(&mut self) -> Result<Duration> {
+        Err(format!("{} has no crash-recovery driver", self.name()).into())
+    }
+
+    /// Bytes its data directory takes on disk.
+    fn data_bytes(&self) -> u64 {
+        0
+    }
+
+    /// A line for the report on what this system was (version, settings).
+    fn describe(&self) -> String {
+        self.name().to_string()
+    }
+}
+
+/// Bytes a directory tree takes, following no symlink.
+pub fn dir_bytes(path: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(meta) if meta.is_dir() => dir_bytes(&entry.path()),
+            Ok(meta) => meta.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}

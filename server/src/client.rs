@@ -1,0 +1,334 @@
+//! The async Rust client: one TCP connection, pipelined.
+//!
+//! One writer task sends frames; one reader task matches each reply to its
+//! request by request id through a map of oneshot senders, and forwards
+//! `HINT` pushes to [`Client::hints`]. Any number of calls may be in flight
+//! at once from any number of tasks (the server applies backpressure past
+//! its `in_flight_max`).
+//!
+//! Errors are typed: a server error carries its [`ErrorCode`] (and the
+//! code's `detail`, e.g. retry-after for `RATE_LIMITED`).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use inbox_wire::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+pub use inbox_wire;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an error reply.
+    #[error("{code}: {message}")]
+    Server {
+        code: ErrorCode,
+        detail: u64,
+        message: String,
+    },
+    #[error("io: {0}")]
+    Io(String),
+    /// The server sent something this client cannot parse.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// The connection closed before the reply arrived.
+    #[error("connection closed: {0}")]
+    Closed(String),
+}
+
+impl ClientError {
+    /// The server's error code, if this is a server error.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Self::Server { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+impl From<ErrorReply> for ClientError {
+    fn from(reply: ErrorReply) -> Self {
+        Self::Server {
+            code: reply.code,
+            detail: reply.detail,
+            message: reply.message,
+        }
+    }
+}
+
+type PendingMap = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<Result<Response, ClientError>>>>>>;
+
+/// A connected, authenticated client.
+pub struct Client {
+    outgoing: mpsc::Sender<Frame>,
+    pending: PendingMap,
+    next_id: AtomicU64,
+    hints: Mutex<Option<mpsc::Receiver<Hints>>>,
+    server: HelloOk,
+}
+
+/// Hint rounds buffered for [`Client::hints`]; more are dropped (hints may
+/// be lost by design).
+const HINT_BUFFER: usize = 1024;
+
+impl Client {
+    /// Connects, says HELLO with `token`, and waits for the server's answer.
+    pub async fn connect(addr: SocketAddr, token: impl Into<Bytes>) -> Result<Client, ClientError> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| ClientError::Io(format!("connect {addr}: {e}")))?;
+        let _ = stream.set_nodelay(true);
+        let (mut reader, mut writer) = stream.into_split();
+        let (outgoing, mut outgoing_rx) = mpsc::channel::<Frame>(1024);
+        let pending: PendingMap = Arc::new(Mutex::new(Some(HashMap::new())));
+        let (hint_tx, hint_rx) = mpsc::channel(HINT_BUFFER);
+
+        tokio::spawn(async move {
+            let codec = FrameCodec::new(u32::MAX);
+            let mut out = BytesMut::with_capacity(64 << 10);
+            while let Some(frame) = outgoing_rx.recv().await {
+                let _ = codec.encode(&frame, &mut out);
+                while out.len() < (256 << 10) {
+                    let Ok(frame) = outgoing_rx.try_recv() else {
+                        break;
+                    };
+                    let _ = codec.encode(&frame, &mut out);
+                }
+                if writer.write_all(&out).await.is_err() {
+                    return;
+                }
+                out.clear();
+            }
+        });
+
+        let reader_pending = Arc::clone(&pending);
+        tokio::spawn(async move {
+            let codec = FrameCodec::new(frame::REPLY_FRAME_BYTES_MAX_DEFAULT);
+            let mut buf = BytesMut::with_capacity(64 << 10);
+            let reason = loop {
+                let frame = match codec.decode(&mut buf) {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => match reader.read_buf(&mut buf).await {
+                        Ok(0) => break "server closed the connection".to_string(),
+                        Ok(_) => continue,
+                        Err(e) => break format!("read: {e}"),
+                    },
+                    Err(e) => break format!("corrupt stream from server: {e}"),
+                };
+                let response = Response::decode(frame.opcode, frame.body)
+                    .map_err(|e| ClientError::Protocol(e.to_string()));
+                if let Ok(Response::Hint(hints)) = response {
+                    let _ = hint_tx.try_send(hints);
+                    continue;
+                }
+                if frame.request_id == 0 {
+                    // A connection-level error: the server closes next.
+                    if let Ok(Response::Error(err)) = response {
+                        break format!("{}: {}", err.code, err.message);
+                    }
+                    continue;
+                }
+                let waiter = reader_pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_mut()
+                    .and_then(|map| map.remove(&frame.request_id));
+                if let Some(waiter) = waiter {
+                    let _ = waiter.send(response);
+                }
+            };
+            let waiters = reader_pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            for (_, waiter) in waiters.into_iter().flatten() {
+                let _ = waiter.send(Err(ClientError::Closed(reason.clone())));
+            }
+        });
+
+        let mut client = Client {
+            outgoing,
+            pending,
+            next_id: AtomicU64::new(1),
+            hints: Mutex::new(Some(hint_rx)),
+            server: HelloOk::default(),
+        };
+        let hello = Request::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            client_name: format!("inbox-client/{}", env!("CARGO_PKG_VERSION")),
+            token: token.into(),
+        });
+        match client.call(hello).await? {
+            Response::Hello(ok) => client.server = ok,
+            other => return Err(unexpected(&other)),
+        }
+        Ok(client)
+    }
+
+    /// What the server said in its HELLO reply.
+    pub fn server(&self) -> &HelloOk {
+        &self.server
+    }
+
+    /// The stream of hint pushes for subscribed uids. Can be taken once.
+    pub fn hints(&self) -> Option<mpsc::Receiver<Hints>> {
+        self.hints.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Sends any request and waits for its reply. A server error reply is
+    /// returned as [`ClientError::Server`].
+    pub async fn call(&self, request: Request) -> Result<Response, ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(map) = pending.as_mut() else {
+                return Err(ClientError::Closed("connection is closed".into()));
+            };
+            map.insert(id, tx);
+        }
+        if self.outgoing.send(request.to_frame(id)).await.is_err() {
+            return Err(ClientError::Closed("writer stopped".into()));
+        }
+        match rx.await {
+            Ok(Ok(Response::Error(err))) => Err(err.into()),
+            Ok(result) => result,
+            Err(_) => Err(ClientError::Closed("connection is closed".into())),
+        }
+    }
+}
+
+fn unexpected(response: &Response) -> ClientError {
+    ClientError::Protocol(format!(
+        "unexpected reply opcode 0x{:02x}",
+        response.opcode()
+    ))
+}
+
+macro_rules! typed_calls {
+    ($( $(#[$meta:meta])* $method:ident($req:ty) -> $variant:ident($rep:ty); )*) => {
+        impl Client {
+            $(
+                $(#[$meta])*
+                pub async fn $method(&self, request: $req) -> Result<$rep, ClientError> {
+                    match self.call(Request::$variant(request)).await? {
+                        Response::$variant(reply) => Ok(reply),
+                        other => Err(unexpected(&other)),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+typed_calls! {
+    ping(Empty) -> Ping(Empty);
+    join(ConvMember) -> Join(MembershipReply);
+    leave(ConvMember) -> Leave(MembershipReply);
+    /// Returns once the message and its fan-out are durable.
+    send(SendReq) -> Send(SendReply);
+    recall(RecallReq) -> Recall(SendReply);
+    edit(EditReq) -> Edit(SendReply);
+    register_device(UserDevice) -> RegisterDevice(RegisterReply);
+    revoke_device(UserDevice) -> RevokeDevice(DeviceInfo);
+    devices(UserReq) -> Devices(DeviceList);
+    sync(SyncReq) -> Sync(SyncPage);
+    ack(AckReq) -> Ack(AckReply);
+    finish_lease(FinishLeaseReq) -> FinishLease(DeviceInfo);
+    pull(PullReq) -> Pull(PullReply);
+    history(HistoryReq) -> History(HistoryPage);
+    mark_read(MarkReadReq) -> MarkRead(ReadReply);
+    set_conv_flags(ConvFlagsReq) -> SetConvFlags(Empty);
+    conv_list(ConvListReq) -> ConvList(ConvListPage);
+    begin_snapshot(UserDevice) -> BeginSnapshot(SnapshotInfo);
+    snapshot_info(SnapshotRef) -> SnapshotInfo(SnapshotInfo);
+    snapshot_page(SnapshotPageReq) -> SnapshotPage(SnapshotPage);
+    ack_snapshot(AckSnapshotReq) -> AckSnapshot(DeviceInfo);
+    /// Hints for these uids then arrive on [`Client::hints`].
+    subscribe(UidList) -> Subscribe(Empty);
+    unsubscribe(UidList) -> Unsubscribe(Empty);
+    stats(Empty) -> Stats(Stats);
+    explain(UserReq) -> Explain(UserExplain);
+    explain_segment(SegmentReq) -> ExplainSegment(SegmentExplain);
+    compact(Empty) -> Compact(CompactionReport);
+    checkpoint(Empty) -> Checkpoint(Empty);
+}
+
+/// The result of [`Client::sync_to_end`].
+#[derive(Clone, Debug, Default)]
+pub struct SyncRun {
+    pub events: Vec<Event>,
+    pub pages: u32,
+    pub generation: u64,
+    /// The device's ACK after the run (unchanged when `ack` was false).
+    pub acked_sync_seq: u64,
+    pub batch_hwm: u64,
+    pub lease: Option<LeaseInfo>,
+}
+
+impl Client {
+    /// Syncs every page of one batch and, if `ack`, ACKs its end (and
+    /// finishes a recovery lease if the batch was one). This is the loop
+    /// every device runs; the rules it follows are the server's.
+    pub async fn sync_to_end(
+        &self,
+        uid: u64,
+        device: u64,
+        generation: Option<u64>,
+        local_applied_seq: u64,
+        ack: bool,
+    ) -> Result<SyncRun, ClientError> {
+        let mut run = SyncRun::default();
+        let mut request = SyncReq {
+            uid,
+            device,
+            generation,
+            local_applied_seq,
+            limit: 0,
+            batch_token: None,
+        };
+        loop {
+            let page = self.sync(request.clone()).await?;
+            run.pages += 1;
+            run.generation = page.generation;
+            run.acked_sync_seq = page.acked_sync_seq;
+            run.batch_hwm = page.batch_hwm;
+            run.lease = page.lease.clone();
+            run.events.extend(page.events);
+            if !page.has_more {
+                if ack && page.next_cursor > page.acked_sync_seq {
+                    let acked = self
+                        .ack(AckReq {
+                            uid,
+                            device,
+                            generation: page.generation,
+                            seq: page.next_cursor,
+                            batch_token: page.batch_token.clone(),
+                        })
+                        .await?;
+                    run.acked_sync_seq = acked.acked_sync_seq;
+                }
+                if ack {
+                    if let Some(lease) = page.lease {
+                        self.finish_lease(FinishLeaseReq {
+                            uid,
+                            device,
+                            lease_id: lease.lease_id,
+                            generation: page.generation,
+                        })
+                        .await?;
+                    }
+                }
+                return Ok(run);
+            }
+            request.generation = Some(page.generation);
+            request.local_applied_seq = page.next_cursor;
+            request.batch_token = Some(page.batch_token);
+        }
+    }
+}

@@ -1,0 +1,475 @@
+//! One client connection: framing, the handshake, limits, pipelining and
+//! hint pushes. Requests themselves go to [`crate::service`].
+//!
+//! Invariants:
+//! - nothing reaches the engine before a successful `HELLO` (right
+//!   version, right token); anything else first is answered
+//!   `UNAUTHENTICATED` and the connection closes;
+//! - a frame that breaks the framing (over the size limit, too short) is
+//!   answered (request id 0) and the connection closes: the next frame
+//!   boundary cannot be found. A well-framed bad body or unknown opcode is
+//!   answered and the connection goes on;
+//! - a refused request (bad body, rate limit) never reaches the engine, so
+//!   it changes nothing;
+//! - at most `in_flight_max` requests run at once; when they do, the reader
+//!   stops reading and TCP pushes back on the client;
+//! - on shutdown the reader stops, every request already read finishes and
+//!   its reply is written, then the socket closes.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use inbox_engine::Inbox;
+use inbox_wire::{
+    Empty, ErrorCode, ErrorReply, Frame, FrameCodec, Hello, HelloOk, Hint, Hints, Request,
+    Response, WireError, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use crate::config::Limits;
+use crate::metrics::Metrics;
+use crate::service;
+
+/// What every connection shares.
+pub struct Shared {
+    pub inbox: Arc<Inbox>,
+    pub metrics: Arc<Metrics>,
+    pub limits: Limits,
+    pub token: Bytes,
+}
+
+/// A token bucket: `rate_per_s` sustained, `burst` at once.
+struct RateLimiter {
+    tokens: f64,
+    rate_per_s: f64,
+    burst: f64,
+    last: Instant,
+}
+
+impl RateLimiter {
+    fn new(rate_per_s: u32, burst: u32) -> Self {
+        Self {
+            tokens: f64::from(burst),
+            rate_per_s: f64::from(rate_per_s),
+            burst: f64::from(burst),
+            last: Instant::now(),
+        }
+    }
+
+    /// Takes one token, or says how long until one is available.
+    fn take(&mut self) -> Result<(), Duration> {
+        let now = Instant::now();
+        let refill = now.duration_since(self.last).as_secs_f64() * self.rate_per_s;
+        self.tokens = (self.tokens + refill).min(self.burst);
+        self.last = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return Ok(());
+        }
+        Err(Duration::from_secs_f64(
+            (1.0 - self.tokens) / self.rate_per_s,
+        ))
+    }
+}
+
+/// Compares tokens in time independent of where they differ.
+fn token_matches(expected: &[u8], presented: &[u8]) -> bool {
+    if expected.len() != presented.len() {
+        return false;
+    }
+    expected
+        .iter()
+        .zip(presented)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+        == 0
+}
+
+fn error_frame(request_id: u64, code: ErrorCode, detail: u64, message: impl Into<String>) -> Frame {
+    Response::Error(ErrorReply {
+        code,
+        detail,
+        message: message.into(),
+    })
+    .to_frame(request_id)
+}
+
+/// Writes queued frames, batching whatever is ready into one write.
+async fn write_loop(mut socket: OwnedWriteHalf, mut rx: mpsc::Receiver<Frame>) {
+    let codec = FrameCodec::new(u32::MAX);
+    let mut out = BytesMut::with_capacity(64 << 10);
+    while let Some(frame) = rx.recv().await {
+        let _ = codec.encode(&frame, &mut out);
+        while out.len() < (256 << 10) {
+            match rx.try_recv() {
+                Ok(frame) => {
+                    let _ = codec.encode(&frame, &mut out);
+                }
+                Err(_) => break,
+            }
+        }
+        if socket.write_all(&out).await.is_err() {
+            return;
+        }
+        out.clear();
+    }
+    let _ = socket.shutdown().await;
+}
+
+/// Pushes hints for the subscribed uids. The engine already coalesces per
+/// commit round; when the writer is backed up, hints wait here, merged per
+/// uid to the highest watermark, and go with the next round. A lagging
+/// broadcast receiver loses rounds: hints are allowed to be lost (R16).
+async fn hint_loop(
+    mut hints: tokio::sync::broadcast::Receiver<Vec<inbox_engine::inbox::Hint>>,
+    subscribed: Arc<Mutex<HashSet<u64>>>,
+    tx: mpsc::Sender<Frame>,
+    metrics: Arc<Metrics>,
+    mut closed: watch::Receiver<bool>,
+) {
+    let mut pending: HashMap<u64, u64> = HashMap::new();
+    loop {
+        let round = tokio::select! {
+            round = hints.recv() => round,
+            _ = closed.changed() => return,
+        };
+        match round {
+            Ok(round) => {
+                let subscribed = subscribed.lock().unwrap_or_else(|p| p.into_inner());
+                for hint in round.iter().filter(|h| subscribed.contains(&h.uid)) {
+                    let seq = pending.entry(hint.uid).or_insert(0);
+                    *seq = (*seq).max(hint.committed_sync_seq);
+                }
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                metrics
+                    .hints_dropped
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                continue;
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+        if pending.is_empty() {
+            continue;
+        }
+        let mut list: Vec<Hint> = pending
+            .iter()
+            .map(|(uid, seq)| Hint {
+                uid: *uid,
+                committed_sync_seq: *seq,
+            })
+            .collect();
+        list.sort_by_key(|h| h.uid);
+        let count = list.len() as u64;
+        match tx.try_send(Response::Hint(Hints { hints: list }).to_frame(0)) {
+            Ok(()) => {
+                pending.clear();
+                metrics
+                    .hints_sent
+                    .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => {}
+            Err(mpsc::error::TrySendError::Closed(_)) => return,
+        }
+    }
+}
+
+/// How the reader loop ended.
+enum Close {
+    /// Peer closed, idle, or shutdown.
+    Quietly,
+    /// A reply was queued that explains why.
+    WithError,
+}
+
+/// Serves one connection until the peer leaves, the stream breaks, or
+/// `shutdown` flips.
+pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let peer = stream.peer_addr().ok();
+    let _ = stream.set_nodelay(true);
+    let (mut reader, writer) = stream.into_split();
+    let in_flight_max = shared.limits.in_flight_max as usize;
+    let (tx, rx) = mpsc::channel::<Frame>(in_flight_max + 64);
+    let writer_task = tokio::spawn(write_loop(writer, rx));
+    let in_flight = Arc::new(Semaphore::new(in_flight_max));
+    let codec = FrameCodec::new(shared.limits.frame_bytes_max);
+    let mut rate = RateLimiter::new(shared.limits.rate_per_s, shared.limits.rate_burst);
+    let subscribed = Arc::new(Mutex::new(HashSet::new()));
+    let (closed_tx, closed_rx) = watch::channel(false);
+    let mut hint_task = None;
+    let mut authenticated = false;
+    let mut buf = BytesMut::with_capacity(8 << 10);
+
+    let close = loop {
+        if *shutdown.borrow() {
+            break Close::Quietly;
+        }
+        let frame = match codec.decode(&mut buf) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => {
+                let read = tokio::select! {
+                    read = tokio::time::timeout(shared.limits.idle_timeout, reader.read_buf(&mut buf)) => read,
+                    _ = shutdown.changed() => break Close::Quietly,
+                };
+                match read {
+                    Ok(Ok(0)) if !buf.is_empty() => {
+                        // The peer half-closed inside a frame; it may still
+                        // be reading, so say what happened.
+                        let message =
+                            format!("stream ended inside a frame ({} bytes buffered)", buf.len());
+                        let _ = tx
+                            .send(error_frame(0, ErrorCode::BadRequest, 0, message))
+                            .await;
+                        break Close::WithError;
+                    }
+                    Ok(Ok(0)) | Ok(Err(_)) => break Close::Quietly,
+                    Ok(Ok(_)) => continue,
+                    Err(_idle) => {
+                        if in_flight.available_permits() == in_flight_max {
+                            tracing::debug!(?peer, "closing idle connection");
+                            break Close::Quietly;
+                        }
+                        continue;
+                    }
+                }
+            }
+            Err(err) => {
+                tracing::info!(?peer, error = %err, "closing connection: corrupt stream");
+                let detail = match err {
+                    WireError::FrameTooLarge { max, .. } => u64::from(max),
+                    _ => 0,
+                };
+                let _ = tx
+                    .send(error_frame(0, err.code(), detail, err.to_string()))
+                    .await;
+                break Close::WithError;
+            }
+        };
+
+        if !authenticated {
+            match handshake(&shared, &frame) {
+                Ok(reply) => {
+                    authenticated = true;
+                    let _ = tx.send(reply).await;
+                    continue;
+                }
+                Err(reply) => {
+                    tracing::info!(?peer, "closing connection: handshake refused");
+                    let _ = tx.send(reply).await;
+                    break Close::WithError;
+                }
+            }
+        }
+
+        let request_id = frame.request_id;
+        let request = match Request::decode(frame.opcode, frame.body) {
+            Ok(request) => request,
+            Err(err) => {
+                let name = inbox_wire::Op::from_u8(frame.opcode).map_or("UNKNOWN", |op| op.name());
+                shared.metrics.observe_refused(name, err.code());
+                let _ = tx
+                    .send(error_frame(request_id, err.code(), 0, err.to_string()))
+                    .await;
+                continue;
+            }
+        };
+        if let Err(wait) = rate.take() {
+            let op = request.op();
+            shared
+                .metrics
+                .observe_refused(op.name(), ErrorCode::RateLimited);
+            let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+            let _ = tx
+                .send(error_frame(
+                    request_id,
+                    ErrorCode::RateLimited,
+                    wait_ms,
+                    format!(
+                        "over {} requests/s on this connection",
+                        shared.limits.rate_per_s
+                    ),
+                ))
+                .await;
+            continue;
+        }
+
+        match request {
+            Request::Hello(_) => {
+                let _ = tx
+                    .send(error_frame(
+                        request_id,
+                        ErrorCode::BadRequest,
+                        0,
+                        "already authenticated",
+                    ))
+                    .await;
+            }
+            Request::Ping(_) => {
+                let _ = tx.send(Response::Ping(Empty {}).to_frame(request_id)).await;
+            }
+            Request::Subscribe(list) => {
+                subscribed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(list.uids.iter().copied());
+                if hint_task.is_none() {
+                    hint_task = Some(tokio::spawn(hint_loop(
+                        shared.inbox.subscribe_hints(),
+                        Arc::clone(&subscribed),
+                        tx.clone(),
+                        Arc::clone(&shared.metrics),
+                        closed_rx.clone(),
+                    )));
+                }
+                let _ = tx
+                    .send(Response::Subscribe(Empty {}).to_frame(request_id))
+                    .await;
+            }
+            Request::Unsubscribe(list) => {
+                {
+                    let mut set = subscribed.lock().unwrap_or_else(|p| p.into_inner());
+                    for uid in &list.uids {
+                        set.remove(uid);
+                    }
+                }
+                let _ = tx
+                    .send(Response::Unsubscribe(Empty {}).to_frame(request_id))
+                    .await;
+            }
+            request => {
+                // Waiting for a permit here is the backpressure: while the
+                // connection has `in_flight_max` requests running, nothing
+                // more is read from the socket.
+                let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+                    break Close::Quietly;
+                };
+                let shared = Arc::clone(&shared);
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let op = request.op();
+                    let started = Instant::now();
+                    let response = service::execute(&shared.inbox, &shared.metrics, request).await;
+                    let code = match &response {
+                        Response::Error(err) => Some(err.code),
+                        _ => None,
+                    };
+                    shared.metrics.observe_request(op, code, started.elapsed());
+                    let mut frame = response.to_frame(request_id);
+                    let limit = shared.limits.reply_frame_bytes_max;
+                    if frame.frame_len().is_none_or(|len| len > limit) {
+                        frame = error_frame(
+                            request_id,
+                            ErrorCode::TooLarge,
+                            u64::from(limit),
+                            format!(
+                                "reply is over the {limit}-byte frame limit; ask for fewer items"
+                            ),
+                        );
+                    }
+                    let _ = tx.send(frame).await;
+                    drop(permit);
+                });
+            }
+        }
+    };
+
+    if matches!(close, Close::WithError) {
+        shared
+            .metrics
+            .frames_rejected
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    // Finish what was read: wait until every running request has replied.
+    let _ = in_flight.acquire_many(in_flight_max as u32).await;
+    let _ = closed_tx.send(true);
+    if let Some(task) = hint_task {
+        let _ = task.await;
+    }
+    drop(tx);
+    let _ = writer_task.await;
+}
+
+/// Checks the first frame: it must be a well-formed `HELLO` with a
+/// supported version and the right token.
+fn handshake(shared: &Shared, frame: &Frame) -> Result<Frame, Frame> {
+    let id = frame.request_id;
+    if frame.opcode != inbox_wire::Op::Hello as u8 {
+        return Err(error_frame(
+            id,
+            ErrorCode::Unauthenticated,
+            0,
+            "send HELLO with a token before anything else",
+        ));
+    }
+    let hello: Hello = match Request::decode(frame.opcode, frame.body.clone()) {
+        Ok(Request::Hello(hello)) => hello,
+        Ok(_) | Err(_) => {
+            return Err(error_frame(id, ErrorCode::BadRequest, 0, "malformed HELLO"));
+        }
+    };
+    if hello.version != PROTOCOL_VERSION {
+        return Err(error_frame(
+            id,
+            ErrorCode::Unsupported,
+            u64::from(PROTOCOL_VERSION),
+            format!(
+                "protocol version {} is not supported; this server speaks {PROTOCOL_VERSION}",
+                hello.version
+            ),
+        ));
+    }
+    if !token_matches(&shared.token, &hello.token) {
+        return Err(error_frame(
+            id,
+            ErrorCode::Unauthenticated,
+            0,
+            "wrong token",
+        ));
+    }
+    tracing::debug!(client = %hello.client_name, "client authenticated");
+    Ok(Response::Hello(HelloOk {
+        version: PROTOCOL_VERSION,
+        server_name: format!("inboxd/{}", env!("CARGO_PKG_VERSION")),
+        frame_bytes_max: shared.limits.frame_bytes_max,
+        in_flight_max: shared.limits.in_flight_max,
+    })
+    .to_frame(id))
+}
+
+/// Refuses a connection over the connection limit with one error frame.
+pub async fn refuse(mut stream: TcpStream, reason: &str) {
+    let mut out = BytesMut::new();
+    let _ = FrameCodec::new(u32::MAX)
+        .encode(&error_frame(0, ErrorCode::Unavailable, 0, reason), &mut out);
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&out)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_limiter_allows_the_burst_then_says_when_to_retry() {
+        let mut bucket = RateLimiter::new(10, 3);
+        assert!(bucket.take().is_ok());
+        assert!(bucket.take().is_ok());
+        assert!(bucket.take().is_ok());
+        let wait = bucket.take().expect_err("burst spent");
+        assert!(
+            wait > Duration::ZERO && wait <= Duration::from_millis(100),
+            "{wait:?}"
+        );
+    }
+
+    #[test]
+    fn token_comparison_needs_every_byte() {
+        assert!(token_matches(b"abc", b"abc"));
+        assert!(!token_matches(b"abc", b"abd"));
+        assert!(!token_matches(b"abc", b"ab"));
+        assert!(!token_matches(b"", b"x"));
+    }
+}

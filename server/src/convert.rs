@@ -1,0 +1,353 @@
+//! Field-for-field translation between the engine's API types and the
+//! wire bodies. Nothing here decides anything: every rule lives in the
+//! engine, and this module only renames.
+
+use inbox_engine as engine;
+use inbox_engine::Error;
+use inbox_wire as wire;
+use inbox_wire::ErrorCode;
+
+/// The protocol error an engine error is answered with. `detail` carries
+/// the one number a client needs to act (see `docs/PROTOCOL.md`).
+pub fn error_reply(err: &Error) -> wire::ErrorReply {
+    let (code, detail) = match err {
+        Error::BadRequest(_) => (ErrorCode::BadRequest, 0),
+        Error::Forbidden(_) => (ErrorCode::Forbidden, 0),
+        Error::StaleGeneration { current } => (ErrorCode::StaleGeneration, *current),
+        Error::ResetRequired { generation } => (ErrorCode::ResetRequired, *generation),
+        Error::DeviceRevoked => (ErrorCode::DeviceRevoked, 0),
+        Error::DeviceResetting => (ErrorCode::DeviceResetting, 0),
+        Error::NotFound(_) => (ErrorCode::NotFound, 0),
+        Error::TooLarge { limit, .. } => (ErrorCode::TooLarge, *limit),
+        Error::BadToken => (ErrorCode::BadToken, 0),
+        Error::AckBeyondHwm { batch_hwm, .. } => (ErrorCode::AckBeyondHwm, *batch_hwm),
+        Error::Conflict(_) => (ErrorCode::Conflict, 0),
+        Error::NoSpace(_) => (ErrorCode::NoSpace, 0),
+        Error::Log(engine::log::LogError::NoSpace(_)) => (ErrorCode::NoSpace, 0),
+        Error::Log(engine::log::LogError::Poisoned(_)) => (ErrorCode::Unavailable, 0),
+        _ => (ErrorCode::Internal, 0),
+    };
+    wire::ErrorReply {
+        code,
+        detail,
+        message: err.to_string(),
+    }
+}
+
+pub fn membership(reply: engine::MembershipReply) -> wire::MembershipReply {
+    wire::MembershipReply {
+        msg_seq: reply.msg_seq,
+        period_id: reply.period_id,
+    }
+}
+
+pub fn send_reply(reply: engine::SendReply) -> wire::SendReply {
+    wire::SendReply {
+        msg_id: reply.msg_id,
+        msg_seq: reply.msg_seq,
+        duplicate: reply.duplicate,
+    }
+}
+
+pub fn send_req(req: wire::SendReq) -> engine::SendRequest {
+    engine::SendRequest {
+        conv: req.conv,
+        sender: req.sender,
+        client_msg_id: req.client_msg_id,
+        msg_type: req.msg_type,
+        payload: req.payload,
+    }
+}
+
+pub fn recall_req(req: wire::RecallReq) -> engine::RecallRequest {
+    engine::RecallRequest {
+        conv: req.conv,
+        sender: req.sender,
+        client_msg_id: req.client_msg_id,
+        target: req.target,
+    }
+}
+
+pub fn edit_req(req: wire::EditReq) -> engine::EditRequest {
+    engine::EditRequest {
+        conv: req.conv,
+        sender: req.sender,
+        client_msg_id: req.client_msg_id,
+        target: req.target,
+        payload: req.payload,
+    }
+}
+
+pub fn device_state(state: engine::DeviceState) -> wire::DeviceState {
+    match state {
+        engine::DeviceState::Active => wire::DeviceState::Active,
+        engine::DeviceState::Recovering => wire::DeviceState::Recovering,
+        engine::DeviceState::Resetting => wire::DeviceState::Resetting,
+        engine::DeviceState::Revoked => wire::DeviceState::Revoked,
+    }
+}
+
+pub fn device_info(info: engine::DeviceInfo) -> wire::DeviceInfo {
+    wire::DeviceInfo {
+        device: info.device,
+        generation: info.generation,
+        acked_sync_seq: info.acked_sync_seq,
+        state: device_state(info.state),
+        last_seen_ms: info.last_seen_ms,
+    }
+}
+
+pub fn register_reply(reply: engine::RegisterReply) -> wire::RegisterReply {
+    wire::RegisterReply {
+        device: device_info(reply.device),
+        evicted: reply.evicted,
+    }
+}
+
+pub fn sync_req(req: wire::SyncReq) -> engine::SyncRequest {
+    engine::SyncRequest {
+        uid: req.uid,
+        device: req.device,
+        generation: req.generation,
+        local_applied_seq: req.local_applied_seq,
+        limit: req.limit,
+        batch_token: req.batch_token,
+    }
+}
+
+/// An engine event as it goes on the wire. A kind the engine marks as
+/// unknown keeps its code and carries the standard fields as its raw body,
+/// so a newer client can still read it.
+pub fn event(event: engine::SyncEvent) -> wire::Event {
+    let body = wire::EventRef {
+        conv: event.conv,
+        msg_seq: event.msg_seq,
+        msg_id: event.msg_id,
+        at_ms: event.at_ms,
+        summary: event.summary,
+    };
+    let kind = match event.kind {
+        engine::EventKind::Msg => wire::EventKind::Msg,
+        engine::EventKind::Read => wire::EventKind::Read,
+        engine::EventKind::Recall => wire::EventKind::Recall,
+        engine::EventKind::Edit => wire::EventKind::Edit,
+        engine::EventKind::Conv => wire::EventKind::Conv,
+        engine::EventKind::Member => wire::EventKind::Member,
+        engine::EventKind::Dirty => wire::EventKind::Dirty,
+        engine::EventKind::Unknown(code) => match wire::EventKind::from_code(code) {
+            Some(kind) => kind,
+            None => {
+                let mut raw = bytes::BytesMut::new();
+                wire::field::Field::put(&body, &mut raw);
+                return wire::Event::Unknown {
+                    sync_seq: event.sync_seq,
+                    kind: code,
+                    body: raw.freeze(),
+                };
+            }
+        },
+    };
+    wire::Event::Known {
+        sync_seq: event.sync_seq,
+        kind,
+        body,
+    }
+}
+
+pub fn sync_page(page: engine::SyncPage) -> wire::SyncPage {
+    wire::SyncPage {
+        events: page.events.into_iter().map(event).collect(),
+        next_cursor: page.next_cursor,
+        has_more: page.has_more,
+        acked_sync_seq: page.acked_sync_seq,
+        batch_hwm: page.batch_hwm,
+        batch_token: page.batch_token,
+        generation: page.generation,
+        lease: page.lease.map(|lease| wire::LeaseInfo {
+            lease_id: lease.lease_id,
+            resume_from: lease.resume_from,
+            hwm: lease.hwm,
+            expires_at_ms: lease.expires_at_ms,
+        }),
+    }
+}
+
+pub fn ack_req(req: wire::AckReq) -> engine::AckRequest {
+    engine::AckRequest {
+        uid: req.uid,
+        device: req.device,
+        generation: req.generation,
+        seq: req.seq,
+        batch_token: req.batch_token,
+    }
+}
+
+pub fn message(msg: engine::Message) -> wire::Message {
+    wire::Message {
+        conv: msg.conv,
+        msg_seq: msg.msg_seq,
+        msg_id: msg.msg_id,
+        sender: msg.sender,
+        kind: match msg.kind {
+            engine::MessageKind::Normal => wire::MessageKind::Normal,
+            engine::MessageKind::Join => wire::MessageKind::Join,
+            engine::MessageKind::Leave => wire::MessageKind::Leave,
+            engine::MessageKind::Recall => wire::MessageKind::Recall,
+            engine::MessageKind::Edit => wire::MessageKind::Edit,
+        },
+        msg_type: msg.msg_type,
+        target: msg.target,
+        sent_at_ms: msg.sent_at_ms,
+        tombstone: msg.tombstone,
+        payload: msg.payload,
+    }
+}
+
+pub fn conv_pull(pull: engine::ConvPull) -> wire::ConvPull {
+    wire::ConvPull {
+        conv: pull.conv,
+        messages: pull.messages.into_iter().map(message).collect(),
+        has_more: pull.has_more,
+        max_seq: pull.max_seq,
+    }
+}
+
+pub fn history_page(page: engine::HistoryPage) -> wire::HistoryPage {
+    wire::HistoryPage {
+        messages: page.messages.into_iter().map(message).collect(),
+        has_more: page.has_more,
+    }
+}
+
+pub fn read_reply(reply: engine::ReadReply) -> wire::ReadReply {
+    wire::ReadReply {
+        read_seq: reply.read_seq,
+        unread: reply.unread,
+    }
+}
+
+pub fn conv_summary(conv: engine::ConvSummary) -> wire::ConvSummary {
+    wire::ConvSummary {
+        conv: conv.conv,
+        last_msg_seq: conv.last_msg_seq,
+        last_msg_id: conv.last_msg_id,
+        last_sender: conv.last_sender,
+        last_summary: conv.last_summary,
+        unread: conv.unread,
+        read_seq: conv.read_seq,
+        last_activity_ms: conv.last_activity_ms,
+        muted: conv.muted,
+        pinned: conv.pinned,
+    }
+}
+
+pub fn conv_list_page(page: engine::ConvListPage) -> wire::ConvListPage {
+    wire::ConvListPage {
+        convs: page.convs.into_iter().map(conv_summary).collect(),
+        next_cursor: page.next_cursor,
+    }
+}
+
+pub fn snapshot_info(info: engine::SnapshotInfo) -> wire::SnapshotInfo {
+    wire::SnapshotInfo {
+        snapshot_id: info.snapshot_id,
+        base_sync_seq: info.base_sync_seq,
+        generation: info.generation,
+        state: match info.state {
+            engine::SnapshotState::Building => wire::SnapshotState::Building,
+            engine::SnapshotState::Ready => wire::SnapshotState::Ready,
+            engine::SnapshotState::Installed => wire::SnapshotState::Installed,
+            engine::SnapshotState::Expired => wire::SnapshotState::Expired,
+        },
+        pages: info.pages,
+        manifest_digest: info.manifest_digest,
+    }
+}
+
+pub fn snapshot_page(page: engine::SnapshotPage) -> wire::SnapshotPage {
+    wire::SnapshotPage {
+        snapshot_id: page.snapshot_id,
+        page: page.page,
+        pages: page.pages,
+        convs: page.convs.into_iter().map(conv_summary).collect(),
+        messages: page.messages.into_iter().map(message).collect(),
+    }
+}
+
+pub fn compaction(report: engine::CompactionReport) -> wire::CompactionReport {
+    wire::CompactionReport {
+        events_reclaimed: report.events_reclaimed,
+        bytes_reclaimed: report.bytes_reclaimed,
+        bytes_rewritten: report.bytes_rewritten,
+        segments_dropped: report.segments_dropped,
+        segments_rewritten: report.segments_rewritten,
+    }
+}
+
+pub fn stats(stats: &engine::Stats) -> wire::Stats {
+    wire::Stats {
+        users: stats.users,
+        conversations: stats.conversations,
+        devices: stats.devices,
+        messages: stats.messages,
+        events_live: stats.events_live,
+        write_batches: stats.write_batches,
+        fsyncs: stats.fsyncs,
+        fsync_latency_us_sum: stats.fsync_latency_us_sum,
+        bytes_on_disk: stats.bytes_on_disk,
+        index_bytes: stats.index_bytes,
+        compaction: compaction(stats.compaction),
+    }
+}
+
+pub fn user_explain(explain: engine::UserExplain) -> wire::UserExplain {
+    wire::UserExplain {
+        uid: explain.uid,
+        oldest_retained: explain.oldest_retained,
+        committed_sync_seq: explain.committed_sync_seq,
+        floor: explain.floor,
+        fences: explain
+            .fences
+            .into_iter()
+            .map(|fence| match fence {
+                engine::Fence::DeviceAck {
+                    device,
+                    acked_sync_seq,
+                } => wire::Fence::DeviceAck {
+                    device,
+                    acked_sync_seq,
+                },
+                engine::Fence::RecoveryLease {
+                    device,
+                    lease_id,
+                    resume_from,
+                } => wire::Fence::RecoveryLease {
+                    device,
+                    lease_id,
+                    resume_from,
+                },
+                engine::Fence::Snapshot {
+                    snapshot_id,
+                    base_sync_seq,
+                } => wire::Fence::Snapshot {
+                    snapshot_id,
+                    base_sync_seq,
+                },
+                engine::Fence::SafetyWindow { oldest_kept } => {
+                    wire::Fence::SafetyWindow { oldest_kept }
+                }
+            })
+            .collect(),
+    }
+}
+
+pub fn segment_explain(explain: engine::SegmentExplain) -> wire::SegmentExplain {
+    wire::SegmentExplain {
+        stream: explain.stream,
+        segment: explain.segment,
+        bytes: explain.bytes,
+        live_bytes: explain.live_bytes,
+        live_records: explain.live_records,
+        held_by: explain.held_by,
+    }
+}

@@ -1,0 +1,172 @@
+//! The daemon's lifecycle: open the engine, bind, accept, and shut down in
+//! order (stop accepting → finish in-flight requests → `Inbox::shutdown`).
+//!
+//! [`run`] takes the shutdown signal as a `watch` so that the binary can
+//! wire it to SIGTERM and tests can drive it directly.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use inbox_engine::{Inbox, InboxConfig};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::config::{self, Config};
+use crate::conn::{self, Shared};
+use crate::metrics::{self, Metrics};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("data directory {path}: {source}")]
+    DataDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("token: {0}")]
+    Token(std::io::Error),
+    #[error("cannot open the store: {0}")]
+    Open(inbox_engine::Error),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("shutdown did not sync cleanly: {0}")]
+    Shutdown(inbox_engine::Error),
+}
+
+/// The addresses actually bound (port 0 resolved).
+#[derive(Clone, Copy, Debug)]
+pub struct Bound {
+    pub listen: SocketAddr,
+    pub metrics: SocketAddr,
+}
+
+/// Runs the daemon until `shutdown` flips to `true`, then drains and
+/// syncs. `on_bound` is called once both listeners are up.
+pub async fn run(
+    config: Config,
+    mut shutdown: watch::Receiver<bool>,
+    on_bound: impl FnOnce(Bound),
+) -> Result<(), ServeError> {
+    std::fs::create_dir_all(&config.data_dir).map_err(|source| ServeError::DataDir {
+        path: config.data_dir.clone(),
+        source,
+    })?;
+    let (token, generated) = config::load_token(&config.token).map_err(ServeError::Token)?;
+    if let Some(path) = generated {
+        tracing::info!(path = %path.display(), "no token configured: generated one (mode 0600); clients read it from this file");
+    }
+    let token_key =
+        config::load_batch_token_key(&config.data_dir).map_err(|source| ServeError::DataDir {
+            path: config.data_dir.clone(),
+            source,
+        })?;
+
+    let mut engine_config = InboxConfig::new(&config.data_dir);
+    engine_config.sync = config.sync;
+    engine_config.token_key = token_key;
+    if let Some(ttl) = config.batch_token_ttl {
+        engine_config.batch_token_ttl = ttl;
+    }
+    let inbox = tokio::task::spawn_blocking(move || Inbox::open(engine_config))
+        .await
+        .unwrap_or_else(|join| Err(inbox_engine::Error::Internal(join.to_string())))
+        .map_err(ServeError::Open)?;
+    let inbox = Arc::new(inbox);
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let metrics_listener = TcpListener::bind(config.metrics_listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.metrics_listen,
+            source,
+        })?;
+    let bound = Bound {
+        listen: listener.local_addr().unwrap_or(config.listen),
+        metrics: metrics_listener
+            .local_addr()
+            .unwrap_or(config.metrics_listen),
+    };
+    tracing::info!(listen = %bound.listen, metrics = %bound.metrics, data_dir = %config.data_dir.display(), "inboxd serving");
+    on_bound(bound);
+
+    let metrics = Arc::new(Metrics::default());
+    let metrics_task = tokio::spawn(metrics::serve(
+        metrics_listener,
+        Arc::clone(&inbox),
+        Arc::clone(&metrics),
+        shutdown.clone(),
+    ));
+    let shared = Arc::new(Shared {
+        inbox: Arc::clone(&inbox),
+        metrics: Arc::clone(&metrics),
+        limits: config.limits.clone(),
+        token,
+    });
+    let slots = Arc::new(Semaphore::new(config.limits.max_connections as usize));
+    let mut connections = JoinSet::new();
+
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.changed() => break,
+        };
+        // Reap finished connection tasks so the set stays small.
+        while connections.try_join_next().is_some() {}
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                tracing::warn!(error = %err, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, "connection refused: at the connection limit");
+            tokio::spawn(conn::refuse(stream, "too many connections"));
+            continue;
+        };
+        metrics.connections_total.fetch_add(1, Ordering::Relaxed);
+        metrics.connections_open.fetch_add(1, Ordering::Relaxed);
+        let shared = Arc::clone(&shared);
+        let shutdown = shutdown.clone();
+        let metrics = Arc::clone(&metrics);
+        connections.spawn(async move {
+            conn::serve(stream, shared, shutdown).await;
+            metrics.connections_open.fetch_sub(1, Ordering::Relaxed);
+            drop(slot);
+        });
+    }
+
+    drop(listener);
+    tracing::info!(
+        connections = connections.len(),
+        "shutting down: no longer accepting; finishing in-flight requests"
+    );
+    let drained = tokio::time::timeout(config.shutdown_grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(grace = ?config.shutdown_grace, "in-flight requests did not finish within the grace period");
+        connections.abort_all();
+    }
+    metrics_task.abort();
+    drop(shared);
+    let engine = Arc::clone(&inbox);
+    tokio::task::spawn_blocking(move || engine.shutdown())
+        .await
+        .unwrap_or_else(|join| Err(inbox_engine::Error::Internal(join.to_string())))
+        .map_err(ServeError::Shutdown)?;
+    tracing::info!("shutdown complete: store synced");
+    Ok(())
+}

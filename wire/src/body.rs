@@ -1,0 +1,747 @@
+//! Typed request and reply bodies. Each struct encodes as its fields in
+//! declaration order using the primitive encodings of [`crate::field`];
+//! `docs/PROTOCOL.md` lists every layout.
+//!
+//! These mirror the engine's API types field for field, but this crate
+//! does not depend on the engine: a client needs only the protocol.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::field::{wire_enum, wire_struct, Field, Reader};
+use crate::{ErrorCode, WireError};
+
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+wire_struct! {
+    /// `HELLO`: the first frame on a connection. Combines the version
+    /// handshake and authentication.
+    pub struct Hello {
+        pub version: u16,
+        /// Free text for logs, e.g. "chat-api/2.3".
+        pub client_name: String,
+        /// The shared secret of the client service.
+        pub token: Bytes,
+    }
+}
+
+wire_struct! {
+    pub struct HelloOk {
+        pub version: u16,
+        pub server_name: String,
+        /// Largest `frame_len` the server accepts.
+        pub frame_bytes_max: u32,
+        /// Requests the server reads ahead on one connection before it
+        /// stops reading (backpressure).
+        pub in_flight_max: u32,
+    }
+}
+
+wire_struct! {
+    /// A body with no fields.
+    pub struct Empty {}
+}
+
+wire_struct! {
+    /// `JOIN`, `LEAVE`.
+    pub struct ConvMember {
+        pub conv: u64,
+        pub uid: u64,
+    }
+}
+
+wire_struct! {
+    pub struct MembershipReply {
+        pub msg_seq: u64,
+        pub period_id: u32,
+    }
+}
+
+wire_struct! {
+    pub struct SendReq {
+        pub conv: u64,
+        pub sender: u64,
+        pub client_msg_id: u128,
+        pub msg_type: u16,
+        pub payload: Bytes,
+    }
+}
+
+wire_struct! {
+    /// Reply to `SEND`, `RECALL` and `EDIT`.
+    pub struct SendReply {
+        pub msg_id: u64,
+        pub msg_seq: u64,
+        pub duplicate: bool,
+    }
+}
+
+wire_struct! {
+    pub struct RecallReq {
+        pub conv: u64,
+        pub sender: u64,
+        pub client_msg_id: u128,
+        pub target: u64,
+    }
+}
+
+wire_struct! {
+    pub struct EditReq {
+        pub conv: u64,
+        pub sender: u64,
+        pub client_msg_id: u128,
+        pub target: u64,
+        pub payload: Bytes,
+    }
+}
+
+wire_struct! {
+    /// `REGISTER_DEVICE`, `REVOKE_DEVICE`, `BEGIN_SNAPSHOT`.
+    pub struct UserDevice {
+        pub uid: u64,
+        pub device: u64,
+    }
+}
+
+wire_enum! {
+    pub enum DeviceState {
+        Active = 1,
+        Recovering = 2,
+        Resetting = 3,
+        Revoked = 4,
+    }
+}
+
+wire_struct! {
+    pub struct DeviceInfo {
+        pub device: u64,
+        pub generation: u64,
+        pub acked_sync_seq: u64,
+        pub state: DeviceState,
+        pub last_seen_ms: u64,
+    }
+}
+
+wire_struct! {
+    pub struct RegisterReply {
+        pub device: DeviceInfo,
+        pub evicted: Option<u64>,
+    }
+}
+
+wire_struct! {
+    /// `DEVICES`, `EXPLAIN`.
+    pub struct UserReq {
+        pub uid: u64,
+    }
+}
+
+wire_struct! {
+    pub struct DeviceList {
+        pub devices: Vec<DeviceInfo>,
+    }
+}
+
+wire_struct! {
+    pub struct SyncReq {
+        pub uid: u64,
+        pub device: u64,
+        /// `None` after a reinstall.
+        pub generation: Option<u64>,
+        pub local_applied_seq: u64,
+        /// 0 asks for the server's default page size.
+        pub limit: u32,
+        /// Present on every page after the first of a batch.
+        pub batch_token: Option<Bytes>,
+    }
+}
+
+wire_enum! {
+    /// The event kinds this build knows. Kinds are open: see [`Event`].
+    pub enum EventKind {
+        Msg = 1,
+        Read = 2,
+        Recall = 3,
+        Edit = 4,
+        Conv = 5,
+        Member = 6,
+        Dirty = 7,
+    }
+}
+
+impl EventKind {
+    pub fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            1 => Self::Msg,
+            2 => Self::Read,
+            3 => Self::Recall,
+            4 => Self::Edit,
+            5 => Self::Conv,
+            6 => Self::Member,
+            7 => Self::Dirty,
+            _ => return None,
+        })
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Msg => "msg",
+            Self::Read => "read",
+            Self::Recall => "recall",
+            Self::Edit => "edit",
+            Self::Conv => "conv",
+            Self::Member => "member",
+            Self::Dirty => "dirty",
+        }
+    }
+}
+
+wire_struct! {
+    /// The body of an event of a known kind.
+    pub struct EventRef {
+        pub conv: u64,
+        pub msg_seq: u64,
+        pub msg_id: u64,
+        pub at_ms: u64,
+        pub summary: Bytes,
+    }
+}
+
+/// One user sync event, encoded type-length-value so that a client can
+/// skip a kind it does not know and still ACK past it:
+///
+/// ```text
+/// sync_seq u64 | kind u8 | body_len u32 | body (body_len bytes)
+/// ```
+///
+/// For a known kind the body is an [`EventRef`] and must fill `body_len`
+/// exactly; any other kind keeps its body as raw bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Known {
+        sync_seq: u64,
+        kind: EventKind,
+        body: EventRef,
+    },
+    /// A kind this build does not know (never 1..=7).
+    Unknown {
+        sync_seq: u64,
+        kind: u8,
+        body: Bytes,
+    },
+}
+
+impl Event {
+    pub fn sync_seq(&self) -> u64 {
+        match self {
+            Self::Known { sync_seq, .. } | Self::Unknown { sync_seq, .. } => *sync_seq,
+        }
+    }
+}
+
+impl Field for Event {
+    const MIN_BYTES: usize = 8 + 1 + 4;
+    fn put(&self, out: &mut BytesMut) {
+        match self {
+            Self::Known {
+                sync_seq,
+                kind,
+                body,
+            } => {
+                out.put_u64_le(*sync_seq);
+                out.put_u8(*kind as u8);
+                let mut inner = BytesMut::new();
+                body.put(&mut inner);
+                Field::put(&inner.freeze(), out);
+            }
+            Self::Unknown {
+                sync_seq,
+                kind,
+                body,
+            } => {
+                out.put_u64_le(*sync_seq);
+                out.put_u8(*kind);
+                body.put(out);
+            }
+        }
+    }
+    fn get(r: &mut Reader) -> Result<Self, WireError> {
+        let sync_seq = r.u64()?;
+        let code = r.u8()?;
+        let body = Bytes::get(r)?;
+        match EventKind::from_code(code) {
+            Some(kind) => {
+                let mut inner = Reader::new(body);
+                let body = EventRef::get(&mut inner)?;
+                inner.finish()?;
+                Ok(Self::Known {
+                    sync_seq,
+                    kind,
+                    body,
+                })
+            }
+            None => Ok(Self::Unknown {
+                sync_seq,
+                kind: code,
+                body,
+            }),
+        }
+    }
+}
+
+wire_struct! {
+    pub struct LeaseInfo {
+        pub lease_id: u64,
+        pub resume_from: u64,
+        pub hwm: u64,
+        pub expires_at_ms: u64,
+    }
+}
+
+wire_struct! {
+    pub struct SyncPage {
+        pub events: Vec<Event>,
+        pub next_cursor: u64,
+        pub has_more: bool,
+        pub acked_sync_seq: u64,
+        pub batch_hwm: u64,
+        pub batch_token: Bytes,
+        pub generation: u64,
+        pub lease: Option<LeaseInfo>,
+    }
+}
+
+wire_struct! {
+    pub struct AckReq {
+        pub uid: u64,
+        pub device: u64,
+        pub generation: u64,
+        pub seq: u64,
+        pub batch_token: Bytes,
+    }
+}
+
+wire_struct! {
+    pub struct AckReply {
+        pub acked_sync_seq: u64,
+    }
+}
+
+wire_struct! {
+    pub struct FinishLeaseReq {
+        pub uid: u64,
+        pub device: u64,
+        pub lease_id: u64,
+        pub generation: u64,
+    }
+}
+
+wire_struct! {
+    pub struct PullCursor {
+        pub conv: u64,
+        pub after_seq: u64,
+    }
+}
+
+wire_struct! {
+    pub struct PullReq {
+        pub uid: u64,
+        /// 0 asks for the server's default (50); the hard cap is 500.
+        pub per_conv_limit: u32,
+        pub cursors: Vec<PullCursor>,
+    }
+}
+
+wire_enum! {
+    pub enum MessageKind {
+        Normal = 1,
+        Join = 2,
+        Leave = 3,
+        Recall = 4,
+        Edit = 5,
+    }
+}
+
+wire_struct! {
+    pub struct Message {
+        pub conv: u64,
+        pub msg_seq: u64,
+        pub msg_id: u64,
+        pub sender: u64,
+        pub kind: MessageKind,
+        pub msg_type: u16,
+        pub target: Option<u64>,
+        pub sent_at_ms: u64,
+        /// Recalled: `payload` is empty and never served again.
+        pub tombstone: bool,
+        pub payload: Bytes,
+    }
+}
+
+wire_struct! {
+    pub struct ConvPull {
+        pub conv: u64,
+        pub messages: Vec<Message>,
+        pub has_more: bool,
+        pub max_seq: u64,
+    }
+}
+
+wire_struct! {
+    pub struct PullReply {
+        pub convs: Vec<ConvPull>,
+    }
+}
+
+wire_struct! {
+    pub struct HistoryReq {
+        pub uid: u64,
+        pub conv: u64,
+        /// Exclusive; `None` pages from the head.
+        pub before_seq: Option<u64>,
+        pub limit: u32,
+    }
+}
+
+wire_struct! {
+    pub struct HistoryPage {
+        /// Newest first.
+        pub messages: Vec<Message>,
+        pub has_more: bool,
+    }
+}
+
+wire_struct! {
+    pub struct MarkReadReq {
+        pub uid: u64,
+        pub conv: u64,
+        pub read_to_seq: u64,
+    }
+}
+
+wire_struct! {
+    pub struct ReadReply {
+        pub read_seq: u64,
+        pub unread: u32,
+    }
+}
+
+wire_struct! {
+    pub struct ConvFlagsReq {
+        pub uid: u64,
+        pub conv: u64,
+        pub muted: bool,
+        pub pinned: bool,
+    }
+}
+
+wire_struct! {
+    pub struct ConvListReq {
+        pub uid: u64,
+        pub limit: u32,
+        pub cursor: Option<Bytes>,
+    }
+}
+
+wire_struct! {
+    pub struct ConvSummary {
+        pub conv: u64,
+        pub last_msg_seq: u64,
+        pub last_msg_id: u64,
+        pub last_sender: u64,
+        pub last_summary: Bytes,
+        pub unread: u32,
+        pub read_seq: u64,
+        pub last_activity_ms: u64,
+        pub muted: bool,
+        pub pinned: bool,
+    }
+}
+
+wire_struct! {
+    pub struct ConvListPage {
+        pub convs: Vec<ConvSummary>,
+        pub next_cursor: Option<Bytes>,
+    }
+}
+
+wire_enum! {
+    pub enum SnapshotState {
+        Building = 1,
+        Ready = 2,
+        Installed = 3,
+        Expired = 4,
+    }
+}
+
+wire_struct! {
+    pub struct SnapshotInfo {
+        pub snapshot_id: u64,
+        pub base_sync_seq: u64,
+        pub generation: u64,
+        pub state: SnapshotState,
+        pub pages: u32,
+        pub manifest_digest: [u8; 32],
+    }
+}
+
+wire_struct! {
+    pub struct SnapshotRef {
+        pub uid: u64,
+        pub snapshot_id: u64,
+    }
+}
+
+wire_struct! {
+    pub struct SnapshotPageReq {
+        pub uid: u64,
+        pub snapshot_id: u64,
+        pub page: u32,
+    }
+}
+
+wire_struct! {
+    pub struct SnapshotPage {
+        pub snapshot_id: u64,
+        pub page: u32,
+        pub pages: u32,
+        pub convs: Vec<ConvSummary>,
+        pub messages: Vec<Message>,
+    }
+}
+
+wire_struct! {
+    pub struct AckSnapshotReq {
+        pub uid: u64,
+        pub device: u64,
+        pub snapshot_id: u64,
+        pub generation: u64,
+    }
+}
+
+wire_struct! {
+    /// `SUBSCRIBE`, `UNSUBSCRIBE`.
+    pub struct UidList {
+        pub uids: Vec<u64>,
+    }
+}
+
+wire_struct! {
+    pub struct CompactionReport {
+        pub events_reclaimed: u64,
+        pub bytes_reclaimed: u64,
+        pub bytes_rewritten: u64,
+        pub segments_dropped: u64,
+        pub segments_rewritten: u64,
+    }
+}
+
+wire_struct! {
+    pub struct Stats {
+        pub users: u64,
+        pub conversations: u64,
+        pub devices: u64,
+        pub messages: u64,
+        pub events_live: u64,
+        pub write_batches: u64,
+        pub fsyncs: u64,
+        pub fsync_latency_us_sum: u64,
+        pub bytes_on_disk: u64,
+        pub index_bytes: u64,
+        pub compaction: CompactionReport,
+    }
+}
+
+/// What holds a user's events back from compaction (R19). Tag byte, then
+/// the variant's fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fence {
+    /// Tag 1.
+    DeviceAck { device: u64, acked_sync_seq: u64 },
+    /// Tag 2.
+    RecoveryLease {
+        device: u64,
+        lease_id: u64,
+        resume_from: u64,
+    },
+    /// Tag 3.
+    Snapshot {
+        snapshot_id: u64,
+        base_sync_seq: u64,
+    },
+    /// Tag 4.
+    SafetyWindow { oldest_kept: u64 },
+}
+
+impl Field for Fence {
+    const MIN_BYTES: usize = 9;
+    fn put(&self, out: &mut BytesMut) {
+        match self {
+            Self::DeviceAck {
+                device,
+                acked_sync_seq,
+            } => {
+                out.put_u8(1);
+                out.put_u64_le(*device);
+                out.put_u64_le(*acked_sync_seq);
+            }
+            Self::RecoveryLease {
+                device,
+                lease_id,
+                resume_from,
+            } => {
+                out.put_u8(2);
+                out.put_u64_le(*device);
+                out.put_u64_le(*lease_id);
+                out.put_u64_le(*resume_from);
+            }
+            Self::Snapshot {
+                snapshot_id,
+                base_sync_seq,
+            } => {
+                out.put_u8(3);
+                out.put_u64_le(*snapshot_id);
+                out.put_u64_le(*base_sync_seq);
+            }
+            Self::SafetyWindow { oldest_kept } => {
+                out.put_u8(4);
+                out.put_u64_le(*oldest_kept);
+            }
+        }
+    }
+    fn get(r: &mut Reader) -> Result<Self, WireError> {
+        Ok(match r.u8()? {
+            1 => Self::DeviceAck {
+                device: r.u64()?,
+                acked_sync_seq: r.u64()?,
+            },
+            2 => Self::RecoveryLease {
+                device: r.u64()?,
+                lease_id: r.u64()?,
+                resume_from: r.u64()?,
+            },
+            3 => Self::Snapshot {
+                snapshot_id: r.u64()?,
+                base_sync_seq: r.u64()?,
+            },
+            4 => Self::SafetyWindow {
+                oldest_kept: r.u64()?,
+            },
+            other => {
+                return Err(WireError::Malformed(format!(
+                    "fence tag {other} is unknown"
+                )))
+            }
+        })
+    }
+}
+
+wire_struct! {
+    pub struct UserExplain {
+        pub uid: u64,
+        pub oldest_retained: u64,
+        pub committed_sync_seq: u64,
+        pub floor: u64,
+        /// Lowest first; the first holds the floor.
+        pub fences: Vec<Fence>,
+    }
+}
+
+wire_struct! {
+    pub struct SegmentReq {
+        pub stream: String,
+        pub segment: u32,
+    }
+}
+
+wire_struct! {
+    pub struct SegmentExplain {
+        pub stream: String,
+        pub segment: u32,
+        pub bytes: u64,
+        pub live_bytes: u64,
+        pub live_records: u64,
+        pub held_by: Vec<String>,
+    }
+}
+
+wire_struct! {
+    /// `ERROR`: the reply to any request that failed.
+    pub struct ErrorReply {
+        pub code: ErrorCode,
+        /// Code-specific: retry-after in ms for `RATE_LIMITED`, the current
+        /// generation for `STALE_GENERATION` and `RESET_REQUIRED`, the limit
+        /// for `TOO_LARGE`, the batch hwm for `ACK_BEYOND_HWM`; else 0.
+        pub detail: u64,
+        /// For humans; never parse it.
+        pub message: String,
+    }
+}
+
+wire_struct! {
+    pub struct Hint {
+        pub uid: u64,
+        pub committed_sync_seq: u64,
+    }
+}
+
+wire_struct! {
+    /// `HINT` (server push, request id 0).
+    pub struct Hints {
+        pub hints: Vec<Hint>,
+    }
+}
+
+#[cfg(test)]
+mod sample_impls {
+    use super::*;
+    use crate::field::sample::{Gen, Sample};
+
+    impl Sample for Event {
+        fn sample(g: &mut Gen) -> Self {
+            let sync_seq = u64::sample(g);
+            if g.below(4) == 0 {
+                Event::Unknown {
+                    sync_seq,
+                    kind: 8 + (g.next() % 248) as u8,
+                    body: Bytes::sample(g),
+                }
+            } else {
+                Event::Known {
+                    sync_seq,
+                    kind: EventKind::sample(g),
+                    body: EventRef::sample(g),
+                }
+            }
+        }
+    }
+
+    impl Sample for Fence {
+        fn sample(g: &mut Gen) -> Self {
+            match g.below(4) {
+                0 => Fence::DeviceAck {
+                    device: g.next(),
+                    acked_sync_seq: g.next(),
+                },
+                1 => Fence::RecoveryLease {
+                    device: g.next(),
+                    lease_id: g.next(),
+                    resume_from: g.next(),
+                },
+                2 => Fence::Snapshot {
+                    snapshot_id: g.next(),
+                    base_sync_seq: g.next(),
+                },
+                _ => Fence::SafetyWindow {
+                    oldest_kept: g.next(),
+                },
+            }
+        }
+    }
+
+    impl Sample for ErrorCode {
+        fn sample(g: &mut Gen) -> Self {
+            // Known codes, and unknown ones above the known range.
+            ErrorCode::from_u16((g.next() % 40) as u16)
+        }
+    }
+}
