@@ -230,7 +230,7 @@ pub(crate) fn list(data_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
             out.push((lsn, entry.path()));
         }
     }
-    out.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    out.sort_unstable_by_key(|(lsn, _)| std::cmp::Reverse(*lsn));
     Ok(out)
 }
 

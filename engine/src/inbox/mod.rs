@@ -371,6 +371,10 @@ impl Inbox {
         self.submit(|tx| Command::Leave { conv, uid, tx })
     }
 
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the three send flavours share one path"
+    )]
     fn send_kind(
         &self,
         kind: MessageKind,
