@@ -829,13 +829,15 @@ pub(crate) fn run_completion(shared: Arc<Shared>, rx: mpsc::Receiver<RoundDone>)
             .rounds_written
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         shared.settle(done.id);
-        let fail = result.err();
-        for reply in done.replies {
-            reply(fail.as_ref());
-        }
+        // Hints go out before the replies, so a writer that got its reply
+        // knows its readers' subscribers have been told.
         if !hints.is_empty() {
             // No receiver is fine: hints are best effort (R16).
             let _ = shared.hints.send(hints);
+        }
+        let fail = result.err();
+        for reply in done.replies {
+            reply(fail.as_ref());
         }
     }
 }
