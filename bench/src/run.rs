@@ -189,6 +189,10 @@ pub fn run(args: &Args) -> Result<()> {
         println!();
         print!("{ratios}");
     }
+    if report.results.iter().any(|r| r.system == "inboxd") {
+        println!();
+        print!("{}", report.goal_table());
+    }
     let svg_path = args
         .svg
         .clone()
