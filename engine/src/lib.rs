@@ -12,9 +12,6 @@
 pub mod api;
 pub mod error;
 pub mod inbox;
-// The in-memory placeholder body of the log trips this lint; drop the
-// allowance once the file-backed log replaces it.
-#[allow(clippy::type_complexity)]
 pub mod log;
 
 pub use api::*;

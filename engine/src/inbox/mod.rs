@@ -20,6 +20,7 @@ mod codec;
 mod command;
 mod read;
 mod recover;
+pub use recover::RecoveryReport;
 mod sequencer;
 mod state;
 mod sync;
@@ -245,6 +246,7 @@ pub(crate) struct Shared {
     progress_cv: Condvar,
     hints: tokio::sync::broadcast::Sender<Vec<Hint>>,
     rounds_written: AtomicU64,
+    recovery: RecoveryReport,
 }
 
 impl Shared {
@@ -312,7 +314,7 @@ impl Inbox {
         };
         let msg_log = Log::open(log_opts("msg"))?;
         let evt_log = Log::open(log_opts("evt"))?;
-        let state = recover::load_state(&config, &evt_log)?;
+        let (state, recovery) = recover::load_state_reporting(&config, &evt_log)?;
         let (hints, _) = tokio::sync::broadcast::channel(1024);
         let shared = Arc::new(Shared {
             config,
@@ -323,6 +325,7 @@ impl Inbox {
             progress_cv: Condvar::new(),
             hints,
             rounds_written: AtomicU64::new(0),
+            recovery,
         });
         let (tx, rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel();
@@ -622,6 +625,11 @@ impl Inbox {
         use sha2::Digest;
         let body = checkpoint::encode_state(&self.shared.state.read());
         sha2::Sha256::digest(&body).into()
+    }
+
+    /// What the last open recovered from (R22).
+    pub fn recovery_report(&self) -> RecoveryReport {
+        self.shared.recovery
     }
 
     /// Bytes of the event index (packed locations) and of the message
