@@ -328,7 +328,7 @@ fn interrupted_install_fetches_the_same_snapshot_again_after_a_restart() {
     h.send_many(10, 1, 1000, 25);
     let info = h.ib().begin_snapshot(2, DESKTOP).wait().unwrap();
     let before = h.ib().snapshot_page(2, info.snapshot_id, 0).unwrap();
-    h.restart(tune);
+    h.restart(true, tune);
     let again = h.ib().snapshot_info(2, info.snapshot_id).unwrap();
     assert_eq!(again, info, "same snapshot, same digest");
     assert_eq!(

@@ -24,6 +24,7 @@ mod compaction;
 mod fence;
 mod read;
 mod recover;
+pub use recover::RecoveryReport;
 mod sequencer;
 mod snapshot;
 mod state;
@@ -256,6 +257,7 @@ pub(crate) struct Shared {
     progress_cv: Condvar,
     hints: tokio::sync::broadcast::Sender<Vec<Hint>>,
     rounds_written: AtomicU64,
+    recovery: RecoveryReport,
     snapshots: snapshot::Store,
     compaction: compaction::Runtime,
 }
@@ -315,6 +317,17 @@ pub struct Inbox {
 impl Inbox {
     /// Opens (recovering if needed) the store in `config.data_dir`.
     pub fn open(config: InboxConfig) -> Result<Inbox> {
+        Self::open_inner(config, None)
+    }
+
+    /// Opens with both logs' IO going through `io`: fault injection
+    /// (`crate::log::FaultyIo`) in tests.
+    #[doc(hidden)]
+    pub fn open_with_io(config: InboxConfig, io: Arc<dyn crate::log::LogIo>) -> Result<Inbox> {
+        Self::open_inner(config, Some(io))
+    }
+
+    fn open_inner(config: InboxConfig, io: Option<Arc<dyn crate::log::LogIo>>) -> Result<Inbox> {
         let data = &config.data_dir;
         std::fs::create_dir_all(data).map_err(LogError::Io)?;
         let log_opts = |name: &str| LogOptions {
@@ -323,9 +336,13 @@ impl Inbox {
             io: config.io,
             ..LogOptions::new(data.join(name))
         };
-        let msg_log = Log::open(log_opts("msg"))?;
-        let evt_log = Log::open(log_opts("evt"))?;
-        let state = recover::load_state(&config, &evt_log)?;
+        let open_log = |name: &str| match &io {
+            Some(io) => Log::open_with_io(log_opts(name), Arc::clone(io)),
+            None => Log::open(log_opts(name)),
+        };
+        let msg_log = open_log("msg")?;
+        let evt_log = open_log("evt")?;
+        let (state, recovery) = recover::load_state_reporting(&config, &evt_log)?;
         let (hints, _) = tokio::sync::broadcast::channel(1024);
         let shared = Arc::new(Shared {
             config,
@@ -336,6 +353,7 @@ impl Inbox {
             progress_cv: Condvar::new(),
             hints,
             rounds_written: AtomicU64::new(0),
+            recovery,
             snapshots: snapshot::Store::default(),
             compaction: compaction::Runtime::default(),
         });
@@ -678,6 +696,11 @@ impl Inbox {
         use sha2::Digest;
         let body = checkpoint::encode_state(&self.shared.state.read());
         sha2::Sha256::digest(&body).into()
+    }
+
+    /// What the last open recovered from (R22).
+    pub fn recovery_report(&self) -> RecoveryReport {
+        self.shared.recovery
     }
 
     /// Bytes of the event index (packed locations) and of the message
