@@ -443,7 +443,12 @@ fn live_refs(shared: &Shared, only: Option<SegmentId>) -> Refs {
     refs
 }
 
+/// The records of a segment; cached only when sealed (immutable).
 fn seg_records(shared: &Shared, id: SegmentId) -> Result<Arc<SegRecords>> {
+    seg_records_cached(shared, id, true)
+}
+
+fn seg_records_cached(shared: &Shared, id: SegmentId, cache: bool) -> Result<Arc<SegRecords>> {
     if let Some(r) = shared.compaction.seg_cache.lock().get(&id) {
         return Ok(Arc::clone(r));
     }
@@ -455,12 +460,41 @@ fn seg_records(shared: &Shared, id: SegmentId) -> Result<Arc<SegRecords>> {
             Ok(())
         })?;
     let r = Arc::new(SegRecords { sizes });
-    shared
-        .compaction
-        .seg_cache
-        .lock()
-        .insert(id, Arc::clone(&r));
+    if cache {
+        shared
+            .compaction
+            .seg_cache
+            .lock()
+            .insert(id, Arc::clone(&r));
+    }
     Ok(r)
+}
+
+/// Bytes on disk and bytes still needed, per stream (the space
+/// amplification figure). Live `evt` bytes are the records retained events
+/// point at; every message is live (history is kept).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpaceUsage {
+    pub evt_bytes: u64,
+    pub evt_live_bytes: u64,
+    pub msg_bytes: u64,
+}
+
+pub(crate) fn space_usage(shared: &Shared) -> Result<SpaceUsage> {
+    let refs = live_refs(shared, None);
+    let mut u = SpaceUsage::default();
+    for info in shared.evt_log.segments() {
+        u.evt_bytes += info.bytes;
+        if let Some(offsets) = refs.get(&info.id) {
+            let recs = seg_records_cached(shared, info.id, info.sealed)?;
+            u.evt_live_bytes += offsets
+                .keys()
+                .map(|o| recs.sizes.get(o).copied().unwrap_or(0))
+                .sum::<u64>();
+        }
+    }
+    u.msg_bytes = shared.msg_log.segments().iter().map(|s| s.bytes).sum();
+    Ok(u)
 }
 
 /// The LSN every retained checkpoint covers (0 without a checkpoint).
@@ -526,18 +560,20 @@ fn reclaim_segments(
     let refs = live_refs(shared, None);
     let views = seg_views(shared, &refs)?;
     let mut covered = covered_lsn(shared)?;
+    let threshold = shared.config.rewrite_live_fraction;
+    let reclaimable = |v: &SegView| (v.live_bytes as f64) < threshold * v.info.bytes as f64;
     if views
         .iter()
-        .any(|v| v.live_records == 0 && v.info.last_lsn > covered)
+        .any(|v| reclaimable(v) && v.info.last_lsn > covered)
     {
-        // Dead segments wait only for checkpoint coverage: write two, so
-        // that both retained checkpoints cover them.
+        // Dead or sparse segments wait only for checkpoint coverage (they
+        // hold state deltas too): write two, so that both retained
+        // checkpoints cover them.
         checkpoint_now(submit)?;
         checkpoint_now(submit)?;
         covered = covered_lsn(shared)?;
         shared.compaction.step(CompactionStep::Checkpointed);
     }
-    let threshold = shared.config.rewrite_live_fraction;
     let mut sparse = Vec::new();
     for v in &views {
         if v.info.last_lsn > covered {
@@ -545,7 +581,7 @@ fn reclaim_segments(
         }
         if v.live_records == 0 {
             delete_segment(shared, &v.info, report)?;
-        } else if (v.live_bytes as f64) < threshold * v.info.bytes as f64 {
+        } else if reclaimable(v) {
             sparse.push(v);
         }
     }

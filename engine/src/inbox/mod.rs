@@ -31,7 +31,7 @@ mod state;
 mod sync;
 mod token;
 
-pub use compaction::CompactionStep;
+pub use compaction::{CompactionStep, SpaceUsage};
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -622,6 +622,11 @@ impl Inbox {
     /// What holds a segment (`"evt"` or `"msg"`) back from being dropped.
     pub fn explain_segment(&self, stream: &str, segment: u32) -> Result<SegmentExplain> {
         compaction::explain_segment(&self.shared, stream, segment)
+    }
+    /// Bytes on disk and bytes still needed per stream.
+    #[doc(hidden)]
+    pub fn space_usage(&self) -> Result<SpaceUsage> {
+        compaction::space_usage(&self.shared)
     }
     /// Calls `hook` between the steps of every compaction pass (crash
     /// tests take an image of the data directory there).
