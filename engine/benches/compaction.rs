@@ -148,7 +148,7 @@ fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` runs us too:
     // keep that a quick smoke run.
     let quick = !std::env::args().any(|a| a == "--bench");
-    let (n, ops) = if quick { (2_000, 50) } else { (60_000, 2_000) };
+    let (n, ops) = if quick { (2_000, 50) } else { (30_000, 2_000) };
     let clock = Arc::new(ManualClock::new(1_700_000_000_000));
 
     let dir = tempfile::tempdir().unwrap();
