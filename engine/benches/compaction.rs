@@ -19,14 +19,26 @@ use inbox_engine::log::SyncPolicy;
 use inbox_engine::*;
 
 const USERS: u64 = 20;
-const CONV: ConvId = 1;
+/// Even users: they ACK everything, so their events die.
+const CONV_ACKING: ConvId = 1;
+/// Odd users: they never ACK, so their events stay (sparse segments).
+const CONV_HOLDING: ConvId = 2;
 const DEVICE: DeviceId = 1;
+
+fn conv_of(uid: Uid) -> ConvId {
+    if uid % 2 == 0 {
+        CONV_ACKING
+    } else {
+        CONV_HOLDING
+    }
+}
 
 fn open(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Inbox {
     let mut c = InboxConfig::new(dir);
     c.sync = SyncPolicy::Always;
     c.segment_bytes = 1 << 20;
     c.safety_window = Duration::from_secs(60);
+    c.rewrite_live_fraction = 0.6;
     c.compaction_interval = None;
     c.clock = clock.clone();
     Inbox::open(c).unwrap()
@@ -36,7 +48,7 @@ fn open(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Inbox {
 /// moves on, so most `evt` segments are dead or sparse.
 fn fill(ib: &Inbox, clock: &ManualClock, n: u64) -> Vec<(Uid, Generation, SyncSeq)> {
     for uid in 1..=USERS {
-        ib.join(CONV, uid).wait().unwrap();
+        ib.join(conv_of(uid), uid).wait().unwrap();
     }
     let mut devs: Vec<(Uid, Generation, SyncSeq)> = (1..=USERS)
         .map(|uid| {
@@ -55,8 +67,9 @@ fn fill(ib: &Inbox, clock: &ManualClock, n: u64) -> Vec<(Uid, Generation, SyncSe
     for p in pending {
         p.wait().unwrap();
     }
-    // Half the users ACK everything; the rest hold their events back,
-    // which leaves sparse segments to rewrite.
+    // The two conversations' records interleave in the segments: once the
+    // even users ACK, half of every segment is dead (sparse, rewritten)
+    // and the ACK records die with the next checkpoints.
     for (uid, gen, acked) in devs.iter_mut().filter(|(u, _, _)| u % 2 == 0) {
         let first = ib.sync(sync_req(*uid, *gen, 0, None)).wait().unwrap();
         let hwm = first.batch_hwm;
@@ -79,7 +92,7 @@ fn fill(ib: &Inbox, clock: &ManualClock, n: u64) -> Vec<(Uid, Generation, SyncSe
 
 fn req(cmid: u128, sender: Uid) -> SendRequest {
     SendRequest {
-        conv: CONV,
+        conv: conv_of(sender),
         sender,
         client_msg_id: cmid,
         msg_type: 1,
