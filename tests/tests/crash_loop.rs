@@ -48,7 +48,7 @@ struct AckedSend {
 }
 
 /// Everything the daemon confirmed, which must survive every crash.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Ledger {
     sends: Vec<AckedSend>,
     recalled: Vec<u64>,
@@ -325,18 +325,8 @@ async fn kill_nine_under_mixed_load_loses_no_acknowledged_operation() {
             violations_total.push(format!("after kill {kill}: {e}"));
         }
         let daemon = Daemon::start(dir.path());
-        let (checked, violations) = {
-            let ledger = ledger.lock().expect("ledger");
-            // Copy what is needed so the lock is not held across awaits.
-            let snapshot = Ledger {
-                sends: ledger.sends.clone(),
-                recalled: ledger.recalled.clone(),
-                device_acks: ledger.device_acks.clone(),
-                reads: ledger.reads.clone(),
-            };
-            drop(ledger);
-            check(&daemon, &snapshot).await
-        };
+        let snapshot = ledger.lock().expect("ledger").clone();
+        let (checked, violations) = check(&daemon, &snapshot).await;
         checked_total += checked;
         violations_total.extend(
             violations
