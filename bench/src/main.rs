@@ -62,6 +62,9 @@ pub struct Args {
     /// The inboxd binary [default: target/release/inboxd, else target/debug/inboxd].
     #[arg(long, env = "INBOX_BENCH_INBOXD")]
     pub inboxd: Option<PathBuf>,
+    /// `recovery` (--full): data to fill each system with before kill -9, GiB.
+    #[arg(long, default_value_t = 1.0)]
+    pub recovery_gib: f64,
     /// Seed of the workload.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,

@@ -87,13 +87,13 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<18} {:<15} {:>7} {:>12} {:>9} {:>9} {:>9} {:>12}",
+            "{:<26} {:<15} {:>7} {:>12} {:>9} {:>9} {:>9} {:>12}",
             "scenario", "system", "clients", "ops/s", "p50 µs", "p99 µs", "p999 µs", "bytes"
         );
         for r in &self.results {
             let _ = writeln!(
                 out,
-                "{:<18} {:<15} {:>7} {:>12.1} {:>9.0} {:>9.0} {:>9.0} {:>12}",
+                "{:<26} {:<15} {:>7} {:>12.1} {:>9.0} {:>9.0} {:>9.0} {:>12}",
                 r.scenario,
                 r.system,
                 r.clients,
@@ -136,13 +136,13 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<18} {:>7} {:<15} {:>16} {:>16}",
+            "{:<26} {:>7} {:<15} {:>16} {:>17}",
             "scenario", "clients", "inboxd vs", "throughput ×", "p99 (ours/theirs)"
         );
         for r in ratios {
             let _ = writeln!(
                 out,
-                "{:<18} {:>7} {:<15} {:>16} {:>16}",
+                "{:<26} {:>7} {:<15} {:>16} {:>17}",
                 r.scenario,
                 r.clients,
                 r.baseline,

@@ -9,7 +9,7 @@ use crate::hist::Latency;
 use crate::report::{Report, ResultRow};
 use crate::scenarios::{self, per_second};
 use crate::systems::{self, limit, Result, System};
-use crate::workload::{SyncSet, Workload, WorkloadConfig};
+use crate::workload::{LongOffline, SyncSet, Workload, WorkloadConfig};
 use crate::{machine, svg, Args, Mode};
 
 /// Sizes of one run; `--quick` and `--full` differ only here.
@@ -22,9 +22,22 @@ pub struct Plan {
     pub measure: Duration,
     pub sync: CatchUpPlan,
     pub storm: Option<CatchUpPlan>,
-    pub recovery: bool,
+    pub long_offline: Option<LongOfflinePlan>,
+    pub mixed: bool,
+    /// `recovery`: fill the system to this many bytes, then kill -9.
+    pub recovery_bytes: Option<u64>,
     pub limit_measure: Duration,
     pub preload_threads: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct LongOfflinePlan {
+    pub groups: u32,
+    pub group_members: u32,
+    pub group_msgs: u32,
+    pub direct_convs: u32,
+    pub direct_msgs: u32,
+    pub per_conv: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -53,7 +66,7 @@ impl Plan {
             warmup: Duration::from_millis(if quick { 250 } else { 1_000 }),
             measure: Duration::from_secs_f64(measure.max(0.1)),
             sync: CatchUpPlan {
-                users: if quick { 100 } else { 1_000 },
+                users: if quick { 100 } else { 400 },
                 devices_per_user: 4,
                 backlog: if quick { 300 } else { 1_000 },
                 clients: 16,
@@ -66,7 +79,16 @@ impl Plan {
                 clients: 128,
                 page: 100,
             }),
-            recovery: !quick,
+            long_offline: (!quick).then_some(LongOfflinePlan {
+                groups: 16,
+                group_members: 20,
+                group_msgs: 32_000,
+                direct_convs: 40,
+                direct_msgs: 800,
+                per_conv: 20,
+            }),
+            mixed: !quick,
+            recovery_bytes: (!quick).then(|| (args.recovery_gib * f64::from(1u32 << 30)) as u64),
             limit_measure: Duration::from_millis(if quick { 1_000 } else { 5_000 }),
             preload_threads: 4,
         }
@@ -148,8 +170,14 @@ pub fn run(args: &Args) -> Result<()> {
             println!("{name}: stopped by an error: {e}");
         }
         let mut system = system;
-        if plan.recovery {
-            run_recovery(&mut *system, &mut report);
+        if let Some(bytes) = plan.recovery_bytes {
+            run_recovery(
+                &mut *system,
+                &workload,
+                bytes,
+                plan.preload_threads,
+                &mut report,
+            );
         }
         drop(system);
     }
@@ -338,10 +366,125 @@ fn run_system(
             seed,
         )?;
     }
+    if let Some(lo) = &plan.long_offline {
+        if let Err(e) = long_offline_scenario(lo, plan, system, report, seed) {
+            println!("{name}: long-offline: skipped: {e}");
+        }
+    }
+    if plan.mixed {
+        match scenarios::mixed(
+            system,
+            workload,
+            16,
+            plan.warmup,
+            plan.measure,
+            seed ^ 0x3131,
+        ) {
+            Ok((quiet, busy, passes)) => {
+                println!(
+                    "{name}: mixed c=16: p99 {} µs without compaction, {} µs with {passes} passes running ({:.0} vs {:.0} sends/s)",
+                    quiet.latency.quantile_us(0.99),
+                    busy.latency.quantile_us(0.99),
+                    quiet.ops_per_s(),
+                    busy.ops_per_s()
+                );
+                report.results.push(ResultRow::new(
+                    "mixed",
+                    &name,
+                    16,
+                    quiet.ops_per_s(),
+                    &quiet.latency,
+                    quiet.bytes,
+                ));
+                report.results.push(ResultRow::new(
+                    "mixed-compacting",
+                    &name,
+                    16,
+                    busy.ops_per_s(),
+                    &busy.latency,
+                    busy.bytes,
+                ));
+            }
+            Err(e) => println!("{name}: mixed: skipped: {e}"),
+        }
+    }
     println!(
         "{name}: data on disk {:.1} MiB",
         system.data_bytes() as f64 / f64::from(1u32 << 20)
     );
+    Ok(())
+}
+
+fn long_offline_scenario(
+    lo: &LongOfflinePlan,
+    plan: &Plan,
+    system: &dyn System,
+    report: &mut Report,
+    seed: u64,
+) -> Result<()> {
+    let name = system.name().to_string();
+    let scenario = LongOffline::new(
+        lo.groups,
+        lo.group_members,
+        lo.group_msgs,
+        lo.direct_convs,
+        lo.direct_msgs,
+    );
+    system.prepare(&scenario.setup())?;
+    let sends = scenario.sends(seed);
+    let workload_payload = Workload::new(
+        WorkloadConfig {
+            users: 1_000,
+            ..WorkloadConfig::default()
+        },
+        seed,
+    )?;
+    let payload = |n: u64| workload_payload.payload_at(n.wrapping_mul(7919));
+    let took = scenarios::preload(
+        system,
+        &sends,
+        &payload,
+        plan.preload_threads,
+        50,
+        seed ^ 0x10,
+    )?;
+    println!(
+        "{name}: long-offline: preloaded {} group + {} one-to-one messages in {:.1} s",
+        lo.group_msgs,
+        lo.direct_msgs,
+        took.as_secs_f64()
+    );
+    let out = scenarios::long_offline(system, scenario.user, lo.per_conv, 100)?;
+    println!(
+        "{name}: long-offline: first screen ({} convs, {} messages, {} B) in {:.1} ms; caught up {} events in {} pages, total {:.1} ms, {} B",
+        out.screen.convs,
+        out.screen.messages,
+        out.screen.bytes,
+        out.first_screen.as_secs_f64() * 1e3,
+        out.events,
+        out.pages,
+        out.total.as_secs_f64() * 1e3,
+        out.bytes
+    );
+    for (row, took, bytes) in [
+        (
+            "long-offline-first-screen",
+            out.first_screen,
+            out.screen.bytes,
+        ),
+        ("long-offline-total", out.total, out.bytes),
+    ] {
+        let mut latency = Latency::new();
+        latency.record(took);
+        report.results.push(ResultRow::new(
+            row,
+            &name,
+            1,
+            per_second(1, took),
+            &latency,
+            bytes,
+        ));
+    }
     Ok(())
 }
 
@@ -363,10 +506,11 @@ fn catch_up_scenario(
     let sync_set = SyncSet::new(set, cp.users, cp.devices_per_user, cp.backlog);
     system.prepare(&sync_set.setup())?;
     let sends = sync_set.backlog_sends();
+    let payload = |n: u64| workload.payload_at(n.wrapping_mul(7919));
     let took = scenarios::preload(
         system,
-        workload,
         &sends,
+        &payload,
         plan.preload_threads,
         50,
         seed ^ u64::from(set),
@@ -415,8 +559,25 @@ fn catch_up_scenario(
     Ok(())
 }
 
-fn run_recovery(system: &mut dyn System, report: &mut Report) {
+fn run_recovery(
+    system: &mut dyn System,
+    workload: &Workload,
+    target: u64,
+    threads: usize,
+    report: &mut Report,
+) {
     let name = system.name().to_string();
+    match scenarios::fill(system, workload, target, 16 << 10, threads) {
+        Ok(took) => println!(
+            "{name}: recovery: filled to {:.2} GiB in {:.1} s",
+            system.data_bytes() as f64 / f64::from(1u32 << 30),
+            took.as_secs_f64()
+        ),
+        Err(e) => {
+            println!("{name}: recovery: skipped: fill failed: {e}");
+            return;
+        }
+    }
     let bytes = system.data_bytes();
     match system.crash_and_restart() {
         Ok(took) => {

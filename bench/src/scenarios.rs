@@ -11,8 +11,8 @@ use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::hist::Latency;
-use crate::systems::{Conn, DeviceCursor, Result, System};
-use crate::workload::{ConvId, DeviceId, OpGen, Outgoing, Uid, Workload};
+use crate::systems::{Conn, DeviceCursor, Result, Screen, System};
+use crate::workload::{DeviceId, OpGen, Outgoing, PreSend, Uid, Workload};
 
 /// What one run of a scenario measured.
 #[derive(Debug, Default)]
@@ -146,38 +146,42 @@ pub fn ingest(
     Ok(total)
 }
 
-/// Writes `sends` (conversation, sender, members) through `threads`
-/// connections in batches of `batch`: the backlog a sync scenario reads.
-/// Sends are split by conversation, so one thread owns a conversation and
-/// its seqs are written in order.
-pub fn preload(
+/// Writes `sends` through `threads` connections in batches of `batch`:
+/// the backlog a scenario reads. Sends are split by conversation, so one
+/// thread owns a conversation and its seqs are written in order. Payloads
+/// come from `payload(n)`.
+pub fn preload<'p>(
     system: &dyn System,
-    workload: &Workload,
-    sends: &[(ConvId, Uid, [Uid; 2])],
+    sends: &[PreSend],
+    payload: &(dyn Fn(u64) -> &'p [u8] + Sync),
     threads: usize,
     batch: usize,
     run: u64,
 ) -> Result<Duration> {
     let start = Instant::now();
-    let min_conv = sends.iter().map(|s| s.0).min().unwrap_or(0);
-    let convs = sends.iter().map(|s| s.0 - min_conv + 1).max().unwrap_or(1);
+    let min_conv = sends.iter().map(|s| s.conv).min().unwrap_or(0);
+    let convs = sends
+        .iter()
+        .map(|s| s.conv - min_conv + 1)
+        .max()
+        .unwrap_or(1);
     let threads = threads.max(1);
     with_clients(system, threads, |client, conn| {
-        let mine: Vec<&(ConvId, Uid, [Uid; 2])> = sends
+        let mine: Vec<&PreSend> = sends
             .iter()
-            .filter(|s| ((s.0 - min_conv) * threads as u64 / convs) as usize == client)
+            .filter(|s| ((s.conv - min_conv) * threads as u64 / convs) as usize == client)
             .collect();
         let mut n = 0u64;
         for chunk in mine.chunks(batch.max(1)) {
             let batch: Vec<Outgoing<'_>> = chunk
                 .iter()
-                .map(|(conv, sender, members)| {
+                .map(|s| {
                     n += 1;
                     Outgoing {
-                        conv: *conv,
-                        sender: *sender,
-                        recipients: &members[..],
-                        payload: workload.payload_at(n.wrapping_mul(7919)),
+                        conv: s.conv,
+                        sender: s.sender,
+                        recipients: &s.members[..],
+                        payload: payload(n),
                         client_msg_id: client_msg_id(run, client as u64, n),
                     }
                 })
@@ -243,6 +247,125 @@ pub fn catch_up(
     Ok(total)
 }
 
+/// What `long-offline` measured.
+#[derive(Debug, Default)]
+pub struct LongOfflineOutcome {
+    pub first_screen: Duration,
+    pub total: Duration,
+    pub screen: Screen,
+    pub events: u64,
+    pub pages: u64,
+    pub bytes: u64,
+}
+
+/// `long-offline`: the returning user's device fetches its first screen
+/// (conversation list and the newest `per_conv` messages of each), then
+/// catches its sync stream up to the end, ACKing page by page.
+pub fn long_offline(
+    system: &dyn System,
+    user: Uid,
+    per_conv: u32,
+    page_limit: u32,
+) -> Result<LongOfflineOutcome> {
+    let mut conn = system.connect()?;
+    let start = Instant::now();
+    let screen = conn.first_screen(user, per_conv)?;
+    let first_screen = start.elapsed();
+    let mut out = LongOfflineOutcome {
+        first_screen,
+        screen,
+        bytes: screen.bytes,
+        ..LongOfflineOutcome::default()
+    };
+    let mut cursor = DeviceCursor::new(user, 1);
+    loop {
+        let page = conn.sync_page(&mut cursor, page_limit)?;
+        out.pages += 1;
+        out.events += u64::from(page.events);
+        out.bytes += page.bytes;
+        if !page.has_more {
+            break;
+        }
+    }
+    out.total = start.elapsed();
+    Ok(out)
+}
+
+/// Writes one-to-one sends with `payload_bytes` payloads until the system
+/// holds `target_bytes` on disk (for `recovery` at a given size).
+pub fn fill(
+    system: &dyn System,
+    workload: &Workload,
+    target_bytes: u64,
+    payload_bytes: usize,
+    threads: usize,
+) -> Result<Duration> {
+    let start = Instant::now();
+    let pool: Vec<u8> = (0..payload_bytes * 4)
+        .map(|_| rand::random::<u8>())
+        .collect();
+    let span = (pool.len() - payload_bytes) as u64;
+    let payload = |n: u64| {
+        let at = (n.wrapping_mul(4099) % span) as usize;
+        &pool[at..at + payload_bytes]
+    };
+    let direct: Vec<PreSend> = workload
+        .conversations()
+        .into_iter()
+        .filter(|c| c.members.len() == 2)
+        .take(4096)
+        .map(|c| PreSend {
+            conv: c.conv,
+            sender: c.members[0],
+            members: c.members.into(),
+        })
+        .collect();
+    let per_round = (64usize << 20) / payload_bytes.max(1);
+    let mut round = 0u64;
+    while system.data_bytes() < target_bytes {
+        let sends: Vec<PreSend> = direct.iter().cycle().take(per_round).cloned().collect();
+        round += 1;
+        preload(system, &sends, &payload, threads, 16, 0xf111 + round)?;
+        if round > 100_000 {
+            return Err("fill: the data directory does not grow".into());
+        }
+    }
+    Ok(start.elapsed())
+}
+
+/// `mixed`: the ingest load at `clients`, first alone, then while another
+/// thread runs compaction passes back to back. Returns both outcomes and
+/// the passes run.
+pub fn mixed(
+    system: &dyn System,
+    workload: &Workload,
+    clients: usize,
+    warmup: Duration,
+    duration: Duration,
+    run: u64,
+) -> Result<(Outcome, Outcome, u64)> {
+    system.compact_now()?;
+    let quiet = ingest(system, workload, clients, warmup, duration, run)?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let passes = AtomicU64::new(0);
+    let compacting = std::thread::scope(|scope| {
+        let compactor = scope.spawn(|| -> Result<()> {
+            while !stop.load(Ordering::Relaxed) {
+                system.compact_now()?;
+                passes.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        });
+        let out = ingest(system, workload, clients, warmup, duration, run + 1);
+        stop.store(true, Ordering::Relaxed);
+        let compacted = compactor
+            .join()
+            .unwrap_or_else(|_| Err("compaction thread panicked".into()));
+        compacted.and(out)
+    })?;
+    Ok((quiet, compacting, passes.load(Ordering::Relaxed)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,7 +378,10 @@ mod tests {
     #[derive(Default)]
     struct Model {
         streams: Mutex<HashMap<Uid, u64>>,
+        /// Per user, the conversations they have messages in.
+        convs: Mutex<HashMap<Uid, std::collections::BTreeSet<u64>>>,
         sends: AtomicU64,
+        compactions: AtomicU64,
     }
 
     struct ModelConn<'a>(&'a Model);
@@ -263,8 +389,10 @@ mod tests {
     impl Conn for ModelConn<'_> {
         fn send(&mut self, send: &Outgoing<'_>) -> Result<()> {
             let mut streams = self.0.streams.lock().expect("lock");
+            let mut convs = self.0.convs.lock().expect("lock");
             for uid in send.recipients {
                 *streams.entry(*uid).or_default() += 1;
+                convs.entry(*uid).or_default().insert(send.conv);
             }
             self.0.sends.fetch_add(1, Ordering::Relaxed);
             Ok(())
@@ -286,6 +414,20 @@ mod tests {
                 has_more: device.acked < len,
             })
         }
+        fn first_screen(&mut self, uid: Uid, per_conv: u32) -> Result<Screen> {
+            let convs = self
+                .0
+                .convs
+                .lock()
+                .expect("lock")
+                .get(&uid)
+                .map_or(0, |c| c.len() as u32);
+            Ok(Screen {
+                convs,
+                messages: convs * per_conv,
+                bytes: u64::from(convs),
+            })
+        }
     }
 
     impl System for Model {
@@ -298,6 +440,62 @@ mod tests {
         fn prepare(&self, _: &Setup) -> Result<()> {
             Ok(())
         }
+        fn compact_now(&self) -> Result<()> {
+            self.compactions.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(1));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn long_offline_fetches_the_first_screen_then_every_event_of_the_returning_user() {
+        let model = Model::default();
+        let lo = crate::workload::LongOffline::new(3, 10, 600, 5, 40);
+        let workload = Workload::new(
+            WorkloadConfig {
+                users: 1_000,
+                ..WorkloadConfig::default()
+            },
+            1,
+        )
+        .expect("workload");
+        let payload = |n: u64| workload.payload_at(n);
+        preload(&model, &lo.sends(3), &payload, 2, 50, 1).expect("preload");
+        let out = long_offline(&model, lo.user, 20, 100).expect("long offline");
+        assert_eq!(
+            out.screen.convs, 8,
+            "3 groups and 5 one-to-one conversations"
+        );
+        assert_eq!(out.events, 640);
+        assert_eq!(out.pages, 7);
+        assert!(out.first_screen <= out.total);
+        assert_eq!(out.bytes, 8 + 640 * 10);
+    }
+
+    #[test]
+    fn mixed_measures_the_load_alone_and_with_compaction_passes_running() {
+        let model = Model::default();
+        let workload = Workload::new(
+            WorkloadConfig {
+                users: 1_000,
+                ..WorkloadConfig::default()
+            },
+            1,
+        )
+        .expect("workload");
+        let (quiet, busy, passes) = mixed(
+            &model,
+            &workload,
+            2,
+            Duration::ZERO,
+            Duration::from_millis(50),
+            1,
+        )
+        .expect("mixed");
+        assert!(quiet.ops > 0 && busy.ops > 0);
+        assert!(passes > 0);
+        // One pass before the quiet run, the rest during the busy one.
+        assert_eq!(model.compactions.load(Ordering::Relaxed), passes + 1);
     }
 
     #[test]
@@ -337,7 +535,8 @@ mod tests {
         )
         .expect("workload");
         let set = SyncSet::new(0, 20, 3, 250);
-        preload(&model, &workload, &set.backlog_sends(), 3, 16, 2).expect("preload");
+        let payload = |n: u64| workload.payload_at(n);
+        preload(&model, &set.backlog_sends(), &payload, 3, 16, 2).expect("preload");
         let devices: Vec<_> = set.devices().collect();
         let out = catch_up(&model, &devices, 5, 100).expect("catch up");
         assert_eq!(out.events, 20 * 3 * 250);

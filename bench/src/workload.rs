@@ -72,6 +72,15 @@ pub struct Setup {
     pub devices: Vec<(Uid, DeviceId)>,
 }
 
+/// A send prepared ahead of a measurement (a backlog), owning its members.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreSend {
+    pub conv: ConvId,
+    pub sender: Uid,
+    /// Sorted, distinct, the sender included.
+    pub members: std::sync::Arc<[Uid]>,
+}
+
 /// One send as the drivers hand it to a system.
 #[derive(Clone, Copy, Debug)]
 pub struct Outgoing<'a> {
@@ -333,15 +342,122 @@ impl SyncSet {
 
     /// The sends that build the backlog: every round, one send in every
     /// ring conversation, which gives each user two events.
-    pub fn backlog_sends(&self) -> Vec<(ConvId, Uid, [Uid; 2])> {
+    pub fn backlog_sends(&self) -> Vec<PreSend> {
         let rounds = self.backlog.div_ceil(2);
+        let pairs: Vec<(ConvId, Uid, Uid, std::sync::Arc<[Uid]>)> = (0..self.users.len())
+            .map(|i| {
+                let (conv, a, b) = self.ring_conv(i);
+                (conv, a, b, std::sync::Arc::from([a.min(b), a.max(b)]))
+            })
+            .collect();
         let mut sends = Vec::with_capacity(rounds as usize * self.users.len());
         for round in 0..rounds {
-            for i in 0..self.users.len() {
-                let (conv, a, b) = self.ring_conv(i);
-                let sender = if round % 2 == 0 { a } else { b };
-                sends.push((conv, sender, [a.min(b), a.max(b)]));
+            for (conv, a, b, members) in &pairs {
+                let sender = if round % 2 == 0 { *a } else { *b };
+                sends.push(PreSend {
+                    conv: *conv,
+                    sender,
+                    members: std::sync::Arc::clone(members),
+                });
             }
+        }
+        sends
+    }
+}
+
+/// `long-offline`: one user comes back after days away to `group_msgs`
+/// messages spread over `groups` groups and `direct_msgs` one-to-one
+/// messages spread over `direct_convs` conversations.
+#[derive(Clone, Debug)]
+pub struct LongOffline {
+    pub user: Uid,
+    pub convs: Vec<Conversation>,
+    pub groups: usize,
+    pub group_msgs: u32,
+    pub direct_msgs: u32,
+}
+
+impl LongOffline {
+    pub fn new(
+        groups: u32,
+        group_members: u32,
+        group_msgs: u32,
+        direct_convs: u32,
+        direct_msgs: u32,
+    ) -> Self {
+        let base = SCENARIO_UID_BASE + (3 << 24);
+        let user = base;
+        let mut next_uid = base + 1;
+        let mut convs = Vec::new();
+        for g in 0..groups {
+            let mut members = vec![user];
+            for _ in 1..group_members.max(2) {
+                members.push(next_uid);
+                next_uid += 1;
+            }
+            convs.push(Conversation {
+                conv: SCENARIO_CONV_BASE + (3 << 24) + u64::from(g),
+                members,
+            });
+        }
+        for d in 0..direct_convs {
+            convs.push(Conversation {
+                conv: SCENARIO_CONV_BASE + (3 << 24) + (1 << 20) + u64::from(d),
+                members: vec![user, next_uid],
+            });
+            next_uid += 1;
+        }
+        Self {
+            user,
+            convs,
+            groups: groups as usize,
+            group_msgs,
+            direct_msgs,
+        }
+    }
+
+    pub fn setup(&self) -> Setup {
+        Setup {
+            convs: self.convs.clone(),
+            devices: vec![(self.user, 1)],
+        }
+    }
+
+    /// The days of traffic, in the order they happened: never sent by the
+    /// returning user, spread round-robin over the conversations.
+    pub fn sends(&self, seed: u64) -> Vec<PreSend> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let members: Vec<std::sync::Arc<[Uid]>> = self
+            .convs
+            .iter()
+            .map(|c| std::sync::Arc::from(c.members.clone()))
+            .collect();
+        let direct = self.convs.len() - self.groups;
+        let mut sends = Vec::with_capacity((self.group_msgs + self.direct_msgs) as usize);
+        let total = u64::from(self.group_msgs) + u64::from(self.direct_msgs);
+        let (mut g_sent, mut d_sent) = (0u32, 0u32);
+        for i in 0..total {
+            // Interleave the two kinds in proportion.
+            let group_turn = d_sent >= self.direct_msgs
+                || (g_sent < self.group_msgs
+                    && u64::from(g_sent) * total <= i * u64::from(self.group_msgs));
+            let index = if group_turn {
+                g_sent += 1;
+                (g_sent as usize - 1) % self.groups.max(1)
+            } else {
+                d_sent += 1;
+                self.groups + (d_sent as usize - 1) % direct.max(1)
+            };
+            let conv = &self.convs[index];
+            // Members are built sorted with the returning user first (the
+            // smallest uid), so the others are everyone after it.
+            let others = &conv.members[1..];
+            let sender = others[rng.gen_range(0..others.len())];
+            sends.push(PreSend {
+                conv: conv.conv,
+                sender,
+                members: std::sync::Arc::clone(&members[index]),
+            });
         }
         sends
     }
@@ -482,9 +598,9 @@ mod tests {
     fn sync_backlog_gives_each_user_the_requested_events() {
         let set = SyncSet::new(0, 10, 3, 40);
         let mut events = std::collections::HashMap::new();
-        for (_, sender, members) in set.backlog_sends() {
-            assert!(members.contains(&sender));
-            for uid in members {
+        for send in set.backlog_sends() {
+            assert!(send.members.contains(&send.sender));
+            for &uid in send.members.iter() {
                 *events.entry(uid).or_insert(0u32) += 1;
             }
         }
@@ -492,5 +608,27 @@ mod tests {
         assert!(events.values().all(|&n| n == 40), "{events:?}");
         assert_eq!(set.devices().count(), 30);
         assert_eq!(set.setup().convs.len(), 10);
+    }
+
+    #[test]
+    fn long_offline_user_gets_every_group_and_direct_message_from_others() {
+        let lo = LongOffline::new(4, 20, 1_000, 10, 50);
+        let sends = lo.sends(1);
+        assert_eq!(sends.len(), 1_050);
+        assert!(sends
+            .iter()
+            .all(|s| s.sender != lo.user && s.members.contains(&lo.user)));
+        assert!(sends
+            .iter()
+            .all(|s| s.members.windows(2).all(|w| w[0] < w[1])));
+        let group_sends = sends.iter().filter(|s| s.members.len() == 20).count();
+        assert_eq!(group_sends, 1_000);
+        // The direct messages are spread through the days, not at the end.
+        let first_direct = sends
+            .iter()
+            .position(|s| s.members.len() == 2)
+            .expect("some direct");
+        assert!(first_direct < 100, "{first_direct}");
+        assert_eq!(lo.setup().devices, vec![(lo.user, 1)]);
     }
 }

@@ -20,12 +20,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use inbox_server::client::{Client, ClientError};
 use inbox_wire::{
-    AckReq, ConvMember, Empty, Event, FinishLeaseReq, SendReq, SyncReq, UserDevice, UserReq,
+    AckReq, ConvListReq, ConvMember, Empty, Event, FinishLeaseReq, PullCursor, PullReq, SendReq,
+    SyncReq, UserDevice, UserReq,
 };
 
 use super::process::{find_binary, ChildGuard};
-use super::{dir_bytes, Conn, DeviceCursor, Page, Result, System};
-use crate::workload::{Outgoing, Setup};
+use super::{dir_bytes, Conn, DeviceCursor, Page, Result, Screen, System};
+use crate::workload::{Outgoing, Setup, Uid};
 
 /// Application message type of the harness's sends.
 const MSG_TYPE_TEXT: u16 = 1;
@@ -244,6 +245,13 @@ impl System for Inboxd {
         Ok(start.elapsed())
     }
 
+    fn compact_now(&self) -> Result<()> {
+        let rt = runtime()?;
+        let client = self.client_on(&rt)?;
+        rt.block_on(client.compact(Empty {}))?;
+        Ok(())
+    }
+
     fn data_bytes(&self) -> u64 {
         dir_bytes(&self.dir.path().join("data"))
     }
@@ -273,6 +281,11 @@ fn send_req(send: &Outgoing<'_>) -> SendReq {
         payload: Bytes::copy_from_slice(send.payload),
     }
 }
+
+/// Bytes of a conversation summary on the wire, without its summary text.
+const CONV_SUMMARY_BYTES: u64 = 8 * 4 + 4 + 4 + 4 + 8 + 2;
+/// Bytes of a message on the wire, without its payload.
+const MESSAGE_BYTES: u64 = 8 * 4 + 1 + 2 + 9 + 8 + 1 + 4;
 
 /// Bytes of one event as encoded on the wire.
 fn event_bytes(event: &Event) -> u64 {
@@ -370,6 +383,61 @@ impl Conn for InboxdConn {
                 bytes,
                 has_more: page.has_more,
             })
+        })
+    }
+
+    /// The conversation list comes from the per-user conversation state
+    /// (R15); one pull fetches the newest messages of every conversation.
+    fn first_screen(&mut self, uid: Uid, per_conv: u32) -> Result<Screen> {
+        let client = &self.client;
+        self.rt.block_on(async {
+            let mut summaries = Vec::new();
+            let mut cursor = None;
+            loop {
+                let page = client
+                    .conv_list(ConvListReq {
+                        uid,
+                        limit: 500,
+                        cursor,
+                    })
+                    .await?;
+                summaries.extend(page.convs);
+                cursor = page.next_cursor;
+                if cursor.is_none() {
+                    break;
+                }
+            }
+            let mut screen = Screen {
+                convs: u32::try_from(summaries.len()).unwrap_or(u32::MAX),
+                bytes: summaries
+                    .iter()
+                    .map(|c| CONV_SUMMARY_BYTES + c.last_summary.len() as u64)
+                    .sum(),
+                ..Screen::default()
+            };
+            let cursors = summaries
+                .iter()
+                .map(|c| PullCursor {
+                    conv: c.conv,
+                    after_seq: c.last_msg_seq.saturating_sub(u64::from(per_conv)),
+                })
+                .collect();
+            let pulled = client
+                .pull(PullReq {
+                    uid,
+                    per_conv_limit: per_conv,
+                    cursors,
+                })
+                .await?;
+            for conv in &pulled.convs {
+                screen.messages += u32::try_from(conv.messages.len()).unwrap_or(u32::MAX);
+                screen.bytes += conv
+                    .messages
+                    .iter()
+                    .map(|m| MESSAGE_BYTES + m.payload.len() as u64)
+                    .sum::<u64>();
+            }
+            Ok(screen)
         })
     }
 }

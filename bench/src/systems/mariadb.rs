@@ -31,8 +31,8 @@ use mysql::prelude::Queryable;
 use mysql::{Conn as MyConn, OptsBuilder, TxOpts};
 
 use super::process::{find_binary, free_port, wait_until, ChildGuard};
-use super::{dir_bytes, Conn, DeviceCursor, Page, Result, System};
-use crate::workload::{Outgoing, Setup};
+use super::{dir_bytes, Conn, DeviceCursor, Page, Result, Screen, System};
+use crate::workload::{Outgoing, Setup, Uid};
 
 const OFFLINE_SHARDS: u64 = 16;
 const EVENT_TYPE_MSG: u8 = 1;
@@ -43,6 +43,8 @@ const TX_RETRIES_MAX: u32 = 20;
 pub struct MariaDb {
     _dir: tempfile::TempDir,
     datadir: PathBuf,
+    server_bin: PathBuf,
+    server_args: Vec<String>,
     port: u16,
     server: ChildGuard,
     version: String,
@@ -89,38 +91,31 @@ impl MariaDb {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .unwrap_or_default();
         let port = free_port()?;
-        let mut server = ChildGuard::spawn(
-            "mariadbd",
-            Command::new(server_bin)
-                .arg("--no-defaults")
-                .arg(format!("--datadir={}", datadir.display()))
-                .arg(format!(
-                    "--socket={}",
-                    dir.path().join("mysqld.sock").display()
-                ))
-                .arg(format!(
-                    "--pid-file={}",
-                    dir.path().join("mysqld.pid").display()
-                ))
-                .arg(format!(
-                    "--log-error={}",
-                    dir.path().join("error.log").display()
-                ))
-                .arg(format!("--port={port}"))
-                .arg("--bind-address=127.0.0.1")
-                .arg("--user=root")
-                // Private instance: no grant checks, no DNS.
-                .arg("--skip-grant-tables")
-                .arg("--skip-name-resolve")
-                // Durability as inboxd's default: every commit fsynced.
-                .arg("--innodb-flush-log-at-trx-commit=1")
-                .arg("--skip-log-bin")
-                .arg("--sync-binlog=0")
-                .arg("--innodb-buffer-pool-size=1G")
-                .arg("--innodb-log-file-size=512M")
-                .arg("--max-connections=1000")
-                .arg("--max-allowed-packet=64M"),
-        )?;
+        let d = dir.path();
+        let server_args: Vec<String> = [
+            "--no-defaults".to_string(),
+            format!("--datadir={}", datadir.display()),
+            format!("--socket={}", d.join("mysqld.sock").display()),
+            format!("--pid-file={}", d.join("mysqld.pid").display()),
+            format!("--log-error={}", d.join("error.log").display()),
+            format!("--port={port}"),
+            "--bind-address=127.0.0.1".into(),
+            "--user=root".into(),
+            // Private instance: no grant checks, no DNS.
+            "--skip-grant-tables".into(),
+            "--skip-name-resolve".into(),
+            // Durability as inboxd's default: every commit fsynced.
+            "--innodb-flush-log-at-trx-commit=1".into(),
+            "--skip-log-bin".into(),
+            "--sync-binlog=0".into(),
+            "--innodb-buffer-pool-size=1G".into(),
+            "--innodb-log-file-size=512M".into(),
+            "--max-connections=1000".into(),
+            "--max-allowed-packet=64M".into(),
+        ]
+        .into();
+        let mut server =
+            ChildGuard::spawn("mariadbd", Command::new(server_bin).args(&server_args))?;
         let opts = Self::opts(port, None);
         wait_until(
             "mariadbd",
@@ -137,6 +132,8 @@ impl MariaDb {
         Ok(Self {
             _dir: dir,
             datadir,
+            server_bin: server_bin.to_path_buf(),
+            server_args,
             port,
             server,
             version,
@@ -226,6 +223,30 @@ impl System for MariaDb {
             conn.query_drop(sql)?;
         }
         Ok(())
+    }
+
+    fn crash_and_restart(&mut self) -> Result<Duration> {
+        self.server.kill_hard()?;
+        let start = std::time::Instant::now();
+        self.server = ChildGuard::spawn(
+            "mariadbd",
+            Command::new(&self.server_bin).args(&self.server_args),
+        )?;
+        let opts = Self::opts(self.port, Some("inbox"));
+        let server = &mut self.server;
+        // Serving again means a query on the schema answers, not only a
+        // connection (InnoDB finishes its redo apply before that).
+        wait_until(
+            "mariadbd",
+            Duration::from_secs(600),
+            || server.check_alive(),
+            || {
+                let mut conn = MyConn::new(opts.clone())?;
+                conn.query_drop("SELECT seq FROM conv_seq LIMIT 1")?;
+                Ok(())
+            },
+        )?;
+        Ok(start.elapsed())
     }
 
     fn data_bytes(&self) -> u64 {
@@ -376,5 +397,33 @@ impl Conn for MariaConn<'_> {
             bytes: page.len() as u64 * EVENT_ROW_BYTES,
             has_more,
         })
+    }
+
+    /// The seeds' schema has no conversation table: the list is the user's
+    /// offline inbox grouped by conversation (unread = offline count), then
+    /// the newest messages of each conversation from `msg`.
+    fn first_screen(&mut self, uid: Uid, per_conv: u32) -> Result<Screen> {
+        let shard = uid % OFFLINE_SHARDS;
+        let convs: Vec<(u64, u64, u64)> = self.conn.exec(
+            format!(
+                "SELECT conv_id, MAX(seq), COUNT(*) FROM offline_msg_{shard:02} \
+                 WHERE uid = ? GROUP BY conv_id ORDER BY MAX(seq) DESC"
+            ),
+            (uid,),
+        )?;
+        let mut screen = Screen {
+            convs: u32::try_from(convs.len()).unwrap_or(u32::MAX),
+            bytes: convs.len() as u64 * 24,
+            ..Screen::default()
+        };
+        for (conv, _, _) in &convs {
+            let messages: Vec<(u64, u64, u64, Vec<u8>)> = self.conn.exec(
+                "SELECT seq, msg_id, sender, payload FROM msg WHERE conv_id = ? ORDER BY seq DESC LIMIT ?",
+                (conv, per_conv),
+            )?;
+            screen.messages += u32::try_from(messages.len()).unwrap_or(u32::MAX);
+            screen.bytes += messages.iter().map(|m| 24 + m.3.len() as u64).sum::<u64>();
+        }
+        Ok(screen)
     }
 }

@@ -57,6 +57,14 @@ pub struct Page {
     pub has_more: bool,
 }
 
+/// What `long-offline`'s first screen fetched.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Screen {
+    pub convs: u32,
+    pub messages: u32,
+    pub bytes: u64,
+}
+
 /// One client connection.
 pub trait Conn {
     /// One send, acknowledged once durable: the message stored once, the
@@ -75,6 +83,12 @@ pub trait Conn {
     /// Reads the next page of at most `limit` events after the device's
     /// cursor, then ACKs it durably, moving the cursor.
     fn sync_page(&mut self, device: &mut DeviceCursor, limit: u32) -> Result<Page>;
+
+    /// The first screen of a returning user: the conversation list and the
+    /// newest `per_conv` messages of every conversation in it.
+    fn first_screen(&mut self, _uid: Uid, _per_conv: u32) -> Result<Screen> {
+        Err("no conversation list in this system's layout".into())
+    }
 }
 
 pub trait System: Sync {
@@ -92,6 +106,11 @@ pub trait System: Sync {
     /// returns the time from the restart until it serves a request.
     fn crash_and_restart(&mut self) -> Result<Duration> {
         Err(format!("{} has no crash-recovery driver", self.name()).into())
+    }
+
+    /// Runs one compaction pass now (for `mixed`).
+    fn compact_now(&self) -> Result<()> {
+        Err(format!("{} has no compaction driver", self.name()).into())
     }
 
     /// Bytes its data directory takes on disk.

@@ -20,8 +20,8 @@ use std::sync::Mutex;
 
 use rocksdb::{Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
 
-use super::{dir_bytes, Conn, DeviceCursor, Page, Result, System};
-use crate::workload::{Outgoing, Setup};
+use super::{dir_bytes, Conn, DeviceCursor, Page, Result, Screen, System};
+use crate::workload::{Outgoing, Setup, Uid};
 
 const EVENT_TYPE_MSG: u8 = 1;
 

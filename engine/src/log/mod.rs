@@ -1,13 +1,59 @@
 //! Append-only segment logs (R20, R21, R22).
 //!
-//! PLACEHOLDER: this module currently holds the fixed public API of the log
-//! with a naive in-memory body, so the layers above can be built against it.
-//! The real file-backed implementation replaces the bodies, not the API.
+//! A log is a directory of segment files (`0000000001.seg`, ...), each
+//! preallocated to `segment_bytes` with fallocate and filled with CRC-framed
+//! batches of records (layout: [`format::BatchEncoder`], `docs/FORMAT.md`).
+//!
+//! - [`Log::submit`] assigns the batch its LSN and record locations at once,
+//!   under one mutex, and queues its encoded bytes; a single writer thread
+//!   ([`writer`]) writes everything queued with one write and one fdatasync
+//!   (group commit) and then wakes the waiters ([`AppendTicket::wait`]).
+//! - Reads ([`Log::read`], [`Log::replay`]) never see bytes that are not
+//!   durable: sealed segments through one `Arc<Mmap>` each, the active
+//!   segment with pread below its durable length ([`segment`]).
+//! - [`Log::open`] recovers ([`recovery`]): a torn tail of the last segment
+//!   is cut, any other damage refuses to open. [`verify()`] checks a
+//!   directory offline.
+//!
+//! Invariants: LSNs are contiguous from 1 (per log); batches become durable
+//! in LSN order; a write or fsync error poisons the log for good (R21) and
+//! nothing after it is reported durable; running out of disk space is only
+//! ever met when preallocating a segment, before a batch is accepted, and
+//! then changes nothing.
 
-use std::path::PathBuf;
+mod faulty;
+pub mod format;
+mod io;
+mod recovery;
+mod segment;
+mod uring;
+mod verify;
+mod writer;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex, RwLock};
+
+pub use faulty::FaultyIo;
+pub use io::{LogIo, PwriteIo};
+pub use recovery::{RecoveryReport, TruncatedTail};
+pub use uring::UringIo;
+pub use verify::{verify, verify_with_progress, Problem, ProblemKind, SegmentReport, VerifyReport};
+
+use format::{BatchEncoder, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
+use segment::Segment;
+use writer::Item;
+
+/// The callback of [`Log::replay`]: LSN of the batch, location, kind and
+/// payload of each record.
+pub type ReplayFn<'a> = dyn FnMut(Lsn, RecordLoc, u8, &[u8]) -> Result<(), LogError> + 'a;
 
 /// Log sequence number: the number of a batch in one log, from 1.
 pub type Lsn = u64;
@@ -32,10 +78,15 @@ pub enum SyncPolicy {
     None,
 }
 
+/// Which [`LogIo`] backend writes the segments. See `docs/BENCHMARKS.md`
+/// for the measurements behind the default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum IoBackend {
+    /// pwrite(2) + fdatasync(2). Portable.
     #[default]
     Pwrite,
+    /// io_uring, write linked to fdatasync. [`Log::open`] fails with a
+    /// clear error if the kernel refuses io_uring.
     IoUring,
 }
 
@@ -68,6 +119,11 @@ impl LogOptions {
     }
 }
 
+/// Smallest accepted `segment_bytes`.
+pub const SEGMENT_BYTES_MIN: u64 = 4096;
+/// Largest accepted `segment_bytes`: offsets are u32.
+pub const SEGMENT_BYTES_MAX: u64 = u32::MAX as u64;
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LogError {
@@ -87,6 +143,10 @@ pub enum LogError {
     TooLarge(u64),
     #[error("no durable record at segment {segment} offset {offset}")]
     BadLocation { segment: SegmentId, offset: u32 },
+    /// A bad option or argument (segment size, deleting a segment that is
+    /// unknown or still active); nothing was changed.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
 }
 
 /// Records to append as one atomic, CRC-framed batch.
@@ -108,6 +168,10 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.records.is_empty()
     }
+    /// Bytes the batch takes in a segment, frame header included.
+    pub fn encoded_len(&self) -> u64 {
+        BatchEncoder::frame_len(&self.records).unwrap_or(u64::MAX)
+    }
 }
 
 /// A submitted batch: its LSN and record locations are known at once; it
@@ -116,14 +180,32 @@ impl Batch {
 pub struct AppendTicket {
     pub lsn: Lsn,
     pub locs: Vec<RecordLoc>,
+    log: Waiter,
+}
+
+/// The log a ticket waits on.
+struct Waiter(Arc<Shared>);
+
+impl std::fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Log")
+    }
 }
 
 impl AppendTicket {
+    /// Blocks until the batch is durable under the sync policy, or fails
+    /// with [`LogError::Poisoned`] if the log was poisoned first.
     pub fn wait(self) -> Result<Appended, LogError> {
+        self.log.0.wait_durable(self.lsn)?;
         Ok(Appended {
             lsn: self.lsn,
             locs: self.locs,
         })
+    }
+
+    /// Whether the batch is already durable (never blocks).
+    pub fn is_durable(&self) -> bool {
+        self.log.0.durable_lsn.load(Ordering::Acquire) >= self.lsn
     }
 }
 
@@ -140,6 +222,9 @@ pub struct Record {
     pub payload: Vec<u8>,
 }
 
+/// One segment as [`Log::segments`] lists it. `bytes` is the durable
+/// length including the segment header; an empty segment has
+/// `last_lsn == first_lsn - 1`.
 #[derive(Debug, Clone)]
 pub struct SegmentInfo {
     pub id: SegmentId,
@@ -149,15 +234,295 @@ pub struct SegmentInfo {
     pub last_lsn: Lsn,
 }
 
+/// Writer counters, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// Group commits (one write, and under `Always` one fdatasync, each).
+    pub commits: u64,
+    pub bytes_written: u64,
+    /// Total time spent in those writes and syncs.
+    pub commit_time: Duration,
+    pub durable_lsn: Lsn,
+}
+
+/// The submit side, under one mutex: LSN and space assignment, the queue.
+struct SubmitState {
+    next_lsn: Lsn,
+    next_segment_id: SegmentId,
+    active: Option<ActiveTail>,
+    /// A preallocated file ready to become the next segment.
+    spare: Option<Spare>,
+    queue: Vec<Item>,
+    spare_wanted: bool,
+    shutdown: bool,
+}
+
+struct ActiveTail {
+    seg: Arc<Segment>,
+    /// Where the next batch goes (reserved, not necessarily written).
+    write_offset: u64,
+    capacity: u64,
+}
+
+struct Spare {
+    file: File,
+    path: PathBuf,
+}
+
+/// State shared by the log handle, tickets and the writer thread.
+struct Shared {
+    dir: PathBuf,
+    segment_bytes: u64,
+    sync: SyncPolicy,
+    io: Arc<dyn LogIo>,
+    state: Mutex<SubmitState>,
+    /// Wakes the writer.
+    work: Condvar,
+    /// Durable LSN and poison reason, for waiters.
+    durable: Mutex<Option<String>>,
+    durable_cv: Condvar,
+    durable_lsn: AtomicU64,
+    poisoned: AtomicBool,
+    segments: RwLock<BTreeMap<SegmentId, Arc<Segment>>>,
+    prealloc_seq: AtomicU64,
+    stats: writer::Stats,
+}
+
+impl Shared {
+    fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    fn poison_error(&self) -> LogError {
+        let reason = self.durable.lock().clone().unwrap_or_default();
+        LogError::Poisoned(reason)
+    }
+
+    /// Stops the log for good (R21) and fails every waiter not yet durable.
+    fn poison(&self, reason: String) {
+        let mut p = self.durable.lock();
+        if p.is_none() {
+            tracing::error!(dir = %self.dir.display(), %reason, "segment log poisoned; appends fail until restart");
+            *p = Some(reason);
+        }
+        self.poisoned.store(true, Ordering::Release);
+        self.durable_cv.notify_all();
+    }
+
+    fn publish_durable(&self, lsn: Lsn) {
+        let _g = self.durable.lock();
+        debug_assert!(lsn >= self.durable_lsn.load(Ordering::Relaxed));
+        self.durable_lsn.store(lsn, Ordering::Release);
+        self.durable_cv.notify_all();
+    }
+
+    fn wait_durable(&self, lsn: Lsn) -> Result<(), LogError> {
+        let mut p = self.durable.lock();
+        loop {
+            if self.durable_lsn.load(Ordering::Acquire) >= lsn {
+                return Ok(());
+            }
+            if let Some(reason) = p.as_ref() {
+                return Err(LogError::Poisoned(reason.clone()));
+            }
+            self.durable_cv.wait(&mut p);
+        }
+    }
+
+    /// Creates a preallocated file for the next segment.
+    fn preallocate(&self) -> Result<Spare, LogError> {
+        let n = self.prealloc_seq.fetch_add(1, Ordering::Relaxed);
+        let path = self.dir.join(format!("prealloc-{n}.tmp"));
+        match self.io.create_preallocated(&path, self.segment_bytes) {
+            Ok(file) => Ok(Spare { file, path }),
+            Err(e) if io::is_no_space(&e) => Err(LogError::NoSpace(format!(
+                "preallocating {} bytes in {}: {e}",
+                self.segment_bytes,
+                self.dir.display()
+            ))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Makes the next segment's file ahead of need (writer thread, not
+    /// holding the submit mutex). A failure only means `submit` tries again
+    /// when it needs the file.
+    fn preallocate_spare_in_background(&self) {
+        if self.state.lock().spare.is_some() {
+            return;
+        }
+        match self.preallocate() {
+            Ok(spare) => {
+                let mut st = self.state.lock();
+                if st.spare.is_none() {
+                    st.spare = Some(spare);
+                } else {
+                    drop(st);
+                    let _ = self.io.remove(&spare.path);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "could not preallocate the next segment ahead of need")
+            }
+        }
+    }
+
+    /// Starts the next segment for a batch that does not fit. On error
+    /// nothing has changed.
+    fn roll(&self, st: &mut SubmitState) -> Result<(), LogError> {
+        let id = st.next_segment_id;
+        let next_id = id
+            .checked_add(1)
+            .ok_or_else(|| LogError::InvalidArgument("segment ids exhausted".into()))?;
+        let spare = match st.spare.take() {
+            Some(s) => s,
+            None => self.preallocate()?,
+        };
+        let first_lsn = st.next_lsn;
+        let path = self.dir.join(segment::segment_file_name(id));
+        let seg = Arc::new(Segment::new(
+            id,
+            path,
+            spare.file,
+            first_lsn,
+            first_lsn - 1,
+            SEGMENT_HEADER_LEN as u64,
+            false,
+        ));
+        let old = st.active.take().map(|a| a.seg);
+        st.queue.push(Item::Roll {
+            old,
+            new: Arc::clone(&seg),
+            tmp: spare.path,
+            header: format::encode_segment_header(id, first_lsn),
+        });
+        st.active = Some(ActiveTail {
+            seg,
+            write_offset: SEGMENT_HEADER_LEN as u64,
+            capacity: self.segment_bytes,
+        });
+        st.next_segment_id = next_id;
+        st.spare_wanted = true;
+        Ok(())
+    }
+}
+
+/// An append-only segment log. Cheap to share by reference across threads.
 pub struct Log {
-    inner: Mutex<Vec<(Lsn, Vec<(u8, Vec<u8>)>)>>,
+    shared: Arc<Shared>,
+    writer: Option<JoinHandle<()>>,
+    report: RecoveryReport,
+    /// Held for the life of the log: one process per directory.
+    _lock: File,
+}
+
+impl std::fmt::Debug for Log {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Log")
+            .field("dir", &self.shared.dir)
+            .field("durable_lsn", &self.durable_lsn())
+            .finish()
+    }
+}
+
+fn lock_dir(dir: &Path) -> Result<File, LogError> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("LOCK"))?;
+    // SAFETY: flock only reads its integer arguments; the fd is owned by
+    // `f`, which outlives the call.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(LogError::Io(std::io::Error::new(
+            e.kind(),
+            format!(
+                "log directory {} is in use by another process: {e}",
+                dir.display()
+            ),
+        )));
+    }
+    Ok(f)
 }
 
 impl Log {
     /// Opens the log in `opts.dir`, recovering it (see [`RecoveryMode`]).
-    pub fn open(_opts: LogOptions) -> Result<Log, LogError> {
+    pub fn open(opts: LogOptions) -> Result<Log, LogError> {
+        let io: Arc<dyn LogIo> = match opts.io {
+            IoBackend::Pwrite => Arc::new(PwriteIo),
+            IoBackend::IoUring => Arc::new(UringIo::new().map_err(|e| {
+                LogError::Io(std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "io_uring setup failed ({e}); the kernel may lack io_uring or have it \
+                         disabled: use the pwrite backend"
+                    ),
+                ))
+            })?),
+        };
+        Self::open_with_io(opts, io)
+    }
+
+    /// [`Log::open`] with a given IO backend (e.g. [`FaultyIo`] in tests);
+    /// `opts.io` is ignored.
+    pub fn open_with_io(opts: LogOptions, io: Arc<dyn LogIo>) -> Result<Log, LogError> {
+        if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&opts.segment_bytes) {
+            return Err(LogError::InvalidArgument(format!(
+                "segment_bytes {} is outside {SEGMENT_BYTES_MIN}..={SEGMENT_BYTES_MAX}",
+                opts.segment_bytes
+            )));
+        }
+        std::fs::create_dir_all(&opts.dir)?;
+        let lock = lock_dir(&opts.dir)?;
+        let rec = recovery::recover(&opts.dir, io.as_ref(), opts.segment_bytes, opts.recovery)?;
+        tracing::info!(
+            dir = %opts.dir.display(),
+            segments = rec.report.segments,
+            batches = rec.report.batches,
+            last_lsn = rec.report.last_lsn,
+            io = io.name(),
+            "segment log recovered"
+        );
+        let segments = rec.segments.iter().map(|s| (s.id, Arc::clone(s))).collect();
+        let active = rec.active.map(|a| ActiveTail {
+            seg: a.seg,
+            write_offset: a.write_offset,
+            capacity: a.capacity,
+        });
+        let shared = Arc::new(Shared {
+            dir: opts.dir.clone(),
+            segment_bytes: opts.segment_bytes,
+            sync: opts.sync,
+            io,
+            state: Mutex::new(SubmitState {
+                next_lsn: rec.next_lsn,
+                next_segment_id: rec.next_segment_id,
+                active,
+                spare: None,
+                queue: Vec::new(),
+                spare_wanted: true,
+                shutdown: false,
+            }),
+            work: Condvar::new(),
+            durable: Mutex::new(None),
+            durable_cv: Condvar::new(),
+            durable_lsn: AtomicU64::new(rec.next_lsn - 1),
+            poisoned: AtomicBool::new(false),
+            segments: RwLock::new(segments),
+            prealloc_seq: AtomicU64::new(0),
+            stats: writer::Stats::default(),
+        });
+        let w = Arc::clone(&shared);
+        let writer = std::thread::Builder::new()
+            .name("log-writer".into())
+            .spawn(move || writer::run(w))?;
         Ok(Log {
-            inner: Mutex::new(Vec::new()),
+            shared,
+            writer: Some(writer),
+            report: rec.report,
+            _lock: lock,
         })
     }
 
@@ -165,17 +530,45 @@ impl Log {
     /// commit writer. Fails at once, changing nothing, if the log is
     /// poisoned or no space can be reserved.
     pub fn submit(&self, batch: Batch) -> Result<AppendTicket, LogError> {
-        let mut inner = self.inner.lock();
-        let lsn = inner.len() as Lsn + 1;
-        let segment = u32::try_from(lsn).unwrap_or(u32::MAX);
-        let locs = (0..batch.records.len())
-            .map(|i| RecordLoc {
-                segment,
-                offset: u32::try_from(i).unwrap_or(u32::MAX),
-            })
-            .collect();
-        inner.push((lsn, batch.records));
-        Ok(AppendTicket { lsn, locs })
+        let frame_len = batch.encoded_len();
+        let room = self.shared.segment_bytes - SEGMENT_HEADER_LEN as u64;
+        if frame_len > room {
+            return Err(LogError::TooLarge(frame_len));
+        }
+        let mut st = self.shared.state.lock();
+        if self.shared.is_poisoned() {
+            return Err(self.shared.poison_error());
+        }
+        let fits = st
+            .active
+            .as_ref()
+            .is_some_and(|a| a.write_offset + frame_len <= a.capacity);
+        if !fits {
+            self.shared.roll(&mut st)?;
+        }
+        let lsn = st.next_lsn;
+        let active = st.active.as_mut().expect("rolled above");
+        let offset = active.write_offset;
+        assert!(offset + frame_len <= active.capacity);
+        let seg = Arc::clone(&active.seg);
+        let mut bytes = Vec::with_capacity(frame_len as usize);
+        let offset32 = u32::try_from(offset).expect("segment_bytes is at most u32::MAX");
+        let locs = BatchEncoder::encode(seg.id, offset32, lsn, &batch.records, &mut bytes);
+        active.write_offset += frame_len;
+        st.next_lsn += 1;
+        st.queue.push(Item::Batch {
+            seg,
+            offset,
+            lsn,
+            bytes,
+        });
+        drop(st);
+        self.shared.work.notify_one();
+        Ok(AppendTicket {
+            lsn,
+            locs,
+            log: Waiter(Arc::clone(&self.shared)),
+        })
     }
 
     /// `submit` then `wait`.
@@ -185,60 +578,229 @@ impl Log {
 
     /// Reads one durable record, checking its CRC.
     pub fn read(&self, loc: RecordLoc) -> Result<Record, LogError> {
-        let inner = self.inner.lock();
         let bad = || LogError::BadLocation {
             segment: loc.segment,
             offset: loc.offset,
         };
-        let (_, records) = inner.get(loc.segment as usize - 1).ok_or_else(bad)?;
-        let (kind, payload) = records.get(loc.offset as usize).ok_or_else(bad)?;
-        Ok(Record {
-            kind: *kind,
-            payload: payload.clone(),
-        })
+        let seg = self
+            .shared
+            .segments
+            .read()
+            .get(&loc.segment)
+            .cloned()
+            .ok_or_else(bad)?;
+        let r = seg.reader()?;
+        let off = u64::from(loc.offset);
+        let hdr_end = off + RECORD_HEADER_LEN as u64;
+        if off < (SEGMENT_HEADER_LEN + format::BATCH_HEADER_LEN) as u64 || hdr_end > r.limit() {
+            return Err(bad());
+        }
+        let header = r.get(off, hdr_end)?;
+        let h = format::decode_record_header(&header);
+        let end = hdr_end + u64::from(h.len);
+        if end <= r.limit() {
+            let payload = r.get(hdr_end, end)?;
+            if format::record_crc_ok(seg.id, loc.offset, &header, &payload) {
+                return Ok(Record {
+                    kind: h.kind,
+                    payload: payload.into_owned(),
+                });
+            }
+        }
+        // Not a valid record here: a damaged record, or not a record start
+        // at all. Walk the batch the header points back to to tell which.
+        if is_record_start(&r, off, h.back)? {
+            Err(LogError::Corruption {
+                segment: seg.id,
+                offset: off,
+                reason: "record checksum mismatch".into(),
+            })
+        } else {
+            Err(bad())
+        }
     }
 
     /// Calls `f` for every durable record of every batch with LSN > `after`,
     /// in log order.
-    pub fn replay(
-        &self,
-        after: Lsn,
-        f: &mut dyn FnMut(Lsn, RecordLoc, u8, &[u8]) -> Result<(), LogError>,
-    ) -> Result<(), LogError> {
-        let inner = self.inner.lock();
-        for (lsn, records) in inner.iter().filter(|(lsn, _)| *lsn > after) {
-            for (i, (kind, payload)) in records.iter().enumerate() {
-                let loc = RecordLoc {
-                    segment: u32::try_from(*lsn).unwrap_or(u32::MAX),
-                    offset: u32::try_from(i).unwrap_or(u32::MAX),
-                };
-                f(*lsn, loc, *kind, payload)?;
+    pub fn replay(&self, after: Lsn, f: &mut ReplayFn<'_>) -> Result<(), LogError> {
+        let segs: Vec<Arc<Segment>> = self.shared.segments.read().values().cloned().collect();
+        for seg in segs {
+            if seg.last_lsn() <= after {
+                continue;
             }
+            replay_segment(&seg, after, f)?;
         }
         Ok(())
     }
 
+    /// [`Log::replay`] restricted to one segment (for compaction, which
+    /// looks at one segment at a time). Unknown segment: `InvalidArgument`.
+    pub fn replay_segment(&self, id: SegmentId, f: &mut ReplayFn<'_>) -> Result<(), LogError> {
+        let seg = self
+            .shared
+            .segments
+            .read()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| LogError::InvalidArgument(format!("no segment {id}")))?;
+        replay_segment(&seg, 0, f)
+    }
+
     /// The highest LSN known durable.
     pub fn durable_lsn(&self) -> Lsn {
-        self.inner.lock().len() as Lsn
+        self.shared.durable_lsn.load(Ordering::Acquire)
     }
 
+    /// The segments, oldest first. The newest one, if any, is the active
+    /// (unsealed) one.
     pub fn segments(&self) -> Vec<SegmentInfo> {
-        Vec::new()
+        self.shared
+            .segments
+            .read()
+            .values()
+            .map(|s| SegmentInfo {
+                id: s.id,
+                bytes: s.durable_len(),
+                sealed: s.is_sealed(),
+                first_lsn: s.first_lsn,
+                last_lsn: s.last_lsn(),
+            })
+            .collect()
     }
 
-    /// Deletes a sealed segment and fsyncs the directory.
-    pub fn delete_segment(&self, _id: SegmentId) -> Result<(), LogError> {
+    /// Deletes a sealed segment and fsyncs the directory. O(1): the file
+    /// is unlinked whole. Reads already holding the segment finish
+    /// normally; later reads of its locations get `BadLocation`.
+    pub fn delete_segment(&self, id: SegmentId) -> Result<(), LogError> {
+        let seg = self
+            .shared
+            .segments
+            .read()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| LogError::InvalidArgument(format!("no segment {id}")))?;
+        if !seg.is_sealed() {
+            return Err(LogError::InvalidArgument(format!(
+                "segment {id} is the active segment; only sealed segments can be deleted"
+            )));
+        }
+        self.shared.segments.write().remove(&id);
+        self.shared.io.remove(&seg.path)?;
+        self.shared.io.sync_dir(&self.shared.dir)?;
+        tracing::info!(
+            segment = id,
+            first_lsn = seg.first_lsn,
+            last_lsn = seg.last_lsn(),
+            "segment deleted"
+        );
         Ok(())
     }
 
     /// Writes and fsyncs everything queued; used at shutdown.
     pub fn flush(&self) -> Result<(), LogError> {
-        Ok(())
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut st = self.shared.state.lock();
+            if self.shared.is_poisoned() {
+                return Err(self.shared.poison_error());
+            }
+            st.queue.push(Item::Flush(tx));
+        }
+        self.shared.work.notify_one();
+        rx.recv()
+            .unwrap_or_else(|_| Err(LogError::Poisoned("the log writer thread is gone".into())))
     }
 
     /// Why the log is poisoned, if it is.
     pub fn poisoned(&self) -> Option<String> {
-        None
+        self.shared.durable.lock().clone()
     }
+
+    /// What recovery found at open (torn tail cut, counts).
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.report
+    }
+
+    /// Writer counters.
+    pub fn stats(&self) -> LogStats {
+        let s = &self.shared.stats;
+        LogStats {
+            commits: s.commits.load(Ordering::Relaxed),
+            bytes_written: s.bytes.load(Ordering::Relaxed),
+            commit_time: Duration::from_nanos(s.commit_ns.load(Ordering::Relaxed)),
+            durable_lsn: self.durable_lsn(),
+        }
+    }
+
+    /// The directory of the log.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+}
+
+impl Drop for Log {
+    /// Writes and syncs what is queued, then stops the writer.
+    fn drop(&mut self) {
+        self.shared.state.lock().shutdown = true;
+        self.shared.work.notify_all();
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+        let spare = self.shared.state.lock().spare.take();
+        if let Some(spare) = spare {
+            // A spare left behind would be removed at the next open anyway.
+            let _ = self.shared.io.remove(&spare.path);
+        }
+    }
+}
+
+fn replay_segment(seg: &Segment, after: Lsn, f: &mut ReplayFn<'_>) -> Result<(), LogError> {
+    let data = seg.durable_view()?;
+    let mut pos = SEGMENT_HEADER_LEN;
+    while pos < data.len() {
+        let b = format::decode_batch(seg.id, &data, pos, 0).map_err(|e| LogError::Corruption {
+            segment: seg.id,
+            offset: pos as u64,
+            reason: format!("durable batch does not verify: {e:?}"),
+        })?;
+        if b.lsn > after {
+            for (loc, kind, payload) in b.records() {
+                f(b.lsn, loc, kind, payload)?;
+            }
+        }
+        pos += b.frame_len;
+    }
+    Ok(())
+}
+
+/// Whether `off` is the start of a record of the batch `back` bytes before
+/// it, judged by walking that batch's record headers.
+fn is_record_start(r: &segment::Reader<'_>, off: u64, back: u32) -> Result<bool, LogError> {
+    let Some(batch_off) = off.checked_sub(u64::from(back)) else {
+        return Ok(false);
+    };
+    let bh_end = batch_off + format::BATCH_HEADER_LEN as u64;
+    if batch_off < SEGMENT_HEADER_LEN as u64 || bh_end > r.limit() {
+        return Ok(false);
+    }
+    let bh = r.get(batch_off, bh_end)?;
+    let Some((len, kind, count)) = format::peek_batch_header(&bh) else {
+        return Ok(false);
+    };
+    let frame_end = batch_off + u64::from(len);
+    if kind != format::FRAME_TYPE_BATCH || frame_end > r.limit() || off >= frame_end {
+        return Ok(false);
+    }
+    let mut pos = bh_end;
+    for _ in 0..count {
+        if pos == off {
+            return Ok(true);
+        }
+        if pos > off || pos + RECORD_HEADER_LEN as u64 > frame_end {
+            return Ok(false);
+        }
+        let h = r.get(pos, pos + RECORD_HEADER_LEN as u64)?;
+        pos += RECORD_HEADER_LEN as u64 + u64::from(format::decode_record_header(&h).len);
+    }
+    Ok(false)
 }

@@ -246,11 +246,11 @@ fn unhex(text: &str) -> Result<Bytes, Failure> {
         .map_err(|e| Failure::Usage(format!("bad hex: {e}")))
 }
 
-/// Bytes as text when they are UTF-8, else as `0x…` hex.
+/// Bytes as text when they are printable UTF-8, else as `0x…` hex.
 fn text_or_hex(bytes: &[u8]) -> Value {
     match std::str::from_utf8(bytes) {
-        Ok(text) => json!(text),
-        Err(_) => json!(format!("0x{}", hex(bytes))),
+        Ok(text) if !text.chars().any(char::is_control) => json!(text),
+        _ => json!(format!("0x{}", hex(bytes))),
     }
 }
 

@@ -1,0 +1,294 @@
+//! Index checkpoints (R22): every state table and index, written whole so
+//! that recovery replays only the `evt` log written after it.
+//!
+//! File `checkpoint/ckpt-<evt lsn, 20 digits>.bin`:
+//! ```text
+//! 0   [8]  magic "INBXCKP1"
+//! 8   u64  evt LSN the state covers (everything up to it is applied)
+//! 16  u64  body length N
+//! 24  [N]  body: the canonical state encoding (see `encode_state`)
+//! 24+N u32 CRC32 of bytes 0..24+N
+//! ```
+//! Writing: tmp file, fsync, rename, fsync the directory; only then are
+//! older checkpoints deleted, keeping the newest two, so a corrupt newest
+//! one can fall back to the previous one (or to a full replay).
+//!
+//! The body is canonical (maps in key order), so two equal states encode
+//! to the same bytes: its SHA-256 is the state digest tests compare.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::codec::{DecodeError, DecodeResult, Reader, Writer};
+use super::command::{get_device_row, kind_code, kind_from_code, put_device_row};
+use super::state::*;
+use crate::error::{Error, Result};
+
+const MAGIC: &[u8; 8] = b"INBXCKP1";
+const KEEP: usize = 2;
+
+pub(crate) fn dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("checkpoint")
+}
+
+fn sorted<K: Ord + Copy, V>(m: &std::collections::HashMap<K, V>) -> Vec<(K, &V)> {
+    let mut v: Vec<(K, &V)> = m.iter().map(|(k, v)| (*k, v)).collect();
+    v.sort_unstable_by_key(|(k, _)| *k);
+    v
+}
+
+pub(crate) fn encode_state(st: &State) -> Vec<u8> {
+    let mut w = Writer::with_capacity(1 << 16);
+    w.u64(st.idem_ttl_ms);
+    w.u64(st.next_msg_counter);
+    w.u64(st.evt_lsn);
+    let convs = sorted(&st.convs);
+    w.u64(convs.len() as u64);
+    for (id, c) in convs {
+        w.u64(id);
+        w.u64(c.msgs.len() as u64);
+        for m in &c.msgs {
+            w.u64(m.loc);
+            w.u64(m.msg_id);
+            w.u64(m.sender);
+            w.u8(kind_code(m.kind));
+            w.u8(m.flags);
+        }
+        w.u64(c.members.len() as u64);
+        for (uid, periods) in &c.members {
+            w.u64(*uid);
+            w.u64(periods.len() as u64);
+            for p in periods {
+                w.u32(p.period_id);
+                w.u64(p.join_seq);
+                w.u64(p.leave_seq);
+            }
+        }
+    }
+    let users = sorted(&st.users);
+    w.u64(users.len() as u64);
+    for (uid, u) in users {
+        w.u64(uid);
+        w.u64(u.events_base);
+        w.u64(u.events.len() as u64);
+        for loc in &u.events {
+            w.u64(*loc);
+        }
+        w.u64(u.next_lease_id);
+        w.u64(u.devices.len() as u64);
+        for d in &u.devices {
+            put_device_row(&mut w, &d.row);
+        }
+        let convs = sorted(&u.convs);
+        w.u64(convs.len() as u64);
+        for (conv, uc) in convs {
+            w.u64(conv);
+            w.u64(uc.read_seq);
+            w.u32(uc.unread);
+            w.u64(uc.last_msg_seq);
+            w.u64(uc.last_msg_id);
+            w.u64(uc.last_sender);
+            w.short_bytes(&uc.last_summary);
+            w.u64(uc.last_activity_ms);
+            w.bool(uc.muted);
+            w.bool(uc.pinned);
+        }
+    }
+    let idem = sorted(&st.idem);
+    w.u64(idem.len() as u64);
+    for ((uid, cmid), e) in idem {
+        w.u64(uid);
+        w.u128(cmid);
+        w.u64(e.conv);
+        w.u64(e.msg_id);
+        w.u64(e.msg_seq);
+        w.u64(e.at_ms);
+    }
+    w.u64(st.idem_order.len() as u64);
+    for (at, uid, cmid) in &st.idem_order {
+        w.u64(*at);
+        w.u64(*uid);
+        w.u128(*cmid);
+    }
+    w.buf
+}
+
+pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
+    let mut r = Reader::new(body);
+    let mut st = State::new(r.u64()?);
+    st.next_msg_counter = r.u64()?;
+    st.evt_lsn = r.u64()?;
+    for _ in 0..r.count(16)? {
+        let id = r.u64()?;
+        let mut c = Conv::default();
+        let n = r.count(26)?;
+        c.msgs.reserve_exact(n);
+        for _ in 0..n {
+            c.msgs.push(MsgMeta {
+                loc: r.u64()?,
+                msg_id: r.u64()?,
+                sender: r.u64()?,
+                kind: kind_from_code(r.u8()?)?,
+                flags: r.u8()?,
+            });
+        }
+        for _ in 0..r.count(16)? {
+            let uid = r.u64()?;
+            let mut periods = Vec::new();
+            for _ in 0..r.count(20)? {
+                periods.push(Period {
+                    period_id: r.u32()?,
+                    join_seq: r.u64()?,
+                    leave_seq: r.u64()?,
+                });
+            }
+            c.members.insert(uid, periods);
+        }
+        st.convs.insert(id, c);
+    }
+    for _ in 0..r.count(40)? {
+        let uid = r.u64()?;
+        let mut u = User {
+            events_base: r.u64()?,
+            ..User::default()
+        };
+        let n = r.count(8)?;
+        u.events.reserve_exact(n);
+        for _ in 0..n {
+            u.events.push(r.u64()?);
+        }
+        u.next_lease_id = r.u64()?;
+        for _ in 0..r.count(34)? {
+            u.devices.push(Device {
+                row: get_device_row(&mut r)?,
+                stamp: 0,
+            });
+        }
+        for _ in 0..r.count(60)? {
+            let conv = r.u64()?;
+            let uc = UserConv {
+                read_seq: r.u64()?,
+                unread: r.u32()?,
+                last_msg_seq: r.u64()?,
+                last_msg_id: r.u64()?,
+                last_sender: r.u64()?,
+                last_summary: r.short_bytes()?,
+                last_activity_ms: r.u64()?,
+                muted: r.bool()?,
+                pinned: r.bool()?,
+                stamp: 0,
+            };
+            u.order.insert(uc.key(conv));
+            u.convs.insert(conv, uc);
+        }
+        st.users.insert(uid, u);
+    }
+    for _ in 0..r.count(56)? {
+        let key = (r.u64()?, r.u128()?);
+        st.idem.insert(
+            key,
+            IdemEntry {
+                conv: r.u64()?,
+                msg_id: r.u64()?,
+                msg_seq: r.u64()?,
+                at_ms: r.u64()?,
+            },
+        );
+    }
+    for _ in 0..r.count(32)? {
+        st.idem_order.push_back((r.u64()?, r.u64()?, r.u128()?));
+    }
+    if !r.is_empty() {
+        return Err(DecodeError("trailing bytes in checkpoint"));
+    }
+    Ok(st)
+}
+
+fn file_name(lsn: u64) -> String {
+    format!("ckpt-{lsn:020}.bin")
+}
+
+/// Checkpoint files, newest first.
+pub(crate) fn list(data_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let d = dir(data_dir);
+    let mut out = Vec::new();
+    let entries = match fs::read_dir(&d) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(io_err(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(io_err)?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(lsn) = name
+            .strip_prefix("ckpt-")
+            .and_then(|s| s.strip_suffix(".bin"))
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            out.push((lsn, entry.path()));
+        }
+    }
+    out.sort_unstable_by_key(|(lsn, _)| std::cmp::Reverse(*lsn));
+    Ok(out)
+}
+
+fn io_err(e: std::io::Error) -> Error {
+    Error::Log(crate::log::LogError::Io(e))
+}
+
+fn fsync_dir(d: &Path) -> Result<()> {
+    fs::File::open(d).and_then(|f| f.sync_all()).map_err(io_err)
+}
+
+/// Writes a checkpoint durably, then prunes all but the newest [`KEEP`].
+pub(crate) fn write(data_dir: &Path, lsn: u64, body: &[u8]) -> Result<()> {
+    let d = dir(data_dir);
+    fs::create_dir_all(&d).map_err(io_err)?;
+    let mut buf = Vec::with_capacity(body.len() + 28);
+    buf.extend_from_slice(MAGIC);
+    buf.extend_from_slice(&lsn.to_le_bytes());
+    buf.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    buf.extend_from_slice(body);
+    let crc = crc32fast::hash(&buf);
+    buf.extend_from_slice(&crc.to_le_bytes());
+    let tmp = d.join(format!("{}.tmp", file_name(lsn)));
+    {
+        let mut f = fs::File::create(&tmp).map_err(io_err)?;
+        f.write_all(&buf).map_err(io_err)?;
+        f.sync_all().map_err(io_err)?;
+    }
+    fs::rename(&tmp, d.join(file_name(lsn))).map_err(io_err)?;
+    fsync_dir(&d)?;
+    for (_, path) in list(data_dir)?.into_iter().skip(KEEP) {
+        fs::remove_file(&path).map_err(io_err)?;
+    }
+    fsync_dir(&d)
+}
+
+/// Reads and checks one checkpoint file.
+pub(crate) fn read(path: &Path) -> std::result::Result<(u64, State), String> {
+    let buf = fs::read(path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    if buf.len() < 28 || &buf[..8] != MAGIC {
+        return Err("bad magic or too short".into());
+    }
+    let (data, crc) = buf.split_at(buf.len() - 4);
+    let mut crc_bytes = [0u8; 4];
+    crc_bytes.copy_from_slice(crc);
+    if crc32fast::hash(data) != u32::from_le_bytes(crc_bytes) {
+        return Err("checksum mismatch".into());
+    }
+    let mut r = Reader::new(&data[8..]);
+    let lsn = r.u64().map_err(|e| e.0.to_string())?;
+    let len = r.u64().map_err(|e| e.0.to_string())?;
+    let body = &data[24..];
+    if body.len() as u64 != len {
+        return Err("body length mismatch".into());
+    }
+    let st = decode_state(body).map_err(|e| e.0.to_string())?;
+    if st.evt_lsn != lsn {
+        return Err("header and body LSN differ".into());
+    }
+    Ok((lsn, st))
+}

@@ -1,0 +1,122 @@
+//! Little-endian byte writer and bounds-checked reader shared by every
+//! on-disk encoding of the inbox (log records, checkpoints, batch tokens).
+//!
+//! Invariant: the reader never panics and never allocates more than the
+//! bytes it was given; a short or malformed input is a [`DecodeError`].
+
+use bytes::Bytes;
+
+/// A record or checkpoint that does not decode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DecodeError(pub &'static str);
+
+pub(crate) type DecodeResult<T> = std::result::Result<T, DecodeError>;
+
+#[derive(Default)]
+pub(crate) struct Writer {
+    pub buf: Vec<u8>,
+}
+
+impl Writer {
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            buf: Vec::with_capacity(n),
+        }
+    }
+    pub fn u8(&mut self, v: u8) {
+        self.buf.push(v);
+    }
+    pub fn u16(&mut self, v: u16) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn u32(&mut self, v: u32) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn u64(&mut self, v: u64) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn u128(&mut self, v: u128) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn bool(&mut self, v: bool) {
+        self.buf.push(u8::from(v));
+    }
+    /// Length-prefixed (u32) bytes.
+    pub fn bytes(&mut self, v: &[u8]) {
+        let len = u32::try_from(v.len()).unwrap_or(u32::MAX);
+        self.u32(len);
+        self.buf.extend_from_slice(&v[..len as usize]);
+    }
+    /// Length-prefixed (u8) short bytes; callers keep them under 256.
+    pub fn short_bytes(&mut self, v: &[u8]) {
+        let len = u8::try_from(v.len()).unwrap_or(u8::MAX);
+        self.u8(len);
+        self.buf.extend_from_slice(&v[..len as usize]);
+    }
+}
+
+pub(crate) struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Self { buf }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+    pub fn take(&mut self, n: usize) -> DecodeResult<&'a [u8]> {
+        if self.buf.len() < n {
+            return Err(DecodeError("truncated"));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> DecodeResult<[u8; N]> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+    pub fn u8(&mut self) -> DecodeResult<u8> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn u16(&mut self) -> DecodeResult<u16> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    pub fn u32(&mut self) -> DecodeResult<u32> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    pub fn u64(&mut self) -> DecodeResult<u64> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    pub fn u128(&mut self) -> DecodeResult<u128> {
+        Ok(u128::from_le_bytes(self.array()?))
+    }
+    pub fn bool(&mut self) -> DecodeResult<bool> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(DecodeError("bad bool")),
+        }
+    }
+    pub fn bytes(&mut self) -> DecodeResult<&'a [u8]> {
+        let len = self.u32()? as usize;
+        self.take(len)
+    }
+    pub fn short_bytes(&mut self) -> DecodeResult<Bytes> {
+        let len = usize::from(self.u8()?);
+        Ok(Bytes::copy_from_slice(self.take(len)?))
+    }
+    /// A collection length, checked against the bytes left so that a
+    /// corrupt count cannot make the caller reserve huge memory.
+    pub fn count(&mut self, min_item_bytes: usize) -> DecodeResult<usize> {
+        let n = self.u64()?;
+        let n = usize::try_from(n).map_err(|_| DecodeError("count overflows"))?;
+        if n.saturating_mul(min_item_bytes.max(1)) > self.buf.len() {
+            return Err(DecodeError("count exceeds input"));
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,64 @@
+//! Recovery (R22): the newest valid checkpoint, then the `evt` log after
+//! its LSN, applied with the same [`State::apply`] the sequencer uses.
+//!
+//! A checkpoint that fails its checks is skipped with a warning and an
+//! older one (or a full replay) is used instead: the log still holds every
+//! record after the older checkpoint, so nothing is lost. A checkpoint that
+//! claims more than the log holds means acknowledged log data is missing:
+//! startup fails rather than silently serving less.
+
+use super::checkpoint;
+use super::command::{pack, Effect};
+use super::state::{State, Touched};
+use super::InboxConfig;
+use crate::error::{Error, Result};
+use crate::log::{Log, LogError};
+
+pub(crate) fn load_state(cfg: &InboxConfig, evt: &Log) -> Result<State> {
+    let ttl_ms = u64::try_from(cfg.idempotency_ttl.as_millis()).unwrap_or(u64::MAX);
+    let durable = evt.durable_lsn();
+    let mut state = None;
+    for (lsn, path) in checkpoint::list(&cfg.data_dir)? {
+        if lsn > durable {
+            return Err(Error::Internal(format!(
+                "checkpoint {} covers evt LSN {lsn} but the log ends at {durable}: log data is missing",
+                path.display()
+            )));
+        }
+        match checkpoint::read(&path) {
+            Ok((_, st)) => {
+                state = Some(st);
+                break;
+            }
+            Err(reason) => {
+                tracing::warn!(path = %path.display(), %reason, "checkpoint is invalid; falling back to an older one or a full replay");
+            }
+        }
+    }
+    let mut state = state.unwrap_or_else(|| State::new(ttl_ms));
+    state.idem_ttl_ms = ttl_ms;
+    let after = state.evt_lsn;
+    let mut replayed = 0u64;
+    evt.replay(after, &mut |lsn, loc, kind, payload| {
+        let corrupt = |reason: String| LogError::Corruption {
+            segment: loc.segment,
+            offset: u64::from(loc.offset),
+            reason,
+        };
+        let effect =
+            Effect::decode(kind, payload).map_err(|e| corrupt(format!("evt record: {}", e.0)))?;
+        state
+            .apply(&effect, pack(loc), 0, &mut Touched::default())
+            .map_err(|e| corrupt(format!("evt record does not apply: {}", e.0)))?;
+        state.evt_lsn = lsn;
+        replayed += 1;
+        Ok(())
+    })?;
+    tracing::info!(
+        from_lsn = after,
+        records = replayed,
+        "inbox state recovered"
+    );
+    state.commit_all();
+    Ok(state)
+}

@@ -1,0 +1,843 @@
+//! The sequencer thread and the completion stage.
+//!
+//! The sequencer takes whatever commands are queued as one *round*: it
+//! decides and applies each in order (so the next one sees its effects),
+//! then writes the round's messages as one `msg` batch, waits for that to
+//! be durable, and writes the round's effects as one `evt` batch, so an
+//! `evt` record never points at a message that could vanish. It hands the
+//! `evt` ticket to the completion stage and goes on with the next round
+//! while that one syncs (pipelining).
+//!
+//! The completion stage finishes rounds strictly in order: it waits for
+//! durability, advances the committed watermarks, releases every reply of
+//! the round (errors too, so no answer ever reflects a change that is not
+//! durable) and publishes one coalesced hint per user.
+//!
+//! Failure rules:
+//! - A write or fsync failure poisons the engine: that round and every
+//!   later one fail, and no later mutation is accepted (fail-stop, R21).
+//! - `NoSpace` on submit: nothing of the round is durable; the sequencer
+//!   waits for earlier rounds, then reloads the state from the checkpoint
+//!   and the log, so the failed round leaves no trace in memory.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::command::*;
+use super::state::{State, Touched};
+use super::sync::{self, SyncOutcome};
+use super::token::TokenClaims;
+use super::{checkpoint, read, recover, Reply, Shared};
+use crate::api::*;
+use crate::error::{Error, Result};
+use crate::log::{AppendTicket, Batch, LogError};
+
+/// At most this many commands per round, to bound a round's latency.
+const ROUND_COMMANDS_MAX: usize = 4096;
+
+pub(crate) type Tx<T> = oneshot::Sender<Reply<T>>;
+
+pub(crate) enum Command {
+    Join {
+        conv: ConvId,
+        uid: Uid,
+        tx: Tx<MembershipReply>,
+    },
+    Leave {
+        conv: ConvId,
+        uid: Uid,
+        tx: Tx<MembershipReply>,
+    },
+    Send {
+        kind: MessageKind,
+        conv: ConvId,
+        sender: Uid,
+        client_msg_id: ClientMsgId,
+        msg_type: MsgType,
+        target: MsgId,
+        payload: StoredPayload,
+        summary: Bytes,
+        tx: Tx<SendReply>,
+    },
+    Register {
+        uid: Uid,
+        device: DeviceId,
+        tx: Tx<RegisterReply>,
+    },
+    Revoke {
+        uid: Uid,
+        device: DeviceId,
+        tx: Tx<DeviceInfo>,
+    },
+    Sync {
+        req: SyncRequest,
+        claims: Option<TokenClaims>,
+        tx: Tx<SyncPage>,
+    },
+    Ack {
+        req: AckRequest,
+        claims: TokenClaims,
+        tx: Tx<AckReply>,
+    },
+    FinishLease {
+        uid: Uid,
+        device: DeviceId,
+        lease_id: u64,
+        generation: Generation,
+        tx: Tx<DeviceInfo>,
+    },
+    MarkRead {
+        uid: Uid,
+        conv: ConvId,
+        read_to_seq: MsgSeq,
+        tx: Tx<ReadReply>,
+    },
+    Flags {
+        uid: Uid,
+        conv: ConvId,
+        flags: ConvFlags,
+        tx: Tx<()>,
+    },
+    Checkpoint {
+        tx: mpsc::Sender<Result<()>>,
+    },
+    Shutdown {
+        tx: mpsc::Sender<Result<()>>,
+    },
+}
+
+/// Why a round failed; turned into an [`Error`] per reply.
+#[derive(Clone, Debug)]
+pub(crate) enum Fail {
+    Poisoned(String),
+    NoSpace(String),
+}
+
+impl Fail {
+    fn from_log(e: &LogError) -> Fail {
+        match e {
+            LogError::NoSpace(m) => Fail::NoSpace(m.clone()),
+            other => Fail::Poisoned(other.to_string()),
+        }
+    }
+    pub fn to_error(&self) -> Error {
+        match self {
+            Fail::Poisoned(m) => Error::Log(LogError::Poisoned(m.clone())),
+            Fail::NoSpace(m) => Error::NoSpace(m.clone()),
+        }
+    }
+}
+
+type ReplyFn = Box<dyn FnOnce(Option<&Fail>) + Send>;
+
+fn reply_with<T: Send + 'static>(tx: Tx<T>, result: Result<T>) -> ReplyFn {
+    Box::new(move |fail| {
+        let r = match fail {
+            Some(f) => Err(f.to_error()),
+            None => result,
+        };
+        let _ = tx.send(Reply::Done(r));
+    })
+}
+
+enum Outcome {
+    Ticket(AppendTicket),
+    Nothing,
+    Failed(Fail),
+}
+
+pub(crate) struct RoundDone {
+    id: u64,
+    outcome: Outcome,
+    replies: Vec<ReplyFn>,
+    user_marks: BTreeMap<Uid, SyncSeq>,
+    conv_marks: BTreeMap<ConvId, MsgSeq>,
+}
+
+#[derive(Default)]
+struct RoundBuf {
+    msg_batch: Batch,
+    /// Per msg record: the message to patch and the effect holding it.
+    msg_targets: Vec<(ConvId, MsgSeq, usize)>,
+    effects: Vec<Effect>,
+    event_patches: Vec<(Uid, SyncSeq, usize)>,
+    replies: Vec<ReplyFn>,
+    user_marks: BTreeMap<Uid, SyncSeq>,
+    conv_marks: BTreeMap<ConvId, MsgSeq>,
+    bytes: u64,
+}
+
+pub(crate) struct Sequencer {
+    shared: Arc<Shared>,
+    rx: mpsc::Receiver<Command>,
+    done: mpsc::Sender<RoundDone>,
+    next_round: u64,
+    bytes_since_checkpoint: u64,
+}
+
+impl Sequencer {
+    pub fn new(
+        shared: Arc<Shared>,
+        rx: mpsc::Receiver<Command>,
+        done: mpsc::Sender<RoundDone>,
+    ) -> Self {
+        Self {
+            shared,
+            rx,
+            done,
+            next_round: 1,
+            bytes_since_checkpoint: 0,
+        }
+    }
+
+    pub fn run(mut self) {
+        while let Ok(first) = self.rx.recv() {
+            let mut cmds = vec![first];
+            while cmds.len() < ROUND_COMMANDS_MAX {
+                match self.rx.try_recv() {
+                    Ok(c) => cmds.push(c),
+                    Err(_) => break,
+                }
+            }
+            let mut control = Vec::new();
+            let mut round = RoundBuf::default();
+            let id = self.next_round;
+            for cmd in cmds {
+                match cmd {
+                    c @ (Command::Checkpoint { .. } | Command::Shutdown { .. }) => control.push(c),
+                    c => self.exec(c, id, &mut round),
+                }
+            }
+            if !round.replies.is_empty() {
+                self.next_round += 1;
+                self.finish_round(id, round);
+            }
+            let mut stop = false;
+            for c in control {
+                match c {
+                    Command::Checkpoint { tx } => {
+                        let _ = tx.send(self.checkpoint());
+                    }
+                    Command::Shutdown { tx } => {
+                        let r = self.drain().and_then(|()| {
+                            self.shared.msg_log.flush()?;
+                            self.shared.evt_log.flush()?;
+                            self.checkpoint()
+                        });
+                        let _ = tx.send(r);
+                        stop = true;
+                    }
+                    _ => {}
+                }
+            }
+            if stop {
+                break;
+            }
+            if self.bytes_since_checkpoint >= self.shared.config.checkpoint_every_bytes {
+                if let Err(e) = self.checkpoint() {
+                    tracing::warn!(error = %e, "periodic checkpoint failed; will retry");
+                }
+            }
+        }
+    }
+
+    /// Waits until every submitted round is finished.
+    fn drain(&self) -> Result<()> {
+        self.shared.wait_settled(self.next_round - 1);
+        match self.shared.poisoned() {
+            Some(m) => Err(Error::Log(LogError::Poisoned(m))),
+            None => Ok(()),
+        }
+    }
+
+    fn checkpoint(&mut self) -> Result<()> {
+        self.drain()?;
+        let (lsn, body) = {
+            let st = self.shared.state.read();
+            (st.evt_lsn, checkpoint::encode_state(&st))
+        };
+        checkpoint::write(&self.shared.config.data_dir, lsn, &body)?;
+        self.bytes_since_checkpoint = 0;
+        Ok(())
+    }
+
+    fn exec(&mut self, cmd: Command, round_id: u64, r: &mut RoundBuf) {
+        if let Some(m) = self.shared.poisoned() {
+            let fail = Fail::Poisoned(m);
+            fail_command(cmd, &fail);
+            return;
+        }
+        let now = self.shared.config.clock.now_ms();
+        let mut st = self.shared.state.write();
+        let st = &mut *st;
+        match cmd {
+            Command::Join { conv, uid, tx } => {
+                let existing = st.convs.get(&conv).and_then(|c| {
+                    c.is_member(uid)
+                        .then(|| c.members.get(&uid).and_then(|p| p.last()).copied())
+                        .flatten()
+                });
+                if let Some(p) = existing {
+                    let reply = MembershipReply {
+                        msg_seq: p.join_seq,
+                        period_id: p.period_id,
+                    };
+                    r.replies.push(reply_with(tx, Ok(reply)));
+                    return;
+                }
+                let msg_seq = st.convs.get(&conv).map_or(0, |c| c.head()) + 1;
+                let period_id = st
+                    .convs
+                    .get(&conv)
+                    .and_then(|c| c.members.get(&uid))
+                    .map_or(0, |p| u32::try_from(p.len()).unwrap_or(u32::MAX));
+                self.push_message(
+                    st,
+                    r,
+                    round_id,
+                    now,
+                    MessageKind::Join,
+                    conv,
+                    uid,
+                    0,
+                    0,
+                    0,
+                    &empty_payload(),
+                    summary_for(MessageKind::Join, &[], 0, uid),
+                    0,
+                );
+                r.replies
+                    .push(reply_with(tx, Ok(MembershipReply { msg_seq, period_id })));
+            }
+            Command::Leave { conv, uid, tx } => {
+                let Some(c) = st.convs.get(&conv).filter(|c| c.is_member(uid)) else {
+                    r.replies.push(reply_with(
+                        tx,
+                        Err(Error::NotFound(format!(
+                            "uid {uid} is not a member of conv {conv}"
+                        ))),
+                    ));
+                    return;
+                };
+                let msg_seq = c.head() + 1;
+                let period_id = c
+                    .members
+                    .get(&uid)
+                    .and_then(|p| p.last())
+                    .map_or(0, |p| p.period_id);
+                self.push_message(
+                    st,
+                    r,
+                    round_id,
+                    now,
+                    MessageKind::Leave,
+                    conv,
+                    uid,
+                    0,
+                    0,
+                    0,
+                    &empty_payload(),
+                    summary_for(MessageKind::Leave, &[], 0, uid),
+                    0,
+                );
+                r.replies
+                    .push(reply_with(tx, Ok(MembershipReply { msg_seq, period_id })));
+            }
+            Command::Send {
+                kind,
+                conv,
+                sender,
+                client_msg_id,
+                msg_type,
+                target,
+                payload,
+                summary,
+                tx,
+            } => {
+                let result = decide_send(st, now, kind, conv, sender, client_msg_id, target);
+                match result {
+                    Err(e) => r.replies.push(reply_with(tx, Err(e))),
+                    Ok(Decision::Duplicate(reply)) => r.replies.push(reply_with(tx, Ok(reply))),
+                    Ok(Decision::New { target_seq }) => {
+                        let (msg_id, msg_seq) = self.push_message(
+                            st,
+                            r,
+                            round_id,
+                            now,
+                            kind,
+                            conv,
+                            sender,
+                            client_msg_id,
+                            msg_type,
+                            target,
+                            &payload,
+                            summary,
+                            target_seq,
+                        );
+                        r.replies.push(reply_with(
+                            tx,
+                            Ok(SendReply {
+                                msg_id,
+                                msg_seq,
+                                duplicate: false,
+                            }),
+                        ));
+                    }
+                }
+            }
+            Command::Register { uid, device, tx } => {
+                let (effects, reply) =
+                    sync::decide_register(st, &self.shared.config, now, uid, device);
+                self.push_effects(st, r, round_id, effects);
+                r.replies.push(reply_with(tx, Ok(reply)));
+            }
+            Command::Revoke { uid, device, tx } => {
+                let result = sync::decide_revoke(st, uid, device).map(|(effects, reply)| {
+                    self.push_effects(st, r, round_id, effects);
+                    reply
+                });
+                r.replies.push(reply_with(tx, result));
+            }
+            Command::Sync { req, claims, tx } => {
+                let result = sync::decide_sync(st, &self.shared.config, now, &req, claims.as_ref());
+                match result {
+                    Err(e) => r.replies.push(reply_with(tx, Err(e))),
+                    Ok((effects, outcome)) => {
+                        self.push_effects(st, r, round_id, effects);
+                        match outcome {
+                            SyncOutcome::Reset(generation) => {
+                                r.replies
+                                    .push(reply_with(tx, Err(Error::ResetRequired { generation })));
+                            }
+                            SyncOutcome::Page(plan) => {
+                                let shared = Arc::clone(&self.shared);
+                                r.replies.push(Box::new(move |fail| {
+                                    let reply = match fail {
+                                        Some(f) => Reply::Done(Err(f.to_error())),
+                                        None => Reply::Later(Box::new(move || {
+                                            read::sync_page(&shared, &plan)
+                                        })),
+                                    };
+                                    let _ = tx.send(reply);
+                                }));
+                            }
+                        }
+                    }
+                }
+            }
+            Command::Ack { req, claims, tx } => {
+                let result = sync::decide_ack(st, now, &req, &claims).map(|(effects, reply)| {
+                    self.push_effects(st, r, round_id, effects);
+                    reply
+                });
+                r.replies.push(reply_with(tx, result));
+            }
+            Command::FinishLease {
+                uid,
+                device,
+                lease_id,
+                generation,
+                tx,
+            } => {
+                let result = sync::decide_finish_lease(st, now, uid, device, lease_id, generation)
+                    .map(|(effects, reply)| {
+                        self.push_effects(st, r, round_id, effects);
+                        reply
+                    });
+                r.replies.push(reply_with(tx, result));
+            }
+            Command::MarkRead {
+                uid,
+                conv,
+                read_to_seq,
+                tx,
+            } => {
+                let result = (|| {
+                    let c = st
+                        .convs
+                        .get(&conv)
+                        .ok_or_else(|| Error::NotFound(format!("conv {conv}")))?;
+                    let head = c.head();
+                    let uc = st
+                        .users
+                        .get(&uid)
+                        .and_then(|u| u.convs.get(&conv))
+                        .ok_or_else(|| {
+                            Error::Forbidden(format!("uid {uid} was never in conv {conv}"))
+                        })?;
+                    if read_to_seq > head {
+                        return Err(Error::BadRequest(format!(
+                            "read_to_seq {read_to_seq} is beyond conv {conv}'s head {head}"
+                        )));
+                    }
+                    Ok((uc.read_seq, uc.unread))
+                })();
+                match result {
+                    Err(e) => r.replies.push(reply_with(tx, Err(e))),
+                    Ok((read_seq, unread)) if read_to_seq <= read_seq => {
+                        r.replies
+                            .push(reply_with(tx, Ok(ReadReply { read_seq, unread })));
+                    }
+                    Ok(_) => {
+                        let effect = Effect::Read {
+                            uid,
+                            conv,
+                            read_seq: read_to_seq,
+                            at_ms: now,
+                        };
+                        self.push_effects(st, r, round_id, vec![effect]);
+                        let reply = st
+                            .users
+                            .get(&uid)
+                            .and_then(|u| u.convs.get(&conv))
+                            .map(|uc| ReadReply {
+                                read_seq: uc.read_seq,
+                                unread: uc.unread,
+                            })
+                            .ok_or_else(|| Error::Internal("conversation state vanished".into()));
+                        r.replies.push(reply_with(tx, reply));
+                    }
+                }
+            }
+            Command::Flags {
+                uid,
+                conv,
+                flags,
+                tx,
+            } => {
+                let uc = st.users.get(&uid).and_then(|u| u.convs.get(&conv));
+                match uc {
+                    None => r.replies.push(reply_with(
+                        tx,
+                        Err(Error::Forbidden(format!(
+                            "uid {uid} was never in conv {conv}"
+                        ))),
+                    )),
+                    Some(uc) if uc.muted == flags.muted && uc.pinned == flags.pinned => {
+                        r.replies.push(reply_with(tx, Ok(())));
+                    }
+                    Some(_) => {
+                        let effect = Effect::Flags {
+                            uid,
+                            conv,
+                            flags,
+                            at_ms: now,
+                        };
+                        self.push_effects(st, r, round_id, vec![effect]);
+                        r.replies.push(reply_with(tx, Ok(())));
+                    }
+                }
+            }
+            Command::Checkpoint { .. } | Command::Shutdown { .. } => {}
+        }
+    }
+
+    /// Allocates a message, applies its effect and queues its records.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one message's fields, kept flat for the hot path"
+    )]
+    fn push_message(
+        &self,
+        st: &mut State,
+        r: &mut RoundBuf,
+        round_id: u64,
+        now: TimestampMs,
+        kind: MessageKind,
+        conv: ConvId,
+        sender: Uid,
+        client_msg_id: ClientMsgId,
+        msg_type: MsgType,
+        target: MsgId,
+        payload: &StoredPayload,
+        summary: Bytes,
+        target_seq: MsgSeq,
+    ) -> (MsgId, MsgSeq) {
+        let msg_seq = st.convs.get(&conv).map_or(0, |c| c.head()) + 1;
+        let msg_id = st.next_msg_counter; // shard id 0 in the top bits (R3)
+        let header = MsgHeader {
+            kind,
+            msg_type,
+            conv,
+            msg_seq,
+            msg_id,
+            sender,
+            target,
+            sent_at_ms: now,
+        };
+        let record = encode_msg_record(&header, payload);
+        let effect = Effect::Msg(MsgEffect {
+            conv,
+            msg_seq,
+            msg_id,
+            sender,
+            kind,
+            msg_type,
+            target_seq,
+            at_ms: now,
+            msg_loc: PENDING_LOC,
+            client_msg_id,
+            summary,
+        });
+        let idx = r.effects.len();
+        self.push_effects(st, r, round_id, vec![effect]);
+        r.bytes += record.len() as u64;
+        r.msg_batch.push(MSG_RECORD, &record);
+        r.msg_targets.push((conv, msg_seq, idx));
+        (msg_id, msg_seq)
+    }
+
+    fn push_effects(&self, st: &mut State, r: &mut RoundBuf, round_id: u64, effects: Vec<Effect>) {
+        for effect in effects {
+            let idx = r.effects.len();
+            let mut touched = Touched::default();
+            if let Err(e) = st.apply(&effect, PENDING_LOC, round_id, &mut touched) {
+                // The decision was made on this very state, so this is a
+                // bug; stop writing rather than log something inconsistent.
+                self.shared
+                    .poison(format!("internal: decided effect does not apply: {}", e.0));
+            }
+            for (uid, seq) in touched.events {
+                r.event_patches.push((uid, seq, idx));
+                r.user_marks.insert(uid, seq);
+            }
+            if let Some((conv, seq)) = touched.conv {
+                r.conv_marks.insert(conv, seq);
+            }
+            r.effects.push(effect);
+        }
+    }
+
+    fn finish_round(&mut self, id: u64, mut r: RoundBuf) {
+        let outcome = match self.write_round(&mut r) {
+            Ok(Some(ticket)) => Outcome::Ticket(ticket),
+            Ok(None) => Outcome::Nothing,
+            Err(Fail::NoSpace(m)) => {
+                // Nothing of this round is durable: wait for the earlier
+                // rounds, then rebuild memory from disk so no trace of it
+                // stays behind.
+                self.shared.wait_settled(id - 1);
+                match recover::load_state(&self.shared.config, &self.shared.evt_log) {
+                    Ok(state) => *self.shared.state.write() = state,
+                    Err(e) => self
+                        .shared
+                        .poison(format!("reload after ENOSPC failed: {e}")),
+                }
+                Outcome::Failed(Fail::NoSpace(m))
+            }
+            Err(f @ Fail::Poisoned(_)) => {
+                if let Fail::Poisoned(m) = &f {
+                    self.shared.poison(m.clone());
+                }
+                Outcome::Failed(f)
+            }
+        };
+        self.bytes_since_checkpoint += r.bytes;
+        let _ = self.done.send(RoundDone {
+            id,
+            outcome,
+            replies: std::mem::take(&mut r.replies),
+            user_marks: std::mem::take(&mut r.user_marks),
+            conv_marks: std::mem::take(&mut r.conv_marks),
+        });
+    }
+
+    /// Writes the round: messages first (durable), then effects (submitted).
+    fn write_round(&self, r: &mut RoundBuf) -> std::result::Result<Option<AppendTicket>, Fail> {
+        if let Some(m) = self.shared.poisoned() {
+            return Err(Fail::Poisoned(m));
+        }
+        if !r.msg_batch.is_empty() {
+            let ticket = self
+                .shared
+                .msg_log
+                .submit(std::mem::take(&mut r.msg_batch))
+                .map_err(|e| Fail::from_log(&e))?;
+            {
+                let mut st = self.shared.state.write();
+                for (i, &(conv, seq, idx)) in r.msg_targets.iter().enumerate() {
+                    let loc = ticket.locs.get(i).map_or(PENDING_LOC, |l| pack(*l));
+                    st.patch_msg(conv, seq, loc);
+                    if let Some(Effect::Msg(m)) = r.effects.get_mut(idx) {
+                        m.msg_loc = loc;
+                    }
+                }
+            }
+            // An evt record must never point at a message that could vanish.
+            ticket.wait().map_err(|e| Fail::Poisoned(e.to_string()))?;
+        }
+        if r.effects.is_empty() {
+            return Ok(None);
+        }
+        let mut batch = Batch::new();
+        for e in &r.effects {
+            let bytes = e.encode();
+            r.bytes += bytes.len() as u64;
+            batch.push(e.record_kind(), &bytes);
+        }
+        let ticket = self
+            .shared
+            .evt_log
+            .submit(batch)
+            .map_err(|e| Fail::from_log(&e))?;
+        {
+            let mut st = self.shared.state.write();
+            for &(uid, seq, idx) in &r.event_patches {
+                let loc = ticket.locs.get(idx).map_or(PENDING_LOC, |l| pack(*l));
+                st.patch_event(uid, seq, loc);
+            }
+            st.evt_lsn = ticket.lsn;
+        }
+        Ok(Some(ticket))
+    }
+}
+
+fn empty_payload() -> StoredPayload {
+    StoredPayload {
+        compressed: false,
+        raw_len: 0,
+        bytes: Bytes::new(),
+    }
+}
+
+enum Decision {
+    Duplicate(SendReply),
+    New { target_seq: MsgSeq },
+}
+
+fn decide_send(
+    st: &State,
+    now: TimestampMs,
+    kind: MessageKind,
+    conv: ConvId,
+    sender: Uid,
+    client_msg_id: ClientMsgId,
+    target: MsgId,
+) -> Result<Decision> {
+    if let Some(e) = st.idem_lookup(sender, client_msg_id, now) {
+        if e.conv != conv {
+            return Err(Error::Conflict(format!(
+                "client_msg_id was already used by uid {sender} in conv {}",
+                e.conv
+            )));
+        }
+        return Ok(Decision::Duplicate(SendReply {
+            msg_id: e.msg_id,
+            msg_seq: e.msg_seq,
+            duplicate: true,
+        }));
+    }
+    let c = st
+        .convs
+        .get(&conv)
+        .ok_or_else(|| Error::NotFound(format!("conv {conv}")))?;
+    if !c.is_member(sender) {
+        return Err(Error::Forbidden(format!(
+            "uid {sender} is not a member of conv {conv}"
+        )));
+    }
+    if kind == MessageKind::Normal {
+        return Ok(Decision::New { target_seq: 0 });
+    }
+    let target_seq = c
+        .seq_of(target)
+        .ok_or_else(|| Error::NotFound(format!("message {target} in conv {conv}")))?;
+    let meta = c
+        .meta(target_seq)
+        .ok_or_else(|| Error::Internal("message index out of step".into()))?;
+    if !matches!(meta.kind, MessageKind::Normal | MessageKind::Edit) {
+        return Err(Error::BadRequest(format!(
+            "message {target} is a control message"
+        )));
+    }
+    if meta.sender != sender {
+        return Err(Error::Forbidden(format!(
+            "only the sender of message {target} may change it"
+        )));
+    }
+    if meta.flags & super::state::FLAG_RECALLED != 0 {
+        return Err(Error::Conflict(format!(
+            "message {target} is already recalled"
+        )));
+    }
+    Ok(Decision::New { target_seq })
+}
+
+/// Answers a command with a failure without running it.
+fn fail_command(cmd: Command, fail: &Fail) {
+    fn e<T>(tx: Tx<T>, fail: &Fail) {
+        let _ = tx.send(Reply::Done(Err(fail.to_error())));
+    }
+    match cmd {
+        Command::Join { tx, .. } | Command::Leave { tx, .. } => e(tx, fail),
+        Command::Send { tx, .. } => e(tx, fail),
+        Command::Register { tx, .. } => e(tx, fail),
+        Command::Revoke { tx, .. } | Command::FinishLease { tx, .. } => e(tx, fail),
+        Command::Sync { tx, .. } => e(tx, fail),
+        Command::Ack { tx, .. } => e(tx, fail),
+        Command::MarkRead { tx, .. } => e(tx, fail),
+        Command::Flags { tx, .. } => e(tx, fail),
+        Command::Checkpoint { tx } | Command::Shutdown { tx } => {
+            drop(tx.send(Err(fail.to_error())))
+        }
+    }
+}
+
+/// The completion stage: finishes rounds in order (see the module doc).
+pub(crate) fn run_completion(shared: Arc<Shared>, rx: mpsc::Receiver<RoundDone>) {
+    let mut poisoned: Option<Fail> = None;
+    while let Ok(done) = rx.recv() {
+        let result: std::result::Result<(), Fail> = match (&poisoned, done.outcome) {
+            (Some(f), _) => Err(f.clone()),
+            (None, Outcome::Ticket(t)) => t
+                .wait()
+                .map(|_| ())
+                .map_err(|e| Fail::Poisoned(e.to_string())),
+            (None, Outcome::Nothing) => Ok(()),
+            (None, Outcome::Failed(f)) => Err(f),
+        };
+        let mut hints = Vec::new();
+        match &result {
+            Ok(()) => {
+                let mut st = shared.state.write();
+                for (&uid, &seq) in &done.user_marks {
+                    if let Some(u) = st.users.get_mut(&uid) {
+                        u.committed_seq = u.committed_seq.max(seq);
+                        hints.push(super::Hint {
+                            uid,
+                            committed_sync_seq: u.committed_seq,
+                        });
+                    }
+                }
+                for (&conv, &seq) in &done.conv_marks {
+                    if let Some(c) = st.convs.get_mut(&conv) {
+                        c.committed_seq = c.committed_seq.max(seq);
+                    }
+                }
+            }
+            Err(f @ Fail::Poisoned(m)) => {
+                shared.poison(m.clone());
+                poisoned = Some(f.clone());
+            }
+            Err(Fail::NoSpace(_)) => {}
+        }
+        shared
+            .rounds_written
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared.settle(done.id);
+        // Hints go out before the replies, so a writer that got its reply
+        // knows its readers' subscribers have been told.
+        if !hints.is_empty() {
+            // No receiver is fine: hints are best effort (R16).
+            let _ = shared.hints.send(hints);
+        }
+        let fail = result.err();
+        for reply in done.replies {
+            reply(fail.as_ref());
+        }
+    }
+}

@@ -1,0 +1,523 @@
+//! The inbox's in-memory tables and the one function that changes them,
+//! [`State::apply`].
+//!
+//! Invariants:
+//! - `apply` is a pure function of (state, effect, record location): the
+//!   sequencer calls it live and recovery calls it on replay, so both build
+//!   the same state. It never reads the clock or the configuration (the
+//!   idempotency TTL is part of the state).
+//! - Every iteration whose order matters goes over ordered maps.
+//! - `Conv::msgs[seq - 1]` is the message at `msg_seq = seq` (contiguous,
+//!   R1); `User::events[seq - events_base - 1]` is the user's event at
+//!   `sync_seq = seq` (contiguous, R2).
+//! - Membership periods of one user in one conversation never overlap and
+//!   are ordered; a period covers `join_seq..=leave_seq` (R5).
+//! - `unread` of `(uid, conv)` is the number of messages that are of kind
+//!   normal, not recalled, not sent by `uid`, inside one of `uid`'s periods,
+//!   and above `read_seq` (R14).
+//! - `stamp` fields (the sequencer round of the last change) and the
+//!   committed watermarks are not state proper: readers use them to avoid
+//!   revealing changes that are not durable yet.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use bytes::Bytes;
+
+use super::command::{DeviceRow, Effect, MsgEffect, PackedLoc};
+use crate::api::*;
+
+pub(crate) const OPEN: MsgSeq = u64::MAX;
+pub(crate) const FLAG_RECALLED: u8 = 1;
+pub(crate) const FLAG_EDITED: u8 = 2;
+
+/// Per-message index entry: where the record is and what the state
+/// machine needs without reading it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MsgMeta {
+    pub loc: PackedLoc,
+    pub msg_id: MsgId,
+    pub sender: Uid,
+    pub kind: MessageKind,
+    /// [`FLAG_RECALLED`] / [`FLAG_EDITED`]: either makes it a tombstone.
+    pub flags: u8,
+}
+
+impl MsgMeta {
+    pub fn tombstone(&self) -> bool {
+        self.flags != 0
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Period {
+    pub period_id: u32,
+    pub join_seq: MsgSeq,
+    /// [`OPEN`] while a member.
+    pub leave_seq: MsgSeq,
+}
+
+impl Period {
+    pub fn covers(&self, seq: MsgSeq) -> bool {
+        self.join_seq <= seq && seq <= self.leave_seq
+    }
+}
+
+#[derive(Default, Debug, PartialEq, Eq)]
+pub(crate) struct Conv {
+    pub msgs: Vec<MsgMeta>,
+    pub members: BTreeMap<Uid, Vec<Period>>,
+    /// Highest durable `msg_seq` (not state: maintained by the completion
+    /// stage).
+    pub committed_seq: MsgSeq,
+}
+
+impl Conv {
+    pub fn head(&self) -> MsgSeq {
+        self.msgs.len() as MsgSeq
+    }
+    pub fn is_member(&self, uid: Uid) -> bool {
+        self.members
+            .get(&uid)
+            .and_then(|p| p.last())
+            .is_some_and(|p| p.leave_seq == OPEN)
+    }
+    /// Members whose period covers `seq`, in uid order (R5).
+    pub fn members_at(&self, seq: MsgSeq) -> Vec<Uid> {
+        self.members
+            .iter()
+            .filter(|(_, ps)| ps.iter().any(|p| p.covers(seq)))
+            .map(|(uid, _)| *uid)
+            .collect()
+    }
+    /// Looks a message up by id: ids grow with seq inside a conversation.
+    pub fn seq_of(&self, msg_id: MsgId) -> Option<MsgSeq> {
+        let i = self.msgs.binary_search_by_key(&msg_id, |m| m.msg_id).ok()?;
+        Some(i as MsgSeq + 1)
+    }
+    pub fn meta(&self, seq: MsgSeq) -> Option<&MsgMeta> {
+        if seq == 0 {
+            return None;
+        }
+        self.msgs.get(usize::try_from(seq - 1).ok()?)
+    }
+}
+
+/// Ordering key of a user's conversation list: last activity, then the
+/// last message's id (global and increasing) to break ties, then conv.
+pub(crate) type ActivityKey = (TimestampMs, MsgId, ConvId);
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct UserConv {
+    pub read_seq: MsgSeq,
+    pub unread: u32,
+    pub last_msg_seq: MsgSeq,
+    pub last_msg_id: MsgId,
+    pub last_sender: Uid,
+    pub last_summary: Bytes,
+    pub last_activity_ms: TimestampMs,
+    pub muted: bool,
+    pub pinned: bool,
+    pub stamp: u64,
+}
+
+impl UserConv {
+    pub fn key(&self, conv: ConvId) -> ActivityKey {
+        (self.last_activity_ms, self.last_msg_id, conv)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Device {
+    pub row: DeviceRow,
+    pub stamp: u64,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct User {
+    /// `sync_seq` just below the first retained event.
+    pub events_base: SyncSeq,
+    pub events: Vec<PackedLoc>,
+    /// Highest durable `sync_seq` (not state: completion stage).
+    pub committed_seq: SyncSeq,
+    /// Registered devices, revoked ones included, in registration order.
+    pub devices: Vec<Device>,
+    pub convs: HashMap<ConvId, UserConv>,
+    pub order: BTreeSet<ActivityKey>,
+    pub next_lease_id: u64,
+}
+
+impl User {
+    pub fn head(&self) -> SyncSeq {
+        self.events_base + self.events.len() as SyncSeq
+    }
+    pub fn device(&self, id: DeviceId) -> Option<&Device> {
+        self.devices.iter().find(|d| d.row.device == id)
+    }
+    fn push_event(&mut self, loc: PackedLoc) -> SyncSeq {
+        self.events.push(loc);
+        self.head()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IdemEntry {
+    pub conv: ConvId,
+    pub msg_id: MsgId,
+    pub msg_seq: MsgSeq,
+    pub at_ms: TimestampMs,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct State {
+    pub convs: HashMap<ConvId, Conv>,
+    pub users: HashMap<Uid, User>,
+    pub idem: HashMap<(Uid, ClientMsgId), IdemEntry>,
+    /// Idempotency keys in insertion order, for expiry.
+    pub idem_order: VecDeque<(TimestampMs, Uid, ClientMsgId)>,
+    pub idem_ttl_ms: u64,
+    /// Next msg_id counter value (the low bits of a msg_id).
+    pub next_msg_counter: u64,
+    /// LSN of the last `evt` batch applied.
+    pub evt_lsn: u64,
+}
+
+/// What an `apply` touched: the sequencer uses it to patch record
+/// locations and to advance committed watermarks once durable.
+#[derive(Default)]
+pub(crate) struct Touched {
+    pub events: Vec<(Uid, SyncSeq)>,
+    pub conv: Option<(ConvId, MsgSeq)>,
+}
+
+/// The counter part of a msg_id (below the shard bits, R3).
+pub(crate) fn msg_counter(msg_id: MsgId) -> u64 {
+    msg_id & ((1u64 << (64 - MSG_ID_SHARD_BITS)) - 1)
+}
+
+#[derive(Debug)]
+pub(crate) struct ApplyError(pub String);
+
+impl State {
+    pub fn new(idem_ttl_ms: u64) -> Self {
+        Self {
+            convs: HashMap::new(),
+            users: HashMap::new(),
+            idem: HashMap::new(),
+            idem_order: VecDeque::new(),
+            idem_ttl_ms,
+            next_msg_counter: 1,
+            evt_lsn: 0,
+        }
+    }
+
+    /// Applies one effect. `evt_loc` is the location of the effect's own
+    /// record (or [`super::command::PENDING_LOC`] while it is not known),
+    /// `stamp` the round that made the change.
+    pub fn apply(
+        &mut self,
+        effect: &Effect,
+        evt_loc: PackedLoc,
+        stamp: u64,
+        touched: &mut Touched,
+    ) -> Result<(), ApplyError> {
+        match effect {
+            Effect::Msg(m) => self.apply_msg(m, evt_loc, stamp, touched),
+            Effect::Read {
+                uid,
+                conv,
+                read_seq,
+                ..
+            } => {
+                let countable = self.countable_between(*uid, *conv, *read_seq);
+                let user = self
+                    .users
+                    .get_mut(uid)
+                    .ok_or_else(|| ApplyError(format!("read by unknown user {uid}")))?;
+                let uc = user.convs.get_mut(conv).ok_or_else(|| {
+                    ApplyError(format!("read of conv {conv} by non-member {uid}"))
+                })?;
+                if *read_seq > uc.read_seq {
+                    uc.unread = uc.unread.saturating_sub(countable);
+                    uc.read_seq = *read_seq;
+                }
+                uc.stamp = stamp;
+                let seq = user.push_event(evt_loc);
+                touched.events.push((*uid, seq));
+                Ok(())
+            }
+            Effect::Flags {
+                uid, conv, flags, ..
+            } => {
+                let user = self
+                    .users
+                    .get_mut(uid)
+                    .ok_or_else(|| ApplyError(format!("flags by unknown user {uid}")))?;
+                let uc = user.convs.get_mut(conv).ok_or_else(|| {
+                    ApplyError(format!("flags of conv {conv} by non-member {uid}"))
+                })?;
+                uc.muted = flags.muted;
+                uc.pinned = flags.pinned;
+                uc.stamp = stamp;
+                let seq = user.push_event(evt_loc);
+                touched.events.push((*uid, seq));
+                Ok(())
+            }
+            Effect::Device { uid, row } => {
+                let user = self.users.entry(*uid).or_default();
+                if let Some(lease) = &row.lease {
+                    user.next_lease_id = user.next_lease_id.max(lease.lease_id + 1);
+                }
+                match user.devices.iter_mut().find(|d| d.row.device == row.device) {
+                    Some(d) => {
+                        d.row = *row;
+                        d.stamp = stamp;
+                    }
+                    None => user.devices.push(Device { row: *row, stamp }),
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Messages in `(uid's read_seq, up_to]` of `conv` that count as unread
+    /// for `uid`.
+    fn countable_between(&self, uid: Uid, conv: ConvId, up_to: MsgSeq) -> u32 {
+        let (Some(c), Some(user)) = (self.convs.get(&conv), self.users.get(&uid)) else {
+            return 0;
+        };
+        let Some(uc) = user.convs.get(&conv) else {
+            return 0;
+        };
+        let Some(periods) = c.members.get(&uid) else {
+            return 0;
+        };
+        let mut n = 0u32;
+        for p in periods {
+            let lo = p.join_seq.max(uc.read_seq + 1);
+            let hi = p.leave_seq.min(up_to).min(c.head());
+            for seq in lo..=hi {
+                if let Some(m) = c.meta(seq) {
+                    if m.kind == MessageKind::Normal
+                        && m.flags & FLAG_RECALLED == 0
+                        && m.sender != uid
+                    {
+                        n = n.saturating_add(1);
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    fn apply_msg(
+        &mut self,
+        m: &MsgEffect,
+        evt_loc: PackedLoc,
+        stamp: u64,
+        touched: &mut Touched,
+    ) -> Result<(), ApplyError> {
+        let conv = self.convs.entry(m.conv).or_default();
+        if m.msg_seq != conv.head() + 1 {
+            return Err(ApplyError(format!(
+                "conv {} message seq {} does not follow head {}",
+                m.conv,
+                m.msg_seq,
+                conv.head()
+            )));
+        }
+        conv.msgs.push(MsgMeta {
+            loc: m.msg_loc,
+            msg_id: m.msg_id,
+            sender: m.sender,
+            kind: m.kind,
+            flags: 0,
+        });
+        self.next_msg_counter = self.next_msg_counter.max(msg_counter(m.msg_id) + 1);
+        match m.kind {
+            MessageKind::Join => {
+                let periods = conv.members.entry(m.sender).or_default();
+                if periods.last().is_some_and(|p| p.leave_seq == OPEN) {
+                    return Err(ApplyError(format!(
+                        "uid {} joins conv {} twice",
+                        m.sender, m.conv
+                    )));
+                }
+                let period_id = u32::try_from(periods.len()).unwrap_or(u32::MAX);
+                periods.push(Period {
+                    period_id,
+                    join_seq: m.msg_seq,
+                    leave_seq: OPEN,
+                });
+            }
+            MessageKind::Recall | MessageKind::Edit => {
+                let target_seq = m.target_seq;
+                let Some(target) = conv.meta(target_seq).copied() else {
+                    return Err(ApplyError(format!(
+                        "recall/edit of missing seq {target_seq}"
+                    )));
+                };
+                if m.kind == MessageKind::Recall
+                    && target.kind == MessageKind::Normal
+                    && target.flags & FLAG_RECALLED == 0
+                {
+                    // The recalled message stops counting as unread for
+                    // everyone who received it and has not read it.
+                    for uid in conv.members_at(target_seq) {
+                        if uid == target.sender {
+                            continue;
+                        }
+                        if let Some(uc) = self
+                            .users
+                            .get_mut(&uid)
+                            .and_then(|u| u.convs.get_mut(&m.conv))
+                        {
+                            if uc.read_seq < target_seq {
+                                uc.unread = uc.unread.saturating_sub(1);
+                                uc.stamp = stamp;
+                            }
+                        }
+                    }
+                }
+                let flag = if m.kind == MessageKind::Recall {
+                    FLAG_RECALLED
+                } else {
+                    FLAG_EDITED
+                };
+                let conv = self
+                    .convs
+                    .get_mut(&m.conv)
+                    .ok_or_else(|| ApplyError("conv vanished".into()))?;
+                if let Some(meta) = conv.msgs.get_mut((target_seq - 1) as usize) {
+                    meta.flags |= flag;
+                }
+            }
+            MessageKind::Normal | MessageKind::Leave => {}
+        }
+        let conv = self
+            .convs
+            .get_mut(&m.conv)
+            .ok_or_else(|| ApplyError("conv vanished".into()))?;
+        let recipients = conv.members_at(m.msg_seq);
+        if m.kind == MessageKind::Leave {
+            let closed = conv
+                .members
+                .get_mut(&m.sender)
+                .and_then(|ps| ps.last_mut())
+                .filter(|p| p.leave_seq == OPEN)
+                .map(|p| p.leave_seq = m.msg_seq);
+            if closed.is_none() {
+                return Err(ApplyError(format!(
+                    "uid {} leaves conv {} without being in it",
+                    m.sender, m.conv
+                )));
+            }
+        }
+        for uid in recipients {
+            let user = self.users.entry(uid).or_default();
+            let seq = user.push_event(evt_loc);
+            touched.events.push((uid, seq));
+            let uc = user.convs.entry(m.conv).or_default();
+            let old_key = uc.key(m.conv);
+            uc.last_msg_seq = m.msg_seq;
+            uc.last_msg_id = m.msg_id;
+            uc.last_sender = m.sender;
+            uc.last_summary = m.summary.clone();
+            uc.last_activity_ms = m.at_ms;
+            if m.kind == MessageKind::Normal && m.sender != uid {
+                uc.unread = uc.unread.saturating_add(1);
+            }
+            uc.stamp = stamp;
+            let new_key = uc.key(m.conv);
+            user.order.remove(&old_key);
+            user.order.insert(new_key);
+        }
+        touched.conv = Some((m.conv, m.msg_seq));
+        if m.kind != MessageKind::Join && m.kind != MessageKind::Leave {
+            self.remember_idem(m);
+        }
+        Ok(())
+    }
+
+    fn remember_idem(&mut self, m: &MsgEffect) {
+        // Expire keys older than the TTL, judged by the stamped time of the
+        // message being applied, so replay expires exactly the same keys.
+        let horizon = m.at_ms.saturating_sub(self.idem_ttl_ms);
+        while let Some(&(at, uid, cmid)) = self.idem_order.front() {
+            if at >= horizon {
+                break;
+            }
+            self.idem_order.pop_front();
+            if self.idem.get(&(uid, cmid)).is_some_and(|e| e.at_ms == at) {
+                self.idem.remove(&(uid, cmid));
+            }
+        }
+        self.idem.insert(
+            (m.sender, m.client_msg_id),
+            IdemEntry {
+                conv: m.conv,
+                msg_id: m.msg_id,
+                msg_seq: m.msg_seq,
+                at_ms: m.at_ms,
+            },
+        );
+        self.idem_order
+            .push_back((m.at_ms, m.sender, m.client_msg_id));
+    }
+
+    /// The live idempotency entry for a key at time `now`.
+    pub fn idem_lookup(
+        &self,
+        sender: Uid,
+        cmid: ClientMsgId,
+        now: TimestampMs,
+    ) -> Option<IdemEntry> {
+        self.idem
+            .get(&(sender, cmid))
+            .filter(|e| e.at_ms >= now.saturating_sub(self.idem_ttl_ms))
+            .copied()
+    }
+
+    /// Patches the location of an event whose record was just submitted.
+    pub fn patch_event(&mut self, uid: Uid, seq: SyncSeq, loc: PackedLoc) {
+        if let Some(user) = self.users.get_mut(&uid) {
+            if seq > user.events_base {
+                if let Some(slot) = user.events.get_mut((seq - user.events_base - 1) as usize) {
+                    *slot = loc;
+                }
+            }
+        }
+    }
+
+    /// Patches the location of a message whose record was just submitted.
+    pub fn patch_msg(&mut self, conv: ConvId, seq: MsgSeq, loc: PackedLoc) {
+        if let Some(meta) = self
+            .convs
+            .get_mut(&conv)
+            .and_then(|c| c.msgs.get_mut(seq.wrapping_sub(1) as usize))
+        {
+            meta.loc = loc;
+        }
+    }
+
+    /// Marks everything as durable: used after recovery.
+    pub fn commit_all(&mut self) {
+        for c in self.convs.values_mut() {
+            c.committed_seq = c.head();
+        }
+        for u in self.users.values_mut() {
+            u.committed_seq = u.head();
+        }
+    }
+
+    /// Bytes held by the event and message indexes (the packed location
+    /// vectors and message metadata), for stats and BENCHMARKS.md.
+    pub fn index_bytes(&self) -> (u64, u64) {
+        let events: usize = self.users.values().map(|u| u.events.capacity() * 8).sum();
+        let msgs: usize = self
+            .convs
+            .values()
+            .map(|c| c.msgs.capacity() * std::mem::size_of::<MsgMeta>())
+            .sum();
+        (events as u64, msgs as u64)
+    }
+}

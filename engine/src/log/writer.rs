@@ -1,0 +1,304 @@
+//! The group-commit writer thread.
+//!
+//! Appenders queue encoded batches (in LSN order, under the submit mutex);
+//! this thread takes everything queued at once, writes each run of
+//! contiguous batches with one write, makes it durable with one fdatasync
+//! (per the sync policy), publishes the new durable length and LSN, and
+//! wakes every waiter. While it syncs, new batches pile up in the queue and
+//! go out together in the next round: that is the group commit.
+//!
+//! Invariants:
+//! - batches become durable in LSN order; `durable_lsn` only grows;
+//! - a segment is synced in full before the next segment's file gets its
+//!   final name, so only the last segment can ever have a torn tail;
+//! - after any write or sync error the log is poisoned: nothing queued or
+//!   submitted later is written or reported durable.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::format::SEGMENT_HEADER_LEN;
+use super::segment::Segment;
+use super::{LogError, Lsn, Shared, SyncPolicy};
+
+/// Work for the writer, in submission order.
+pub(crate) enum Item {
+    Batch {
+        seg: Arc<Segment>,
+        offset: u64,
+        lsn: Lsn,
+        bytes: Vec<u8>,
+    },
+    /// Seal `old` (if any) and bring `new` into being under its final name.
+    Roll {
+        old: Option<Arc<Segment>>,
+        new: Arc<Segment>,
+        tmp: std::path::PathBuf,
+        header: [u8; SEGMENT_HEADER_LEN],
+    },
+    /// Write and fdatasync everything before it, whatever the policy.
+    Flush(std::sync::mpsc::Sender<Result<(), LogError>>),
+}
+
+/// A run of contiguous batches in one segment, gathered into one buffer.
+struct Run {
+    seg: Option<Arc<Segment>>,
+    start: u64,
+    last_lsn: Lsn,
+    buf: Vec<u8>,
+}
+
+struct Writer {
+    shared: Arc<Shared>,
+    run: Run,
+    /// Segment written since its last fdatasync (Interval / None).
+    unsynced: Option<Arc<Segment>>,
+    last_sync: Instant,
+}
+
+pub(crate) fn run(shared: Arc<Shared>) {
+    let mut w = Writer {
+        shared,
+        run: Run {
+            seg: None,
+            start: 0,
+            last_lsn: 0,
+            buf: Vec::new(),
+        },
+        unsynced: None,
+        last_sync: Instant::now(),
+    };
+    // A panic here must not leave waiters blocked forever.
+    let guard = PoisonOnUnwind(Arc::clone(&w.shared));
+    w.main_loop();
+    std::mem::drop(guard);
+}
+
+struct PoisonOnUnwind(Arc<Shared>);
+
+impl Drop for PoisonOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.poison("the log writer thread panicked".into());
+        }
+    }
+}
+
+impl Writer {
+    fn main_loop(&mut self) {
+        let interval = match self.shared.sync {
+            SyncPolicy::Interval(d) => Some(d),
+            _ => None,
+        };
+        loop {
+            let (items, shutdown, want_spare) = {
+                let mut st = self.shared.state.lock();
+                loop {
+                    if !st.queue.is_empty() || st.shutdown || st.spare_wanted {
+                        break;
+                    }
+                    match (interval, &self.unsynced) {
+                        (Some(d), Some(_)) => {
+                            let due = self.last_sync + d;
+                            let now = Instant::now();
+                            if now >= due {
+                                break;
+                            }
+                            self.shared.work.wait_for(&mut st, due - now);
+                        }
+                        _ => self.shared.work.wait(&mut st),
+                    }
+                }
+                let want_spare = std::mem::take(&mut st.spare_wanted);
+                (std::mem::take(&mut st.queue), st.shutdown, want_spare)
+            };
+            self.process(items);
+            if let Some(d) = interval {
+                if self.unsynced.is_some() && self.last_sync.elapsed() >= d {
+                    self.sync_unsynced();
+                }
+            }
+            if want_spare {
+                self.shared.preallocate_spare_in_background();
+            }
+            if shutdown && self.shared.state.lock().queue.is_empty() {
+                self.sync_unsynced();
+                return;
+            }
+        }
+    }
+
+    fn poisoned(&self) -> bool {
+        self.shared.is_poisoned()
+    }
+
+    fn process(&mut self, items: Vec<Item>) {
+        for item in items {
+            if self.poisoned() {
+                if let Item::Flush(tx) = item {
+                    let _ = tx.send(Err(self.shared.poison_error()));
+                }
+                continue;
+            }
+            match item {
+                Item::Batch {
+                    seg,
+                    offset,
+                    lsn,
+                    bytes,
+                } => {
+                    let same = self.run.seg.as_ref().is_some_and(|s| Arc::ptr_eq(s, &seg))
+                        && self.run.start + self.run.buf.len() as u64 == offset;
+                    if !same {
+                        // Cannot happen (offsets are handed out contiguously
+                        // and a roll ends a run), but writing what we have
+                        // first keeps the order safe anyway.
+                        self.write_run(true);
+                        self.run.seg = Some(seg);
+                        self.run.start = offset;
+                    }
+                    self.run.buf.extend_from_slice(&bytes);
+                    self.run.last_lsn = lsn;
+                }
+                Item::Roll {
+                    old,
+                    new,
+                    tmp,
+                    header,
+                } => {
+                    self.write_run(true);
+                    if let Some(old) = &old {
+                        if self.unsynced.as_ref().is_some_and(|s| Arc::ptr_eq(s, old)) {
+                            self.sync_unsynced();
+                        }
+                    }
+                    if self.poisoned() {
+                        continue;
+                    }
+                    if let Err(e) = self.roll(old.as_deref(), &new, &tmp, &header) {
+                        self.shared
+                            .poison(format!("creating segment {}: {e}", new.id));
+                    }
+                }
+                Item::Flush(tx) => {
+                    self.write_run(true);
+                    self.sync_unsynced();
+                    let r = if self.poisoned() {
+                        Err(self.shared.poison_error())
+                    } else {
+                        Ok(())
+                    };
+                    let _ = tx.send(r);
+                }
+            }
+        }
+        let sync = matches!(self.shared.sync, SyncPolicy::Always);
+        self.write_run(sync);
+    }
+
+    fn roll(
+        &mut self,
+        old: Option<&Segment>,
+        new: &Arc<Segment>,
+        tmp: &std::path::Path,
+        header: &[u8],
+    ) -> std::io::Result<()> {
+        let io = &self.shared.io;
+        if let Some(old) = old {
+            old.seal();
+        }
+        io.write_at(&new.file, 0, header, true)?;
+        io.rename(tmp, &new.path)?;
+        io.sync_dir(&self.shared.dir)?;
+        self.shared.segments.write().insert(new.id, Arc::clone(new));
+        tracing::debug!(
+            segment = new.id,
+            first_lsn = new.first_lsn,
+            "segment created"
+        );
+        Ok(())
+    }
+
+    /// Writes the gathered run (with an fdatasync when `sync`), then
+    /// publishes it as durable (under `Interval`/`None`, written counts).
+    /// Rolls and flushes sync whatever the policy, so a segment is always
+    /// complete on disk before the next one exists.
+    fn write_run(&mut self, sync: bool) {
+        let Some(seg) = self.run.seg.clone() else {
+            return;
+        };
+        if self.run.buf.is_empty() {
+            return;
+        }
+        if self.poisoned() {
+            self.run.buf.clear();
+            return;
+        }
+        let do_sync = sync;
+        let start = self.run.start;
+        let end = start + self.run.buf.len() as u64;
+        assert_eq!(
+            start,
+            seg.durable_len(),
+            "runs must extend the durable data"
+        );
+        let t = Instant::now();
+        let res = self
+            .shared
+            .io
+            .write_at(&seg.file, start, &self.run.buf, do_sync);
+        self.run.buf.clear();
+        self.run.start = end;
+        if let Err(e) = res {
+            let what = if do_sync { "write+fdatasync" } else { "write" };
+            self.shared.poison(format!(
+                "{what} of segment {} at offset {start} failed: {e}",
+                seg.id
+            ));
+            return;
+        }
+        if do_sync {
+            self.last_sync = Instant::now();
+            if self.unsynced.as_ref().is_some_and(|s| Arc::ptr_eq(s, &seg)) {
+                self.unsynced = None;
+            }
+        } else {
+            self.unsynced = Some(Arc::clone(&seg));
+        }
+        self.shared.stats.record_commit(end - start, t.elapsed());
+        seg.set_durable(end, self.run.last_lsn);
+        self.shared.publish_durable(self.run.last_lsn);
+    }
+
+    fn sync_unsynced(&mut self) {
+        let Some(seg) = self.unsynced.take() else {
+            return;
+        };
+        if self.poisoned() {
+            return;
+        }
+        if let Err(e) = self.shared.io.sync_data(&seg.file) {
+            self.shared
+                .poison(format!("fdatasync of segment {} failed: {e}", seg.id));
+        }
+        self.last_sync = Instant::now();
+    }
+}
+
+/// Running counters of the writer, for metrics.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub commits: std::sync::atomic::AtomicU64,
+    pub bytes: std::sync::atomic::AtomicU64,
+    pub commit_ns: std::sync::atomic::AtomicU64,
+}
+
+impl Stats {
+    fn record_commit(&self, bytes: u64, took: Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.commits.fetch_add(1, Relaxed);
+        self.bytes.fetch_add(bytes, Relaxed);
+        self.commit_ns
+            .fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+}

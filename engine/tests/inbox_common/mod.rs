@@ -1,0 +1,181 @@
+//! Helpers shared by the inbox integration tests: a temp data dir, a
+//! manual clock, and short-hands for the common calls.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use inbox_engine::inbox::ManualClock;
+use inbox_engine::log::SyncPolicy;
+use inbox_engine::*;
+
+pub const T0: u64 = 1_700_000_000_000;
+
+pub struct Harness {
+    pub dir: tempfile::TempDir,
+    pub clock: Arc<ManualClock>,
+    pub inbox: Option<Inbox>,
+}
+
+pub fn config(dir: &std::path::Path, clock: &Arc<ManualClock>) -> InboxConfig {
+    let mut c = InboxConfig::new(dir);
+    c.sync = SyncPolicy::None;
+    c.segment_bytes = 1 << 20;
+    c.token_key = [42; 32];
+    c.clock = clock.clone();
+    c
+}
+
+impl Harness {
+    pub fn new() -> Self {
+        Self::with(|_| {})
+    }
+
+    pub fn with(tune: impl Fn(&mut InboxConfig)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(T0));
+        let mut c = config(dir.path(), &clock);
+        tune(&mut c);
+        let inbox = Inbox::open(c).unwrap();
+        Self {
+            dir,
+            clock,
+            inbox: Some(inbox),
+        }
+    }
+
+    pub fn ib(&self) -> &Inbox {
+        self.inbox.as_ref().unwrap()
+    }
+
+    /// Shuts down (writing a checkpoint when `checkpoint`), or just drops
+    /// the engine without one, then opens the same dir again.
+    pub fn restart(&mut self, tune: impl Fn(&mut InboxConfig)) {
+        let old = self.inbox.take().unwrap();
+        drop(old);
+        let mut c = config(self.dir.path(), &self.clock);
+        tune(&mut c);
+        self.inbox = Some(Inbox::open(c).unwrap());
+    }
+
+    pub fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+    }
+
+    pub fn join(&self, conv: ConvId, uid: Uid) -> MembershipReply {
+        self.ib().join(conv, uid).wait().unwrap()
+    }
+
+    pub fn send(&self, conv: ConvId, sender: Uid, cmid: u128, body: &str) -> SendReply {
+        self.ib()
+            .send(SendRequest {
+                conv,
+                sender,
+                client_msg_id: cmid,
+                msg_type: 1,
+                payload: Bytes::copy_from_slice(body.as_bytes()),
+            })
+            .wait()
+            .unwrap()
+    }
+
+    /// Sends many messages at once (pipelined through the sequencer).
+    pub fn send_many(
+        &self,
+        conv: ConvId,
+        sender: Uid,
+        cmid_base: u128,
+        n: usize,
+    ) -> Vec<SendReply> {
+        let pending: Vec<_> = (0..n)
+            .map(|i| {
+                self.ib().send(SendRequest {
+                    conv,
+                    sender,
+                    client_msg_id: cmid_base + i as u128,
+                    msg_type: 1,
+                    payload: Bytes::from(format!("m{i}")),
+                })
+            })
+            .collect();
+        pending.into_iter().map(|p| p.wait().unwrap()).collect()
+    }
+
+    pub fn register(&self, uid: Uid, device: DeviceId) -> RegisterReply {
+        self.ib().register_device(uid, device).wait().unwrap()
+    }
+
+    pub fn sync(
+        &self,
+        uid: Uid,
+        device: DeviceId,
+        generation: Option<Generation>,
+        local: SyncSeq,
+        limit: u32,
+        token: Option<Bytes>,
+    ) -> Result<SyncPage> {
+        self.ib()
+            .sync(SyncRequest {
+                uid,
+                device,
+                generation,
+                local_applied_seq: local,
+                limit,
+                batch_token: token,
+            })
+            .wait()
+    }
+
+    pub fn ack(
+        &self,
+        uid: Uid,
+        device: DeviceId,
+        generation: Generation,
+        seq: SyncSeq,
+        token: &Bytes,
+    ) -> Result<AckReply> {
+        self.ib()
+            .ack(AckRequest {
+                uid,
+                device,
+                generation,
+                seq,
+                batch_token: token.clone(),
+            })
+            .wait()
+    }
+
+    /// A device's whole catch-up: pages until the batch ends, then an ACK
+    /// of the batch hwm. Returns the events and the generation.
+    pub fn catch_up(
+        &self,
+        uid: Uid,
+        device: DeviceId,
+        generation: Generation,
+        local: SyncSeq,
+    ) -> (Vec<SyncEvent>, Generation, SyncSeq) {
+        let mut events = Vec::new();
+        let first = self
+            .sync(uid, device, Some(generation), local, 100, None)
+            .unwrap();
+        let gen = first.generation;
+        let token = first.batch_token.clone();
+        let mut cursor = first.next_cursor;
+        let mut more = first.has_more;
+        events.extend(first.events);
+        while more {
+            let p = self
+                .sync(uid, device, Some(gen), cursor, 100, Some(token.clone()))
+                .unwrap();
+            events.extend(p.events);
+            cursor = p.next_cursor;
+            more = p.has_more;
+        }
+        let acked = self
+            .ack(uid, device, gen, cursor, &token)
+            .unwrap()
+            .acked_sync_seq;
+        (events, gen, acked)
+    }
+}
