@@ -71,8 +71,15 @@ fn died(error: &ClientError) -> bool {
     matches!(error, ClientError::Io(_) | ClientError::Closed(_))
 }
 
-async fn worker(client: Client, ledger: Arc<Mutex<Ledger>>, mut rng: StdRng) {
+async fn worker(worker_id: u64, client: Client, ledger: Arc<Mutex<Ledger>>, mut rng: StdRng) {
     let convs = conversations();
+    // A device syncs from one place at a time: each worker owns some
+    // devices, so no two syncs of one device race (a race would rightly
+    // end in STALE_GENERATION for the loser).
+    let own_devices: Vec<(u64, u64)> = (1..=USERS)
+        .flat_map(|uid| (1..=DEVICES_PER_USER).map(move |device| (uid, device)))
+        .filter(|(uid, device)| (uid * DEVICES_PER_USER + device) % WORKERS == worker_id)
+        .collect();
     loop {
         let (conv, members) = &convs[rng.gen_range(0..convs.len())];
         let uid = members[rng.gen_range(0..members.len())];
@@ -94,7 +101,7 @@ async fn worker(client: Client, ledger: Arc<Mutex<Ledger>>, mut rng: StdRng) {
                     msg_seq: reply.msg_seq,
                 });
             } else if roll < 85 {
-                let device = rng.gen_range(1..=DEVICES_PER_USER);
+                let (uid, device) = own_devices[rng.gen_range(0..own_devices.len())];
                 let known = ledger
                     .lock()
                     .expect("ledger")
@@ -313,7 +320,7 @@ async fn kill_nine_under_mixed_load_loses_no_acknowledged_operation() {
         for w in 0..WORKERS {
             let client = daemon.client().await;
             let rng = StdRng::seed_from_u64(seed ^ (kill as u64 * 100 + w + 1));
-            workers.push(tokio::spawn(worker(client, ledger.clone(), rng)));
+            workers.push(tokio::spawn(worker(w, client, ledger.clone(), rng)));
         }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(100..500))).await;
         daemon.crash();
