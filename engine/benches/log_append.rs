@@ -7,7 +7,10 @@
 //!
 //! Criterion reports appends/s (one element = one acknowledged append of
 //! one 200-byte record). After the run a summary prints MB/s of payload,
-//! mean ack latency, and appends per group commit, per case.
+//! mean ack latency, the mean time of one group commit (write + fdatasync)
+//! in the same case, appends per commit, and ack latency / commit time:
+//! the last two are ratios within one case, so they hold on a disk whose
+//! latency drifts during the run.
 //! The data directory is under the target dir (same disk as the build);
 //! set INBOX_BENCH_DIR to measure another disk.
 
@@ -42,14 +45,24 @@ struct Line {
     wall: Duration,
     latency_mean: Duration,
     per_commit: f64,
+    /// Mean time of one group commit (write + fdatasync) in this case.
+    commit_mean: Duration,
     bytes_per_op: usize,
 }
 
 fn bench_log(c: &mut Criterion, summary: &Mutex<Vec<Line>>) {
     let mut group = c.benchmark_group("log_append_always");
     group.throughput(Throughput::Elements(1));
-    for io in [IoBackend::Pwrite, IoBackend::IoUring] {
-        for appenders in [1usize, 4, 16] {
+    // Backends alternate within each appender count, so the two runs of a
+    // pair are next to each other in time on a disk whose latency drifts.
+    // INBOX_BENCH_URING_FIRST=1 swaps the order inside each pair, to check
+    // that a difference is not just drift.
+    let mut order = [IoBackend::Pwrite, IoBackend::IoUring];
+    if std::env::var_os("INBOX_BENCH_URING_FIRST").is_some() {
+        order.reverse();
+    }
+    for appenders in [1usize, 4, 16] {
+        for io in order {
             let dir = tempfile::tempdir_in(bench_root()).unwrap();
             let mut opts = LogOptions::new(dir.path());
             opts.sync = SyncPolicy::Always;
@@ -101,6 +114,7 @@ fn bench_log(c: &mut Criterion, summary: &Mutex<Vec<Line>>) {
                     totals.latency_ns.load(Ordering::Relaxed) / appends.max(1),
                 ),
                 per_commit: stats.durable_lsn as f64 / stats.commits.max(1) as f64,
+                commit_mean: stats.commit_time / stats.commits.max(1) as u32,
                 bytes_per_op: RECORD_BYTES,
             });
         }
@@ -108,7 +122,7 @@ fn bench_log(c: &mut Criterion, summary: &Mutex<Vec<Line>>) {
     group.finish();
 }
 
-fn bench_raw(c: &mut Criterion, summary: &Mutex<Vec<Line>>) {
+fn bench_raw(c: &mut Criterion, summary: &Mutex<Vec<Line>>, when: &str) {
     let mut group = c.benchmark_group("raw_disk");
     group.throughput(Throughput::Elements(1));
     let dir = tempfile::tempdir_in(bench_root()).unwrap();
@@ -122,13 +136,14 @@ fn bench_raw(c: &mut Criterion, summary: &Mutex<Vec<Line>>) {
         .unwrap();
     const FILE_BYTES: u64 = 64 << 20;
     file.set_len(FILE_BYTES).unwrap();
-    file.write_all_at(&vec![0u8; FILE_BYTES as usize], 0).unwrap();
+    file.write_all_at(&vec![0u8; FILE_BYTES as usize], 0)
+        .unwrap();
     file.sync_all().unwrap();
     let block = [0xA5u8; 4096];
     let mut at = 0u64;
     let mut n = 0u64;
     let mut wall = Duration::ZERO;
-    group.bench_function("pwrite_4k_fdatasync", |b| {
+    group.bench_function(BenchmarkId::new("pwrite_4k_fdatasync", when), |b| {
         b.iter_custom(|iters| {
             let start = Instant::now();
             for _ in 0..iters {
@@ -144,11 +159,12 @@ fn bench_raw(c: &mut Criterion, summary: &Mutex<Vec<Line>>) {
     });
     group.finish();
     summary.lock().push(Line {
-        name: "raw pwrite 4KiB+fdatasync".into(),
+        name: format!("raw 4KiB pwrite+fdatasync ({when})"),
         appends: n,
         wall,
         latency_mean: wall / n.max(1) as u32,
         per_commit: 1.0,
+        commit_mean: wall / n.max(1) as u32,
         bytes_per_op: block.len(),
     });
 }
@@ -160,25 +176,35 @@ fn main() {
         .measurement_time(Duration::from_secs(4))
         .configure_from_args();
     let summary = Mutex::new(Vec::new());
-    bench_raw(&mut c, &summary);
+    // The machine's limit, before and after, to show the drift of the run.
+    bench_raw(&mut c, &summary, "before");
     bench_log(&mut c, &summary);
+    bench_raw(&mut c, &summary, "after");
     c.final_summary();
     println!("\nsummary (log: 200-byte records, SyncPolicy::Always; raw: 4 KiB writes):");
     println!(
-        "{:<28} {:>12} {:>10} {:>14} {:>16}",
-        "case", "appends/s", "MB/s", "mean ack (us)", "appends/commit"
+        "{:<36} {:>10} {:>8} {:>14} {:>16} {:>15} {:>10}",
+        "case",
+        "appends/s",
+        "MB/s",
+        "mean ack (us)",
+        "mean commit (us)",
+        "appends/commit",
+        "ack/commit"
     );
     for l in summary.lock().iter() {
         let secs = l.wall.as_secs_f64().max(1e-9);
         let rate = l.appends as f64 / secs;
         let mb = rate * l.bytes_per_op as f64 / 1e6;
         println!(
-            "{:<28} {:>12.0} {:>10.2} {:>14.0} {:>16.1}",
+            "{:<36} {:>10.0} {:>8.2} {:>14.0} {:>16.0} {:>15.1} {:>10.2}",
             l.name,
             rate,
             mb,
             l.latency_mean.as_secs_f64() * 1e6,
-            l.per_commit
+            l.commit_mean.as_secs_f64() * 1e6,
+            l.per_commit,
+            l.latency_mean.as_secs_f64() / l.commit_mean.as_secs_f64().max(1e-9)
         );
     }
 }

@@ -23,7 +23,10 @@ const THREADS: u64 = 4;
 #[ignore = "child process of every_acked_append_survives_kill_9; run by it"]
 fn kill9_child_appender() {
     let dir = std::env::var(DIR_ENV).expect("run by the kill -9 test");
-    let round: u64 = std::env::var("INBOX_LOG_KILL9_ROUND").unwrap().parse().unwrap();
+    let round: u64 = std::env::var("INBOX_LOG_KILL9_ROUND")
+        .unwrap()
+        .parse()
+        .unwrap();
     let log = Arc::new(Log::open(opts(dir.as_ref())).unwrap());
     let out = Arc::new(parking_lot::Mutex::new(std::io::stdout()));
     let threads: Vec<_> = (0..THREADS)
@@ -53,7 +56,13 @@ fn every_acked_append_survives_kill_9() {
     let mut acked: BTreeMap<u64, u64> = BTreeMap::new();
     for round in 0..4u64 {
         let mut child = Command::new(&exe)
-            .args(["--exact", "kill9_child_appender", "--ignored", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "kill9_child_appender",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(DIR_ENV, dir.path())
             .env("INBOX_LOG_KILL9_ROUND", round.to_string())
             .stdout(Stdio::piped())
@@ -89,9 +98,15 @@ fn every_acked_append_survives_kill_9() {
             got.entry(lsn).or_insert(p);
         }
         let lsns: Vec<u64> = got.keys().copied().collect();
-        assert_eq!(lsns, (1..=lsns.len() as u64).collect::<Vec<_>>(), "round {round}");
+        assert_eq!(
+            lsns,
+            (1..=lsns.len() as u64).collect::<Vec<_>>(),
+            "round {round}"
+        );
         for (lsn, tag) in &acked {
-            let p = got.get(lsn).unwrap_or_else(|| panic!("round {round}: acked LSN {lsn} lost"));
+            let p = got
+                .get(lsn)
+                .unwrap_or_else(|| panic!("round {round}: acked LSN {lsn} lost"));
             assert_eq!(*p, payload(*tag, 0), "round {round}: LSN {lsn}");
         }
     }
