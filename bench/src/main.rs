@@ -62,6 +62,12 @@ pub struct Args {
     /// The inboxd binary [default: target/release/inboxd, else target/debug/inboxd].
     #[arg(long, env = "INBOX_BENCH_INBOXD")]
     pub inboxd: Option<PathBuf>,
+    /// Users in the `sync` scenario [quick: 100, full: 400].
+    #[arg(long)]
+    pub sync_users: Option<u32>,
+    /// Events waiting for each `sync` user [quick: 300, full: 1000].
+    #[arg(long)]
+    pub sync_backlog: Option<u32>,
     /// `recovery` (--full): data to fill each system with before kill -9, GiB.
     #[arg(long, default_value_t = 1.0)]
     pub recovery_gib: f64,

@@ -154,6 +154,114 @@ impl Report {
     }
 }
 
+/// One of the goals inboxd is measured against, and where it stands.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Goal {
+    pub what: String,
+    pub target: String,
+    /// `None` when the run did not measure both sides.
+    pub measured: Option<f64>,
+    pub met: Option<bool>,
+}
+
+impl Report {
+    fn value(
+        &self,
+        scenario: &str,
+        system: &str,
+        clients: u32,
+        f: fn(&ResultRow) -> f64,
+    ) -> Option<f64> {
+        self.results
+            .iter()
+            .find(|r| r.scenario == scenario && r.system == system && r.clients == clients)
+            .map(f)
+    }
+
+    /// The goals: ingest at 16 clients against each baseline, p99 reply at
+    /// 16 clients against one fdatasync, sync page p99, long-offline first
+    /// screen, recovery seconds per GB.
+    pub fn goals(&self) -> Vec<Goal> {
+        let ops = |r: &ResultRow| r.ops_per_s;
+        let p99 = |r: &ResultRow| r.p99_us;
+        let mut goals = Vec::new();
+        let ours = self.value("ingest", "inboxd", 16, ops);
+        for (baseline, factor) in [("mariadb", 20.0), ("redis", 5.0), ("rocksdb", 3.0)] {
+            let theirs = self.value("ingest", baseline, 16, ops);
+            let ratio = ours.zip(theirs).and_then(|(a, b)| divide(a, b));
+            goals.push(Goal {
+                what: format!("ingest c=16 vs {baseline}"),
+                target: format!(">= {factor}x"),
+                measured: ratio,
+                met: ratio.map(|r| r >= factor),
+            });
+        }
+        let fsync = self.value("fdatasync-4k", "limit", 1, |r| r.p50_us);
+        let reply = self.value("ingest", "inboxd", 16, p99);
+        let ratio = reply.zip(fsync).and_then(|(a, b)| divide(a, b));
+        goals.push(Goal {
+            what: "ingest c=16 p99 / one fdatasync".into(),
+            target: "< 3x".into(),
+            measured: ratio,
+            met: ratio.map(|r| r < 3.0),
+        });
+        let sync = self.value("sync", "inboxd", 16, p99);
+        goals.push(Goal {
+            what: "sync page p99, µs".into(),
+            target: "< 1000".into(),
+            measured: sync,
+            met: sync.map(|us| us < 1_000.0),
+        });
+        let screen = self.value("long-offline-first-screen", "inboxd", 1, p99);
+        goals.push(Goal {
+            what: "long-offline first screen, µs".into(),
+            target: "< 50000".into(),
+            measured: screen,
+            met: screen.map(|us| us < 50_000.0),
+        });
+        let recovery = self
+            .results
+            .iter()
+            .find(|r| r.scenario == "recovery" && r.system == "inboxd")
+            .and_then(|r| {
+                #[expect(clippy::cast_precision_loss, reason = "data sizes are far below 2^52")]
+                let gb = r.bytes as f64 / 1e9;
+                divide(r.p50_us / 1e6, gb)
+            });
+        goals.push(Goal {
+            what: "recovery, s per GB".into(),
+            target: "< 1".into(),
+            measured: recovery,
+            met: recovery.map(|s| s < 1.0),
+        });
+        goals
+    }
+
+    pub fn goal_table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<34} {:>10} {:>12} {:>8}",
+            "goal", "target", "measured", "met"
+        );
+        for g in self.goals() {
+            let _ = writeln!(
+                out,
+                "{:<34} {:>10} {:>12} {:>8}",
+                g.what,
+                g.target,
+                g.measured.map_or_else(|| "-".into(), |m| format!("{m:.2}")),
+                match g.met {
+                    Some(true) => "yes",
+                    Some(false) => "NO",
+                    None => "not run",
+                }
+            );
+        }
+        out
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Ratio {
     pub scenario: String,
@@ -262,6 +370,43 @@ mod tests {
             "a zero baseline gives no ratio, not infinity"
         );
         assert!(report.ratio_table().contains("20.00"));
+    }
+
+    #[test]
+    fn goals_compare_inboxd_with_baselines_and_the_disk() {
+        let mut fsync = row("fdatasync-4k", "limit", 1, 2_000.0, 600.0);
+        fsync.p50_us = 500.0;
+        let report = Report {
+            machine: Machine::default(),
+            results: vec![
+                row("ingest", "inboxd", 16, 30_000.0, 1_400.0),
+                row("ingest", "mariadb", 16, 1_000.0, 400_000.0),
+                row("ingest", "redis", 16, 10_000.0, 3_000.0),
+                row("sync", "inboxd", 16, 5_000.0, 1_200.0),
+                fsync,
+            ],
+        };
+        let goals = report.goals();
+        let by = |what: &str| {
+            goals
+                .iter()
+                .find(|g| g.what.starts_with(what))
+                .expect(what)
+                .clone()
+        };
+        assert_eq!(by("ingest c=16 vs mariadb").measured, Some(30.0));
+        assert_eq!(by("ingest c=16 vs mariadb").met, Some(true));
+        assert_eq!(
+            by("ingest c=16 vs redis").met,
+            Some(false),
+            "3x is short of 5x"
+        );
+        assert_eq!(by("ingest c=16 vs rocksdb").met, None, "not run");
+        assert_eq!(by("ingest c=16 p99").measured, Some(2.8));
+        assert_eq!(by("ingest c=16 p99").met, Some(true));
+        assert_eq!(by("sync page p99").met, Some(false));
+        assert_eq!(by("recovery").met, None);
+        assert!(report.goal_table().contains("NO"));
     }
 
     #[test]

@@ -66,9 +66,9 @@ impl Plan {
             warmup: Duration::from_millis(if quick { 250 } else { 1_000 }),
             measure: Duration::from_secs_f64(measure.max(0.1)),
             sync: CatchUpPlan {
-                users: if quick { 100 } else { 400 },
+                users: args.sync_users.unwrap_or(if quick { 100 } else { 400 }),
                 devices_per_user: 4,
-                backlog: if quick { 300 } else { 1_000 },
+                backlog: args.sync_backlog.unwrap_or(if quick { 300 } else { 1_000 }),
                 clients: 16,
                 page: 100,
             },
@@ -189,6 +189,10 @@ pub fn run(args: &Args) -> Result<()> {
         println!();
         print!("{ratios}");
     }
+    if report.results.iter().any(|r| r.system == "inboxd") {
+        println!();
+        print!("{}", report.goal_table());
+    }
     let svg_path = args
         .svg
         .clone()
@@ -247,8 +251,9 @@ fn start(name: &str, args: &Args, base: &Path) -> Result<Box<dyn System>> {
         }
         #[cfg(feature = "rocksdb")]
         "rocksdb" => Ok(Box::new(systems::rocksdb::RocksDb::open(base)?)),
+        #[cfg(not(feature = "rocksdb"))]
         "rocksdb" => {
-            Err("not built in (cargo build --release -p inbox-bench --features rocksdb)".into())
+            Err("not built in (build with --features rocksdb, see docs/BENCHMARKS.md)".into())
         }
         other => Err(format!("not built in (feature {other:?} is off)").into()),
     }
@@ -353,6 +358,15 @@ fn run_system(
         ));
     }
 
+    if system.data_bytes() == 0 {
+        // Nothing reached the disk: whatever acknowledged those sends, it
+        // was not an fsync. Say so loudly rather than print fast figures.
+        let warning = format!(
+            "WARNING: {name}'s data directory is still empty after ingest: it does not write to disk, so its figures are NOT durable"
+        );
+        println!("{warning}");
+        report.machine.versions.push(warning);
+    }
     catch_up_scenario("sync", 1, &plan.sync, plan, workload, system, report, seed)?;
     if let Some(storm) = &plan.storm {
         catch_up_scenario(

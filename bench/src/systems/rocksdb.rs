@@ -190,4 +190,49 @@ impl Conn for RocksConn<'_> {
             has_more,
         })
     }
+
+    /// No conversation index in this layout either: the list is a scan of
+    /// the user's offline keys, then a reverse scan per conversation.
+    fn first_screen(&mut self, uid: Uid, per_conv: u32) -> Result<Screen> {
+        let prefix = key(b'o', &[uid]);
+        let mut convs: Vec<(u64, u64)> = Vec::new();
+        for item in self
+            .db
+            .db
+            .iterator(IteratorMode::From(&prefix, Direction::Forward))
+        {
+            let (k, _) = item?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            let conv = u64::from_be_bytes(k[9..17].try_into().map_err(|_| "bad offline key")?);
+            let seq = u64::from_be_bytes(k[17..25].try_into().map_err(|_| "bad offline key")?);
+            match convs.last_mut() {
+                Some((c, max)) if *c == conv => *max = (*max).max(seq),
+                _ => convs.push((conv, seq)),
+            }
+        }
+        let mut screen = Screen {
+            convs: u32::try_from(convs.len()).unwrap_or(u32::MAX),
+            bytes: convs.len() as u64 * 24,
+            ..Screen::default()
+        };
+        for (conv, max) in convs {
+            let conv_prefix = key(b'm', &[conv]);
+            let from = key(b'm', &[conv, max]);
+            let newest = self
+                .db
+                .db
+                .iterator(IteratorMode::From(&from, Direction::Reverse));
+            for item in newest.take(per_conv as usize) {
+                let (k, v) = item?;
+                if !k.starts_with(&conv_prefix) {
+                    break;
+                }
+                screen.messages += 1;
+                screen.bytes += 8 + v.len() as u64;
+            }
+        }
+        Ok(screen)
+    }
 }

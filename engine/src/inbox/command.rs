@@ -101,7 +101,10 @@ impl StoredPayload {
     pub fn new(payload: &Bytes) -> Self {
         let raw_len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
         if payload.len() >= COMPRESS_MIN_BYTES {
-            if let Ok(c) = zstd::bulk::compress(payload, 3) {
+            if let Ok(c) = COMPRESSOR
+                .with(|z| z.borrow_mut().as_mut().map(|z| z.compress(payload)))
+                .unwrap_or_else(|| zstd::bulk::compress(payload, ZSTD_LEVEL))
+            {
                 if c.len() < payload.len() {
                     return Self {
                         compressed: true,
@@ -117,6 +120,17 @@ impl StoredPayload {
             bytes: payload.clone(),
         }
     }
+}
+
+const ZSTD_LEVEL: i32 = 3;
+
+thread_local! {
+    // A zstd context costs far more to set up than a small payload costs
+    // to (de)compress, so each thread keeps one.
+    static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        std::cell::RefCell::new(zstd::bulk::Compressor::new(ZSTD_LEVEL).ok());
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        std::cell::RefCell::new(zstd::bulk::Decompressor::new().ok());
 }
 
 /// The header fields of a message record.
@@ -172,7 +186,13 @@ pub(crate) fn decode_msg_record(buf: &[u8], raw_len_max: u32) -> DecodeResult<(M
         return Err(DecodeError("payload longer than the configured maximum"));
     }
     let payload = if flags & FLAG_ZSTD != 0 {
-        let out = zstd::bulk::decompress(stored, raw_len as usize)
+        let out = DECOMPRESSOR
+            .with(|z| {
+                z.borrow_mut()
+                    .as_mut()
+                    .map(|z| z.decompress(stored, raw_len as usize))
+            })
+            .unwrap_or_else(|| zstd::bulk::decompress(stored, raw_len as usize))
             .map_err(|_| DecodeError("zstd payload does not decompress"))?;
         if out.len() != raw_len as usize {
             return Err(DecodeError("decompressed length mismatch"));

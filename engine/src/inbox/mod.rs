@@ -20,6 +20,7 @@ mod codec;
 mod command;
 mod read;
 mod recover;
+pub use recover::RecoveryReport;
 mod sequencer;
 mod state;
 mod sync;
@@ -245,6 +246,7 @@ pub(crate) struct Shared {
     progress_cv: Condvar,
     hints: tokio::sync::broadcast::Sender<Vec<Hint>>,
     rounds_written: AtomicU64,
+    recovery: RecoveryReport,
 }
 
 impl Shared {
@@ -302,6 +304,17 @@ pub struct Inbox {
 impl Inbox {
     /// Opens (recovering if needed) the store in `config.data_dir`.
     pub fn open(config: InboxConfig) -> Result<Inbox> {
+        Self::open_inner(config, None)
+    }
+
+    /// Opens with both logs' IO going through `io`: fault injection
+    /// (`crate::log::FaultyIo`) in tests.
+    #[doc(hidden)]
+    pub fn open_with_io(config: InboxConfig, io: Arc<dyn crate::log::LogIo>) -> Result<Inbox> {
+        Self::open_inner(config, Some(io))
+    }
+
+    fn open_inner(config: InboxConfig, io: Option<Arc<dyn crate::log::LogIo>>) -> Result<Inbox> {
         let data = &config.data_dir;
         std::fs::create_dir_all(data).map_err(LogError::Io)?;
         let log_opts = |name: &str| LogOptions {
@@ -310,9 +323,13 @@ impl Inbox {
             io: config.io,
             ..LogOptions::new(data.join(name))
         };
-        let msg_log = Log::open(log_opts("msg"))?;
-        let evt_log = Log::open(log_opts("evt"))?;
-        let state = recover::load_state(&config, &evt_log)?;
+        let open_log = |name: &str| match &io {
+            Some(io) => Log::open_with_io(log_opts(name), Arc::clone(io)),
+            None => Log::open(log_opts(name)),
+        };
+        let msg_log = open_log("msg")?;
+        let evt_log = open_log("evt")?;
+        let (state, recovery) = recover::load_state_reporting(&config, &evt_log)?;
         let (hints, _) = tokio::sync::broadcast::channel(1024);
         let shared = Arc::new(Shared {
             config,
@@ -323,6 +340,7 @@ impl Inbox {
             progress_cv: Condvar::new(),
             hints,
             rounds_written: AtomicU64::new(0),
+            recovery,
         });
         let (tx, rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel();
@@ -622,6 +640,11 @@ impl Inbox {
         use sha2::Digest;
         let body = checkpoint::encode_state(&self.shared.state.read());
         sha2::Sha256::digest(&body).into()
+    }
+
+    /// What the last open recovered from (R22).
+    pub fn recovery_report(&self) -> RecoveryReport {
+        self.shared.recovery
     }
 
     /// Bytes of the event index (packed locations) and of the message

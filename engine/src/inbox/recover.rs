@@ -14,7 +14,23 @@ use super::InboxConfig;
 use crate::error::{Error, Result};
 use crate::log::{Log, LogError};
 
+/// Where recovery started and how much it replayed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// The evt LSN of the checkpoint used (0 = none: full replay).
+    pub checkpoint_lsn: u64,
+    /// Effect records replayed after it.
+    pub records_replayed: u64,
+}
+
 pub(crate) fn load_state(cfg: &InboxConfig, evt: &Log) -> Result<State> {
+    load_state_reporting(cfg, evt).map(|(st, _)| st)
+}
+
+pub(crate) fn load_state_reporting(
+    cfg: &InboxConfig,
+    evt: &Log,
+) -> Result<(State, RecoveryReport)> {
     let ttl_ms = u64::try_from(cfg.idempotency_ttl.as_millis()).unwrap_or(u64::MAX);
     let durable = evt.durable_lsn();
     let mut state = None;
@@ -60,5 +76,11 @@ pub(crate) fn load_state(cfg: &InboxConfig, evt: &Log) -> Result<State> {
         "inbox state recovered"
     );
     state.commit_all();
-    Ok(state)
+    Ok((
+        state,
+        RecoveryReport {
+            checkpoint_lsn: after,
+            records_replayed: replayed,
+        },
+    ))
 }

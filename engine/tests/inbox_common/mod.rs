@@ -49,11 +49,14 @@ impl Harness {
         self.inbox.as_ref().unwrap()
     }
 
-    /// Shuts down (writing a checkpoint when `checkpoint`), or just drops
-    /// the engine without one, then opens the same dir again.
-    pub fn restart(&mut self, tune: impl Fn(&mut InboxConfig)) {
-        let old = self.inbox.take().unwrap();
-        drop(old);
+    /// Shuts the engine down and opens the same dir again. With
+    /// `keep_checkpoints` false every checkpoint is deleted first, so
+    /// recovery replays the whole log.
+    pub fn restart(&mut self, keep_checkpoints: bool, tune: impl Fn(&mut InboxConfig)) {
+        drop(self.inbox.take());
+        if !keep_checkpoints {
+            let _ = std::fs::remove_dir_all(self.dir.path().join("checkpoint"));
+        }
         let mut c = config(self.dir.path(), &self.clock);
         tune(&mut c);
         self.inbox = Some(Inbox::open(c).unwrap());

@@ -1,0 +1,415 @@
+//! Random operation sequences against a simple in-memory reference model
+//! that computes every answer by definition (unread by counting, events by
+//! replaying fan-out over membership periods), across restarts with and
+//! without a checkpoint. The engine and the model must agree on every
+//! answer.
+
+mod inbox_common;
+
+use std::collections::{BTreeMap, HashMap};
+
+use bytes::Bytes;
+use inbox_common::*;
+use inbox_engine::*;
+use proptest::prelude::*;
+
+const UIDS: u64 = 3;
+const CONVS: u64 = 2;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Join(ConvId, Uid),
+    Leave(ConvId, Uid),
+    Send(ConvId, Uid, u128, u8),
+    Recall(ConvId, Uid, usize),
+    MarkRead(Uid, ConvId, usize),
+    Register(Uid, DeviceId),
+    SyncAll(Uid, DeviceId),
+    Pull(Uid, ConvId),
+    ConvList(Uid),
+    Restart { checkpoint: bool },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let conv = 1..=CONVS;
+    let uid = 1..=UIDS;
+    prop_oneof![
+        3 => (conv.clone(), uid.clone()).prop_map(|(c, u)| Op::Join(c, u)),
+        1 => (conv.clone(), uid.clone()).prop_map(|(c, u)| Op::Leave(c, u)),
+        6 => (conv.clone(), uid.clone(), 0..8u128, any::<u8>()).prop_map(|(c, u, m, b)| Op::Send(c, u, m, b)),
+        1 => (conv.clone(), uid.clone(), any::<usize>()).prop_map(|(c, u, i)| Op::Recall(c, u, i)),
+        2 => (uid.clone(), conv.clone(), any::<usize>()).prop_map(|(u, c, i)| Op::MarkRead(u, c, i)),
+        1 => (uid.clone(), 1..=2u64).prop_map(|(u, d)| Op::Register(u, d)),
+        2 => (uid.clone(), 1..=2u64).prop_map(|(u, d)| Op::SyncAll(u, d)),
+        2 => (uid.clone(), conv.clone()).prop_map(|(u, c)| Op::Pull(u, c)),
+        1 => uid.clone().prop_map(Op::ConvList),
+        1 => any::<bool>().prop_map(|checkpoint| Op::Restart { checkpoint }),
+    ]
+}
+
+#[derive(Clone, Debug)]
+struct MMsg {
+    id: MsgId,
+    sender: Uid,
+    kind: MessageKind,
+    payload: Bytes,
+    tombstone: bool,
+    recalled: bool,
+}
+
+#[derive(Default)]
+struct MConv {
+    msgs: Vec<MMsg>,
+    periods: BTreeMap<Uid, Vec<(MsgSeq, MsgSeq)>>,
+}
+
+impl MConv {
+    fn covers(&self, uid: Uid, seq: MsgSeq) -> bool {
+        self.periods
+            .get(&uid)
+            .is_some_and(|ps| ps.iter().any(|&(j, l)| j <= seq && seq <= l))
+    }
+    fn member(&self, uid: Uid) -> bool {
+        self.periods
+            .get(&uid)
+            .and_then(|p| p.last())
+            .is_some_and(|p| p.1 == u64::MAX)
+    }
+}
+
+#[derive(Default)]
+struct Model {
+    convs: HashMap<ConvId, MConv>,
+    /// Per user: (kind, conv, msg_seq) of each event, sync_seq = index + 1.
+    events: HashMap<Uid, Vec<(EventKind, ConvId, MsgSeq)>>,
+    read: HashMap<(Uid, ConvId), MsgSeq>,
+    idem: HashMap<(Uid, u128), (ConvId, MsgId, MsgSeq)>,
+    devices: HashMap<(Uid, DeviceId), (Generation, SyncSeq)>,
+    next_id: u64,
+}
+
+impl Model {
+    fn push_msg(
+        &mut self,
+        conv: ConvId,
+        sender: Uid,
+        kind: MessageKind,
+        payload: Bytes,
+    ) -> (MsgId, MsgSeq) {
+        self.next_id += 1;
+        let id = self.next_id;
+        let c = self.convs.entry(conv).or_default();
+        c.msgs.push(MMsg {
+            id,
+            sender,
+            kind,
+            payload,
+            tombstone: false,
+            recalled: false,
+        });
+        let seq = c.msgs.len() as MsgSeq;
+        if kind == MessageKind::Join {
+            c.periods.entry(sender).or_default().push((seq, u64::MAX));
+        }
+        let ev = match kind {
+            MessageKind::Normal => EventKind::Msg,
+            MessageKind::Recall => EventKind::Recall,
+            MessageKind::Edit => EventKind::Edit,
+            _ => EventKind::Member,
+        };
+        let recipients: Vec<Uid> = (1..=UIDS).filter(|u| c.covers(*u, seq)).collect();
+        if kind == MessageKind::Leave {
+            if let Some(p) = c.periods.get_mut(&sender).and_then(|p| p.last_mut()) {
+                p.1 = seq;
+            }
+        }
+        for u in recipients {
+            self.events.entry(u).or_default().push((ev, conv, seq));
+        }
+        (id, seq)
+    }
+
+    fn unread(&self, uid: Uid, conv: ConvId) -> u32 {
+        let c = &self.convs[&conv];
+        let read = self.read.get(&(uid, conv)).copied().unwrap_or(0);
+        c.msgs
+            .iter()
+            .enumerate()
+            .filter(|(i, m)| {
+                let seq = *i as MsgSeq + 1;
+                m.kind == MessageKind::Normal
+                    && !m.recalled
+                    && m.sender != uid
+                    && seq > read
+                    && c.covers(uid, seq)
+            })
+            .count() as u32
+    }
+}
+
+fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut h = Harness::new();
+    let mut m = Model::default();
+    for op in ops {
+        match op {
+            Op::Join(conv, uid) => {
+                let r = h.ib().join(conv, uid).wait().unwrap();
+                let c = m.convs.entry(conv).or_default();
+                if c.member(uid) {
+                    let p = c.periods[&uid].last().unwrap();
+                    prop_assert_eq!(r.msg_seq, p.0);
+                } else {
+                    let (_, seq) = m.push_msg(conv, uid, MessageKind::Join, Bytes::new());
+                    prop_assert_eq!(r.msg_seq, seq);
+                }
+            }
+            Op::Leave(conv, uid) => {
+                let r = h.ib().leave(conv, uid).wait();
+                if m.convs.get(&conv).is_some_and(|c| c.member(uid)) {
+                    let (_, seq) = m.push_msg(conv, uid, MessageKind::Leave, Bytes::new());
+                    prop_assert_eq!(r.unwrap().msg_seq, seq);
+                } else {
+                    prop_assert!(matches!(r, Err(Error::NotFound(_))), "{:?}", r);
+                }
+            }
+            Op::Send(conv, uid, cmid, b) => {
+                let payload = Bytes::from(vec![b; usize::from(b % 5) * 40]);
+                let r = h
+                    .ib()
+                    .send(SendRequest {
+                        conv,
+                        sender: uid,
+                        client_msg_id: cmid,
+                        msg_type: 1,
+                        payload: payload.clone(),
+                    })
+                    .wait();
+                if let Some(&(c0, id, seq)) = m.idem.get(&(uid, cmid)) {
+                    if c0 == conv {
+                        prop_assert_eq!(
+                            r.unwrap(),
+                            SendReply {
+                                msg_id: id,
+                                msg_seq: seq,
+                                duplicate: true
+                            }
+                        );
+                    } else {
+                        prop_assert!(matches!(r, Err(Error::Conflict(_))), "{:?}", r);
+                    }
+                } else if !m.convs.contains_key(&conv) {
+                    prop_assert!(matches!(r, Err(Error::NotFound(_))), "{:?}", r);
+                } else if !m.convs[&conv].member(uid) {
+                    prop_assert!(matches!(r, Err(Error::Forbidden(_))), "{:?}", r);
+                } else {
+                    let (id, seq) = m.push_msg(conv, uid, MessageKind::Normal, payload);
+                    m.idem.insert((uid, cmid), (conv, id, seq));
+                    prop_assert_eq!(
+                        r.unwrap(),
+                        SendReply {
+                            msg_id: id,
+                            msg_seq: seq,
+                            duplicate: false
+                        }
+                    );
+                }
+            }
+            Op::Recall(conv, uid, pick) => {
+                // Recall one of the user's own live messages, if any.
+                let Some(c) = m.convs.get(&conv) else {
+                    continue;
+                };
+                if !c.member(uid) {
+                    continue;
+                }
+                let own: Vec<usize> = c
+                    .msgs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, x)| {
+                        x.sender == uid && x.kind == MessageKind::Normal && !x.recalled
+                    })
+                    .map(|(i, _)| i)
+                    .collect();
+                if own.is_empty() {
+                    continue;
+                }
+                let i = own[pick % own.len()];
+                let target = c.msgs[i].id;
+                let cmid = 1_000_000 + u128::from(m.next_id);
+                let r = h
+                    .ib()
+                    .recall(RecallRequest {
+                        conv,
+                        sender: uid,
+                        client_msg_id: cmid,
+                        target,
+                    })
+                    .wait()
+                    .unwrap();
+                let mc = m.convs.get_mut(&conv).unwrap();
+                mc.msgs[i].recalled = true;
+                mc.msgs[i].tombstone = true;
+                let (id, seq) = m.push_msg(conv, uid, MessageKind::Recall, Bytes::new());
+                m.idem.insert((uid, cmid), (conv, id, seq));
+                prop_assert_eq!((r.msg_id, r.msg_seq), (id, seq));
+            }
+            Op::MarkRead(uid, conv, pick) => {
+                let head = m.convs.get(&conv).map_or(0, |c| c.msgs.len() as MsgSeq);
+                let to = if head == 0 {
+                    0
+                } else {
+                    pick as MsgSeq % (head + 1)
+                };
+                let r = h.ib().mark_read(uid, conv, to).wait();
+                let ever = m
+                    .convs
+                    .get(&conv)
+                    .is_some_and(|c| c.periods.contains_key(&uid));
+                if !m.convs.contains_key(&conv) {
+                    prop_assert!(matches!(r, Err(Error::NotFound(_))), "{:?}", r);
+                } else if !ever {
+                    prop_assert!(matches!(r, Err(Error::Forbidden(_))), "{:?}", r);
+                } else {
+                    let cur = m.read.entry((uid, conv)).or_insert(0);
+                    if to > *cur {
+                        *cur = to;
+                        m.events
+                            .entry(uid)
+                            .or_default()
+                            .push((EventKind::Read, conv, to));
+                    }
+                    let read_seq = *cur;
+                    let r = r.unwrap();
+                    prop_assert_eq!((r.read_seq, r.unread), (read_seq, m.unread(uid, conv)));
+                }
+            }
+            Op::Register(uid, dev) => {
+                let r = h.register(uid, dev);
+                let entry = m.devices.entry((uid, dev)).or_insert((1, 0));
+                prop_assert_eq!(r.device.generation, entry.0);
+                prop_assert_eq!(r.device.acked_sync_seq, entry.1);
+            }
+            Op::SyncAll(uid, dev) => {
+                let Some(&(gen, acked)) = m.devices.get(&(uid, dev)) else {
+                    let r = h.sync(uid, dev, Some(1), 0, 7, None);
+                    prop_assert!(matches!(r, Err(Error::NotFound(_))), "{:?}", r);
+                    continue;
+                };
+                let mut got = Vec::new();
+                let first = h.sync(uid, dev, Some(gen), acked, 7, None).unwrap();
+                let token = first.batch_token.clone();
+                let (mut cursor, mut more) = (first.next_cursor, first.has_more);
+                got.extend(first.events);
+                while more {
+                    let p = h
+                        .sync(uid, dev, Some(gen), cursor, 7, Some(token.clone()))
+                        .unwrap();
+                    got.extend(p.events);
+                    cursor = p.next_cursor;
+                    more = p.has_more;
+                }
+                let all = m.events.get(&uid).cloned().unwrap_or_default();
+                let want: Vec<(SyncSeq, EventKind, ConvId, MsgSeq)> = all
+                    .iter()
+                    .enumerate()
+                    .skip(acked as usize)
+                    .map(|(i, &(k, c, s))| (i as SyncSeq + 1, k, c, s))
+                    .collect();
+                let got_t: Vec<_> = got
+                    .iter()
+                    .map(|e| (e.sync_seq, e.kind, e.conv, e.msg_seq))
+                    .collect();
+                prop_assert_eq!(&got_t, &want);
+                for e in &got {
+                    if e.kind == EventKind::Msg
+                        && m.convs[&e.conv].msgs[e.msg_seq as usize - 1].tombstone
+                    {
+                        prop_assert!(e.summary.is_empty());
+                    }
+                }
+                let a = h.ack(uid, dev, gen, cursor, &token).unwrap();
+                prop_assert_eq!(a.acked_sync_seq, cursor.max(acked));
+                m.devices.insert((uid, dev), (gen, cursor.max(acked)));
+            }
+            Op::Pull(uid, conv) => {
+                let r = h.ib().pull(uid, &[(conv, 0)], 500);
+                let Some(c) = m.convs.get(&conv).filter(|c| c.periods.contains_key(&uid)) else {
+                    prop_assert!(matches!(r, Err(Error::Forbidden(_))), "{:?}", r);
+                    continue;
+                };
+                let want: Vec<(MsgSeq, MsgId, MessageKind, bool, Bytes)> = c
+                    .msgs
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| c.covers(uid, *i as MsgSeq + 1))
+                    .map(|(i, x)| {
+                        let payload = if x.tombstone {
+                            Bytes::new()
+                        } else {
+                            x.payload.clone()
+                        };
+                        (i as MsgSeq + 1, x.id, x.kind, x.tombstone, payload)
+                    })
+                    .collect();
+                let r = r.unwrap();
+                let got: Vec<_> = r[0]
+                    .messages
+                    .iter()
+                    .map(|x| (x.msg_seq, x.msg_id, x.kind, x.tombstone, x.payload.clone()))
+                    .collect();
+                prop_assert_eq!(got, want);
+                prop_assert_eq!(r[0].max_seq, c.msgs.len() as MsgSeq);
+            }
+            Op::ConvList(uid) => {
+                let page = h.ib().conv_list(uid, 50, None).unwrap();
+                let mut want: Vec<(MsgId, ConvId, MsgSeq, u32, MsgSeq)> = m
+                    .convs
+                    .iter()
+                    .filter(|(_, c)| c.periods.contains_key(&uid))
+                    .map(|(&conv, c)| {
+                        let last = (1..=c.msgs.len() as MsgSeq)
+                            .rev()
+                            .find(|s| c.covers(uid, *s))
+                            .unwrap();
+                        let read = m.read.get(&(uid, conv)).copied().unwrap_or(0);
+                        (
+                            c.msgs[last as usize - 1].id,
+                            conv,
+                            last,
+                            m.unread(uid, conv),
+                            read,
+                        )
+                    })
+                    .collect();
+                want.sort_unstable_by(|a, b| b.cmp(a));
+                let got: Vec<_> = page
+                    .convs
+                    .iter()
+                    .map(|s| (s.last_msg_id, s.conv, s.last_msg_seq, s.unread, s.read_seq))
+                    .collect();
+                prop_assert_eq!(got, want);
+            }
+            Op::Restart { checkpoint } => {
+                let digest = h.ib().state_digest();
+                // Without checkpoints, recovery replays the whole log.
+                h.restart(checkpoint, |_| {});
+                prop_assert_eq!(
+                    h.ib().state_digest(),
+                    digest,
+                    "restart rebuilt a different state"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 2_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn engine_agrees_with_the_reference_model_across_restarts(ops in proptest::collection::vec(op(), 1..80)) {
+        run(ops)?;
+    }
+}
