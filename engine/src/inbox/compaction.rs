@@ -585,7 +585,7 @@ fn reclaim_segments(
     let threshold = shared.config.rewrite_live_fraction;
     let reclaimable = |v: &SegView| (v.live_bytes as f64) < threshold * v.info.bytes as f64;
     // Checkpoints stall the sequencer while the state is encoded, so they
-    // are written for compaction only when a quarter of the log (or more)
+    // are written for compaction only when an eighth of the log (or more)
     // waits for them; periodic checkpoints cover the rest in time.
     let total: u64 = views.iter().map(|v| v.info.bytes).sum();
     let waiting: u64 = views
@@ -593,7 +593,7 @@ fn reclaim_segments(
         .filter(|v| reclaimable(v) && v.info.last_lsn > covered)
         .map(|v| v.info.bytes - v.live_bytes.min(v.info.bytes))
         .sum();
-    if waiting > 0 && waiting >= total / 4 {
+    if waiting > 0 && waiting >= total / 8 {
         // Dead or sparse segments wait for checkpoint coverage (they hold
         // state deltas too): write two, so that both retained checkpoints
         // cover them.
