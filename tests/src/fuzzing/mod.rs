@@ -5,5 +5,6 @@
 //! suite (`tests/tests/fuzz_corpus_replay.rs`) and every finding stays a
 //! regression test.
 
+pub mod engine_model;
 pub mod segment_recover;
 pub mod wire_decode;
