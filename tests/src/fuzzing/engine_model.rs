@@ -242,7 +242,7 @@ fn check_durable(inbox: &Inbox, ledger: &Ledger) {
 /// Runs one fuzz case; panics on any disagreement.
 pub fn check(data: &[u8]) {
     let ops = decode(data);
-    let dir = tempfile::tempdir().expect("a temp dir");
+    let dir = super::scratch_dir();
     let (mut inbox, mut io) = open(dir.path());
     let mut ledger = Ledger::default();
     // Set once an injected fsync failure may have fired: from then on
