@@ -83,6 +83,9 @@ struct AckedSend {
 struct Ledger {
     sends: Vec<AckedSend>,
     by_key: HashMap<(Uid, ClientMsgId), (MsgId, MsgSeq)>,
+    /// Sends that failed under an injected fault: they may or may not
+    /// have reached the disk.
+    uncertain: HashSet<(Uid, ClientMsgId)>,
     /// Highest acknowledged `msg_seq` per conversation (sends, joins,
     /// leaves and recalls all take one).
     head: BTreeMap<ConvId, MsgSeq>,
@@ -213,7 +216,7 @@ fn check_durable(inbox: &Inbox, ledger: &Ledger) {
                 message.tombstone && message.payload.is_empty(),
                 "recalled {send:?} is served with a body"
             );
-        } else if !message.tombstone {
+        } else if !message.tombstone && !send.payload.is_empty() {
             assert_eq!(message.payload, send.payload, "body of {send:?} changed");
         }
     }
@@ -282,6 +285,9 @@ pub fn check(data: &[u8]) {
                     })
                     .wait();
                 allowed(&reply, faulted, "send");
+                if reply.is_err() && faulted {
+                    ledger.uncertain.insert((sender, client_msg_id));
+                }
                 if let Ok(reply) = reply {
                     let earlier = ledger.by_key.get(&(sender, client_msg_id)).copied();
                     match earlier {
@@ -290,9 +296,23 @@ pub fn check(data: &[u8]) {
                             assert_eq!((reply.msg_id, reply.msg_seq), ids, "retry changed ids");
                         }
                         None if reply.duplicate => {
-                            // The first attempt failed under a fault but
-                            // reached the disk: only then may it be known.
-                            assert!(faulted, "duplicate reported for a key never sent");
+                            // Only a first attempt that failed under a
+                            // fault may have reached the disk unacknowledged;
+                            // this reply acknowledges it now.
+                            assert!(
+                                faulted || ledger.uncertain.contains(&(sender, client_msg_id)),
+                                "duplicate reported for a key never sent"
+                            );
+                            ledger
+                                .by_key
+                                .insert((sender, client_msg_id), (reply.msg_id, reply.msg_seq));
+                            ledger.sends.push(AckedSend {
+                                conv,
+                                sender,
+                                msg_id: reply.msg_id,
+                                msg_seq: reply.msg_seq,
+                                payload: Bytes::new(),
+                            });
                         }
                         None => {
                             assert!(!poisoned, "send acknowledged after an fsync failure");
