@@ -58,7 +58,7 @@ impl Plan {
         } else {
             args.clients.clone()
         };
-        let measure = args.seconds.unwrap_or(if quick { 1.5 } else { 10.0 });
+        let measure = args.seconds.unwrap_or(if quick { 1.0 } else { 10.0 });
         Self {
             mode,
             users: args.users.unwrap_or(if quick { 2_000 } else { 20_000 }),
@@ -66,7 +66,7 @@ impl Plan {
             warmup: Duration::from_millis(if quick { 250 } else { 1_000 }),
             measure: Duration::from_secs_f64(measure.max(0.1)),
             sync: CatchUpPlan {
-                users: args.sync_users.unwrap_or(if quick { 100 } else { 400 }),
+                users: args.sync_users.unwrap_or(if quick { 64 } else { 400 }),
                 devices_per_user: 4,
                 backlog: args.sync_backlog.unwrap_or(if quick { 300 } else { 1_000 }),
                 clients: 16,
@@ -330,7 +330,21 @@ fn run_system(
 
     for (i, &clients) in plan.clients.iter().enumerate() {
         let run = seed.wrapping_mul(31).wrapping_add(i as u64 + 1);
+        let before = system.write_counters();
         let out = scenarios::ingest(system, workload, clients, plan.warmup, plan.measure, run)?;
+        if let Some((a, b)) = before.zip(system.write_counters()) {
+            // Includes the warm-up, so divide by everything that was sent.
+            let fsyncs = b.fsyncs - a.fsyncs;
+            let batches = b.write_batches - a.write_batches;
+            if fsyncs == 0 {
+                println!("{name}: ingest c={clients}: {batches} write batches");
+            } else {
+                println!(
+                    "{name}: ingest c={clients}: {batches} write batches, {fsyncs} fsyncs, mean fsync {} µs",
+                    (b.fsync_latency_us_sum - a.fsync_latency_us_sum) / fsyncs,
+                );
+            }
+        }
         println!(
             "{name}: ingest c={clients}: {} sends, {:.0} sends/s, {:.0} events/s, p50 {} µs, p99 {} µs",
             out.latency.count(),

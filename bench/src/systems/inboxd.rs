@@ -252,6 +252,17 @@ impl System for Inboxd {
         Ok(())
     }
 
+    fn write_counters(&self) -> Option<super::WriteCounters> {
+        let rt = runtime().ok()?;
+        let client = self.client_on(&rt).ok()?;
+        let stats = rt.block_on(client.stats(Empty {})).ok()?;
+        Some(super::WriteCounters {
+            write_batches: stats.write_batches,
+            fsyncs: stats.fsyncs,
+            fsync_latency_us_sum: stats.fsync_latency_us_sum,
+        })
+    }
+
     fn data_bytes(&self) -> u64 {
         dir_bytes(&self.dir.path().join("data"))
     }

@@ -65,6 +65,14 @@ pub struct Screen {
     pub bytes: u64,
 }
 
+/// Cumulative write counters of a system (inboxd's `stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteCounters {
+    pub write_batches: u64,
+    pub fsyncs: u64,
+    pub fsync_latency_us_sum: u64,
+}
+
 /// One client connection.
 pub trait Conn {
     /// One send, acknowledged once durable: the message stored once, the
@@ -111,6 +119,12 @@ pub trait System: Sync {
     /// Runs one compaction pass now (for `mixed`).
     fn compact_now(&self) -> Result<()> {
         Err(format!("{} has no compaction driver", self.name()).into())
+    }
+
+    /// The system's own write counters, where it has them, to tell how
+    /// many fsyncs a measured run paid.
+    fn write_counters(&self) -> Option<WriteCounters> {
+        None
     }
 
     /// Bytes its data directory takes on disk.
