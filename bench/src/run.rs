@@ -336,13 +336,11 @@ fn run_system(
             // Includes the warm-up, so divide by everything that was sent.
             let fsyncs = b.fsyncs - a.fsyncs;
             let batches = b.write_batches - a.write_batches;
-            if fsyncs == 0 {
-                println!("{name}: ingest c={clients}: {batches} write batches");
-            } else {
-                println!(
-                    "{name}: ingest c={clients}: {batches} write batches, {fsyncs} fsyncs, mean fsync {} µs",
-                    (b.fsync_latency_us_sum - a.fsync_latency_us_sum) / fsyncs,
-                );
+            match (b.fsync_latency_us_sum - a.fsync_latency_us_sum).checked_div(fsyncs) {
+                Some(mean_us) => println!(
+                    "{name}: ingest c={clients}: {batches} write batches, {fsyncs} fsyncs, mean fsync {mean_us} µs"
+                ),
+                None => println!("{name}: ingest c={clients}: {batches} write batches"),
             }
         }
         println!(
