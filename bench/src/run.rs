@@ -550,14 +550,15 @@ fn catch_up_scenario(
     let devices: Vec<_> = sync_set.devices().collect();
     let out = scenarios::catch_up(system, &devices, cp.clients, cp.page)?;
     println!(
-        "{name}: {scenario} c={}: {} devices caught up in {:.2} s, {:.0} pages/s, {:.0} events/s, page p50 {} µs, p99 {} µs",
+        "{name}: {scenario} c={}: {} devices caught up in {:.2} s, {:.0} pages/s, {:.0} events/s, page p50 {} µs, p99 {} µs (read part p99 {} µs)",
         cp.clients,
         devices.len(),
         out.elapsed.as_secs_f64(),
         out.ops_per_s(),
         out.events_per_s(),
         out.latency.quantile_us(0.5),
-        out.latency.quantile_us(0.99)
+        out.latency.quantile_us(0.99),
+        out.read_latency.quantile_us(0.99)
     );
     let clients = u32::try_from(cp.clients).unwrap_or(u32::MAX);
     report.results.push(ResultRow::new(
@@ -568,6 +569,16 @@ fn catch_up_scenario(
         &out.latency,
         out.bytes,
     ));
+    if scenario == "sync" {
+        report.results.push(ResultRow::new(
+            "sync-read",
+            &name,
+            clients,
+            out.ops_per_s(),
+            &out.read_latency,
+            out.bytes,
+        ));
+    }
     if scenario == "reconnect-storm" {
         // Devices per second: the time until all are caught up is
         // devices / ops_per_s; the latency is one page's.

@@ -346,6 +346,7 @@ impl Conn for InboxdConn {
                 }
                 device.started = true;
             }
+            let read_started = Instant::now();
             let page = client
                 .sync(SyncReq {
                     uid: device.uid,
@@ -357,6 +358,7 @@ impl Conn for InboxdConn {
                         .then(|| Bytes::from(device.position.clone())),
                 })
                 .await?;
+            let read = read_started.elapsed();
             let bytes = page.events.iter().map(event_bytes).sum();
             let events = u32::try_from(page.events.len()).unwrap_or(u32::MAX);
             if page.next_cursor > page.acked_sync_seq {
@@ -393,6 +395,7 @@ impl Conn for InboxdConn {
                 events,
                 bytes,
                 has_more: page.has_more,
+                read,
             })
         })
     }

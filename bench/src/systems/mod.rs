@@ -55,6 +55,8 @@ pub struct Page {
     /// Bytes of event data returned.
     pub bytes: u64,
     pub has_more: bool,
+    /// Time to read the page, before its ACK.
+    pub read: std::time::Duration,
 }
 
 /// What `long-offline`'s first screen fetched.
