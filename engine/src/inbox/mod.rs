@@ -304,6 +304,17 @@ pub struct Inbox {
 impl Inbox {
     /// Opens (recovering if needed) the store in `config.data_dir`.
     pub fn open(config: InboxConfig) -> Result<Inbox> {
+        Self::open_inner(config, None)
+    }
+
+    /// Opens with both logs' IO going through `io`: fault injection
+    /// (`crate::log::FaultyIo`) in tests.
+    #[doc(hidden)]
+    pub fn open_with_io(config: InboxConfig, io: Arc<dyn crate::log::LogIo>) -> Result<Inbox> {
+        Self::open_inner(config, Some(io))
+    }
+
+    fn open_inner(config: InboxConfig, io: Option<Arc<dyn crate::log::LogIo>>) -> Result<Inbox> {
         let data = &config.data_dir;
         std::fs::create_dir_all(data).map_err(LogError::Io)?;
         let log_opts = |name: &str| LogOptions {
@@ -312,8 +323,12 @@ impl Inbox {
             io: config.io,
             ..LogOptions::new(data.join(name))
         };
-        let msg_log = Log::open(log_opts("msg"))?;
-        let evt_log = Log::open(log_opts("evt"))?;
+        let open_log = |name: &str| match &io {
+            Some(io) => Log::open_with_io(log_opts(name), Arc::clone(io)),
+            None => Log::open(log_opts(name)),
+        };
+        let msg_log = open_log("msg")?;
+        let evt_log = open_log("evt")?;
         let (state, recovery) = recover::load_state_reporting(&config, &evt_log)?;
         let (hints, _) = tokio::sync::broadcast::channel(1024);
         let shared = Arc::new(Shared {

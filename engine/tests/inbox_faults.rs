@@ -1,0 +1,129 @@
+//! Storage faults seen through the inbox: an fsync failure stops every
+//! mutation (fail-stop, R21) while durable reads go on; a full disk fails
+//! the send with `NoSpace`, changes nothing, and writes resume once space
+//! is back.
+
+mod inbox_common;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use inbox_common::*;
+use inbox_engine::inbox::ManualClock;
+use inbox_engine::log::{FaultyIo, SyncPolicy};
+use inbox_engine::*;
+
+fn open(dir: &std::path::Path, io: &Arc<FaultyIo>) -> Inbox {
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut c = config(dir, &clock);
+    c.sync = SyncPolicy::Always;
+    c.segment_bytes = 256 << 10;
+    Inbox::open_with_io(c, io.clone()).unwrap()
+}
+
+fn send(ib: &Inbox, conv: ConvId, sender: Uid, cmid: u128, payload: Bytes) -> Result<SendReply> {
+    ib.send(SendRequest {
+        conv,
+        sender,
+        client_msg_id: cmid,
+        msg_type: 1,
+        payload,
+    })
+    .wait()
+}
+
+/// Bytes that zstd cannot shrink, so each message really takes its size.
+fn noise(n: usize, seed: u64) -> Bytes {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect::<Vec<_>>()
+        .into()
+}
+
+#[test]
+fn fsync_failure_stops_every_mutation_while_durable_reads_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = Arc::new(FaultyIo::new());
+    let ib = open(dir.path(), &io);
+    ib.join(10, 1).wait().unwrap();
+    ib.join(10, 2).wait().unwrap();
+    ib.join(20, 3).wait().unwrap();
+    let kept = send(&ib, 10, 1, 1, Bytes::from_static(b"durable")).unwrap();
+    io.fail_nth_sync(1);
+    let lost = send(&ib, 10, 1, 2, Bytes::from_static(b"never acknowledged"));
+    assert!(matches!(lost, Err(Error::Log(_))), "{lost:?}");
+    // Fail-stop: nothing is accepted any more, not even after the fault.
+    assert!(send(&ib, 10, 1, 3, Bytes::from_static(b"x")).is_err());
+    assert!(ib.join(10, 4).wait().is_err());
+    assert!(ib.register_device(1, 1).wait().is_err());
+    // Durable state is still served.
+    let pulled = &ib.pull(2, &[(10, 0)], 50).unwrap()[0];
+    assert_eq!(pulled.max_seq, kept.msg_seq);
+    assert_eq!(
+        pulled.messages.last().unwrap().payload,
+        Bytes::from_static(b"durable")
+    );
+    assert_eq!(ib.conv_list(3, 10, None).unwrap().convs.len(), 1);
+    let _ = ib.shutdown();
+    drop(ib);
+    // After a restart everything acknowledged is there, and no more.
+    let ib = Inbox::open(config(dir.path(), &Arc::new(ManualClock::new(T0)))).unwrap();
+    let pulled = &ib.pull(2, &[(10, 0)], 50).unwrap()[0];
+    assert!(pulled.messages.iter().any(|m| m.msg_id == kept.msg_id));
+    assert!(pulled
+        .messages
+        .iter()
+        .all(|m| m.payload != Bytes::from_static(b"never acknowledged")));
+    let next = send(&ib, 10, 1, 4, Bytes::from_static(b"after restart")).unwrap();
+    assert_eq!(next.msg_seq, kept.msg_seq + 1);
+}
+
+#[test]
+fn full_disk_fails_the_send_with_no_space_changes_nothing_and_writes_resume_when_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = Arc::new(FaultyIo::new());
+    let ib = open(dir.path(), &io);
+    ib.join(10, 1).wait().unwrap();
+    ib.join(10, 2).wait().unwrap();
+    let first = send(&ib, 10, 1, 1, noise(1000, 1)).unwrap();
+    io.set_no_space(true);
+    // Keep sending 60 KB messages until a new segment is needed.
+    let mut cmid = 100;
+    let (digest, err) = loop {
+        cmid += 1;
+        let digest = ib.state_digest();
+        match send(&ib, 10, 1, cmid, noise(60_000, cmid as u64)) {
+            Ok(_) => assert!(cmid < 120, "never ran out of space"),
+            Err(e) => break (digest, e),
+        }
+    };
+    assert!(matches!(err, Error::NoSpace(_)), "{err:?}");
+    assert_eq!(ib.state_digest(), digest, "the failed send left no trace");
+    let head = ib.pull(2, &[(10, 0)], 500).unwrap()[0].max_seq;
+    // Reads go on while the disk is full.
+    assert!(ib.pull(2, &[(10, 0)], 500).unwrap()[0]
+        .messages
+        .iter()
+        .any(|m| m.msg_id == first.msg_id));
+    io.set_no_space(false);
+    let resumed = send(&ib, 10, 1, cmid, noise(60_000, cmid as u64)).unwrap();
+    assert!(!resumed.duplicate);
+    assert_eq!(
+        resumed.msg_seq,
+        head + 1,
+        "no seq was burnt by the failed send"
+    );
+    let _ = ib.shutdown();
+    drop(ib);
+    let ib = Inbox::open(config(dir.path(), &Arc::new(ManualClock::new(T0)))).unwrap();
+    assert_eq!(
+        ib.pull(2, &[(10, 0)], 500).unwrap()[0].max_seq,
+        resumed.msg_seq
+    );
+}
