@@ -71,6 +71,10 @@ pub struct Args {
     /// `recovery` (--full): data to fill each system with before kill -9, GiB.
     #[arg(long, default_value_t = 1.0)]
     pub recovery_gib: f64,
+    /// Run nothing: read a JSON report written by --json and write its plot
+    /// (to --svg).
+    #[arg(long)]
+    pub replot: Option<PathBuf>,
     /// Seed of the workload.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,

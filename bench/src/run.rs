@@ -105,6 +105,19 @@ const SYSTEMS: [&str; 6] = [
 ];
 
 pub fn run(args: &Args) -> Result<()> {
+    if let Some(json) = &args.replot {
+        let report: Report = serde_json::from_str(&std::fs::read_to_string(json)?)?;
+        let svg_path = args
+            .svg
+            .clone()
+            .unwrap_or_else(|| json.with_extension("svg"));
+        write_file(
+            &svg_path,
+            &svg::plot(&report, &format!("inbox-bench --{}", report.machine.mode)),
+        )?;
+        println!("plot: {}", svg_path.display());
+        return Ok(());
+    }
     let plan = Plan::new(args);
     for name in &args.systems {
         if !SYSTEMS.contains(&name.as_str()) {
