@@ -211,3 +211,36 @@ fn a_crash_image_keeps_only_synced_bytes_and_every_acknowledged_append() {
 fn a_crash_image_with_torn_unsynced_writes_recovers_every_acknowledged_append() {
     crash_images(true);
 }
+
+#[test]
+fn interval_policy_acknowledges_before_the_sync_and_syncs_within_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = Arc::new(FaultyIo::new());
+    let mut o = opts(dir.path());
+    o.sync = inbox_engine::log::SyncPolicy::Interval(Duration::from_millis(20));
+    let log = Log::open_with_io(o, io.clone()).unwrap();
+    log.append(batch(0, 1)).unwrap(); // creates the segment (synced)
+    std::thread::sleep(Duration::from_millis(60));
+    let before = io.syncs();
+    for tag in 1..50 {
+        log.append(batch(tag, 1)).unwrap();
+    }
+    let acked_syncs = io.syncs() - before;
+    assert!(
+        acked_syncs < 10,
+        "acks did not wait for a sync each: {acked_syncs} syncs"
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        io.syncs() > before,
+        "the interval timer synced the written batches"
+    );
+    let img = tempfile::tempdir().unwrap();
+    io.crash_image(img.path(), None).unwrap();
+    let recovered = Log::open(opts(img.path())).unwrap();
+    assert_eq!(
+        recovered.durable_lsn(),
+        50,
+        "after the interval every ack is on disk"
+    );
+}

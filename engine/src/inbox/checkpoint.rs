@@ -111,6 +111,7 @@ pub(crate) fn encode_state(st: &State) -> Vec<u8> {
         w.u64(*uid);
         w.u128(*cmid);
     }
+    super::fence::encode_checkpoint_section(&mut w, st);
     w.buf
 }
 
@@ -199,6 +200,7 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
     for _ in 0..r.count(32)? {
         st.idem_order.push_back((r.u64()?, r.u64()?, r.u128()?));
     }
+    super::fence::decode_checkpoint_section(&mut r, &mut st)?;
     if !r.is_empty() {
         return Err(DecodeError("trailing bytes in checkpoint"));
     }

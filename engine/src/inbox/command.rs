@@ -31,6 +31,9 @@
 //! - [`EFFECT_FLAGS`]: uid u64, conv u64, muted u8, pinned u8, at_ms u64.
 //! - [`EFFECT_DEVICE`]: uid u64, then the full device row (see
 //!   [`DeviceRow`]): the row after the change, so replay is an upsert.
+//! - [`EFFECT_SNAPSHOT`], [`EFFECT_TRIM`], [`EFFECT_RELOCATE`] and copies
+//!   (kind | [`COPY_FLAG`]): compaction and snapshot records, laid out in
+//!   [`super::fence`].
 
 use bytes::Bytes;
 
@@ -42,6 +45,11 @@ pub(crate) const EFFECT_MSG: u8 = 1;
 pub(crate) const EFFECT_READ: u8 = 2;
 pub(crate) const EFFECT_FLAGS: u8 = 3;
 pub(crate) const EFFECT_DEVICE: u8 = 4;
+pub(crate) const EFFECT_SNAPSHOT: u8 = 5;
+pub(crate) const EFFECT_TRIM: u8 = 6;
+pub(crate) const EFFECT_RELOCATE: u8 = 7;
+/// Set on the kind of a record copied forward by a segment rewrite.
+pub(crate) const COPY_FLAG: u8 = 0x80;
 
 const FORMAT_VERSION: u8 = 1;
 const FLAG_ZSTD: u8 = 1;
@@ -253,6 +261,21 @@ pub(crate) enum Effect {
         uid: Uid,
         row: DeviceRow,
     },
+    /// A snapshot row after a change (R18); replay upserts or drops it.
+    Snapshot {
+        uid: Uid,
+        row: super::fence::SnapshotRow,
+    },
+    /// The user's retained events now start after `events_base` (R19).
+    Trim {
+        uid: Uid,
+        events_base: SyncSeq,
+    },
+    /// Events now read from copies of their records (segment rewrite).
+    Relocate(Vec<super::fence::Relocation>),
+    /// A live record copied forward by a segment rewrite: data for the
+    /// events that point at it; applying it changes nothing.
+    Copied(Box<Effect>),
 }
 
 pub(crate) fn state_code(s: DeviceState) -> u8 {
@@ -326,10 +349,17 @@ impl Effect {
             Effect::Read { .. } => EFFECT_READ,
             Effect::Flags { .. } => EFFECT_FLAGS,
             Effect::Device { .. } => EFFECT_DEVICE,
+            Effect::Snapshot { .. } => EFFECT_SNAPSHOT,
+            Effect::Trim { .. } => EFFECT_TRIM,
+            Effect::Relocate(_) => EFFECT_RELOCATE,
+            Effect::Copied(inner) => inner.record_kind() | COPY_FLAG,
         }
     }
 
     pub fn encode(&self) -> Vec<u8> {
+        if let Effect::Copied(inner) = self {
+            return inner.encode();
+        }
         let mut w = Writer::with_capacity(96);
         w.u8(FORMAT_VERSION);
         match self {
@@ -373,11 +403,20 @@ impl Effect {
                 w.u64(*uid);
                 put_device_row(&mut w, row);
             }
+            Effect::Snapshot { .. } | Effect::Trim { .. } | Effect::Relocate(_) => {
+                super::fence::encode_effect(&mut w, self);
+            }
+            // Returned above.
+            Effect::Copied(_) => {}
         }
         w.buf
     }
 
     pub fn decode(record_kind: u8, buf: &[u8]) -> DecodeResult<Effect> {
+        if record_kind & COPY_FLAG != 0 {
+            let inner = Effect::decode(record_kind & !COPY_FLAG, buf)?;
+            return Ok(Effect::Copied(Box::new(inner)));
+        }
         let mut r = Reader::new(buf);
         if r.u8()? != FORMAT_VERSION {
             return Err(DecodeError("unknown effect record version"));
@@ -415,6 +454,9 @@ impl Effect {
                 uid: r.u64()?,
                 row: get_device_row(&mut r)?,
             },
+            EFFECT_SNAPSHOT | EFFECT_TRIM | EFFECT_RELOCATE => {
+                super::fence::decode_effect(record_kind, &mut r)?
+            }
             _ => return Err(DecodeError("unknown effect record kind")),
         };
         if !r.is_empty() {
@@ -467,7 +509,11 @@ impl Effect {
                     u8::from(flags.muted) | (u8::from(flags.pinned) << 1)
                 ]),
             },
-            Effect::Device { .. } => return None,
+            Effect::Copied(inner) => return inner.to_event(sync_seq),
+            Effect::Device { .. }
+            | Effect::Snapshot { .. }
+            | Effect::Trim { .. }
+            | Effect::Relocate(_) => return None,
         })
     }
 }

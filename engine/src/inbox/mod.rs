@@ -13,18 +13,25 @@
 //! - [`sync`]: devices, sync batches, ACKs, recovery leases;
 //! - [`token`]: HMAC batch tokens;
 //! - [`read`]: sync pages, pull, history, conversation list;
-//! - [`checkpoint`], [`recover`]: R22.
+//! - [`checkpoint`], [`recover`]: R22;
+//! - [`fence`], [`snapshot`], [`compaction`]: fences and the reclaim
+//!   floor, snapshots for reset devices, compaction (R18, R19).
 
 mod checkpoint;
 mod codec;
 mod command;
+mod compaction;
+mod fence;
 mod read;
 mod recover;
 pub use recover::RecoveryReport;
 mod sequencer;
+mod snapshot;
 mod state;
 mod sync;
 mod token;
+
+pub use compaction::{CompactionStep, SpaceUsage};
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -118,6 +125,9 @@ pub struct InboxConfig {
     pub rewrite_live_fraction: f64,
     /// Compaction rewrite budget, bytes per second.
     pub compaction_bytes_per_s: u64,
+    /// How often the background compaction pass runs; `None` runs none
+    /// (then only [`Inbox::compact`] compacts).
+    pub compaction_interval: Option<Duration>,
     /// Write an index checkpoint after this many log bytes (R22).
     pub checkpoint_every_bytes: u64,
     pub idempotency_ttl: Duration,
@@ -150,6 +160,7 @@ impl InboxConfig {
             history_retention: None,
             rewrite_live_fraction: 0.5,
             compaction_bytes_per_s: 64 << 20,
+            compaction_interval: Some(Duration::from_secs(60)),
             checkpoint_every_bytes: 256 << 20,
             idempotency_ttl: 7 * DAY,
             clock: Arc::new(SystemClock),
@@ -247,6 +258,8 @@ pub(crate) struct Shared {
     hints: tokio::sync::broadcast::Sender<Vec<Hint>>,
     rounds_written: AtomicU64,
     recovery: RecoveryReport,
+    snapshots: snapshot::Store,
+    compaction: compaction::Runtime,
 }
 
 impl Shared {
@@ -341,12 +354,18 @@ impl Inbox {
             hints,
             rounds_written: AtomicU64::new(0),
             recovery,
+            snapshots: snapshot::Store::default(),
+            compaction: compaction::Runtime::default(),
         });
         let (tx, rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel();
         let seq = sequencer::Sequencer::new(Arc::clone(&shared), rx, done_tx);
         let completion_shared = Arc::clone(&shared);
-        let threads = vec![
+        let compaction = shared
+            .config
+            .compaction_interval
+            .map(|every| (Arc::clone(&shared), tx.clone(), every));
+        let mut threads = vec![
             std::thread::Builder::new()
                 .name("inbox-sequencer".into())
                 .spawn(move || seq.run())
@@ -356,6 +375,14 @@ impl Inbox {
                 .spawn(move || sequencer::run_completion(completion_shared, done_rx))
                 .map_err(LogError::Io)?,
         ];
+        if let Some((shared, tx, every)) = compaction {
+            threads.push(
+                std::thread::Builder::new()
+                    .name("inbox-compaction".into())
+                    .spawn(move || compaction::run_background(shared, tx, every))
+                    .map_err(LogError::Io)?,
+            );
+        }
         Ok(Inbox {
             shared,
             tx: Mutex::new(Some(tx)),
@@ -547,33 +574,65 @@ impl Inbox {
     pub fn conv_list(&self, uid: Uid, limit: u32, cursor: Option<Bytes>) -> Result<ConvListPage> {
         read::conv_list(&self.shared, uid, limit, cursor)
     }
-    pub fn begin_snapshot(&self, _uid: Uid, _device: DeviceId) -> Pending<SnapshotInfo> {
-        Pending::ready(not_available("snapshots"))
+    /// R18: in one step, bumps the device's generation, sets it RESETTING
+    /// and freezes `base_sync_seq` at the user's sync head; the reply comes
+    /// once the snapshot is built and READY.
+    pub fn begin_snapshot(&self, uid: Uid, device: DeviceId) -> Pending<SnapshotInfo> {
+        self.submit(|tx| Command::BeginSnapshot { uid, device, tx })
     }
-    pub fn snapshot_info(&self, _uid: Uid, _snapshot_id: u64) -> Result<SnapshotInfo> {
-        not_available("snapshots")
+    pub fn snapshot_info(&self, uid: Uid, snapshot_id: u64) -> Result<SnapshotInfo> {
+        snapshot::info_of(&self.shared, uid, snapshot_id)
     }
-    pub fn snapshot_page(&self, _uid: Uid, _snapshot_id: u64, _page: u32) -> Result<SnapshotPage> {
-        not_available("snapshots")
+    /// One page of a READY snapshot; pages never change, so an interrupted
+    /// install fetches the same bytes again.
+    pub fn snapshot_page(&self, uid: Uid, snapshot_id: u64, page: u32) -> Result<SnapshotPage> {
+        snapshot::page_of(&self.shared, uid, snapshot_id, page)
     }
+    /// Finishes an install: the device becomes ACTIVE at `acked = S`, only
+    /// if it is still RESETTING in the snapshot's generation.
     pub fn ack_snapshot(
         &self,
-        _uid: Uid,
-        _device: DeviceId,
-        _snapshot_id: u64,
-        _generation: Generation,
+        uid: Uid,
+        device: DeviceId,
+        snapshot_id: u64,
+        generation: Generation,
     ) -> Pending<DeviceInfo> {
-        Pending::ready(not_available("snapshots"))
+        self.submit(|tx| Command::AckSnapshot {
+            uid,
+            device,
+            snapshot_id,
+            generation,
+            tx,
+        })
     }
     /// Runs one compaction pass now (the background task calls the same).
+    /// Blocks; call it from a plain thread, not from inside an async
+    /// runtime.
     pub fn compact(&self) -> Result<CompactionReport> {
-        not_available("compaction")
+        let submit = |c: Command| match &*self.tx.lock() {
+            Some(s) => s.send(c).is_ok(),
+            None => false,
+        };
+        compaction::pass(&self.shared, &submit)
     }
-    pub fn explain(&self, _uid: Uid) -> Result<UserExplain> {
-        not_available("explain")
+    /// What holds `uid`'s events back from compaction (R19).
+    pub fn explain(&self, uid: Uid) -> Result<UserExplain> {
+        compaction::explain(&self.shared, uid)
     }
-    pub fn explain_segment(&self, _stream: &str, _segment: u32) -> Result<SegmentExplain> {
-        not_available("explain")
+    /// What holds a segment (`"evt"` or `"msg"`) back from being dropped.
+    pub fn explain_segment(&self, stream: &str, segment: u32) -> Result<SegmentExplain> {
+        compaction::explain_segment(&self.shared, stream, segment)
+    }
+    /// Bytes on disk and bytes still needed per stream.
+    #[doc(hidden)]
+    pub fn space_usage(&self) -> Result<SpaceUsage> {
+        compaction::space_usage(&self.shared)
+    }
+    /// Calls `hook` between the steps of every compaction pass (crash
+    /// tests take an image of the data directory there).
+    #[doc(hidden)]
+    pub fn set_compaction_hook(&self, hook: Option<Arc<dyn Fn(CompactionStep) + Send + Sync>>) {
+        self.shared.compaction.set_hook(hook);
     }
     /// Writes an index checkpoint now (R22).
     pub fn checkpoint(&self) -> Result<()> {
@@ -605,6 +664,7 @@ impl Inbox {
             write_batches: self.shared.rounds_written.load(Ordering::Relaxed),
             bytes_on_disk: segs.map(|s| s.bytes).sum(),
             index_bytes: event_index + msg_index,
+            compaction: self.shared.compaction.report(),
             ..Stats::default()
         }
     }
@@ -616,6 +676,7 @@ impl Inbox {
     /// Stops taking commands, finishes the ones in flight, syncs, and
     /// writes a checkpoint.
     pub fn shutdown(&self) -> Result<()> {
+        self.shared.compaction.stop();
         let Some(sender) = self.tx.lock().take() else {
             return Ok(());
         };
@@ -661,8 +722,4 @@ impl Drop for Inbox {
             tracing::warn!(error = %e, "inbox shutdown on drop failed");
         }
     }
-}
-
-fn not_available<T>(what: &str) -> Result<T> {
-    Err(Error::Internal(format!("{what} not available yet")))
 }

@@ -31,6 +31,20 @@ fn corrupt(what: &str, e: &super::codec::DecodeError) -> Error {
 }
 
 pub(crate) fn sync_page(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
+    // Compaction may move records (rewrite) or drop them (trim) between
+    // copying the locations and reading them: then look again, which
+    // either finds the moved records or answers RESET_REQUIRED.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match sync_page_once(shared, plan) {
+            Err(Error::Log(crate::log::LogError::BadLocation { .. })) if attempt < 3 => continue,
+            other => return other,
+        }
+    }
+}
+
+fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
     let locs: Vec<PackedLoc> = {
         let st = shared.state.read();
         let user = st

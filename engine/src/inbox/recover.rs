@@ -54,6 +54,17 @@ pub(crate) fn load_state_reporting(
     let mut state = state.unwrap_or_else(|| State::new(ttl_ms));
     state.idem_ttl_ms = ttl_ms;
     let after = state.evt_lsn;
+    // Compaction deletes whole segments once checkpoints cover them; a log
+    // that starts after the state's LSN has lost records this replay needs.
+    if let Some(first) = evt.segments().first() {
+        if first.first_lsn > after + 1 && durable > after {
+            return Err(Error::Internal(format!(
+                "evt log starts at LSN {} but the newest usable checkpoint covers only LSN {after}: \
+                 log data is missing",
+                first.first_lsn
+            )));
+        }
+    }
     let mut replayed = 0u64;
     evt.replay(after, &mut |lsn, loc, kind, payload| {
         let corrupt = |reason: String| LogError::Corruption {

@@ -31,7 +31,7 @@ use super::command::*;
 use super::state::{State, Touched};
 use super::sync::{self, SyncOutcome};
 use super::token::TokenClaims;
-use super::{checkpoint, read, recover, Reply, Shared};
+use super::{checkpoint, compaction, read, recover, snapshot, Reply, Shared};
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::log::{AppendTicket, Batch, LogError};
@@ -100,6 +100,33 @@ pub(crate) enum Command {
         uid: Uid,
         conv: ConvId,
         flags: ConvFlags,
+        tx: Tx<()>,
+    },
+    BeginSnapshot {
+        uid: Uid,
+        device: DeviceId,
+        tx: Tx<SnapshotInfo>,
+    },
+    AckSnapshot {
+        uid: Uid,
+        device: DeviceId,
+        snapshot_id: u64,
+        generation: Generation,
+        tx: Tx<DeviceInfo>,
+    },
+    /// Compaction: trim users' events (decided again against the fences).
+    Trim {
+        proposals: Vec<compaction::TrimProposal>,
+        tx: Tx<Vec<(Uid, SyncSeq, SyncSeq)>>,
+    },
+    /// Compaction: point events at copies of their records.
+    Relocate {
+        moves: Vec<super::fence::Relocation>,
+        tx: Tx<()>,
+    },
+    /// Compaction: forget snapshots past their TTL.
+    DropSnapshots {
+        candidates: Vec<(Uid, u64)>,
         tx: Tx<()>,
     },
     Checkpoint {
@@ -532,6 +559,63 @@ impl Sequencer {
                     }
                 }
             }
+            Command::BeginSnapshot { uid, device, tx } => {
+                match snapshot::decide_begin(st, &self.shared.config, now, uid, device) {
+                    Err(e) => r.replies.push(reply_with(tx, Err(e))),
+                    Ok((effects, plan)) => {
+                        self.push_effects(st, r, round_id, effects);
+                        // The content is built from the plan captured at S,
+                        // on the caller's thread once the step is durable.
+                        let shared = Arc::clone(&self.shared);
+                        r.replies.push(Box::new(move |fail| {
+                            let reply = match fail {
+                                Some(f) => Reply::Done(Err(f.to_error())),
+                                None => {
+                                    Reply::Later(Box::new(move || snapshot::build(&shared, &plan)))
+                                }
+                            };
+                            let _ = tx.send(reply);
+                        }));
+                    }
+                }
+            }
+            Command::AckSnapshot {
+                uid,
+                device,
+                snapshot_id,
+                generation,
+                tx,
+            } => {
+                let result = snapshot::decide_ack(
+                    &self.shared,
+                    st,
+                    now,
+                    uid,
+                    device,
+                    snapshot_id,
+                    generation,
+                )
+                .map(|(effects, reply)| {
+                    self.push_effects(st, r, round_id, effects);
+                    reply
+                });
+                r.replies.push(reply_with(tx, result));
+            }
+            Command::Trim { proposals, tx } => {
+                let (effects, trimmed) =
+                    compaction::decide_trim(st, &self.shared.config, now, &proposals);
+                self.push_effects(st, r, round_id, effects);
+                r.replies.push(reply_with(tx, Ok(trimmed)));
+            }
+            Command::Relocate { moves, tx } => {
+                self.push_effects(st, r, round_id, vec![Effect::Relocate(moves)]);
+                r.replies.push(reply_with(tx, Ok(())));
+            }
+            Command::DropSnapshots { candidates, tx } => {
+                let effects = compaction::decide_drop_snapshots(st, now, &candidates);
+                self.push_effects(st, r, round_id, effects);
+                r.replies.push(reply_with(tx, Ok(())));
+            }
             Command::Checkpoint { .. } | Command::Shutdown { .. } => {}
         }
     }
@@ -781,6 +865,10 @@ fn fail_command(cmd: Command, fail: &Fail) {
         Command::Ack { tx, .. } => e(tx, fail),
         Command::MarkRead { tx, .. } => e(tx, fail),
         Command::Flags { tx, .. } => e(tx, fail),
+        Command::BeginSnapshot { tx, .. } => e(tx, fail),
+        Command::AckSnapshot { tx, .. } => e(tx, fail),
+        Command::Trim { tx, .. } => e(tx, fail),
+        Command::Relocate { tx, .. } | Command::DropSnapshots { tx, .. } => e(tx, fail),
         Command::Checkpoint { tx } | Command::Shutdown { tx } => {
             drop(tx.send(Err(fail.to_error())))
         }

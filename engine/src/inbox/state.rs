@@ -144,6 +144,9 @@ pub(crate) struct User {
     pub convs: HashMap<ConvId, UserConv>,
     pub order: BTreeSet<ActivityKey>,
     pub next_lease_id: u64,
+    /// Snapshots by id (R18), see [`super::fence`].
+    pub snapshots: BTreeMap<u64, super::fence::SnapshotSlot>,
+    pub next_snapshot_id: u64,
 }
 
 impl User {
@@ -276,6 +279,18 @@ impl State {
                 }
                 Ok(())
             }
+            Effect::Snapshot { uid, row } => {
+                self.apply_snapshot(*uid, row, stamp);
+                Ok(())
+            }
+            Effect::Trim { uid, events_base } => self.apply_trim(*uid, *events_base),
+            Effect::Relocate(moves) => {
+                self.apply_relocate(moves);
+                Ok(())
+            }
+            // A copy is data for the events that will point at it; the
+            // original record already made its change.
+            Effect::Copied(_) => Ok(()),
         }
     }
 

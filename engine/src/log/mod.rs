@@ -78,8 +78,10 @@ pub enum SyncPolicy {
     None,
 }
 
-/// Which [`LogIo`] backend writes the segments. See `docs/BENCHMARKS.md`
-/// for the measurements behind the default.
+/// Which [`LogIo`] backend writes the segments. The default is pwrite:
+/// the benchmark (`docs/BENCHMARKS.md`, "Segment log") finds no reliable
+/// gain from io_uring, whose cost is dominated by the fdatasync, and pwrite
+/// works where io_uring is disabled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum IoBackend {
     /// pwrite(2) + fdatasync(2). Portable.
@@ -684,8 +686,10 @@ impl Log {
                 "segment {id} is the active segment; only sealed segments can be deleted"
             )));
         }
-        self.shared.segments.write().remove(&id);
+        // Unlink first: if that fails, nothing has changed. Readers holding
+        // the segment keep their descriptor and mapping.
         self.shared.io.remove(&seg.path)?;
+        self.shared.segments.write().remove(&id);
         self.shared.io.sync_dir(&self.shared.dir)?;
         tracing::info!(
             segment = id,

@@ -1,0 +1,210 @@
+//! Segment log append throughput under `SyncPolicy::Always`: 200-byte
+//! records from 1, 4 and 16 concurrent appenders, for both IO backends,
+//! next to the machine's limit measured in the same run on the same disk:
+//! one 4 KiB pwrite + fdatasync.
+//!
+//! `cargo bench -p inbox-engine --bench log_append`
+//!
+//! Criterion reports appends/s (one element = one acknowledged append of
+//! one 200-byte record). After the run a summary prints MB/s of payload,
+//! mean ack latency, the mean time of one group commit (write + fdatasync)
+//! in the same case, appends per commit, and ack latency / commit time:
+//! the last two are ratios within one case, so they hold on a disk whose
+//! latency drifts during the run.
+//! The data directory is under the target dir (same disk as the build);
+//! set INBOX_BENCH_DIR to measure another disk.
+
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use inbox_engine::log::{Batch, IoBackend, Log, LogOptions, SyncPolicy};
+use parking_lot::Mutex;
+
+const RECORD_BYTES: usize = 200;
+
+fn bench_root() -> PathBuf {
+    std::env::var_os("INBOX_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")))
+}
+
+#[derive(Default)]
+struct Totals {
+    appends: AtomicU64,
+    wall_ns: AtomicU64,
+    latency_ns: AtomicU64,
+}
+
+struct Line {
+    name: String,
+    appends: u64,
+    wall: Duration,
+    latency_mean: Duration,
+    per_commit: f64,
+    /// Mean time of one group commit (write + fdatasync) in this case.
+    commit_mean: Duration,
+    bytes_per_op: usize,
+}
+
+fn bench_log(c: &mut Criterion, summary: &Mutex<Vec<Line>>) {
+    let mut group = c.benchmark_group("log_append_always");
+    group.throughput(Throughput::Elements(1));
+    // Backends alternate within each appender count, so the two runs of a
+    // pair are next to each other in time on a disk whose latency drifts.
+    // INBOX_BENCH_URING_FIRST=1 swaps the order inside each pair, to check
+    // that a difference is not just drift.
+    let mut order = [IoBackend::Pwrite, IoBackend::IoUring];
+    if std::env::var_os("INBOX_BENCH_URING_FIRST").is_some() {
+        order.reverse();
+    }
+    for appenders in [1usize, 4, 16] {
+        for io in order {
+            let dir = tempfile::tempdir_in(bench_root()).unwrap();
+            let mut opts = LogOptions::new(dir.path());
+            opts.sync = SyncPolicy::Always;
+            opts.io = io;
+            let log = Arc::new(Log::open(opts).unwrap());
+            let totals = Arc::new(Totals::default());
+            let name = format!("{io:?}").to_lowercase();
+            group.bench_function(BenchmarkId::new(&name, appenders), |b| {
+                b.iter_custom(|iters| {
+                    let per = iters.div_ceil(appenders as u64);
+                    let start = Instant::now();
+                    let threads: Vec<_> = (0..appenders)
+                        .map(|_| {
+                            let (log, totals) = (Arc::clone(&log), Arc::clone(&totals));
+                            std::thread::spawn(move || {
+                                let payload = [0x5Au8; RECORD_BYTES];
+                                let mut lat = 0u64;
+                                for _ in 0..per {
+                                    let mut batch = Batch::new();
+                                    batch.push(1, &payload);
+                                    let t = Instant::now();
+                                    log.append(batch).unwrap();
+                                    lat += t.elapsed().as_nanos() as u64;
+                                }
+                                totals.latency_ns.fetch_add(lat, Ordering::Relaxed);
+                                totals.appends.fetch_add(per, Ordering::Relaxed);
+                            })
+                        })
+                        .collect();
+                    for t in threads {
+                        t.join().unwrap();
+                    }
+                    let took = start.elapsed();
+                    totals
+                        .wall_ns
+                        .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+                    // Time for `iters` appends (rounding up to whole
+                    // per-thread shares is under 16 appends per sample).
+                    took.mul_f64(iters as f64 / (per * appenders as u64) as f64)
+                });
+            });
+            let appends = totals.appends.load(Ordering::Relaxed);
+            let stats = log.stats();
+            summary.lock().push(Line {
+                name: format!("{name}/{appenders}"),
+                appends,
+                wall: Duration::from_nanos(totals.wall_ns.load(Ordering::Relaxed)),
+                latency_mean: Duration::from_nanos(
+                    totals.latency_ns.load(Ordering::Relaxed) / appends.max(1),
+                ),
+                per_commit: stats.durable_lsn as f64 / stats.commits.max(1) as f64,
+                commit_mean: stats.commit_time / stats.commits.max(1) as u32,
+                bytes_per_op: RECORD_BYTES,
+            });
+        }
+    }
+    group.finish();
+}
+
+fn bench_raw(c: &mut Criterion, summary: &Mutex<Vec<Line>>, when: &str) {
+    let mut group = c.benchmark_group("raw_disk");
+    group.throughput(Throughput::Elements(1));
+    let dir = tempfile::tempdir_in(bench_root()).unwrap();
+    let path = dir.path().join("raw");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    const FILE_BYTES: u64 = 64 << 20;
+    file.set_len(FILE_BYTES).unwrap();
+    file.write_all_at(&vec![0u8; FILE_BYTES as usize], 0)
+        .unwrap();
+    file.sync_all().unwrap();
+    let block = [0xA5u8; 4096];
+    let mut at = 0u64;
+    let mut n = 0u64;
+    let mut wall = Duration::ZERO;
+    group.bench_function(BenchmarkId::new("pwrite_4k_fdatasync", when), |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                file.write_all_at(&block, at).unwrap();
+                file.sync_data().unwrap();
+                at = (at + 4096) % FILE_BYTES;
+            }
+            let took = start.elapsed();
+            n += iters;
+            wall += took;
+            took
+        });
+    });
+    group.finish();
+    summary.lock().push(Line {
+        name: format!("raw 4KiB pwrite+fdatasync ({when})"),
+        appends: n,
+        wall,
+        latency_mean: wall / n.max(1) as u32,
+        per_commit: 1.0,
+        commit_mean: wall / n.max(1) as u32,
+        bytes_per_op: block.len(),
+    });
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4))
+        .configure_from_args();
+    let summary = Mutex::new(Vec::new());
+    // The machine's limit, before and after, to show the drift of the run.
+    bench_raw(&mut c, &summary, "before");
+    bench_log(&mut c, &summary);
+    bench_raw(&mut c, &summary, "after");
+    c.final_summary();
+    println!("\nsummary (log: 200-byte records, SyncPolicy::Always; raw: 4 KiB writes):");
+    println!(
+        "{:<36} {:>10} {:>8} {:>14} {:>16} {:>15} {:>10}",
+        "case",
+        "appends/s",
+        "MB/s",
+        "mean ack (us)",
+        "mean commit (us)",
+        "appends/commit",
+        "ack/commit"
+    );
+    for l in summary.lock().iter() {
+        let secs = l.wall.as_secs_f64().max(1e-9);
+        let rate = l.appends as f64 / secs;
+        let mb = rate * l.bytes_per_op as f64 / 1e6;
+        println!(
+            "{:<36} {:>10.0} {:>8.2} {:>14.0} {:>16.0} {:>15.1} {:>10.2}",
+            l.name,
+            rate,
+            mb,
+            l.latency_mean.as_secs_f64() * 1e6,
+            l.commit_mean.as_secs_f64() * 1e6,
+            l.per_commit,
+            l.latency_mean.as_secs_f64() / l.commit_mean.as_secs_f64().max(1e-9)
+        );
+    }
+}

@@ -1,0 +1,835 @@
+//! Compaction (R19): reclaims a user's sync events below its floor, drops
+//! dead `evt` segments whole and rewrites sparse ones, in the background
+//! and rate-limited; and says what holds data back (`explain`).
+//!
+//! A pass, in order (each state change is a logged command, decided again
+//! by the sequencer against the fences as they are at that instant):
+//! 1. Snapshots: rows expired past their TTL are dropped (logged), then
+//!    content files whose row is gone are deleted.
+//! 2. Trim: per user, the compactor measures (reading event records, off
+//!    the sequencer) the newest event older than the safety window and the
+//!    newest older than the hard TTL; the sequencer clamps that by the
+//!    fence floor and logs `Trim { events_base }`. The trim is durable
+//!    before any file is touched, so a reclaimed event never comes back.
+//! 3. Segments: a sealed `evt` segment is dead when no retained event
+//!    points into it and every record in it is covered by *both* retained
+//!    checkpoints (a fallback to the older checkpoint then still replays
+//!    everything it needs). Dead segments are deleted whole
+//!    ([`Log::delete_segment`]: unlink + directory fsync). If dead segments
+//!    wait only for checkpoint coverage, the pass writes checkpoints first.
+//! 4. Rewrite: a sealed segment whose live bytes fall under
+//!    `rewrite_live_fraction` has its live records copied forward (records
+//!    with the copy flag, which replay ignores) in one durable batch; then a
+//!    `Relocate` command points the events at the copies (logged, durable);
+//!    only then is the old file deleted. A crash after the copy leaves dead
+//!    copies; after the relocate, an old file nobody points at; either is
+//!    reclaimed by a later pass. Nothing is lost, nothing comes back.
+//!    Copying is throttled to `compaction_bytes_per_s`.
+//!
+//! Only one pass runs at a time; the background thread and
+//! [`crate::Inbox::compact`] share the same lock.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::command::{pack, unpack, Effect, COPY_FLAG, PENDING_LOC};
+use super::fence::{self, ms, Relocation, SnapshotPhase, SnapshotRow};
+use super::sequencer::Command;
+use super::state::State;
+use super::{checkpoint, InboxConfig, Pending, Shared};
+use crate::api::*;
+use crate::error::{Error, Result};
+use crate::log::format::RECORD_HEADER_LEN;
+use crate::log::{Batch, RecordLoc, SegmentId, SegmentInfo};
+
+/// A point between two steps of a pass, for crash tests: the hook set
+/// with [`crate::Inbox::set_compaction_hook`] is called at each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompactionStep {
+    /// Trim records are durable.
+    Trimmed,
+    /// Checkpoints covering dead segments are written.
+    Checkpointed,
+    /// A dead segment file was deleted.
+    SegmentDeleted,
+    /// Live records of a sparse segment are copied forward, durably.
+    Copied,
+    /// The events point at the copies, durably.
+    Relocated,
+}
+
+pub(crate) type Hook = Arc<dyn Fn(CompactionStep) + Send + Sync>;
+
+/// Users per chunk of work done under one state lock.
+const USERS_PER_CHUNK: usize = 256;
+/// Trim proposals per command.
+const TRIMS_PER_COMMAND: usize = 1024;
+
+/// One trim proposal: the newest event older than the safety window and
+/// the newest older than the hard TTL.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TrimProposal {
+    pub uid: Uid,
+    pub safe_seq: SyncSeq,
+    pub hard_seq: SyncSeq,
+}
+
+#[derive(Default)]
+struct Counters {
+    events_reclaimed: AtomicU64,
+    bytes_reclaimed: AtomicU64,
+    bytes_rewritten: AtomicU64,
+    segments_dropped: AtomicU64,
+    segments_rewritten: AtomicU64,
+}
+
+/// A sealed segment's records (immutable, so cached).
+struct SegRecords {
+    /// offset -> record bytes (header included).
+    sizes: BTreeMap<u32, u64>,
+}
+
+/// What the compactor keeps between passes.
+#[derive(Default)]
+pub(crate) struct Runtime {
+    pass_lock: Mutex<()>,
+    counters: Counters,
+    hook: Mutex<Option<Hook>>,
+    stop: Mutex<bool>,
+    stop_cv: Condvar,
+    seg_cache: Mutex<HashMap<SegmentId, Arc<SegRecords>>>,
+}
+
+impl Runtime {
+    pub fn report(&self) -> CompactionReport {
+        let c = &self.counters;
+        CompactionReport {
+            events_reclaimed: c.events_reclaimed.load(Ordering::Relaxed),
+            bytes_reclaimed: c.bytes_reclaimed.load(Ordering::Relaxed),
+            bytes_rewritten: c.bytes_rewritten.load(Ordering::Relaxed),
+            segments_dropped: c.segments_dropped.load(Ordering::Relaxed),
+            segments_rewritten: c.segments_rewritten.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn set_hook(&self, hook: Option<Hook>) {
+        *self.hook.lock() = hook;
+    }
+
+    fn step(&self, s: CompactionStep) {
+        let hook = self.hook.lock().clone();
+        if let Some(h) = hook {
+            h(s);
+        }
+    }
+
+    /// Asks the background thread to stop (it wakes at once).
+    pub fn stop(&self) {
+        *self.stop.lock() = true;
+        self.stop_cv.notify_all();
+    }
+
+    fn add(&self, r: &CompactionReport) {
+        let c = &self.counters;
+        c.events_reclaimed
+            .fetch_add(r.events_reclaimed, Ordering::Relaxed);
+        c.bytes_reclaimed
+            .fetch_add(r.bytes_reclaimed, Ordering::Relaxed);
+        c.bytes_rewritten
+            .fetch_add(r.bytes_rewritten, Ordering::Relaxed);
+        c.segments_dropped
+            .fetch_add(r.segments_dropped, Ordering::Relaxed);
+        c.segments_rewritten
+            .fetch_add(r.segments_rewritten, Ordering::Relaxed);
+    }
+}
+
+/// How a pass hands commands to the sequencer.
+pub(crate) type Submit<'a> = &'a dyn Fn(Command) -> bool;
+
+fn call<T>(submit: Submit<'_>, make: impl FnOnce(super::sequencer::Tx<T>) -> Command) -> Result<T> {
+    let (tx, pending) = Pending::channel();
+    if !submit(make(tx)) {
+        return Err(Error::Internal("engine is shut down".into()));
+    }
+    pending.wait()
+}
+
+fn checkpoint_now(submit: Submit<'_>) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    if !submit(Command::Checkpoint { tx }) {
+        return Err(Error::Internal("engine is shut down".into()));
+    }
+    rx.recv()
+        .unwrap_or_else(|_| Err(Error::Internal("engine stopped".into())))
+}
+
+/// The background thread: one pass every `interval` until stopped.
+pub(crate) fn run_background(
+    shared: Arc<Shared>,
+    tx: std::sync::mpsc::Sender<Command>,
+    interval: Duration,
+) {
+    let submit = move |c: Command| tx.send(c).is_ok();
+    loop {
+        {
+            let mut stop = shared.compaction.stop.lock();
+            if !*stop {
+                shared.compaction.stop_cv.wait_for(&mut stop, interval);
+            }
+            if *stop {
+                return;
+            }
+        }
+        if shared.poisoned().is_some() {
+            continue;
+        }
+        match pass(&shared, &submit) {
+            Ok(r) => tracing::debug!(?r, "compaction pass"),
+            Err(e) => tracing::warn!(error = %e, "compaction pass failed; will retry"),
+        }
+    }
+}
+
+/// One whole compaction pass (see the module doc).
+pub(crate) fn pass(shared: &Shared, submit: Submit<'_>) -> Result<CompactionReport> {
+    let rt = &shared.compaction;
+    let _one_at_a_time = rt.pass_lock.lock();
+    let mut report = CompactionReport::default();
+    let result = (|| {
+        reclaim_snapshots(shared, submit)?;
+        trim_users(shared, submit, &mut report)?;
+        reclaim_segments(shared, submit, &mut report)
+    })();
+    rt.add(&report);
+    result.map(|()| report)
+}
+
+// ---- snapshots -------------------------------------------------------
+
+pub(crate) fn decide_drop_snapshots(
+    st: &State,
+    now: TimestampMs,
+    candidates: &[(Uid, u64)],
+) -> Vec<Effect> {
+    let mut out = Vec::new();
+    for &(uid, id) in candidates {
+        let Some(slot) = st.users.get(&uid).and_then(|u| u.snapshots.get(&id)) else {
+            continue;
+        };
+        if now > slot.row.expires_at_ms && slot.row.phase != SnapshotPhase::Dropped {
+            out.push(Effect::Snapshot {
+                uid,
+                row: SnapshotRow {
+                    phase: SnapshotPhase::Dropped,
+                    ..slot.row
+                },
+            });
+        }
+    }
+    out
+}
+
+fn reclaim_snapshots(shared: &Shared, submit: Submit<'_>) -> Result<()> {
+    let now = shared.config.clock.now_ms();
+    let expired: Vec<(Uid, u64)> = {
+        let st = shared.state.read();
+        st.users
+            .iter()
+            .flat_map(|(uid, u)| {
+                u.snapshots
+                    .values()
+                    .filter(|s| now > s.row.expires_at_ms)
+                    .map(|s| (*uid, s.row.snapshot_id))
+            })
+            .collect()
+    };
+    if !expired.is_empty() {
+        call(submit, |tx| Command::DropSnapshots {
+            candidates: expired,
+            tx,
+        })?;
+    }
+    let data_dir = &shared.config.data_dir;
+    for (uid, id) in shared.snapshots.files(data_dir)? {
+        let present = shared
+            .state
+            .read()
+            .users
+            .get(&uid)
+            .is_some_and(|u| u.snapshots.contains_key(&id));
+        if !present {
+            shared.snapshots.remove(data_dir, uid, id)?;
+        }
+    }
+    Ok(())
+}
+
+// ---- trim ------------------------------------------------------------
+
+/// The `at_ms` of a user's event, or `None` when it cannot be told (then
+/// the event counts as young: kept).
+fn event_at_ms(shared: &Shared, uid: Uid, seq: SyncSeq) -> Option<TimestampMs> {
+    for _ in 0..2 {
+        let loc = {
+            let st = shared.state.read();
+            let u = st.users.get(&uid)?;
+            if seq <= u.events_base {
+                return Some(0);
+            }
+            *u.events.get((seq - u.events_base - 1) as usize)?
+        };
+        if loc == PENDING_LOC {
+            return None;
+        }
+        // A concurrent rewrite may move the record: then look again.
+        if let Ok(rec) = shared.evt_log.read(unpack(loc)) {
+            return match Effect::decode(rec.kind, &rec.payload).ok()? {
+                Effect::Copied(inner) => at_of(&inner),
+                e => at_of(&e),
+            };
+        }
+    }
+    None
+}
+
+fn at_of(e: &Effect) -> Option<TimestampMs> {
+    match e {
+        Effect::Msg(m) => Some(m.at_ms),
+        Effect::Read { at_ms, .. } | Effect::Flags { at_ms, .. } => Some(*at_ms),
+        _ => None,
+    }
+}
+
+/// The newest seq in `(lo, hi]` whose event is at or before `cutoff`, or
+/// `lo` if none. Events are stamped in sequence, so their times do not
+/// decrease with the seq: a binary search, O(log n) record reads.
+pub(crate) fn newest_at_or_before(
+    shared: &Shared,
+    uid: Uid,
+    lo: SyncSeq,
+    hi: SyncSeq,
+    cutoff: TimestampMs,
+) -> SyncSeq {
+    let (mut ok, mut bad) = (lo, hi + 1);
+    while bad - ok > 1 {
+        let mid = ok + (bad - ok) / 2;
+        match event_at_ms(shared, uid, mid) {
+            Some(at) if at <= cutoff => ok = mid,
+            _ => bad = mid,
+        }
+    }
+    ok
+}
+
+/// The sequencer's decision on trim proposals: effects, and per trimmed
+/// user (uid, old base, new base).
+pub(crate) fn decide_trim(
+    st: &State,
+    cfg: &InboxConfig,
+    now: TimestampMs,
+    proposals: &[TrimProposal],
+) -> (Vec<Effect>, Vec<(Uid, SyncSeq, SyncSeq)>) {
+    let mut effects = Vec::new();
+    let mut trimmed = Vec::new();
+    for p in proposals {
+        let Some(user) = st.users.get(&p.uid) else {
+            continue;
+        };
+        let target = fence::trim_target(user, cfg, now, p.safe_seq, p.hard_seq);
+        if target > user.events_base {
+            effects.push(Effect::Trim {
+                uid: p.uid,
+                events_base: target,
+            });
+            trimmed.push((p.uid, user.events_base, target));
+        }
+    }
+    (effects, trimmed)
+}
+
+fn trim_users(shared: &Shared, submit: Submit<'_>, report: &mut CompactionReport) -> Result<()> {
+    let cfg = &shared.config;
+    let now = cfg.clock.now_ms();
+    let safe_cut = now.saturating_sub(ms(cfg.safety_window));
+    let hard_cut = now.saturating_sub(ms(cfg.hard_ttl));
+    let uids: Vec<Uid> = shared.state.read().users.keys().copied().collect();
+    let mut proposals = Vec::new();
+    for chunk in uids.chunks(USERS_PER_CHUNK) {
+        let views: Vec<(Uid, SyncSeq, SyncSeq, SyncSeq)> = {
+            let st = shared.state.read();
+            chunk
+                .iter()
+                .filter_map(|uid| {
+                    let u = st.users.get(uid)?;
+                    Some((
+                        *uid,
+                        u.events_base,
+                        u.committed_seq.min(u.head()),
+                        fence::fence_floor(u, cfg, now),
+                    ))
+                })
+                .collect()
+        };
+        for (uid, base, committed, floor) in views {
+            if committed <= base {
+                continue;
+            }
+            let hard_seq = newest_at_or_before(shared, uid, base, committed, hard_cut);
+            let safe_hi = floor.min(committed);
+            let safe_seq = if safe_hi > base {
+                newest_at_or_before(shared, uid, base, safe_hi, safe_cut)
+            } else {
+                base
+            };
+            if safe_seq.min(floor).max(hard_seq) > base {
+                proposals.push(TrimProposal {
+                    uid,
+                    safe_seq,
+                    hard_seq,
+                });
+            }
+        }
+    }
+    let mut any = false;
+    for chunk in proposals.chunks(TRIMS_PER_COMMAND) {
+        let trimmed = call(submit, |tx| Command::Trim {
+            proposals: chunk.to_vec(),
+            tx,
+        })?;
+        for (_, old, new) in trimmed {
+            report.events_reclaimed += new - old;
+            any = true;
+        }
+    }
+    if any {
+        shared.compaction.step(CompactionStep::Trimmed);
+    }
+    Ok(())
+}
+
+// ---- segments --------------------------------------------------------
+
+/// Retained events pointing into each `evt` segment: offset -> (uid, seq).
+type Refs = HashMap<SegmentId, BTreeMap<u32, Vec<(Uid, SyncSeq)>>>;
+
+fn live_refs(shared: &Shared, only: Option<SegmentId>) -> Refs {
+    let uids: Vec<Uid> = shared.state.read().users.keys().copied().collect();
+    let mut refs: Refs = HashMap::new();
+    for chunk in uids.chunks(USERS_PER_CHUNK) {
+        let st = shared.state.read();
+        for uid in chunk {
+            let Some(u) = st.users.get(uid) else { continue };
+            for (i, loc) in u.events.iter().enumerate() {
+                if *loc == PENDING_LOC {
+                    continue;
+                }
+                let l = unpack(*loc);
+                if only.is_some_and(|s| s != l.segment) {
+                    continue;
+                }
+                refs.entry(l.segment)
+                    .or_default()
+                    .entry(l.offset)
+                    .or_default()
+                    .push((*uid, u.events_base + 1 + i as SyncSeq));
+            }
+        }
+    }
+    refs
+}
+
+/// The records of a segment; cached only when sealed (immutable).
+fn seg_records(shared: &Shared, id: SegmentId) -> Result<Arc<SegRecords>> {
+    seg_records_cached(shared, id, true)
+}
+
+fn seg_records_cached(shared: &Shared, id: SegmentId, cache: bool) -> Result<Arc<SegRecords>> {
+    if let Some(r) = shared.compaction.seg_cache.lock().get(&id) {
+        return Ok(Arc::clone(r));
+    }
+    let mut sizes = BTreeMap::new();
+    shared
+        .evt_log
+        .replay_segment(id, &mut |_, loc, _, payload| {
+            sizes.insert(loc.offset, (RECORD_HEADER_LEN + payload.len()) as u64);
+            Ok(())
+        })?;
+    let r = Arc::new(SegRecords { sizes });
+    if cache {
+        shared
+            .compaction
+            .seg_cache
+            .lock()
+            .insert(id, Arc::clone(&r));
+    }
+    Ok(r)
+}
+
+/// Bytes on disk and bytes still needed, per stream (the space
+/// amplification figure). Live `evt` bytes are the records retained events
+/// point at; every message is live (history is kept).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpaceUsage {
+    pub evt_bytes: u64,
+    pub evt_live_bytes: u64,
+    pub msg_bytes: u64,
+}
+
+pub(crate) fn space_usage(shared: &Shared) -> Result<SpaceUsage> {
+    let refs = live_refs(shared, None);
+    let mut u = SpaceUsage::default();
+    for info in shared.evt_log.segments() {
+        u.evt_bytes += info.bytes;
+        if let Some(offsets) = refs.get(&info.id) {
+            let recs = seg_records_cached(shared, info.id, info.sealed)?;
+            u.evt_live_bytes += offsets
+                .keys()
+                .map(|o| recs.sizes.get(o).copied().unwrap_or(0))
+                .sum::<u64>();
+        }
+    }
+    u.msg_bytes = shared.msg_log.segments().iter().map(|s| s.bytes).sum();
+    Ok(u)
+}
+
+/// The LSN every retained checkpoint covers (0 without a checkpoint).
+fn covered_lsn(shared: &Shared) -> Result<u64> {
+    Ok(checkpoint::list(&shared.config.data_dir)?
+        .iter()
+        .map(|(lsn, _)| *lsn)
+        .min()
+        .unwrap_or(0))
+}
+
+struct SegView {
+    info: SegmentInfo,
+    live_records: u64,
+    live_bytes: u64,
+}
+
+fn seg_views(shared: &Shared, refs: &Refs) -> Result<Vec<SegView>> {
+    let mut out = Vec::new();
+    for info in shared.evt_log.segments() {
+        if !info.sealed {
+            continue;
+        }
+        let live = refs.get(&info.id);
+        let (live_records, live_bytes) = match live {
+            None => (0, 0),
+            Some(offsets) => {
+                let recs = seg_records(shared, info.id)?;
+                let bytes = offsets
+                    .keys()
+                    .map(|o| recs.sizes.get(o).copied().unwrap_or(0))
+                    .sum();
+                (offsets.len() as u64, bytes)
+            }
+        };
+        out.push(SegView {
+            info,
+            live_records,
+            live_bytes,
+        });
+    }
+    Ok(out)
+}
+
+fn delete_segment(
+    shared: &Shared,
+    info: &SegmentInfo,
+    report: &mut CompactionReport,
+) -> Result<()> {
+    shared.evt_log.delete_segment(info.id)?;
+    shared.compaction.seg_cache.lock().remove(&info.id);
+    report.segments_dropped += 1;
+    report.bytes_reclaimed += info.bytes;
+    shared.compaction.step(CompactionStep::SegmentDeleted);
+    Ok(())
+}
+
+fn reclaim_segments(
+    shared: &Shared,
+    submit: Submit<'_>,
+    report: &mut CompactionReport,
+) -> Result<()> {
+    let refs = live_refs(shared, None);
+    let views = seg_views(shared, &refs)?;
+    let mut covered = covered_lsn(shared)?;
+    let threshold = shared.config.rewrite_live_fraction;
+    let reclaimable = |v: &SegView| (v.live_bytes as f64) < threshold * v.info.bytes as f64;
+    if views
+        .iter()
+        .any(|v| reclaimable(v) && v.info.last_lsn > covered)
+    {
+        // Dead or sparse segments wait only for checkpoint coverage (they
+        // hold state deltas too): write two, so that both retained
+        // checkpoints cover them.
+        checkpoint_now(submit)?;
+        checkpoint_now(submit)?;
+        covered = covered_lsn(shared)?;
+        shared.compaction.step(CompactionStep::Checkpointed);
+    }
+    let mut sparse = Vec::new();
+    for v in &views {
+        if v.info.last_lsn > covered {
+            continue;
+        }
+        if v.live_records == 0 {
+            delete_segment(shared, &v.info, report)?;
+        } else if reclaimable(v) {
+            sparse.push(v);
+        }
+    }
+    let rate = shared.config.compaction_bytes_per_s.max(1);
+    let started = Instant::now();
+    let mut copied_total = 0u64;
+    for v in sparse {
+        let Some(offsets) = refs.get(&v.info.id) else {
+            continue;
+        };
+        copied_total += rewrite(shared, submit, &v.info, offsets, report)?;
+        // Throttle: never faster than `rate` bytes per second on average.
+        let due = Duration::from_secs_f64(copied_total as f64 / rate as f64);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+    Ok(())
+}
+
+/// Copies the live records of one sealed segment forward, relocates the
+/// events, deletes the old file. Returns the bytes copied.
+fn rewrite(
+    shared: &Shared,
+    submit: Submit<'_>,
+    info: &SegmentInfo,
+    offsets: &BTreeMap<u32, Vec<(Uid, SyncSeq)>>,
+    report: &mut CompactionReport,
+) -> Result<u64> {
+    let room = shared.config.segment_bytes / 2;
+    let mut copied = 0u64;
+    let mut entries: Vec<(&u32, &Vec<(Uid, SyncSeq)>)> = offsets.iter().collect();
+    while !entries.is_empty() {
+        // One batch per chunk that fits half a segment.
+        let mut batch = Batch::new();
+        let mut olds = Vec::new();
+        let mut size = 0u64;
+        while let Some(&(off, holders)) = entries.first() {
+            let rec = shared.evt_log.read(RecordLoc {
+                segment: info.id,
+                offset: *off,
+            })?;
+            let len = (RECORD_HEADER_LEN + rec.payload.len()) as u64;
+            if !batch.is_empty() && size + len > room {
+                break;
+            }
+            batch.push(rec.kind | COPY_FLAG, &rec.payload);
+            size += len;
+            olds.push((*off, holders));
+            entries.remove(0);
+        }
+        let appended = shared.evt_log.append(batch)?;
+        copied += size;
+        shared.compaction.step(CompactionStep::Copied);
+        let mut moves = Vec::new();
+        for ((off, holders), new) in olds.iter().zip(&appended.locs) {
+            let from = pack(RecordLoc {
+                segment: info.id,
+                offset: *off,
+            });
+            for &(uid, sync_seq) in holders.iter() {
+                moves.push(Relocation {
+                    uid,
+                    sync_seq,
+                    from,
+                    to: pack(*new),
+                });
+            }
+        }
+        for chunk in moves.chunks(fence::RELOCATIONS_PER_RECORD_MAX) {
+            call(submit, |tx| Command::Relocate {
+                moves: chunk.to_vec(),
+                tx,
+            })?;
+        }
+        shared.compaction.step(CompactionStep::Relocated);
+    }
+    report.bytes_rewritten += copied;
+    report.segments_rewritten += 1;
+    // Every event that pointed here now points at a durable copy, and the
+    // relocation is durable: the file holds nothing anyone needs.
+    if live_refs(shared, Some(info.id)).is_empty() {
+        delete_segment(shared, info, report)?;
+    }
+    Ok(copied)
+}
+
+// ---- explain ---------------------------------------------------------
+
+pub(crate) fn explain(shared: &Shared, uid: Uid) -> Result<UserExplain> {
+    let cfg = &shared.config;
+    let now = cfg.clock.now_ms();
+    let (mut fences, base, committed, fence_floor) = {
+        let st = shared.state.read();
+        let u = st
+            .users
+            .get(&uid)
+            .ok_or_else(|| Error::NotFound(format!("uid {uid}")))?;
+        (
+            fence::fences(u, cfg, now),
+            u.events_base,
+            u.committed_seq.min(u.head()),
+            fence::fence_floor(u, cfg, now),
+        )
+    };
+    let safe_seq = newest_at_or_before(
+        shared,
+        uid,
+        base,
+        committed,
+        now.saturating_sub(ms(cfg.safety_window)),
+    );
+    let hard_seq = newest_at_or_before(
+        shared,
+        uid,
+        base,
+        committed,
+        now.saturating_sub(ms(cfg.hard_ttl)),
+    );
+    if safe_seq < committed {
+        fences.push(Fence::SafetyWindow {
+            oldest_kept: safe_seq + 1,
+        });
+    }
+    fences.sort_by_key(fence::fence_seq);
+    let floor = fence_floor
+        .min(safe_seq)
+        .max(hard_seq)
+        .min(committed)
+        .max(base);
+    Ok(UserExplain {
+        uid,
+        oldest_retained: base + 1,
+        committed_sync_seq: committed,
+        floor,
+        fences,
+    })
+}
+
+pub(crate) fn explain_segment(
+    shared: &Shared,
+    stream: &str,
+    id: SegmentId,
+) -> Result<SegmentExplain> {
+    let log = match stream {
+        "evt" => &shared.evt_log,
+        "msg" => &shared.msg_log,
+        other => {
+            return Err(Error::BadRequest(format!(
+                "unknown stream {other:?}; expected \"evt\" or \"msg\""
+            )))
+        }
+    };
+    let info = log
+        .segments()
+        .into_iter()
+        .find(|s| s.id == id)
+        .ok_or_else(|| Error::NotFound(format!("{stream} segment {id}")))?;
+    let mut held_by = Vec::new();
+    if stream == "msg" {
+        let mut records = 0u64;
+        let mut bytes = 0u64;
+        log.replay_segment(id, &mut |_, _, _, p| {
+            records += 1;
+            bytes += (RECORD_HEADER_LEN + p.len()) as u64;
+            Ok(())
+        })?;
+        held_by.push("history retention: messages and tombstones are kept".to_string());
+        return Ok(SegmentExplain {
+            stream: stream.into(),
+            segment: id,
+            bytes: info.bytes,
+            live_bytes: bytes,
+            live_records: records,
+            held_by,
+        });
+    }
+    let refs = live_refs(shared, Some(id));
+    let offsets = refs.get(&id);
+    let mut live_bytes = 0;
+    let live_records = offsets.map_or(0, |o| o.len() as u64);
+    if let Some(offsets) = offsets {
+        let sizes: HashMap<u32, u64> = {
+            let mut m = HashMap::new();
+            log.replay_segment(id, &mut |_, loc, _, p| {
+                m.insert(loc.offset, (RECORD_HEADER_LEN + p.len()) as u64);
+                Ok(())
+            })?;
+            m
+        };
+        live_bytes = offsets.keys().filter_map(|o| sizes.get(o)).sum();
+        let mut per_user: BTreeMap<Uid, (SyncSeq, SyncSeq, u64)> = BTreeMap::new();
+        for holders in offsets.values() {
+            for &(uid, seq) in holders {
+                let e = per_user.entry(uid).or_insert((seq, seq, 0));
+                e.0 = e.0.min(seq);
+                e.1 = e.1.max(seq);
+                e.2 += 1;
+            }
+        }
+        for (uid, (lo, hi, n)) in per_user {
+            let why = explain(shared, uid)
+                .ok()
+                .and_then(|x| x.fences.first().cloned())
+                .map_or_else(|| "not yet reclaimed".to_string(), |f| describe(&f));
+            held_by.push(format!(
+                "uid {uid}: {n} events (sync_seq {lo}..={hi}), held by {why}"
+            ));
+        }
+    }
+    if !info.sealed {
+        held_by.push("active segment (still written)".into());
+    } else {
+        let covered = covered_lsn(shared)?;
+        if info.last_lsn > covered {
+            held_by.push(format!(
+                "state deltas up to LSN {} not yet covered by both checkpoints (covered to {covered})",
+                info.last_lsn
+            ));
+        }
+    }
+    Ok(SegmentExplain {
+        stream: stream.into(),
+        segment: id,
+        bytes: info.bytes,
+        live_bytes,
+        live_records,
+        held_by,
+    })
+}
+
+fn describe(f: &Fence) -> String {
+    match f {
+        Fence::DeviceAck {
+            device,
+            acked_sync_seq,
+        } => format!("device {device} ACK at {acked_sync_seq}"),
+        Fence::RecoveryLease {
+            device,
+            lease_id,
+            resume_from,
+        } => format!("recovery lease {lease_id} of device {device} from {resume_from}"),
+        Fence::Snapshot {
+            snapshot_id,
+            base_sync_seq,
+        } => format!("snapshot {snapshot_id} at {base_sync_seq}"),
+        Fence::SafetyWindow { oldest_kept } => {
+            format!("safety window (events from {oldest_kept} are younger)")
+        }
+    }
+}
