@@ -53,7 +53,7 @@ pub struct Args {
     /// Users in the ingest population [quick: 2000, full: 100000].
     #[arg(long)]
     pub users: Option<u64>,
-    /// Measured seconds per ingest run [quick: 1.5, full: 10].
+    /// Measured seconds per ingest run [quick: 1, full: 10].
     #[arg(long)]
     pub seconds: Option<f64>,
     /// Where the systems' temporary data directories go (the disk measured).
@@ -62,7 +62,7 @@ pub struct Args {
     /// The inboxd binary [default: target/release/inboxd, else target/debug/inboxd].
     #[arg(long, env = "INBOX_BENCH_INBOXD")]
     pub inboxd: Option<PathBuf>,
-    /// Users in the `sync` scenario [quick: 100, full: 400].
+    /// Users in the `sync` scenario [quick: 64, full: 400].
     #[arg(long)]
     pub sync_users: Option<u32>,
     /// Events waiting for each `sync` user [quick: 300, full: 1000].
@@ -71,6 +71,10 @@ pub struct Args {
     /// `recovery` (--full): data to fill each system with before kill -9, GiB.
     #[arg(long, default_value_t = 1.0)]
     pub recovery_gib: f64,
+    /// Run nothing: read a JSON report written by --json and write its plot
+    /// (to --svg).
+    #[arg(long)]
+    pub replot: Option<PathBuf>,
     /// Seed of the workload.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,

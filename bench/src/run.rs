@@ -58,7 +58,7 @@ impl Plan {
         } else {
             args.clients.clone()
         };
-        let measure = args.seconds.unwrap_or(if quick { 1.5 } else { 10.0 });
+        let measure = args.seconds.unwrap_or(if quick { 1.0 } else { 10.0 });
         Self {
             mode,
             users: args.users.unwrap_or(if quick { 2_000 } else { 20_000 }),
@@ -66,7 +66,7 @@ impl Plan {
             warmup: Duration::from_millis(if quick { 250 } else { 1_000 }),
             measure: Duration::from_secs_f64(measure.max(0.1)),
             sync: CatchUpPlan {
-                users: args.sync_users.unwrap_or(if quick { 100 } else { 400 }),
+                users: args.sync_users.unwrap_or(if quick { 64 } else { 400 }),
                 devices_per_user: 4,
                 backlog: args.sync_backlog.unwrap_or(if quick { 300 } else { 1_000 }),
                 clients: 16,
@@ -105,6 +105,19 @@ const SYSTEMS: [&str; 6] = [
 ];
 
 pub fn run(args: &Args) -> Result<()> {
+    if let Some(json) = &args.replot {
+        let report: Report = serde_json::from_str(&std::fs::read_to_string(json)?)?;
+        let svg_path = args
+            .svg
+            .clone()
+            .unwrap_or_else(|| json.with_extension("svg"));
+        write_file(
+            &svg_path,
+            &svg::plot(&report, &format!("inbox-bench --{}", report.machine.mode)),
+        )?;
+        println!("plot: {}", svg_path.display());
+        return Ok(());
+    }
     let plan = Plan::new(args);
     for name in &args.systems {
         if !SYSTEMS.contains(&name.as_str()) {
@@ -330,7 +343,19 @@ fn run_system(
 
     for (i, &clients) in plan.clients.iter().enumerate() {
         let run = seed.wrapping_mul(31).wrapping_add(i as u64 + 1);
+        let before = system.write_counters();
         let out = scenarios::ingest(system, workload, clients, plan.warmup, plan.measure, run)?;
+        if let Some((a, b)) = before.zip(system.write_counters()) {
+            // Includes the warm-up, so divide by everything that was sent.
+            let fsyncs = b.fsyncs - a.fsyncs;
+            let batches = b.write_batches - a.write_batches;
+            match (b.fsync_latency_us_sum - a.fsync_latency_us_sum).checked_div(fsyncs) {
+                Some(mean_us) => println!(
+                    "{name}: ingest c={clients}: {batches} write batches, {fsyncs} fsyncs, mean fsync {mean_us} µs"
+                ),
+                None => println!("{name}: ingest c={clients}: {batches} write batches"),
+            }
+        }
         println!(
             "{name}: ingest c={clients}: {} sends, {:.0} sends/s, {:.0} events/s, p50 {} µs, p99 {} µs",
             out.latency.count(),
@@ -538,14 +563,15 @@ fn catch_up_scenario(
     let devices: Vec<_> = sync_set.devices().collect();
     let out = scenarios::catch_up(system, &devices, cp.clients, cp.page)?;
     println!(
-        "{name}: {scenario} c={}: {} devices caught up in {:.2} s, {:.0} pages/s, {:.0} events/s, page p50 {} µs, p99 {} µs",
+        "{name}: {scenario} c={}: {} devices caught up in {:.2} s, {:.0} pages/s, {:.0} events/s, page p50 {} µs, p99 {} µs (read part p99 {} µs)",
         cp.clients,
         devices.len(),
         out.elapsed.as_secs_f64(),
         out.ops_per_s(),
         out.events_per_s(),
         out.latency.quantile_us(0.5),
-        out.latency.quantile_us(0.99)
+        out.latency.quantile_us(0.99),
+        out.read_latency.quantile_us(0.99)
     );
     let clients = u32::try_from(cp.clients).unwrap_or(u32::MAX);
     report.results.push(ResultRow::new(
@@ -556,6 +582,16 @@ fn catch_up_scenario(
         &out.latency,
         out.bytes,
     ));
+    if scenario == "sync" {
+        report.results.push(ResultRow::new(
+            "sync-read",
+            &name,
+            clients,
+            out.ops_per_s(),
+            &out.read_latency,
+            out.bytes,
+        ));
+    }
     if scenario == "reconnect-storm" {
         // Devices per second: the time until all are caught up is
         // devices / ops_per_s; the latency is one page's.

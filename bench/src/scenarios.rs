@@ -24,6 +24,8 @@ pub struct Outcome {
     pub bytes: u64,
     pub elapsed: Duration,
     pub latency: Latency,
+    /// `sync`: the read part of each page, before its ACK.
+    pub read_latency: Latency,
 }
 
 impl Outcome {
@@ -222,6 +224,7 @@ pub fn catch_up(
                 let t = Instant::now();
                 let page = conn.sync_page(&mut cursor, page_limit)?;
                 out.latency.record(t.elapsed());
+                out.read_latency.record(page.read);
                 out.ops += 1;
                 out.events += u64::from(page.events);
                 out.bytes += page.bytes;
@@ -243,6 +246,7 @@ pub fn catch_up(
         total.events += out.events;
         total.bytes += out.bytes;
         total.latency.merge(&out.latency);
+        total.read_latency.merge(&out.read_latency);
     }
     Ok(total)
 }
@@ -412,6 +416,7 @@ mod tests {
                 events: n as u32,
                 bytes: n * 10,
                 has_more: device.acked < len,
+                read: Duration::from_micros(3),
             })
         }
         fn first_screen(&mut self, uid: Uid, per_conv: u32) -> Result<Screen> {
@@ -543,6 +548,12 @@ mod tests {
         // 250 events in pages of 100: 3 pages per device.
         assert_eq!(out.ops, 60 * 3);
         assert_eq!(out.latency.count(), out.ops);
+        assert_eq!(out.read_latency.count(), out.ops);
+        assert_eq!(
+            out.read_latency.quantile_us(0.5),
+            3,
+            "the read part is kept apart"
+        );
         assert_eq!(out.bytes, out.events * 10);
     }
 

@@ -94,6 +94,20 @@ fn si(value: f64) -> String {
     }
 }
 
+/// A scenario name cut at its dashes into lines that fit `width` pixels
+/// (about 6.5 px a character at this font size).
+fn label_lines(name: &str, width: f64) -> Vec<String> {
+    let max_chars = ((width / 6.5) as usize).max(6);
+    let mut lines: Vec<String> = Vec::new();
+    for part in name.split_inclusive('-') {
+        match lines.last_mut() {
+            Some(line) if line.len() + part.len() <= max_chars => line.push_str(part),
+            _ => lines.push(part.to_string()),
+        }
+    }
+    lines
+}
+
 /// The plot of `report` as a complete SVG document.
 pub fn plot(report: &Report, title: &str) -> String {
     let rows: Vec<&ResultRow> = report
@@ -185,6 +199,10 @@ pub fn plot(report: &Report, title: &str) -> String {
                 }) else {
                     continue;
                 };
+                // `-events` rows repeat their scenario's latency.
+                if panel == 1 && r.scenario.ends_with("-events") {
+                    continue;
+                }
                 let v = value_of(r);
                 if v <= 0.0 || !v.is_finite() {
                     continue;
@@ -203,16 +221,17 @@ pub fn plot(report: &Report, title: &str) -> String {
                     v
                 );
             }
-            let _ = writeln!(
-                svg,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text><text x="{:.1}" y="{:.1}" text-anchor="middle">c={}</text>"#,
-                gx + systems.len() as f64 * BAR_WIDTH / 2.0,
-                bottom + 14.0,
-                escape(scenario),
-                gx + systems.len() as f64 * BAR_WIDTH / 2.0,
-                bottom + 27.0,
-                clients
-            );
+            let cx = gx + systems.len() as f64 * BAR_WIDTH / 2.0;
+            let mut lines = label_lines(scenario, group_width);
+            lines.push(format!("c={clients}"));
+            for (i, line) in lines.iter().enumerate() {
+                let _ = writeln!(
+                    svg,
+                    r#"<text x="{cx:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                    bottom + 14.0 + 13.0 * i as f64,
+                    escape(line)
+                );
+            }
         }
         if let Some(fsync) = extra.filter(|v| *v > 0.0) {
             for (factor, text) in [(1.0, "1 fdatasync (p50)"), (3.0, "3× fdatasync")] {
@@ -284,6 +303,19 @@ mod tests {
             "the fsync reference line is drawn"
         );
         assert!(svg.contains("c=16"));
+    }
+
+    #[test]
+    fn long_scenario_names_wrap_at_dashes() {
+        assert_eq!(label_lines("ingest", 87.0), ["ingest"]);
+        assert_eq!(
+            label_lines("long-offline-first-screen", 87.0),
+            ["long-offline-", "first-screen"]
+        );
+        assert_eq!(
+            label_lines("reconnect-storm-all", 60.0),
+            ["reconnect-", "storm-all"]
+        );
     }
 
     #[test]

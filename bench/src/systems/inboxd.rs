@@ -252,6 +252,17 @@ impl System for Inboxd {
         Ok(())
     }
 
+    fn write_counters(&self) -> Option<super::WriteCounters> {
+        let rt = runtime().ok()?;
+        let client = self.client_on(&rt).ok()?;
+        let stats = rt.block_on(client.stats(Empty {})).ok()?;
+        Some(super::WriteCounters {
+            write_batches: stats.write_batches,
+            fsyncs: stats.fsyncs,
+            fsync_latency_us_sum: stats.fsync_latency_us_sum,
+        })
+    }
+
     fn data_bytes(&self) -> u64 {
         dir_bytes(&self.dir.path().join("data"))
     }
@@ -335,6 +346,7 @@ impl Conn for InboxdConn {
                 }
                 device.started = true;
             }
+            let read_started = Instant::now();
             let page = client
                 .sync(SyncReq {
                     uid: device.uid,
@@ -346,6 +358,7 @@ impl Conn for InboxdConn {
                         .then(|| Bytes::from(device.position.clone())),
                 })
                 .await?;
+            let read = read_started.elapsed();
             let bytes = page.events.iter().map(event_bytes).sum();
             let events = u32::try_from(page.events.len()).unwrap_or(u32::MAX);
             if page.next_cursor > page.acked_sync_seq {
@@ -382,6 +395,7 @@ impl Conn for InboxdConn {
                 events,
                 bytes,
                 has_more: page.has_more,
+                read,
             })
         })
     }

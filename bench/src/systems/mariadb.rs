@@ -376,11 +376,13 @@ impl Conn for MariaConn<'_> {
                 .unwrap_or(0);
             device.started = true;
         }
+        let read_started = std::time::Instant::now();
         let rows: Vec<(u64, u8, u64, u64)> = self.conn.exec(
             "SELECT sync_seq, type, conv_id, seq FROM sync_event \
              WHERE uid = ? AND sync_seq > ? ORDER BY sync_seq LIMIT ?",
             (device.uid, device.acked, limit + 1),
         )?;
+        let read = read_started.elapsed();
         let has_more = rows.len() > limit as usize;
         let page = &rows[..rows.len().min(limit as usize)];
         if let Some(last) = page.last() {
@@ -396,6 +398,7 @@ impl Conn for MariaConn<'_> {
             events: u32::try_from(page.len()).unwrap_or(u32::MAX),
             bytes: page.len() as u64 * EVENT_ROW_BYTES,
             has_more,
+            read,
         })
     }
 

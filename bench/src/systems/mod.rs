@@ -55,6 +55,8 @@ pub struct Page {
     /// Bytes of event data returned.
     pub bytes: u64,
     pub has_more: bool,
+    /// Time to read the page, before its ACK.
+    pub read: std::time::Duration,
 }
 
 /// What `long-offline`'s first screen fetched.
@@ -63,6 +65,14 @@ pub struct Screen {
     pub convs: u32,
     pub messages: u32,
     pub bytes: u64,
+}
+
+/// Cumulative write counters of a system (inboxd's `stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteCounters {
+    pub write_batches: u64,
+    pub fsyncs: u64,
+    pub fsync_latency_us_sum: u64,
 }
 
 /// One client connection.
@@ -111,6 +121,12 @@ pub trait System: Sync {
     /// Runs one compaction pass now (for `mixed`).
     fn compact_now(&self) -> Result<()> {
         Err(format!("{} has no compaction driver", self.name()).into())
+    }
+
+    /// The system's own write counters, where it has them, to tell how
+    /// many fsyncs a measured run paid.
+    fn write_counters(&self) -> Option<WriteCounters> {
+        None
     }
 
     /// Bytes its data directory takes on disk.

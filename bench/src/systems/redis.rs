@@ -219,6 +219,7 @@ impl Conn for RedisConn<'_> {
             exclusive.extend_from_slice(&device.position);
             exclusive
         };
+        let read_started = std::time::Instant::now();
         let entries: Vec<(Vec<u8>, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
             .arg(format!("inbox:{}", device.uid))
             .arg(start)
@@ -226,6 +227,7 @@ impl Conn for RedisConn<'_> {
             .arg("COUNT")
             .arg(limit + 1)
             .query(&mut self.conn)?;
+        let read = read_started.elapsed();
         let has_more = entries.len() > limit as usize;
         let page = &entries[..entries.len().min(limit as usize)];
         let bytes = page
@@ -245,6 +247,7 @@ impl Conn for RedisConn<'_> {
             events: u32::try_from(page.len()).unwrap_or(u32::MAX),
             bytes,
             has_more,
+            read,
         })
     }
 }

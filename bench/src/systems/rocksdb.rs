@@ -154,6 +154,7 @@ impl Conn for RocksConn<'_> {
             };
             device.started = true;
         }
+        let read_started = std::time::Instant::now();
         let prefix = key(b'e', &[device.uid]);
         let from = key(b'e', &[device.uid, device.acked + 1]);
         let mut events = 0u32;
@@ -178,6 +179,7 @@ impl Conn for RocksConn<'_> {
             events += 1;
             bytes += 8 + v.len() as u64;
         }
+        let read = read_started.elapsed();
         if let Some(last) = last {
             self.db
                 .db
@@ -188,6 +190,7 @@ impl Conn for RocksConn<'_> {
             events,
             bytes,
             has_more,
+            read,
         })
     }
 
