@@ -46,7 +46,8 @@ pub struct ServeArgs {
     /// Requests read ahead per connection before reading stops [default: 256].
     #[arg(long, env = "INBOXD_IN_FLIGHT_MAX")]
     pub in_flight_max: Option<u32>,
-    /// Close a connection that sent nothing for this long, seconds [default: 300].
+    /// Close a connection that completed no frame for this long, seconds
+    /// (the HELLO is due within at most 10) [default: 300].
     #[arg(long, env = "INBOXD_IDLE_TIMEOUT_S")]
     pub idle_timeout_s: Option<u64>,
     /// Sustained requests per second per connection [default: 20000].

@@ -13,6 +13,10 @@
 //!   it changes nothing;
 //! - at most `in_flight_max` requests run at once; when they do, the reader
 //!   stops reading and TCP pushes back on the client;
+//! - a connection that completes no frame within the idle timeout (the
+//!   `HELLO` within at most [`HANDSHAKE_TIMEOUT`]) and has nothing running
+//!   is closed, however many bytes it trickles in: a slowloris peer cannot
+//!   hold a connection slot forever;
 //! - on shutdown the reader stops, every request already read finishes and
 //!   its reply is written, then the socket closes.
 
@@ -34,6 +38,11 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use crate::config::Limits;
 use crate::metrics::Metrics;
 use crate::service;
+
+/// Longest wait for a complete `HELLO` on a new connection (or the idle
+/// timeout, when that is shorter): a connection that has not authenticated
+/// holds a slot without doing anything useful.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every connection shares.
 pub struct Shared {
@@ -203,16 +212,24 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
     let mut hint_task = None;
     let mut authenticated = false;
     let mut buf = BytesMut::with_capacity(8 << 10);
+    // The idle clock runs from the last complete frame, not the last byte:
+    // a peer trickling a byte at a time (slowloris) still has to finish a
+    // frame within the timeout, and the handshake within a shorter one.
+    let idle_timeout = shared.limits.idle_timeout;
+    let mut deadline = tokio::time::Instant::now() + idle_timeout.min(HANDSHAKE_TIMEOUT);
 
     let close = loop {
         if *shutdown.borrow() {
             break Close::Quietly;
         }
         let frame = match codec.decode(&mut buf) {
-            Ok(Some(frame)) => frame,
+            Ok(Some(frame)) => {
+                deadline = tokio::time::Instant::now() + idle_timeout;
+                frame
+            }
             Ok(None) => {
                 let read = tokio::select! {
-                    read = tokio::time::timeout(shared.limits.idle_timeout, reader.read_buf(&mut buf)) => read,
+                    read = tokio::time::timeout_at(deadline, reader.read_buf(&mut buf)) => read,
                     _ = shutdown.changed() => break Close::Quietly,
                 };
                 match read {
@@ -229,11 +246,28 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
                     Ok(Ok(0)) | Ok(Err(_)) => break Close::Quietly,
                     Ok(Ok(_)) => continue,
                     Err(_idle) => {
-                        if in_flight.available_permits() == in_flight_max {
-                            tracing::debug!(?peer, "closing idle connection");
-                            break Close::Quietly;
+                        if in_flight.available_permits() != in_flight_max {
+                            // Requests still running: not idle, wait again.
+                            deadline = tokio::time::Instant::now() + idle_timeout;
+                            continue;
                         }
-                        continue;
+                        if !buf.is_empty() {
+                            tracing::info!(
+                                ?peer,
+                                buffered = buf.len(),
+                                "closing connection: frame not completed in time"
+                            );
+                            let message = format!(
+                                "frame not completed in time ({} bytes buffered)",
+                                buf.len()
+                            );
+                            let _ = tx
+                                .send(error_frame(0, ErrorCode::BadRequest, 0, message))
+                                .await;
+                            break Close::WithError;
+                        }
+                        tracing::debug!(?peer, authenticated, "closing idle connection");
+                        break Close::Quietly;
                     }
                 }
             }
