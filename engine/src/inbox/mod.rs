@@ -499,17 +499,37 @@ impl Inbox {
     pub fn devices(&self, uid: Uid) -> Result<Vec<DeviceInfo>> {
         read::devices(&self.shared, uid)
     }
-    /// R9/R10. May bump the device's generation (recovery lease or
-    /// `RESET_REQUIRED`), so it goes through the sequencer. A `limit` of 0
-    /// means the default page size.
+    /// R9/R10. A `limit` of 0 means the default page size.
+    ///
+    /// A sync that may bump the device's generation (recovery lease or
+    /// `RESET_REQUIRED`) or refresh its `last_seen` goes through the
+    /// sequencer; one that changes nothing is answered from durable state
+    /// on the caller's thread, without waiting for any round's fsync.
     pub fn sync(&self, req: SyncRequest) -> Pending<SyncPage> {
+        let now = self.now_ms();
         let claims = match &req.batch_token {
             None => None,
-            Some(t) => match token::verify(&self.shared.config.token_key, t, self.now_ms()) {
+            Some(t) => match token::verify(&self.shared.config.token_key, t, now) {
                 Ok(c) => Some(c),
                 Err(e) => return Pending::ready(Err(e)),
             },
         };
+        // After shutdown every sync gets the sequencer's "shut down" answer.
+        if self.tx.lock().is_some() {
+            match read::sync_unchanged(&self.shared, now, &req, claims.as_ref()) {
+                Some(Err(e)) => return Pending::ready(Err(e)),
+                Some(Ok(plan)) => {
+                    let (tx, pending) = Pending::channel();
+                    let shared = Arc::clone(&self.shared);
+                    // The receiver is alive in `pending`, so this cannot fail.
+                    let _ = tx.send(Reply::Later(Box::new(move || {
+                        read::sync_page(&shared, &plan)
+                    })));
+                    return pending;
+                }
+                None => {}
+            }
+        }
         self.submit(|tx| Command::Sync { req, claims, tx })
     }
     pub fn ack(&self, req: AckRequest) -> Pending<AckReply> {

@@ -1,6 +1,10 @@
 //! Reads: sync pages, pull, history, the conversation list and devices.
 //! None of them goes through the sequencer.
 //!
+//! A sync that changes nothing (see [`sync_unchanged`]) is decided here
+//! too, by the sequencer's own `decide_sync`, so it never waits behind a
+//! round's fsync; one that needs a change still goes through the sequencer.
+//!
 //! Invariant: a read never reveals a change that is not durable. Event and
 //! message ranges are clamped to the committed watermarks (which the
 //! completion stage advances only after fsync); rows that carry a `stamp`
@@ -18,7 +22,8 @@ use bytes::Bytes;
 
 use super::command::{decode_msg_record, unpack, Effect, PackedLoc};
 use super::state::{Conv, MsgMeta, Period, OPEN};
-use super::sync::{info, SyncPlan};
+use super::sync::{self, info, SyncOutcome, SyncPlan};
+use super::token::TokenClaims;
 use super::Shared;
 use crate::api::*;
 use crate::error::{Error, Result};
@@ -28,6 +33,53 @@ pub(crate) const PULL_CONVS_MAX: usize = 1024;
 
 fn corrupt(what: &str, e: &super::codec::DecodeError) -> Error {
     Error::Internal(format!("corrupt {what} record: {}", e.0))
+}
+
+/// Decides a sync without the sequencer when it changes nothing: the
+/// sequencer's `decide_sync` on the current state yields no effect, the
+/// device row it was decided on is durable (its round has settled), and
+/// the batch ends at or below the user's committed watermark. The answer
+/// is then the one the sequencer would give, only earlier: no command of
+/// a later round can have been acknowledged to anyone yet.
+///
+/// `None` means the sync needs a state change (generation bump, lease,
+/// reset, `last_seen` refresh), depends on a change that is not durable
+/// yet, or the engine is poisoned: send it to the sequencer.
+pub(crate) fn sync_unchanged(
+    shared: &Shared,
+    now: TimestampMs,
+    req: &SyncRequest,
+    claims: Option<&TokenClaims>,
+) -> Option<Result<SyncPlan>> {
+    if shared.poisoned().is_some() {
+        return None;
+    }
+    let (stamp, decided) = {
+        let st = shared.state.read();
+        let user = st.users.get(&req.uid);
+        let stamp = user
+            .and_then(|u| u.device(req.device))
+            .map_or(0, |d| d.stamp);
+        let decided = match sync::decide_sync(&st, &shared.config, now, req, claims) {
+            Err(e) => Err(e),
+            Ok((effects, SyncOutcome::Page(plan))) if effects.is_empty() => {
+                let committed = user.map_or(0, |u| u.committed_seq);
+                if plan.hwm > committed {
+                    return None;
+                }
+                Ok(plan)
+            }
+            Ok(_) => return None,
+        };
+        (stamp, decided)
+    };
+    // Checked after the state lock is released, as the other reads do: the
+    // stamp only grows, so a settled stamp means the row decided on is
+    // durable.
+    match shared.is_settled(stamp) {
+        Ok(true) => Some(decided),
+        Ok(false) | Err(_) => None,
+    }
 }
 
 pub(crate) fn sync_page(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {

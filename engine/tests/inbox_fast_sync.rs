@@ -1,0 +1,318 @@
+//! A sync that changes nothing is answered from durable state without the
+//! sequencer, so it never waits behind another round's fsync; and it gives
+//! exactly the page the sequencer would have given.
+
+mod inbox_common;
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use bytes::Bytes;
+use inbox_common::*;
+use inbox_engine::inbox::ManualClock;
+use inbox_engine::log::{LogIo, PwriteIo, SyncPolicy};
+use inbox_engine::*;
+use parking_lot::{Condvar, Mutex};
+
+const PHONE: DeviceId = 1;
+
+/// Real file IO whose syncs can be held: while the gate is shut, every
+/// fdatasync (and every write that asks for one) waits until it opens.
+#[derive(Debug, Default)]
+struct GatedIo {
+    inner: PwriteIo,
+    /// (shut, syncs waiting at the gate)
+    gate: Mutex<(bool, u32)>,
+    cv: Condvar,
+}
+
+impl GatedIo {
+    fn shut(&self) {
+        self.gate.lock().0 = true;
+    }
+    fn open(&self) {
+        self.gate.lock().0 = false;
+        self.cv.notify_all();
+    }
+    /// Waits until at least one sync is held at the gate.
+    fn wait_for_held_sync(&self) {
+        let mut g = self.gate.lock();
+        while g.1 == 0 {
+            self.cv.wait(&mut g);
+        }
+    }
+    fn pass(&self) {
+        let mut g = self.gate.lock();
+        if g.0 {
+            g.1 += 1;
+            self.cv.notify_all();
+            while g.0 {
+                self.cv.wait(&mut g);
+            }
+            g.1 -= 1;
+        }
+    }
+}
+
+impl LogIo for GatedIo {
+    fn name(&self) -> &'static str {
+        "gated"
+    }
+    fn create_preallocated(&self, path: &Path, len: u64) -> io::Result<File> {
+        self.inner.create_preallocated(path, len)
+    }
+    fn open_existing(&self, path: &Path) -> io::Result<File> {
+        self.inner.open_existing(path)
+    }
+    fn allocate(&self, file: &File, len: u64) -> io::Result<()> {
+        self.inner.allocate(file, len)
+    }
+    fn write_at(&self, file: &File, offset: u64, buf: &[u8], sync: bool) -> io::Result<()> {
+        self.inner.write_at(file, offset, buf, false)?;
+        if sync {
+            self.pass();
+            self.inner.sync_data(file)?;
+        }
+        Ok(())
+    }
+    fn sync_data(&self, file: &File) -> io::Result<()> {
+        self.pass();
+        self.inner.sync_data(file)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+}
+
+fn send_req(conv: ConvId, sender: Uid, cmid: u128, body: &str) -> SendRequest {
+    SendRequest {
+        conv,
+        sender,
+        client_msg_id: cmid,
+        msg_type: 1,
+        payload: Bytes::copy_from_slice(body.as_bytes()),
+    }
+}
+
+fn sync_req(
+    uid: Uid,
+    generation: Option<Generation>,
+    local: SyncSeq,
+    limit: u32,
+    token: Option<Bytes>,
+) -> SyncRequest {
+    SyncRequest {
+        uid,
+        device: PHONE,
+        generation,
+        local_applied_seq: local,
+        limit,
+        batch_token: token,
+    }
+}
+
+#[test]
+fn a_sync_that_changes_nothing_does_not_wait_for_a_pending_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut cfg = config(dir.path(), &clock);
+    cfg.sync = SyncPolicy::Always;
+    let io = Arc::new(GatedIo::default());
+    let ib = Arc::new(Inbox::open_with_io(cfg, io.clone()).unwrap());
+
+    // uid 3 has two durable messages and a registered phone.
+    ib.join(20, 3).wait().unwrap();
+    ib.join(20, 4).wait().unwrap();
+    for i in 0..2 {
+        ib.send(send_req(20, 4, i, "for 3")).wait().unwrap();
+    }
+    let gen = ib
+        .register_device(3, PHONE)
+        .wait()
+        .unwrap()
+        .device
+        .generation;
+    ib.join(10, 1).wait().unwrap();
+    ib.join(10, 2).wait().unwrap();
+
+    // Another user's send is held at its fsync.
+    io.shut();
+    let (sent_tx, sent_rx) = mpsc::channel();
+    let sender = {
+        let ib = Arc::clone(&ib);
+        std::thread::spawn(move || {
+            let r = ib.send(send_req(10, 1, 100, "held")).wait();
+            let _ = sent_tx.send(r.is_ok());
+        })
+    };
+    io.wait_for_held_sync();
+
+    // uid 3's unchanged phone syncs meanwhile.
+    let (page_tx, page_rx) = mpsc::channel();
+    let syncer = {
+        let ib = Arc::clone(&ib);
+        std::thread::spawn(move || {
+            let _ = page_tx.send(ib.sync(sync_req(3, Some(gen), 0, 100, None)).wait());
+        })
+    };
+    let answered = page_rx.recv_timeout(Duration::from_secs(20));
+    let send_done_before_release = sent_rx.try_recv().is_ok();
+    io.open();
+    syncer.join().unwrap();
+    sender.join().unwrap();
+    assert!(
+        sent_rx.recv().unwrap(),
+        "the held send succeeds once released"
+    );
+
+    let page = answered
+        .expect("the sync was answered while the other round's fsync was held")
+        .unwrap();
+    assert!(
+        !send_done_before_release,
+        "the send was still waiting for its fsync when the sync was answered"
+    );
+    let seqs: Vec<MsgSeq> = page
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::Msg)
+        .map(|e| e.msg_seq)
+        .collect();
+    assert_eq!(
+        seqs,
+        vec![3, 4],
+        "both of uid 3's messages (after the joins)"
+    );
+    assert_eq!(page.batch_hwm, page.next_cursor);
+    assert!(!page.has_more);
+    assert_eq!(page.generation, gen);
+}
+
+#[test]
+fn a_sync_that_must_refresh_last_seen_still_waits_for_its_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut cfg = config(dir.path(), &clock);
+    cfg.sync = SyncPolicy::Always;
+    let io = Arc::new(GatedIo::default());
+    let ib = Arc::new(Inbox::open_with_io(cfg, io.clone()).unwrap());
+    ib.join(20, 3).wait().unwrap();
+    let gen = ib
+        .register_device(3, PHONE)
+        .wait()
+        .unwrap()
+        .device
+        .generation;
+
+    // A second later the sync must log `last_seen`: through the sequencer.
+    clock.advance(Duration::from_secs(1));
+    io.shut();
+    let (page_tx, page_rx) = mpsc::channel();
+    let syncer = {
+        let ib = Arc::clone(&ib);
+        std::thread::spawn(move || {
+            let _ = page_tx.send(ib.sync(sync_req(3, Some(gen), 0, 100, None)).wait());
+        })
+    };
+    io.wait_for_held_sync();
+    let early = page_rx.try_recv();
+    io.open();
+    syncer.join().unwrap();
+    assert!(early.is_err(), "not answered before its round is durable");
+    page_rx.recv().unwrap().unwrap();
+    let devices = ib.devices(3).unwrap();
+    assert_eq!(
+        devices[0].last_seen_ms,
+        T0 + 1_000,
+        "the refresh was logged"
+    );
+}
+
+/// Rounds the sequencer has finished so far.
+fn rounds(h: &Harness) -> u64 {
+    h.ib().stats().write_batches
+}
+
+#[test]
+fn fast_and_sequenced_syncs_give_identical_pages() {
+    let h = Harness::with(|c| c.recovery_lease_events_max = 100);
+    h.join(10, 1);
+    h.join(10, 2);
+    let gen = h.register(2, PHONE).device.generation;
+    for i in 0..25 {
+        h.send(10, 1, i, &format!("m{i}"));
+    }
+
+    // First page: one second on, the sync must refresh `last_seen`, so it
+    // goes through the sequencer; the same request right after changes
+    // nothing and is answered directly. Same clock, so same token.
+    h.advance(Duration::from_secs(1));
+    let before = rounds(&h);
+    let slow = h.sync(2, PHONE, Some(gen), 0, 10, None).unwrap();
+    let after_slow = rounds(&h);
+    let fast = h.sync(2, PHONE, Some(gen), 0, 10, None).unwrap();
+    assert_eq!(after_slow, before + 1, "the refresh went through a round");
+    assert_eq!(rounds(&h), after_slow, "the unchanged sync took no round");
+    assert_eq!(fast, slow);
+    assert_eq!(slow.events.len(), 10);
+    assert!(slow.has_more);
+
+    // Later pages come from the token alone and take no round.
+    let page2 = h
+        .sync(
+            2,
+            PHONE,
+            Some(gen),
+            slow.next_cursor,
+            10,
+            Some(slow.batch_token.clone()),
+        )
+        .unwrap();
+    assert_eq!(rounds(&h), after_slow);
+    assert_eq!(page2.batch_hwm, slow.batch_hwm, "hwm fixed by the token");
+    assert_eq!(page2.events[0].sync_seq, slow.next_cursor + 1);
+    // Messages sent after the first page stay out of the batch.
+    h.send(10, 1, 1_000, "late");
+    let page3 = h
+        .sync(
+            2,
+            PHONE,
+            Some(gen),
+            page2.next_cursor,
+            100,
+            Some(slow.batch_token.clone()),
+        )
+        .unwrap();
+    assert_eq!(page3.next_cursor, slow.batch_hwm);
+    assert!(!page3.has_more);
+    h.ack(2, PHONE, gen, page3.next_cursor, &slow.batch_token)
+        .unwrap();
+
+    // A recovery lease: opened through the sequencer, then re-served
+    // unchanged from it.
+    let before = rounds(&h);
+    let opened = h.sync(2, PHONE, Some(gen), 5, 10, None).unwrap();
+    assert!(opened.lease.is_some());
+    assert_eq!(rounds(&h), before + 1, "opening the lease is a change");
+    let again = h
+        .sync(2, PHONE, Some(opened.generation), 5, 10, None)
+        .unwrap();
+    assert_eq!(rounds(&h), before + 1, "re-serving the lease is not");
+    assert_eq!(again, opened);
+
+    // Errors answered from durable state match the sequencer's too.
+    h.ib().revoke_device(2, PHONE).wait().unwrap();
+    let before = rounds(&h);
+    let revoked = h.sync(2, PHONE, Some(opened.generation), 5, 10, None);
+    assert!(matches!(revoked, Err(Error::DeviceRevoked)), "{revoked:?}");
+    assert_eq!(rounds(&h), before, "a revoked device's sync takes no round");
+}
