@@ -36,3 +36,8 @@ fn segment_recover_corpus_never_panics_and_recovers_only_written_prefixes() {
 fn wire_decode_corpus_never_panics_and_every_accepted_frame_reencodes_exactly() {
     replay("wire_decode", inbox_tests::fuzzing::wire_decode::check);
 }
+
+#[test]
+fn engine_model_corpus_keeps_every_acknowledged_write_across_faults_and_restarts() {
+    replay("engine_model", inbox_tests::fuzzing::engine_model::check);
+}

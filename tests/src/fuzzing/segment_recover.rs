@@ -50,6 +50,29 @@ fn write_reference_log(dir: &Path) {
     log.flush().expect("flush succeeds");
 }
 
+/// The files of the reference log, written once per process: each case
+/// starts from a copy, so the fuzzer spends its time in recovery.
+fn reference_image() -> &'static [(std::ffi::OsString, Vec<u8>)] {
+    static IMAGE: std::sync::OnceLock<Vec<(std::ffi::OsString, Vec<u8>)>> =
+        std::sync::OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        write_reference_log(dir.path());
+        files_under(dir.path())
+            .into_iter()
+            .map(|path| {
+                let name = path
+                    .strip_prefix(dir.path())
+                    .expect("under the dir")
+                    .as_os_str()
+                    .to_owned();
+                let bytes = std::fs::read(&path).expect("read a reference file");
+                (name, bytes)
+            })
+            .collect()
+    })
+}
+
 /// Every regular file under `dir`, in a stable order.
 fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
@@ -110,8 +133,14 @@ fn apply_damage(files: &[PathBuf], op: &[u8]) {
 /// Runs one fuzz case. Panics (the fuzzer's finding) when recovery panics
 /// or when it returns records that are not a prefix of what was written.
 pub fn check(data: &[u8]) {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    write_reference_log(dir.path());
+    let dir = super::scratch_dir();
+    for (name, bytes) in reference_image() {
+        let path = dir.path().join(name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).expect("create the image's folders");
+        }
+        std::fs::write(path, bytes).expect("write the reference image");
+    }
     let files = files_under(dir.path());
     for op in data.chunks(6).take(16) {
         apply_damage(&files, op);
