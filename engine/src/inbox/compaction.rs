@@ -66,6 +66,11 @@ pub(crate) type Hook = Arc<dyn Fn(CompactionStep) + Send + Sync>;
 
 /// Users per chunk of work done under one state lock.
 const USERS_PER_CHUNK: usize = 256;
+/// Event locations copied per hold of the state lock.
+const EVENTS_PER_LOCK: usize = 16 << 10;
+/// Bytes of live records copied per append of a rewrite: small batches
+/// keep the foreground's group commits short.
+const REWRITE_BATCH_BYTES: u64 = 64 << 10;
 /// Trim proposals per command.
 const TRIMS_PER_COMMAND: usize = 1024;
 
@@ -420,11 +425,27 @@ type Refs = HashMap<SegmentId, BTreeMap<u32, Vec<(Uid, SyncSeq)>>>;
 fn live_refs(shared: &Shared, only: Option<SegmentId>) -> Refs {
     let uids: Vec<Uid> = shared.state.read().users.keys().copied().collect();
     let mut refs: Refs = HashMap::new();
-    for chunk in uids.chunks(USERS_PER_CHUNK) {
-        let st = shared.state.read();
-        for uid in chunk {
-            let Some(u) = st.users.get(uid) else { continue };
-            for (i, loc) in u.events.iter().enumerate() {
+    let mut slice = Vec::with_capacity(EVENTS_PER_LOCK);
+    for uid in uids {
+        // Copy the index a slice at a time, so the sequencer never waits
+        // long for the state lock; each slice is taken with its own base,
+        // so a trim in between only makes the map conservative.
+        let mut next = 0;
+        loop {
+            let first = {
+                let st = shared.state.read();
+                let Some(u) = st.users.get(&uid) else { break };
+                let first = next.max(u.events_base + 1);
+                let lo = (first - u.events_base - 1) as usize;
+                let hi = (lo + EVENTS_PER_LOCK).min(u.events.len());
+                if lo >= hi {
+                    break;
+                }
+                slice.clear();
+                slice.extend_from_slice(&u.events[lo..hi]);
+                first
+            };
+            for (i, loc) in slice.iter().enumerate() {
                 if *loc == PENDING_LOC {
                     continue;
                 }
@@ -436,8 +457,9 @@ fn live_refs(shared: &Shared, only: Option<SegmentId>) -> Refs {
                     .or_default()
                     .entry(l.offset)
                     .or_default()
-                    .push((*uid, u.events_base + 1 + i as SyncSeq));
+                    .push((uid, first + i as SyncSeq));
             }
+            next = first + slice.len() as SyncSeq;
         }
     }
     refs
@@ -562,13 +584,19 @@ fn reclaim_segments(
     let mut covered = covered_lsn(shared)?;
     let threshold = shared.config.rewrite_live_fraction;
     let reclaimable = |v: &SegView| (v.live_bytes as f64) < threshold * v.info.bytes as f64;
-    if views
+    // Checkpoints stall the sequencer while the state is encoded, so they
+    // are written for compaction only when an eighth of the log (or more)
+    // waits for them; periodic checkpoints cover the rest in time.
+    let total: u64 = views.iter().map(|v| v.info.bytes).sum();
+    let waiting: u64 = views
         .iter()
-        .any(|v| reclaimable(v) && v.info.last_lsn > covered)
-    {
-        // Dead or sparse segments wait only for checkpoint coverage (they
-        // hold state deltas too): write two, so that both retained
-        // checkpoints cover them.
+        .filter(|v| reclaimable(v) && v.info.last_lsn > covered)
+        .map(|v| v.info.bytes - v.live_bytes.min(v.info.bytes))
+        .sum();
+    if waiting > 0 && waiting >= total / 8 {
+        // Dead or sparse segments wait for checkpoint coverage (they hold
+        // state deltas too): write two, so that both retained checkpoints
+        // cover them.
         checkpoint_now(submit)?;
         checkpoint_now(submit)?;
         covered = covered_lsn(shared)?;
@@ -585,33 +613,27 @@ fn reclaim_segments(
             sparse.push(v);
         }
     }
-    let rate = shared.config.compaction_bytes_per_s.max(1);
-    let started = Instant::now();
-    let mut copied_total = 0u64;
     for v in sparse {
         let Some(offsets) = refs.get(&v.info.id) else {
             continue;
         };
-        copied_total += rewrite(shared, submit, &v.info, offsets, report)?;
-        // Throttle: never faster than `rate` bytes per second on average.
-        let due = Duration::from_secs_f64(copied_total as f64 / rate as f64);
-        if let Some(wait) = due.checked_sub(started.elapsed()) {
-            std::thread::sleep(wait);
-        }
+        rewrite(shared, submit, &v.info, offsets, report)?;
     }
     Ok(())
 }
 
-/// Copies the live records of one sealed segment forward, relocates the
-/// events, deletes the old file. Returns the bytes copied.
+/// Copies the live records of one sealed segment forward (throttled to
+/// `compaction_bytes_per_s`), relocates the events, deletes the old file.
 fn rewrite(
     shared: &Shared,
     submit: Submit<'_>,
     info: &SegmentInfo,
     offsets: &BTreeMap<u32, Vec<(Uid, SyncSeq)>>,
     report: &mut CompactionReport,
-) -> Result<u64> {
-    let room = shared.config.segment_bytes / 2;
+) -> Result<()> {
+    let room = REWRITE_BATCH_BYTES.min(shared.config.segment_bytes / 2);
+    let rate = shared.config.compaction_bytes_per_s.max(1);
+    let started = Instant::now();
     let mut copied = 0u64;
     let mut entries: Vec<(&u32, &Vec<(Uid, SyncSeq)>)> = offsets.iter().collect();
     while !entries.is_empty() {
@@ -635,6 +657,11 @@ fn rewrite(
         }
         let appended = shared.evt_log.append(batch)?;
         copied += size;
+        // Throttle: never faster than `rate` bytes per second on average.
+        let due = Duration::from_secs_f64(copied as f64 / rate as f64);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(wait);
+        }
         shared.compaction.step(CompactionStep::Copied);
         let mut moves = Vec::new();
         for ((off, holders), new) in olds.iter().zip(&appended.locs) {
@@ -666,7 +693,7 @@ fn rewrite(
     if live_refs(shared, Some(info.id)).is_empty() {
         delete_segment(shared, info, report)?;
     }
-    Ok(copied)
+    Ok(())
 }
 
 // ---- explain ---------------------------------------------------------

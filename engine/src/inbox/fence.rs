@@ -346,3 +346,83 @@ pub(crate) fn trim_target(
         .min(user.head())
         .max(user.events_base)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compaction_and_snapshot_records_round_trip_and_reject_every_prefix() {
+        let effects = [
+            Effect::Snapshot {
+                uid: 9,
+                row: SnapshotRow {
+                    snapshot_id: 3,
+                    device: 2,
+                    generation: 7,
+                    base_sync_seq: 120,
+                    created_at_ms: 1_000,
+                    expires_at_ms: 2_000,
+                    phase: SnapshotPhase::Installed,
+                },
+            },
+            Effect::Trim {
+                uid: 9,
+                events_base: 77,
+            },
+            Effect::Relocate(vec![Relocation {
+                uid: 9,
+                sync_seq: 80,
+                from: 1 << 32 | 64,
+                to: 5 << 32 | 128,
+            }]),
+            Effect::Copied(Box::new(Effect::Read {
+                uid: 1,
+                conv: 2,
+                read_seq: 3,
+                at_ms: 4,
+            })),
+        ];
+        for e in effects {
+            let bytes = e.encode();
+            assert_eq!(Effect::decode(e.record_kind(), &bytes), Ok(e.clone()));
+            for cut in 0..bytes.len() {
+                assert!(Effect::decode(e.record_kind(), &bytes[..cut]).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn trim_never_moves_the_base_down_and_relocate_skips_moved_events() {
+        let mut st = State::new(0);
+        let user = st.users.entry(1).or_default();
+        user.events = vec![10, 11, 12, 13];
+        st.apply_trim(1, 2).unwrap();
+        assert_eq!(st.users[&1].events_base, 2);
+        assert_eq!(st.users[&1].events, vec![12, 13]);
+        st.apply_trim(1, 1).unwrap();
+        assert_eq!(st.users[&1].events_base, 2, "a lower trim is a no-op");
+        assert!(st.apply_trim(1, 9).is_err(), "beyond the head");
+        st.apply_relocate(&[
+            Relocation {
+                uid: 1,
+                sync_seq: 3,
+                from: 12,
+                to: 99,
+            },
+            Relocation {
+                uid: 1,
+                sync_seq: 4,
+                from: 55,
+                to: 98,
+            },
+            Relocation {
+                uid: 1,
+                sync_seq: 1,
+                from: 10,
+                to: 97,
+            },
+        ]);
+        assert_eq!(st.users[&1].events, vec![99, 13]);
+    }
+}
