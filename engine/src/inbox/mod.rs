@@ -679,7 +679,6 @@ impl Inbox {
             bytes_on_disk: segs.map(|s| s.bytes).sum(),
             index_bytes: event_index + msg_index,
             compaction: self.shared.compaction.report(),
-            ..Stats::default()
         }
     }
     /// Hints are coalesced per commit round and may be dropped by a slow
