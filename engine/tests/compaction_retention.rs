@@ -53,7 +53,9 @@ fn msg_segment_files(h: &Harness) -> Vec<String> {
 
 /// A body that does not compress, so a few messages fill a segment.
 fn noise(seed: u64, len: usize) -> String {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..len)
         .map(|_| {
             x = x
@@ -77,7 +79,11 @@ fn old_and_young(h: &Harness) {
 fn assert_only_young_served(h: &Harness) {
     let young: Vec<MsgSeq> = (33..=37).collect();
     assert_eq!(history_seqs(h, 2), (young.clone(), false));
-    assert_eq!(pull_seqs(h, 2, 0), young, "a cursor below the base resumes at it");
+    assert_eq!(
+        pull_seqs(h, 2, 0),
+        young,
+        "a cursor below the base resumes at it"
+    );
     assert_eq!(pull_seqs(h, 2, 34), vec![35, 36, 37]);
     let below_base = h.ib().history(2, CONV, Some(20), 10).unwrap();
     assert!(below_base.messages.is_empty() && !below_base.has_more);
@@ -175,7 +181,10 @@ fn a_msg_segment_whose_messages_are_all_reclaimed_is_deleted_whole() {
     }
     let report = h.ib().compact().unwrap();
     assert_eq!(report.messages_reclaimed, 62, "{report:?}");
-    assert!(report.segments_dropped >= before.len() as u64 - 1, "{report:?}");
+    assert!(
+        report.segments_dropped >= before.len() as u64 - 1,
+        "{report:?}"
+    );
     let after = msg_segment_files(&h);
     assert!(!after.contains(&before[0]), "{after:?}");
     assert!(after.len() < before.len(), "{before:?} -> {after:?}");
@@ -210,8 +219,8 @@ fn a_recall_tombstone_outlives_the_original_it_hides() {
         })
         .wait()
         .unwrap(); // seq 5, at T0 + 13h
-    // Now T0 + 1 day + 1 h: seqs 1..=3 are past the retention, the
-    // recalled original (4) and its recall (5) are not.
+                   // Now T0 + 1 day + 1 h: seqs 1..=3 are past the retention, the
+                   // recalled original (4) and its recall (5) are not.
     h.advance(12 * HOUR);
     let report = h.ib().compact().unwrap();
     assert_eq!(report.messages_reclaimed, 3, "{report:?}");

@@ -791,11 +791,7 @@ fn trim_history(
     retention: Duration,
     report: &mut CompactionReport,
 ) -> Result<()> {
-    let cut = shared
-        .config
-        .clock
-        .now_ms()
-        .saturating_sub(ms(retention));
+    let cut = shared.config.clock.now_ms().saturating_sub(ms(retention));
     let convs: Vec<ConvId> = shared.state.read().convs.keys().copied().collect();
     let mut proposals = Vec::new();
     for chunk in convs.chunks(CONVS_PER_CHUNK) {

@@ -240,7 +240,11 @@ impl State {
                 .convs
                 .get(&conv)
                 .ok_or_else(|| ApplyError(format!("message trim of unknown conv {conv}")))?;
-            (c.msgs_base, c.head(), c.members.keys().copied().collect::<Vec<_>>())
+            (
+                c.msgs_base,
+                c.head(),
+                c.members.keys().copied().collect::<Vec<_>>(),
+            )
         };
         if msgs_base <= old_base {
             return Ok(());
@@ -433,6 +437,10 @@ mod tests {
             Effect::Trim {
                 uid: 9,
                 events_base: 77,
+            },
+            Effect::TrimMsgs {
+                conv: 4,
+                msgs_base: 31,
             },
             Effect::Relocate(vec![Relocation {
                 uid: 9,

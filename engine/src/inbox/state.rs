@@ -104,7 +104,8 @@ impl Conv {
         if seq <= self.msgs_base {
             return None;
         }
-        self.msgs.get(usize::try_from(seq - self.msgs_base - 1).ok()?)
+        self.msgs
+            .get(usize::try_from(seq - self.msgs_base - 1).ok()?)
     }
     pub fn meta_mut(&mut self, seq: MsgSeq) -> Option<&mut MsgMeta> {
         if seq <= self.msgs_base {
@@ -519,11 +520,7 @@ impl State {
 
     /// Patches the location of a message whose record was just submitted.
     pub fn patch_msg(&mut self, conv: ConvId, seq: MsgSeq, loc: PackedLoc) {
-        if let Some(meta) = self
-            .convs
-            .get_mut(&conv)
-            .and_then(|c| c.meta_mut(seq))
-        {
+        if let Some(meta) = self.convs.get_mut(&conv).and_then(|c| c.meta_mut(seq)) {
             meta.loc = loc;
         }
     }
