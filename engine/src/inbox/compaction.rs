@@ -1,6 +1,7 @@
-//! Compaction (R19): reclaims a user's sync events below its floor, drops
-//! dead `evt` segments whole and rewrites sparse ones, in the background
-//! and rate-limited; and says what holds data back (`explain`).
+//! Compaction (R19): reclaims a user's sync events below its floor (and
+//! messages past the history retention), drops dead segments whole and
+//! rewrites sparse `evt` ones, in the background and rate-limited; and
+//! says what holds data back (`explain`).
 //!
 //! A pass, in order (each state change is a logged command, decided again
 //! by the sequencer against the fences as they are at that instant):
