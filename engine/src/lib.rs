@@ -11,6 +11,8 @@
 
 pub mod api;
 pub mod error;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod inbox;
 pub mod log;
 

@@ -65,6 +65,10 @@ pub struct ServeArgs {
     /// Lifetime of a sync batch token, seconds [default: the engine's, 600].
     #[arg(long, env = "INBOXD_BATCH_TOKEN_TTL_S")]
     pub batch_token_ttl_s: Option<u64>,
+    /// Size of each preallocated log segment, bytes [default: the
+    /// engine's, 134217728].
+    #[arg(long, env = "INBOXD_SEGMENT_BYTES")]
+    pub segment_bytes: Option<u64>,
 }
 
 /// The same keys as [`ServeArgs`], read from TOML.
@@ -86,6 +90,7 @@ struct FileConfig {
     sync: Option<String>,
     shutdown_grace_s: Option<u64>,
     batch_token_ttl_s: Option<u64>,
+    segment_bytes: Option<u64>,
 }
 
 /// Where the token comes from, resolved at startup.
@@ -135,6 +140,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// `None` keeps the engine's default.
     pub batch_token_ttl: Option<Duration>,
+    /// `None` keeps the engine's default.
+    pub segment_bytes: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -276,6 +283,7 @@ impl Config {
                 .batch_token_ttl_s
                 .or(file.batch_token_ttl_s)
                 .map(Duration::from_secs),
+            segment_bytes: args.segment_bytes.or(file.segment_bytes),
         })
     }
 }

@@ -71,6 +71,9 @@ pub async fn run(
     if let Some(ttl) = config.batch_token_ttl {
         engine_config.batch_token_ttl = ttl;
     }
+    if let Some(bytes) = config.segment_bytes {
+        engine_config.segment_bytes = bytes;
+    }
     let inbox = tokio::task::spawn_blocking(move || Inbox::open(engine_config))
         .await
         .unwrap_or_else(|join| Err(inbox_engine::Error::Internal(join.to_string())))

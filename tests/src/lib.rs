@@ -52,7 +52,18 @@ impl Daemon {
     /// Starts inboxd on `data_dir` with extra flags, waiting until it
     /// listens.
     pub fn start_with(data_dir: &Path, extra: &[&str]) -> Daemon {
-        let mut child = Command::new(inboxd_binary())
+        Self::start_binary(&inboxd_binary(), data_dir, extra, &[])
+    }
+
+    /// Starts a given inboxd build (e.g. one with failpoints) with extra
+    /// flags and environment variables.
+    pub fn start_binary(
+        binary: &Path,
+        data_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Daemon {
+        let mut child = Command::new(binary)
             .arg("serve")
             .arg("--data-dir")
             .arg(data_dir)
@@ -60,6 +71,7 @@ impl Daemon {
             .args(["--token", TOKEN])
             .args(extra)
             .env("INBOXD_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

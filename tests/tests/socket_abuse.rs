@@ -808,7 +808,13 @@ async fn connection_flood_beyond_the_limit_is_refused_with_unavailable_and_the_d
     const SLOTS: usize = 16;
     const FLOOD: usize = 400;
     let dir = inbox_tests::data_dir();
-    let daemon = Daemon::start_with(dir.path(), &["--max-connections", &SLOTS.to_string()]);
+    // Each refusal is logged as a warning; keep the test's output readable.
+    let daemon = Daemon::start_binary(
+        &inbox_tests::inboxd_binary(),
+        dir.path(),
+        &["--max-connections", &SLOTS.to_string()],
+        &[("INBOXD_LOG", "error")],
+    );
     let canary = Canary::start(&daemon).await;
     let before = Memory::of(daemon.pid());
     let started = Instant::now();

@@ -319,6 +319,10 @@ pub struct Inbox {
 impl Inbox {
     /// Opens (recovering if needed) the store in `config.data_dir`.
     pub fn open(config: InboxConfig) -> Result<Inbox> {
+        #[cfg(feature = "failpoints")]
+        if let Some(io) = crate::failpoints::io_from_env(&config.data_dir, config.io)? {
+            return Self::open_inner(config, Some(io));
+        }
         Self::open_inner(config, None)
     }
 

@@ -18,7 +18,9 @@
 //!   later one fail, and no later mutation is accepted (fail-stop, R21).
 //! - `NoSpace` on submit: nothing of the round is durable; the sequencer
 //!   waits for earlier rounds, then reloads the state from the checkpoint
-//!   and the log, so the failed round leaves no trace in memory.
+//!   and the log, so the failed round leaves no trace in memory. A sync in
+//!   that round that kept its device's generation is still served (all it
+//!   loses is its `last_seen` refresh): a full disk stops writes, not syncs.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc;
@@ -448,8 +450,18 @@ impl Sequencer {
                             }
                             SyncOutcome::Page(plan) => {
                                 let shared = Arc::clone(&self.shared);
+                                // Same generation: the sync wrote at most its
+                                // last_seen refresh, whose loss is harmless,
+                                // so a full disk must not keep the page from
+                                // the device (the page reads durable events).
+                                let keeps_generation = req.generation == Some(plan.generation);
                                 r.replies.push(Box::new(move |fail| {
                                     let reply = match fail {
+                                        Some(Fail::NoSpace(_)) if keeps_generation => {
+                                            Reply::Later(Box::new(move || {
+                                                read::sync_page(&shared, &plan)
+                                            }))
+                                        }
                                         Some(f) => Reply::Done(Err(f.to_error())),
                                         None => Reply::Later(Box::new(move || {
                                             read::sync_page(&shared, &plan)
