@@ -258,7 +258,7 @@ async fn fsync_eio_stops_the_writer_for_good_and_every_acknowledged_send_survive
     let daemon = start(dir.path(), Some("fsync_eio_after=60"), &[]);
     let client = Arc::new(daemon.client().await);
     setup(&client, WORKERS).await;
-    let load = load_through_fault(Arc::clone(&client), WORKERS, 3, 10_000, 0).await;
+    let load = load_through_fault(Arc::clone(&client), WORKERS, 3, 2_000, 0).await;
     let failed = load.sends.len() - acked(&load.sends);
     assert!(
         acked(&load.sends) > 0,
@@ -454,7 +454,7 @@ async fn load_until_torn(dir: &Path) -> (Vec<Sent>, inbox_engine::log::Problem, 
     let daemon = start(dir, Some("torn_write_after=40"), &[]);
     let client = Arc::new(daemon.client().await);
     setup(&client, WORKERS).await;
-    let load = load_through_fault(Arc::clone(&client), WORKERS, 2, 10_000, 200).await;
+    let load = load_through_fault(Arc::clone(&client), WORKERS, 2, 2_000, 200).await;
     assert!(
         acked(&load.sends) > 0,
         "some sends succeed before the torn write"
