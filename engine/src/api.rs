@@ -341,6 +341,8 @@ pub struct SegmentExplain {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CompactionReport {
     pub events_reclaimed: u64,
+    /// Messages reclaimed by history retention.
+    pub messages_reclaimed: u64,
     pub bytes_reclaimed: u64,
     pub bytes_rewritten: u64,
     pub segments_dropped: u64,

@@ -816,3 +816,30 @@ fn hints_carry_the_committed_high_watermark_once_per_round() {
     assert_eq!(latest.get(&2), Some(&2));
     assert_eq!(latest.get(&1), Some(&3));
 }
+
+#[test]
+fn stats_count_the_fsyncs_and_their_time_under_the_always_policy() {
+    let h = Harness::with(|c| c.sync = inbox_engine::log::SyncPolicy::Always);
+    h.ib().join(1, 1).wait().unwrap();
+    h.ib().join(1, 2).wait().unwrap();
+    let before = h.ib().stats();
+    h.ib()
+        .send(SendRequest {
+            conv: 1,
+            sender: 1,
+            client_msg_id: 1,
+            msg_type: 1,
+            payload: Bytes::from_static(b"hi"),
+        })
+        .wait()
+        .unwrap();
+    let after = h.ib().stats();
+    // A send commits the msg log, then the evt log: two synced commits.
+    assert!(
+        after.fsyncs >= before.fsyncs + 2,
+        "fsyncs went from {} to {}",
+        before.fsyncs,
+        after.fsyncs
+    );
+    assert!(after.fsync_latency_us_sum > before.fsync_latency_us_sum);
+}

@@ -70,6 +70,7 @@ fn every_acked_append_survives_kill_9() {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let (first_ack_tx, first_ack) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
             let mut acks = Vec::new();
             for line in BufReader::new(stdout).lines() {
@@ -78,12 +79,19 @@ fn every_acked_append_survives_kill_9() {
                 if parts.next() == Some("ACK") {
                     let lsn: u64 = parts.next().unwrap().parse().unwrap();
                     let tag: u64 = parts.next().unwrap().parse().unwrap();
+                    if acks.is_empty() {
+                        let _ = first_ack_tx.send(());
+                    }
                     acks.push((lsn, tag));
                 }
             }
             acks
         });
-        std::thread::sleep(Duration::from_millis(rng.gen_range(150..600)));
+        // The random moment is counted from the child's first ACK, so a
+        // slow start on a loaded machine cannot make the kill land before
+        // any append.
+        let _ = first_ack.recv_timeout(Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(rng.gen_range(50..500)));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         let acks = reader.join().unwrap();

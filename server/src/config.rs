@@ -69,6 +69,14 @@ pub struct ServeArgs {
     /// engine's, 134217728].
     #[arg(long, env = "INBOXD_SEGMENT_BYTES")]
     pub segment_bytes: Option<u64>,
+    /// Events younger than this are never reclaimed, seconds [default: the
+    /// engine's, 7 days].
+    #[arg(long, env = "INBOXD_SAFETY_WINDOW_S")]
+    pub safety_window_s: Option<u64>,
+    /// Seconds between background compaction passes; 0 turns them off
+    /// [default: the engine's, 60].
+    #[arg(long, env = "INBOXD_COMPACTION_INTERVAL_S")]
+    pub compaction_interval_s: Option<u64>,
 }
 
 /// The same keys as [`ServeArgs`], read from TOML.
@@ -91,6 +99,8 @@ struct FileConfig {
     shutdown_grace_s: Option<u64>,
     batch_token_ttl_s: Option<u64>,
     segment_bytes: Option<u64>,
+    safety_window_s: Option<u64>,
+    compaction_interval_s: Option<u64>,
 }
 
 /// Where the token comes from, resolved at startup.
@@ -142,6 +152,11 @@ pub struct Config {
     pub batch_token_ttl: Option<Duration>,
     /// `None` keeps the engine's default.
     pub segment_bytes: Option<u64>,
+    /// `None` keeps the engine's default.
+    pub safety_window: Option<Duration>,
+    /// `None` keeps the engine's default; `Some(ZERO)` turns background
+    /// compaction off.
+    pub compaction_interval: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -284,6 +299,14 @@ impl Config {
                 .or(file.batch_token_ttl_s)
                 .map(Duration::from_secs),
             segment_bytes: args.segment_bytes.or(file.segment_bytes),
+            safety_window: args
+                .safety_window_s
+                .or(file.safety_window_s)
+                .map(Duration::from_secs),
+            compaction_interval: args
+                .compaction_interval_s
+                .or(file.compaction_interval_s)
+                .map(Duration::from_secs),
         })
     }
 }

@@ -74,6 +74,12 @@ pub async fn run(
     if let Some(bytes) = config.segment_bytes {
         engine_config.segment_bytes = bytes;
     }
+    if let Some(window) = config.safety_window {
+        engine_config.safety_window = window;
+    }
+    if let Some(interval) = config.compaction_interval {
+        engine_config.compaction_interval = (!interval.is_zero()).then_some(interval);
+    }
     let inbox = tokio::task::spawn_blocking(move || Inbox::open(engine_config))
         .await
         .unwrap_or_else(|join| Err(inbox_engine::Error::Internal(join.to_string())))

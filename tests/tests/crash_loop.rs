@@ -7,6 +7,7 @@
 //! - a recall that got a reply left a tombstone;
 //! - no device's `acked_sync_seq` is below an ACK the daemon confirmed;
 //! - no read cursor is below a `mark_read` the daemon confirmed;
+//! - no event that compaction reclaimed is retained again;
 //! - `inboxd verify` passes on the data directory the kill left behind.
 //!
 //! It prints the figures: kills, acknowledged operations checked, and
@@ -20,7 +21,7 @@ use std::time::Duration;
 use inbox_server::client::{Client, ClientError};
 use inbox_tests::{all_history, data_dir, inboxd_binary, Daemon};
 use inbox_wire::{
-    ConvListReq, ConvMember, ErrorCode, MarkReadReq, RecallReq, SendReq, UserDevice, UserReq,
+    ConvListReq, ConvMember, Empty, ErrorCode, MarkReadReq, RecallReq, SendReq, UserDevice, UserReq,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -29,6 +30,9 @@ const KILLS: usize = 20;
 const WORKERS: u64 = 4;
 const USERS: u64 = 6;
 const DEVICES_PER_USER: u64 = 2;
+/// Events are reclaimable as soon as every device has ACKed them, and the
+/// clients drive compaction themselves.
+const RECLAIM_AT_ONCE: &[&str] = &["--safety-window-s", "0", "--compaction-interval-s", "0"];
 
 /// Conversation 1 is a group of every user; 2, 3 and 4 are one-to-one.
 fn conversations() -> Vec<(u64, Vec<u64>)> {
@@ -57,6 +61,11 @@ struct Ledger {
     device_acks: HashMap<(u64, u64), (u64, u64)>,
     /// (uid, conv) -> the highest read cursor the daemon confirmed.
     reads: HashMap<(u64, u64), u64>,
+    /// uid -> the highest `oldest_retained` the daemon reported after a
+    /// compaction: every event below it was reclaimed and must never be
+    /// served again.
+    reclaimed_below: HashMap<u64, u64>,
+    events_reclaimed: u64,
 }
 
 fn seed() -> u64 {
@@ -124,6 +133,13 @@ async fn worker(worker_id: u64, client: Client, ledger: Arc<Mutex<Ledger>>, mut 
                     Err(e) if e.code() == Some(ErrorCode::ResetRequired) => {}
                     Err(e) => return Err(e),
                 }
+            } else if roll < 88 {
+                let report = client.compact(Empty {}).await?;
+                let explain = client.explain(UserReq { uid }).await?;
+                let mut ledger = ledger.lock().expect("ledger");
+                ledger.events_reclaimed += report.events_reclaimed;
+                let entry = ledger.reclaimed_below.entry(uid).or_default();
+                *entry = (*entry).max(explain.oldest_retained);
             } else if roll < 95 {
                 let head = {
                     let ledger = ledger.lock().expect("ledger");
@@ -225,6 +241,17 @@ async fn check(daemon: &Daemon, ledger: &Ledger) -> (usize, Vec<String>) {
             violations.push(format!("recalled message {msg_id} is not a tombstone"));
         }
     }
+    for (&uid, &reclaimed_below) in &ledger.reclaimed_below {
+        checked += 1;
+        let explain = client.explain(UserReq { uid }).await.expect("explain");
+        if explain.oldest_retained < reclaimed_below {
+            violations.push(format!(
+                "user {uid}: events below {reclaimed_below} were reclaimed, \
+                 but the oldest retained is now {}",
+                explain.oldest_retained
+            ));
+        }
+    }
     for uid in 1..=USERS {
         let devices = client
             .devices(UserReq { uid })
@@ -315,7 +342,7 @@ async fn kill_nine_under_mixed_load_loses_no_acknowledged_operation() {
     let mut checked_total = 0;
     let mut violations_total = Vec::new();
     for kill in 0..KILLS {
-        let daemon = Daemon::start(dir.path());
+        let daemon = Daemon::start_with(dir.path(), RECLAIM_AT_ONCE);
         let mut workers = Vec::new();
         for w in 0..WORKERS {
             let client = daemon.client().await;
@@ -331,7 +358,7 @@ async fn kill_nine_under_mixed_load_loses_no_acknowledged_operation() {
         if let Err(e) = verify_offline(dir.path()) {
             violations_total.push(format!("after kill {kill}: {e}"));
         }
-        let daemon = Daemon::start(dir.path());
+        let daemon = Daemon::start_with(dir.path(), RECLAIM_AT_ONCE);
         let snapshot = ledger.lock().expect("ledger").clone();
         let (checked, violations) = check(&daemon, &snapshot).await;
         checked_total += checked;
@@ -343,10 +370,14 @@ async fn kill_nine_under_mixed_load_loses_no_acknowledged_operation() {
         daemon.stop();
     }
 
-    let sends = ledger.lock().expect("ledger").sends.len();
+    let (sends, events_reclaimed) = {
+        let ledger = ledger.lock().expect("ledger");
+        (ledger.sends.len(), ledger.events_reclaimed)
+    };
     println!(
         "crash loop (seed {seed}): kills {KILLS}, acknowledged sends {sends}, \
-         acknowledged operations checked {checked_total}, violations {}",
+         events reclaimed {events_reclaimed}, acknowledged operations checked {checked_total}, \
+         violations {}",
         violations_total.len()
     );
     assert!(sends > 0, "the load acknowledged no send at all");

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use super::codec::{DecodeError, DecodeResult, Reader, Writer};
 use super::command::{get_device_row, kind_code, kind_from_code, put_device_row};
 use super::state::*;
+use crate::api::MsgSeq;
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"INBXCKP1";
@@ -35,6 +36,17 @@ pub(crate) fn dir(data_dir: &Path) -> PathBuf {
 fn sorted<K: Ord + Copy, V>(m: &std::collections::HashMap<K, V>) -> Vec<(K, &V)> {
     let mut v: Vec<(K, &V)> = m.iter().map(|(k, v)| (*k, v)).collect();
     v.sort_unstable_by_key(|(k, _)| *k);
+    v
+}
+
+fn convs_sorted_bases(st: &State) -> Vec<(u64, MsgSeq)> {
+    let mut v: Vec<(u64, MsgSeq)> = st
+        .convs
+        .iter()
+        .filter(|(_, c)| c.msgs_base > 0)
+        .map(|(id, c)| (*id, c.msgs_base))
+        .collect();
+    v.sort_unstable();
     v
 }
 
@@ -112,6 +124,15 @@ pub(crate) fn encode_state(st: &State) -> Vec<u8> {
         w.u128(*cmid);
     }
     super::fence::encode_checkpoint_section(&mut w, st);
+    // Conversations whose history retention moved their base: the
+    // message list above holds only the retained messages. Last, so that
+    // a checkpoint written before retention existed still decodes.
+    let bases: Vec<(u64, MsgSeq)> = convs_sorted_bases(st);
+    w.u64(bases.len() as u64);
+    for (conv, base) in bases {
+        w.u64(conv);
+        w.u64(base);
+    }
     w.buf
 }
 
@@ -201,6 +222,16 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
         st.idem_order.push_back((r.u64()?, r.u64()?, r.u128()?));
     }
     super::fence::decode_checkpoint_section(&mut r, &mut st)?;
+    if !r.is_empty() {
+        for _ in 0..r.count(16)? {
+            let conv = r.u64()?;
+            let base = r.u64()?;
+            st.convs
+                .get_mut(&conv)
+                .ok_or(DecodeError("message base of an unknown conv"))?
+                .msgs_base = base;
+        }
+    }
     if !r.is_empty() {
         return Err(DecodeError("trailing bytes in checkpoint"));
     }

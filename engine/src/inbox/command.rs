@@ -31,9 +31,9 @@
 //! - [`EFFECT_FLAGS`]: uid u64, conv u64, muted u8, pinned u8, at_ms u64.
 //! - [`EFFECT_DEVICE`]: uid u64, then the full device row (see
 //!   [`DeviceRow`]): the row after the change, so replay is an upsert.
-//! - [`EFFECT_SNAPSHOT`], [`EFFECT_TRIM`], [`EFFECT_RELOCATE`] and copies
-//!   (kind | [`COPY_FLAG`]): compaction and snapshot records, laid out in
-//!   [`super::fence`].
+//! - [`EFFECT_SNAPSHOT`], [`EFFECT_TRIM`], [`EFFECT_TRIM_MSGS`],
+//!   [`EFFECT_RELOCATE`] and copies (kind | [`COPY_FLAG`]): compaction and
+//!   snapshot records, laid out in [`super::fence`].
 
 use bytes::Bytes;
 
@@ -48,6 +48,7 @@ pub(crate) const EFFECT_DEVICE: u8 = 4;
 pub(crate) const EFFECT_SNAPSHOT: u8 = 5;
 pub(crate) const EFFECT_TRIM: u8 = 6;
 pub(crate) const EFFECT_RELOCATE: u8 = 7;
+pub(crate) const EFFECT_TRIM_MSGS: u8 = 8;
 /// Set on the kind of a record copied forward by a segment rewrite.
 pub(crate) const COPY_FLAG: u8 = 0x80;
 
@@ -271,6 +272,12 @@ pub(crate) enum Effect {
         uid: Uid,
         events_base: SyncSeq,
     },
+    /// The conversation's retained messages now start after `msgs_base`
+    /// (history retention, R19).
+    TrimMsgs {
+        conv: ConvId,
+        msgs_base: MsgSeq,
+    },
     /// Events now read from copies of their records (segment rewrite).
     Relocate(Vec<super::fence::Relocation>),
     /// A live record copied forward by a segment rewrite: data for the
@@ -351,6 +358,7 @@ impl Effect {
             Effect::Device { .. } => EFFECT_DEVICE,
             Effect::Snapshot { .. } => EFFECT_SNAPSHOT,
             Effect::Trim { .. } => EFFECT_TRIM,
+            Effect::TrimMsgs { .. } => EFFECT_TRIM_MSGS,
             Effect::Relocate(_) => EFFECT_RELOCATE,
             Effect::Copied(inner) => inner.record_kind() | COPY_FLAG,
         }
@@ -403,7 +411,10 @@ impl Effect {
                 w.u64(*uid);
                 put_device_row(&mut w, row);
             }
-            Effect::Snapshot { .. } | Effect::Trim { .. } | Effect::Relocate(_) => {
+            Effect::Snapshot { .. }
+            | Effect::Trim { .. }
+            | Effect::TrimMsgs { .. }
+            | Effect::Relocate(_) => {
                 super::fence::encode_effect(&mut w, self);
             }
             // Returned above.
@@ -454,7 +465,7 @@ impl Effect {
                 uid: r.u64()?,
                 row: get_device_row(&mut r)?,
             },
-            EFFECT_SNAPSHOT | EFFECT_TRIM | EFFECT_RELOCATE => {
+            EFFECT_SNAPSHOT | EFFECT_TRIM | EFFECT_TRIM_MSGS | EFFECT_RELOCATE => {
                 super::fence::decode_effect(record_kind, &mut r)?
             }
             _ => return Err(DecodeError("unknown effect record kind")),
@@ -513,6 +524,7 @@ impl Effect {
             Effect::Device { .. }
             | Effect::Snapshot { .. }
             | Effect::Trim { .. }
+            | Effect::TrimMsgs { .. }
             | Effect::Relocate(_) => return None,
         })
     }

@@ -1,6 +1,7 @@
-//! Compaction (R19): reclaims a user's sync events below its floor, drops
-//! dead `evt` segments whole and rewrites sparse ones, in the background
-//! and rate-limited; and says what holds data back (`explain`).
+//! Compaction (R19): reclaims a user's sync events below its floor (and
+//! messages past the history retention), drops dead segments whole and
+//! rewrites sparse `evt` ones, in the background and rate-limited; and
+//! says what holds data back (`explain`).
 //!
 //! A pass, in order (each state change is a logged command, decided again
 //! by the sequencer against the fences as they are at that instant):
@@ -26,17 +27,30 @@
 //!    reclaimed by a later pass. Nothing is lost, nothing comes back.
 //!    Copying is throttled to `compaction_bytes_per_s`.
 //!
+//! 5. History retention (only with `history_retention = Some(d)`): per
+//!    conversation, the compactor binary-searches message times (the
+//!    sequencer-stamped `sent_at_ms` in the `msg` records) for the newest
+//!    message older than `d`; the sequencer clamps it to the durable head
+//!    and logs `TrimMsgs { conv, msgs_base }`. Once that is durable, a
+//!    sealed `msg` segment no retained message points into is deleted
+//!    whole. No checkpoint coverage is needed for it: `msg` records are
+//!    data only, and any replay that re-creates index entries into a
+//!    deleted segment also replays the (older-than-deletion, durable)
+//!    trim that drops them again. A recall is always above the message it
+//!    hides, so a prefix trim never reclaims a recall while its original
+//!    is retained, and a retained original keeps its tombstone flag.
+//!
 //! Only one pass runs at a time; the background thread and
 //! [`crate::Inbox::compact`] share the same lock.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::command::{pack, unpack, Effect, COPY_FLAG, PENDING_LOC};
+use super::command::{decode_msg_record, pack, unpack, Effect, COPY_FLAG, PENDING_LOC};
 use super::fence::{self, ms, Relocation, SnapshotPhase, SnapshotRow};
 use super::sequencer::Command;
 use super::state::State;
@@ -73,6 +87,8 @@ const EVENTS_PER_LOCK: usize = 16 << 10;
 const REWRITE_BATCH_BYTES: u64 = 64 << 10;
 /// Trim proposals per command.
 const TRIMS_PER_COMMAND: usize = 1024;
+/// Conversations per chunk of work done under one state lock.
+const CONVS_PER_CHUNK: usize = 256;
 
 /// One trim proposal: the newest event older than the safety window and
 /// the newest older than the hard TTL.
@@ -86,6 +102,7 @@ pub(crate) struct TrimProposal {
 #[derive(Default)]
 struct Counters {
     events_reclaimed: AtomicU64,
+    messages_reclaimed: AtomicU64,
     bytes_reclaimed: AtomicU64,
     bytes_rewritten: AtomicU64,
     segments_dropped: AtomicU64,
@@ -114,6 +131,7 @@ impl Runtime {
         let c = &self.counters;
         CompactionReport {
             events_reclaimed: c.events_reclaimed.load(Ordering::Relaxed),
+            messages_reclaimed: c.messages_reclaimed.load(Ordering::Relaxed),
             bytes_reclaimed: c.bytes_reclaimed.load(Ordering::Relaxed),
             bytes_rewritten: c.bytes_rewritten.load(Ordering::Relaxed),
             segments_dropped: c.segments_dropped.load(Ordering::Relaxed),
@@ -142,6 +160,8 @@ impl Runtime {
         let c = &self.counters;
         c.events_reclaimed
             .fetch_add(r.events_reclaimed, Ordering::Relaxed);
+        c.messages_reclaimed
+            .fetch_add(r.messages_reclaimed, Ordering::Relaxed);
         c.bytes_reclaimed
             .fetch_add(r.bytes_reclaimed, Ordering::Relaxed);
         c.bytes_rewritten
@@ -208,7 +228,12 @@ pub(crate) fn pass(shared: &Shared, submit: Submit<'_>) -> Result<CompactionRepo
     let result = (|| {
         reclaim_snapshots(shared, submit)?;
         trim_users(shared, submit, &mut report)?;
-        reclaim_segments(shared, submit, &mut report)
+        reclaim_segments(shared, submit, &mut report)?;
+        if let Some(retention) = shared.config.history_retention {
+            trim_history(shared, submit, retention, &mut report)?;
+            reclaim_msg_segments(shared, &mut report)?;
+        }
+        Ok(())
     })();
     rt.add(&report);
     result.map(|()| report)
@@ -696,6 +721,166 @@ fn rewrite(
     Ok(())
 }
 
+// ---- history retention -----------------------------------------------
+
+/// The stamped time of a retained message, or `None` when it cannot be
+/// told (then it counts as young: kept).
+fn msg_at_ms(shared: &Shared, conv: ConvId, seq: MsgSeq) -> Option<TimestampMs> {
+    let loc = {
+        let st = shared.state.read();
+        let c = st.convs.get(&conv)?;
+        if seq <= c.msgs_base {
+            return Some(0);
+        }
+        c.meta(seq)?.loc
+    };
+    if loc == PENDING_LOC {
+        return None;
+    }
+    let rec = shared.msg_log.read(unpack(loc)).ok()?;
+    let (h, _) = decode_msg_record(&rec.payload, shared.config.payload_bytes_max).ok()?;
+    Some(h.sent_at_ms)
+}
+
+/// The newest message seq in `(lo, hi]` of `conv` stamped at or before
+/// `cutoff`, or `lo`. Messages are stamped in sequence: a binary search.
+fn newest_msg_at_or_before(
+    shared: &Shared,
+    conv: ConvId,
+    lo: MsgSeq,
+    hi: MsgSeq,
+    cutoff: TimestampMs,
+) -> MsgSeq {
+    let (mut ok, mut bad) = (lo, hi + 1);
+    while bad - ok > 1 {
+        let mid = ok + (bad - ok) / 2;
+        match msg_at_ms(shared, conv, mid) {
+            Some(at) if at <= cutoff => ok = mid,
+            _ => bad = mid,
+        }
+    }
+    ok
+}
+
+/// The sequencer's decision on message trim proposals: never above what
+/// is durable, never down. Returns the effects and (conv, old, new).
+pub(crate) fn decide_trim_msgs(
+    st: &State,
+    proposals: &[(ConvId, MsgSeq)],
+) -> (Vec<Effect>, Vec<(ConvId, MsgSeq, MsgSeq)>) {
+    let mut effects = Vec::new();
+    let mut trimmed = Vec::new();
+    for &(conv, base) in proposals {
+        let Some(c) = st.convs.get(&conv) else {
+            continue;
+        };
+        let target = base.min(c.committed_seq).min(c.head());
+        if target > c.msgs_base {
+            effects.push(Effect::TrimMsgs {
+                conv,
+                msgs_base: target,
+            });
+            trimmed.push((conv, c.msgs_base, target));
+        }
+    }
+    (effects, trimmed)
+}
+
+fn trim_history(
+    shared: &Shared,
+    submit: Submit<'_>,
+    retention: Duration,
+    report: &mut CompactionReport,
+) -> Result<()> {
+    let cut = shared.config.clock.now_ms().saturating_sub(ms(retention));
+    let convs: Vec<ConvId> = shared.state.read().convs.keys().copied().collect();
+    let mut proposals = Vec::new();
+    for chunk in convs.chunks(CONVS_PER_CHUNK) {
+        let views: Vec<(ConvId, MsgSeq, MsgSeq)> = {
+            let st = shared.state.read();
+            chunk
+                .iter()
+                .filter_map(|id| {
+                    let c = st.convs.get(id)?;
+                    Some((*id, c.msgs_base, c.committed_seq.min(c.head())))
+                })
+                .collect()
+        };
+        for (conv, base, committed) in views {
+            if committed <= base {
+                continue;
+            }
+            let target = newest_msg_at_or_before(shared, conv, base, committed, cut);
+            if target > base {
+                proposals.push((conv, target));
+            }
+        }
+    }
+    let mut any = false;
+    for chunk in proposals.chunks(TRIMS_PER_COMMAND) {
+        let trimmed = call(submit, |tx| Command::TrimMsgs {
+            proposals: chunk.to_vec(),
+            tx,
+        })?;
+        for (_, old, new) in trimmed {
+            report.messages_reclaimed += new - old;
+            any = true;
+        }
+    }
+    if any {
+        shared.compaction.step(CompactionStep::Trimmed);
+    }
+    Ok(())
+}
+
+/// Retained messages per `msg` segment, or `None` while some message's
+/// record location is not patched in yet (then nothing can be judged
+/// dead).
+fn msg_refs(shared: &Shared) -> Option<HashMap<SegmentId, u64>> {
+    let convs: Vec<ConvId> = shared.state.read().convs.keys().copied().collect();
+    let mut refs: HashMap<SegmentId, u64> = HashMap::new();
+    for chunk in convs.chunks(CONVS_PER_CHUNK) {
+        let st = shared.state.read();
+        for id in chunk {
+            let Some(c) = st.convs.get(id) else { continue };
+            for m in &c.msgs {
+                if m.loc == PENDING_LOC {
+                    return None;
+                }
+                *refs.entry(unpack(m.loc).segment).or_default() += 1;
+            }
+        }
+    }
+    Some(refs)
+}
+
+/// Deletes sealed `msg` segments whose every message is below its
+/// conversation's retained base (the trims are already durable).
+fn reclaim_msg_segments(shared: &Shared, report: &mut CompactionReport) -> Result<()> {
+    // Listed before the scan: a segment sealed later may hold records of
+    // messages appended after the scan.
+    let sealed: Vec<SegmentInfo> = shared
+        .msg_log
+        .segments()
+        .into_iter()
+        .filter(|s| s.sealed)
+        .collect();
+    if sealed.is_empty() {
+        return Ok(());
+    }
+    let Some(refs) = msg_refs(shared) else {
+        return Ok(());
+    };
+    let live: HashSet<SegmentId> = refs.into_keys().collect();
+    for info in sealed.iter().filter(|s| !live.contains(&s.id)) {
+        shared.msg_log.delete_segment(info.id)?;
+        report.segments_dropped += 1;
+        report.bytes_reclaimed += info.bytes;
+        shared.compaction.step(CompactionStep::SegmentDeleted);
+    }
+    Ok(())
+}
+
 // ---- explain ---------------------------------------------------------
 
 pub(crate) fn explain(shared: &Shared, uid: Uid) -> Result<UserExplain> {
@@ -769,14 +954,41 @@ pub(crate) fn explain_segment(
         .ok_or_else(|| Error::NotFound(format!("{stream} segment {id}")))?;
     let mut held_by = Vec::new();
     if stream == "msg" {
+        // Live: the records retained messages point at.
+        let live: HashSet<u32> = {
+            let st = shared.state.read();
+            st.convs
+                .values()
+                .flat_map(|c| c.msgs.iter())
+                .filter(|m| m.loc != PENDING_LOC)
+                .map(|m| unpack(m.loc))
+                .filter(|l| l.segment == id)
+                .map(|l| l.offset)
+                .collect()
+        };
         let mut records = 0u64;
         let mut bytes = 0u64;
-        log.replay_segment(id, &mut |_, _, _, p| {
-            records += 1;
-            bytes += (RECORD_HEADER_LEN + p.len()) as u64;
+        log.replay_segment(id, &mut |_, loc, _, p| {
+            if live.contains(&loc.offset) {
+                records += 1;
+                bytes += (RECORD_HEADER_LEN + p.len()) as u64;
+            }
             Ok(())
         })?;
-        held_by.push("history retention: messages and tombstones are kept".to_string());
+        if !info.sealed {
+            held_by.push("active segment (still written)".into());
+        }
+        if records > 0 {
+            held_by.push(match shared.config.history_retention {
+                None => format!(
+                    "history retention: {records} messages kept forever (no retention configured)"
+                ),
+                Some(d) => format!(
+                    "history retention: {records} messages younger than the retention window of {} s",
+                    d.as_secs()
+                ),
+            });
+        }
         return Ok(SegmentExplain {
             stream: stream.into(),
             segment: id,

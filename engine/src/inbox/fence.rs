@@ -13,7 +13,8 @@
 //!   [`State::apply`], so replay rebuilds it; time only enters through
 //!   the stamped `now` of the command that decided the effect;
 //! - `events_base` only grows ([`Effect::Trim`] below the base is a no-op),
-//!   so a reclaimed event never comes back after a restart;
+//!   so a reclaimed event never comes back after a restart; likewise a
+//!   conversation's `msgs_base` ([`Effect::TrimMsgs`]);
 //! - a relocation moves an event only if it still points at the record
 //!   that was copied.
 //!
@@ -22,6 +23,8 @@
 //!   generation u64, base_sync_seq u64, created_at_ms u64, expires_at_ms
 //!   u64, phase u8 (0 live, 1 installed, 2 dropped).
 //! - `EFFECT_TRIM` (6): uid u64, events_base u64.
+//! - `EFFECT_TRIM_MSGS` (8): conv u64, msgs_base u64 (history retention:
+//!   the conversation's messages at or below `msgs_base` are reclaimed).
 //! - `EFFECT_RELOCATE` (7): count u32, then per move: uid u64, sync_seq
 //!   u64, from u64 (packed location), to u64.
 //! - a copy: the original record's kind with bit 7 set, and its payload
@@ -30,7 +33,9 @@
 use std::collections::BTreeMap;
 
 use super::codec::{DecodeError, DecodeResult, Reader, Writer};
-use super::command::{Effect, PackedLoc, EFFECT_RELOCATE, EFFECT_SNAPSHOT, EFFECT_TRIM};
+use super::command::{
+    Effect, PackedLoc, EFFECT_RELOCATE, EFFECT_SNAPSHOT, EFFECT_TRIM, EFFECT_TRIM_MSGS,
+};
 use super::state::{ApplyError, State, User};
 use super::InboxConfig;
 use crate::api::*;
@@ -135,6 +140,10 @@ pub(crate) fn encode_effect(w: &mut Writer, e: &Effect) {
             w.u64(*uid);
             w.u64(*events_base);
         }
+        Effect::TrimMsgs { conv, msgs_base } => {
+            w.u64(*conv);
+            w.u64(*msgs_base);
+        }
         Effect::Relocate(moves) => {
             w.u32(u32::try_from(moves.len()).unwrap_or(u32::MAX));
             for m in moves {
@@ -157,6 +166,10 @@ pub(crate) fn decode_effect(kind: u8, r: &mut Reader<'_>) -> DecodeResult<Effect
         EFFECT_TRIM => Effect::Trim {
             uid: r.u64()?,
             events_base: r.u64()?,
+        },
+        EFFECT_TRIM_MSGS => Effect::TrimMsgs {
+            conv: r.u64()?,
+            msgs_base: r.u64()?,
         },
         EFFECT_RELOCATE => {
             let n = r.u32()? as usize;
@@ -209,6 +222,61 @@ impl State {
         user.events.drain(..n);
         user.events.shrink_to(user.events.len() * 2);
         user.events_base = events_base;
+        Ok(())
+    }
+
+    /// Reclaims a conversation's messages at or below `msgs_base` (history
+    /// retention). Each member's `unread` drops by the reclaimed messages
+    /// that still counted for it, so `unread` keeps counting exactly the
+    /// retained unread messages; read cursors do not move.
+    pub(crate) fn apply_trim_msgs(
+        &mut self,
+        conv: ConvId,
+        msgs_base: MsgSeq,
+        stamp: u64,
+    ) -> Result<(), ApplyError> {
+        let (old_base, head, members) = {
+            let c = self
+                .convs
+                .get(&conv)
+                .ok_or_else(|| ApplyError(format!("message trim of unknown conv {conv}")))?;
+            (
+                c.msgs_base,
+                c.head(),
+                c.members.keys().copied().collect::<Vec<_>>(),
+            )
+        };
+        if msgs_base <= old_base {
+            return Ok(());
+        }
+        if msgs_base > head {
+            return Err(ApplyError(format!(
+                "message trim of conv {conv} to {msgs_base} is beyond its head {head}"
+            )));
+        }
+        for uid in members {
+            let gone = self.countable_between(uid, conv, msgs_base);
+            if gone == 0 {
+                continue;
+            }
+            if let Some(uc) = self
+                .users
+                .get_mut(&uid)
+                .and_then(|u| u.convs.get_mut(&conv))
+            {
+                uc.unread = uc.unread.saturating_sub(gone);
+                uc.stamp = stamp;
+            }
+        }
+        let c = self
+            .convs
+            .get_mut(&conv)
+            .ok_or_else(|| ApplyError("conv vanished".into()))?;
+        let n = usize::try_from(msgs_base - old_base)
+            .map_err(|_| ApplyError("message trim length overflows".into()))?;
+        c.msgs.drain(..n);
+        c.msgs.shrink_to(c.msgs.len() * 2);
+        c.msgs_base = msgs_base;
         Ok(())
     }
 
@@ -369,6 +437,10 @@ mod tests {
             Effect::Trim {
                 uid: 9,
                 events_base: 77,
+            },
+            Effect::TrimMsgs {
+                conv: 4,
+                msgs_base: 31,
             },
             Effect::Relocate(vec![Relocation {
                 uid: 9,

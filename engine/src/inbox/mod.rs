@@ -681,7 +681,19 @@ impl Inbox {
             .segments()
             .into_iter()
             .chain(self.shared.evt_log.segments());
+        let msg_log = self.shared.msg_log.stats();
+        let evt_log = self.shared.evt_log.stats();
+        // Each group commit is one write and, unless the sync policy is
+        // `None`, one fdatasync; its time covers both.
+        let fsyncs = if self.shared.config.sync == SyncPolicy::None {
+            0
+        } else {
+            msg_log.commits + evt_log.commits
+        };
+        let commit_us = msg_log.commit_time + evt_log.commit_time;
         Stats {
+            fsyncs,
+            fsync_latency_us_sum: u64::try_from(commit_us.as_micros()).unwrap_or(u64::MAX),
             users: st.users.len() as u64,
             conversations: st.convs.len() as u64,
             devices: st.users.values().map(|u| u.devices.len() as u64).sum(),
@@ -691,7 +703,6 @@ impl Inbox {
             bytes_on_disk: segs.map(|s| s.bytes).sum(),
             index_bytes: event_index + msg_index,
             compaction: self.shared.compaction.report(),
-            ..Stats::default()
         }
     }
     /// Hints are coalesced per commit round and may be dropped by a slow

@@ -166,6 +166,16 @@ fn visible_periods(conv: &Conv, uid: Uid) -> Vec<RangeInclusive<MsgSeq>> {
         .unwrap_or_default()
 }
 
+/// Whether history retention has reclaimed message `seq` of `conv`.
+fn reclaimed(shared: &Shared, conv: ConvId, seq: MsgSeq) -> bool {
+    shared
+        .state
+        .read()
+        .convs
+        .get(&conv)
+        .is_some_and(|c| seq <= c.msgs_base)
+}
+
 fn authorize(
     st: &super::state::State,
     uid: Uid,
@@ -189,7 +199,14 @@ fn materialize(
     let max = shared.config.payload_bytes_max;
     let mut out = Vec::with_capacity(metas.len());
     for (seq, meta) in &metas {
-        let rec = shared.msg_log.read(unpack(meta.loc))?;
+        let rec = match shared.msg_log.read(unpack(meta.loc)) {
+            Ok(rec) => rec,
+            // History retention reclaimed it (and maybe its segment) since
+            // the plan was taken: it is not served, like any message below
+            // the retained base.
+            Err(_) if reclaimed(shared, conv, *seq) => continue,
+            Err(e) => return Err(e.into()),
+        };
         let (h, payload) = decode_msg_record(&rec.payload, max).map_err(|e| corrupt("msg", &e))?;
         if h.conv != conv || h.msg_seq != *seq || h.msg_id != meta.msg_id {
             return Err(Error::Internal(format!(
@@ -260,7 +277,11 @@ pub(crate) fn pull(
             let mut metas = Vec::new();
             let mut has_more = false;
             'periods: for p in &periods {
-                let lo = (*p.start()).max(after.saturating_add(1));
+                // A cursor below the retained base (history retention)
+                // resumes at the base: reclaimed messages are skipped.
+                let lo = (*p.start())
+                    .max(after.saturating_add(1))
+                    .max(c.msgs_base + 1);
                 for seq in lo..=*p.end() {
                     if metas.len() == limit as usize {
                         has_more = true;
@@ -311,7 +332,9 @@ pub(crate) fn history(
                 continue;
             }
             let hi = (*p.end()).min(below - 1);
-            for seq in (*p.start()..=hi).rev() {
+            // History stops at the retained base (has_more = false there).
+            let lo = (*p.start()).max(c.msgs_base + 1);
+            for seq in (lo..=hi).rev() {
                 if metas.len() == limit as usize {
                     has_more = true;
                     break 'periods;

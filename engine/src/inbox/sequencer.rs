@@ -121,6 +121,12 @@ pub(crate) enum Command {
         proposals: Vec<compaction::TrimProposal>,
         tx: Tx<Vec<(Uid, SyncSeq, SyncSeq)>>,
     },
+    /// Compaction: reclaim conversations' messages past the history
+    /// retention, proposed as (conv, new base); replies (conv, old, new).
+    TrimMsgs {
+        proposals: Vec<(ConvId, MsgSeq)>,
+        tx: Tx<Vec<(ConvId, MsgSeq, MsgSeq)>>,
+    },
     /// Compaction: point events at copies of their records.
     Relocate {
         moves: Vec<super::fence::Relocation>,
@@ -619,6 +625,11 @@ impl Sequencer {
                 self.push_effects(st, r, round_id, effects);
                 r.replies.push(reply_with(tx, Ok(trimmed)));
             }
+            Command::TrimMsgs { proposals, tx } => {
+                let (effects, trimmed) = compaction::decide_trim_msgs(st, &proposals);
+                self.push_effects(st, r, round_id, effects);
+                r.replies.push(reply_with(tx, Ok(trimmed)));
+            }
             Command::Relocate { moves, tx } => {
                 self.push_effects(st, r, round_id, vec![Effect::Relocate(moves)]);
                 r.replies.push(reply_with(tx, Ok(())));
@@ -880,6 +891,7 @@ fn fail_command(cmd: Command, fail: &Fail) {
         Command::BeginSnapshot { tx, .. } => e(tx, fail),
         Command::AckSnapshot { tx, .. } => e(tx, fail),
         Command::Trim { tx, .. } => e(tx, fail),
+        Command::TrimMsgs { tx, .. } => e(tx, fail),
         Command::Relocate { tx, .. } | Command::DropSnapshots { tx, .. } => e(tx, fail),
         Command::Checkpoint { tx } | Command::Shutdown { tx } => {
             drop(tx.send(Err(fail.to_error())))

@@ -7,14 +7,16 @@
 //!   the same state. It never reads the clock or the configuration (the
 //!   idempotency TTL is part of the state).
 //! - Every iteration whose order matters goes over ordered maps.
-//! - `Conv::msgs[seq - 1]` is the message at `msg_seq = seq` (contiguous,
-//!   R1); `User::events[seq - events_base - 1]` is the user's event at
+//! - `Conv::msgs[seq - msgs_base - 1]` is the message at `msg_seq = seq`
+//!   (contiguous, R1; seqs at or below `msgs_base` are reclaimed by history
+//!   retention and never served again); `User::events[seq - events_base - 1]` is the user's event at
 //!   `sync_seq = seq` (contiguous, R2).
 //! - Membership periods of one user in one conversation never overlap and
 //!   are ordered; a period covers `join_seq..=leave_seq` (R5).
 //! - `unread` of `(uid, conv)` is the number of messages that are of kind
 //!   normal, not recalled, not sent by `uid`, inside one of `uid`'s periods,
-//!   and above `read_seq` (R14).
+//!   retained (above the conversation's `msgs_base`) and above `read_seq`
+//!   (R14).
 //! - `stamp` fields (the sequencer round of the last change) and the
 //!   committed watermarks are not state proper: readers use them to avoid
 //!   revealing changes that are not durable yet.
@@ -64,6 +66,9 @@ impl Period {
 
 #[derive(Default, Debug, PartialEq, Eq)]
 pub(crate) struct Conv {
+    /// `msg_seq` just below the first retained message (history
+    /// retention, R19); only grows.
+    pub msgs_base: MsgSeq,
     pub msgs: Vec<MsgMeta>,
     pub members: BTreeMap<Uid, Vec<Period>>,
     /// Highest durable `msg_seq` (not state: maintained by the completion
@@ -73,7 +78,7 @@ pub(crate) struct Conv {
 
 impl Conv {
     pub fn head(&self) -> MsgSeq {
-        self.msgs.len() as MsgSeq
+        self.msgs_base + self.msgs.len() as MsgSeq
     }
     pub fn is_member(&self, uid: Uid) -> bool {
         self.members
@@ -92,13 +97,22 @@ impl Conv {
     /// Looks a message up by id: ids grow with seq inside a conversation.
     pub fn seq_of(&self, msg_id: MsgId) -> Option<MsgSeq> {
         let i = self.msgs.binary_search_by_key(&msg_id, |m| m.msg_id).ok()?;
-        Some(i as MsgSeq + 1)
+        Some(self.msgs_base + i as MsgSeq + 1)
     }
+    /// The retained message at `seq` (`None` at or below `msgs_base`).
     pub fn meta(&self, seq: MsgSeq) -> Option<&MsgMeta> {
-        if seq == 0 {
+        if seq <= self.msgs_base {
             return None;
         }
-        self.msgs.get(usize::try_from(seq - 1).ok()?)
+        self.msgs
+            .get(usize::try_from(seq - self.msgs_base - 1).ok()?)
+    }
+    pub fn meta_mut(&mut self, seq: MsgSeq) -> Option<&mut MsgMeta> {
+        if seq <= self.msgs_base {
+            return None;
+        }
+        self.msgs
+            .get_mut(usize::try_from(seq - self.msgs_base - 1).ok()?)
     }
 }
 
@@ -284,6 +298,7 @@ impl State {
                 Ok(())
             }
             Effect::Trim { uid, events_base } => self.apply_trim(*uid, *events_base),
+            Effect::TrimMsgs { conv, msgs_base } => self.apply_trim_msgs(*conv, *msgs_base, stamp),
             Effect::Relocate(moves) => {
                 self.apply_relocate(moves);
                 Ok(())
@@ -296,7 +311,7 @@ impl State {
 
     /// Messages in `(uid's read_seq, up_to]` of `conv` that count as unread
     /// for `uid`.
-    fn countable_between(&self, uid: Uid, conv: ConvId, up_to: MsgSeq) -> u32 {
+    pub(crate) fn countable_between(&self, uid: Uid, conv: ConvId, up_to: MsgSeq) -> u32 {
         let (Some(c), Some(user)) = (self.convs.get(&conv), self.users.get(&uid)) else {
             return 0;
         };
@@ -308,7 +323,7 @@ impl State {
         };
         let mut n = 0u32;
         for p in periods {
-            let lo = p.join_seq.max(uc.read_seq + 1);
+            let lo = p.join_seq.max(uc.read_seq + 1).max(c.msgs_base + 1);
             let hi = p.leave_seq.min(up_to).min(c.head());
             for seq in lo..=hi {
                 if let Some(m) = c.meta(seq) {
@@ -402,7 +417,7 @@ impl State {
                     .convs
                     .get_mut(&m.conv)
                     .ok_or_else(|| ApplyError("conv vanished".into()))?;
-                if let Some(meta) = conv.msgs.get_mut((target_seq - 1) as usize) {
+                if let Some(meta) = conv.meta_mut(target_seq) {
                     meta.flags |= flag;
                 }
             }
@@ -505,11 +520,7 @@ impl State {
 
     /// Patches the location of a message whose record was just submitted.
     pub fn patch_msg(&mut self, conv: ConvId, seq: MsgSeq, loc: PackedLoc) {
-        if let Some(meta) = self
-            .convs
-            .get_mut(&conv)
-            .and_then(|c| c.msgs.get_mut(seq.wrapping_sub(1) as usize))
-        {
+        if let Some(meta) = self.convs.get_mut(&conv).and_then(|c| c.meta_mut(seq)) {
             meta.loc = loc;
         }
     }

@@ -96,6 +96,25 @@ struct Ledger {
 }
 
 impl Ledger {
+    fn acknowledge_send(
+        &mut self,
+        conv: ConvId,
+        sender: Uid,
+        client_msg_id: ClientMsgId,
+        reply: SendReply,
+        payload: Bytes,
+    ) {
+        self.by_key
+            .insert((sender, client_msg_id), (reply.msg_id, reply.msg_seq));
+        self.sends.push(AckedSend {
+            conv,
+            sender,
+            msg_id: reply.msg_id,
+            msg_seq: reply.msg_seq,
+            payload,
+        });
+    }
+
     fn took_seq(&mut self, conv: ConvId, seq: MsgSeq) {
         let head = self.head.entry(conv).or_default();
         assert!(
@@ -303,30 +322,20 @@ pub fn check(data: &[u8]) {
                                 faulted || ledger.uncertain.contains(&(sender, client_msg_id)),
                                 "duplicate reported for a key never sent"
                             );
-                            ledger
-                                .by_key
-                                .insert((sender, client_msg_id), (reply.msg_id, reply.msg_seq));
-                            ledger.sends.push(AckedSend {
+                            // Its body is unknown to the ledger: empty
+                            // means "any".
+                            ledger.acknowledge_send(
                                 conv,
                                 sender,
-                                msg_id: reply.msg_id,
-                                msg_seq: reply.msg_seq,
-                                payload: Bytes::new(),
-                            });
+                                client_msg_id,
+                                reply,
+                                Bytes::new(),
+                            );
                         }
                         None => {
                             assert!(!poisoned, "send acknowledged after an fsync failure");
                             ledger.took_seq(conv, reply.msg_seq);
-                            ledger
-                                .by_key
-                                .insert((sender, client_msg_id), (reply.msg_id, reply.msg_seq));
-                            ledger.sends.push(AckedSend {
-                                conv,
-                                sender,
-                                msg_id: reply.msg_id,
-                                msg_seq: reply.msg_seq,
-                                payload,
-                            });
+                            ledger.acknowledge_send(conv, sender, client_msg_id, reply, payload);
                         }
                     }
                 }
