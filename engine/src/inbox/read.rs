@@ -415,22 +415,7 @@ pub(crate) fn conv_list(
                 .get(&conv)
                 .and_then(|c| c.meta(uc.last_msg_seq))
                 .is_some_and(MsgMeta::tombstone);
-            convs.push(ConvSummary {
-                conv,
-                last_msg_seq: uc.last_msg_seq,
-                last_msg_id: uc.last_msg_id,
-                last_sender: uc.last_sender,
-                last_summary: if tombstoned {
-                    Bytes::new()
-                } else {
-                    uc.last_summary.clone()
-                },
-                unread: uc.unread,
-                read_seq: uc.read_seq,
-                last_activity_ms: uc.last_activity_ms,
-                muted: uc.muted,
-                pinned: uc.pinned,
-            });
+            convs.push(uc.summary(conv, tombstoned));
             last = Some(*key);
         }
         let more = keys.next().is_some();

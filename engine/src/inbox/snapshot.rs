@@ -54,7 +54,7 @@ use super::codec::{DecodeError, DecodeResult, Reader, Writer};
 use super::command::{decode_msg_record, kind_code, kind_from_code, unpack, DeviceRow, Effect};
 use super::fence::{ms, SnapshotPhase, SnapshotRow};
 use super::state::{MsgMeta, State};
-use super::sync::info;
+use super::sync::{device_row, info};
 use super::{InboxConfig, Shared};
 use crate::api::*;
 use crate::error::{Error, Result};
@@ -166,14 +166,6 @@ impl Store {
     }
 }
 
-fn device_row(st: &State, uid: Uid, device: DeviceId) -> Result<DeviceRow> {
-    st.users
-        .get(&uid)
-        .and_then(|u| u.device(device))
-        .map(|d| d.row)
-        .ok_or_else(|| Error::NotFound(format!("device {device} of uid {uid} is not registered")))
-}
-
 /// The begin step: effects to log and the plan, captured from `st` at S.
 pub(crate) fn decide_begin(
     st: &State,
@@ -238,22 +230,7 @@ pub(crate) fn decide_begin(
         let last_tomb = c
             .and_then(|c| c.meta(uc.last_msg_seq))
             .is_some_and(MsgMeta::tombstone);
-        convs.push(ConvSummary {
-            conv,
-            last_msg_seq: uc.last_msg_seq,
-            last_msg_id: uc.last_msg_id,
-            last_sender: uc.last_sender,
-            last_summary: if last_tomb {
-                Bytes::new()
-            } else {
-                uc.last_summary.clone()
-            },
-            unread: uc.unread,
-            read_seq: uc.read_seq,
-            last_activity_ms: uc.last_activity_ms,
-            muted: uc.muted,
-            pinned: uc.pinned,
-        });
+        convs.push(uc.summary(conv, last_tomb));
         let mut last = Vec::new();
         if let Some(c) = c {
             let head = c.head();

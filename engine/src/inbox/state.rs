@@ -138,6 +138,27 @@ impl UserConv {
     pub fn key(&self, conv: ConvId) -> ActivityKey {
         (self.last_activity_ms, self.last_msg_id, conv)
     }
+
+    /// The row served by the conversation list and snapshots. A recalled
+    /// last message shows no summary (R6).
+    pub fn summary(&self, conv: ConvId, last_recalled: bool) -> ConvSummary {
+        ConvSummary {
+            conv,
+            last_msg_seq: self.last_msg_seq,
+            last_msg_id: self.last_msg_id,
+            last_sender: self.last_sender,
+            last_summary: if last_recalled {
+                Bytes::new()
+            } else {
+                self.last_summary.clone()
+            },
+            unread: self.unread,
+            read_seq: self.read_seq,
+            last_activity_ms: self.last_activity_ms,
+            muted: self.muted,
+            pinned: self.pinned,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -62,7 +62,7 @@ fn ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn device_row(st: &State, uid: Uid, device: DeviceId) -> Result<DeviceRow> {
+pub(crate) fn device_row(st: &State, uid: Uid, device: DeviceId) -> Result<DeviceRow> {
     st.users
         .get(&uid)
         .and_then(|u| u.device(device))
