@@ -545,7 +545,7 @@ pub(crate) fn summary_for(kind: MessageKind, payload: &[u8], target: MsgId, memb
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -599,10 +599,15 @@ mod tests {
                 },
             },
         ];
+        assert_round_trips(&effects);
+    }
+
+    /// Each effect decodes back to itself, and every strict prefix of its
+    /// encoding is rejected, never misread.
+    pub(crate) fn assert_round_trips(effects: &[Effect]) {
         for e in effects {
             let bytes = e.encode();
             assert_eq!(Effect::decode(e.record_kind(), &bytes), Ok(e.clone()));
-            // Every strict prefix is rejected, never misread.
             for cut in 0..bytes.len() {
                 assert!(Effect::decode(e.record_kind(), &bytes[..cut]).is_err());
             }

@@ -455,13 +455,7 @@ mod tests {
                 at_ms: 4,
             })),
         ];
-        for e in effects {
-            let bytes = e.encode();
-            assert_eq!(Effect::decode(e.record_kind(), &bytes), Ok(e.clone()));
-            for cut in 0..bytes.len() {
-                assert!(Effect::decode(e.record_kind(), &bytes[..cut]).is_err());
-            }
-        }
+        crate::inbox::command::tests::assert_round_trips(&effects);
     }
 
     #[test]
