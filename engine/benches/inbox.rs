@@ -150,11 +150,23 @@ fn benches(c: &mut Criterion) {
 const STALL_MEMBERS: u64 = 200;
 const STALL_FILL_SENDS: u128 = 20_000;
 const STALL_SENDS: usize = 2_000;
+/// Checkpoints written back to back while the foreground sends.
+const STALL_CHECKPOINTS: u64 = 10;
 
-/// 1:1 sends, one at a time, each timed.
-fn timed_sends(ib: &Inbox, first_cmid: u128, payload: &Bytes) -> Histogram<u64> {
+/// 1:1 sends, one at a time, each timed, until `n` are done or `stop` is
+/// set.
+fn timed_sends(
+    ib: &Inbox,
+    first_cmid: u128,
+    payload: &Bytes,
+    n: usize,
+    stop: &AtomicBool,
+) -> Histogram<u64> {
     let mut h = Histogram::<u64>::new(3).unwrap();
-    for i in 0..STALL_SENDS {
+    for i in 0..n {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
         let t = Instant::now();
         send(ib, 10, 1001, first_cmid + i as u128, payload);
         h.record(t.elapsed().as_micros() as u64).unwrap();
@@ -173,8 +185,9 @@ fn print_hist(label: &str, h: &Histogram<u64>) {
 }
 
 /// Send latency with no checkpoint running, then while another thread
-/// calls `checkpoint()` back to back, over a store whose checkpoint body is
-/// tens of MB (`SyncPolicy::Always`, so the checkpoint's fsync is real).
+/// calls `checkpoint()` back to back (`STALL_CHECKPOINTS` times), over a
+/// store whose checkpoint is tens of MB (`SyncPolicy::Always`, so the
+/// checkpoint's fsync is real).
 fn checkpoint_stall(_c: &mut Criterion) {
     let name = "inbox/send_p99_during_checkpoints";
     let selected = std::env::args()
@@ -221,28 +234,34 @@ fn checkpoint_stall(_c: &mut Criterion) {
         t.elapsed(),
         ckpt_bytes as f64 / 1e6
     );
+    let never = AtomicBool::new(false);
     print_hist(
         &format!("{name}: no checkpoint"),
-        &timed_sends(&ib, 1_000_000, &payload),
+        &timed_sends(&ib, 1_000_000, &payload, STALL_SENDS, &never),
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let checkpoint_us = Arc::new(AtomicU64::new(0));
     let bg = {
-        let (ib, stop, written) = (Arc::clone(&ib), Arc::clone(&stop), Arc::clone(&written));
+        let (ib, done, us) = (
+            Arc::clone(&ib),
+            Arc::clone(&done),
+            Arc::clone(&checkpoint_us),
+        );
         std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
+            for _ in 0..STALL_CHECKPOINTS {
+                let t = Instant::now();
                 ib.checkpoint().unwrap();
-                written.fetch_add(1, Ordering::Relaxed);
+                us.fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
             }
+            done.store(true, Ordering::Relaxed);
         })
     };
-    let h = timed_sends(&ib, 2_000_000, &payload);
-    stop.store(true, Ordering::Relaxed);
+    let h = timed_sends(&ib, 2_000_000, &payload, usize::MAX, &done);
     bg.join().unwrap();
     print_hist(
         &format!(
-            "{name}: checkpoints back to back ({} written)",
-            written.load(Ordering::Relaxed)
+            "{name}: {STALL_CHECKPOINTS} checkpoints back to back (mean checkpoint() {} ms)",
+            checkpoint_us.load(Ordering::Relaxed) / STALL_CHECKPOINTS / 1000
         ),
         &h,
     );
