@@ -151,7 +151,7 @@ const STALL_MEMBERS: u64 = 200;
 const STALL_FILL_SENDS: u128 = 20_000;
 const STALL_SENDS: usize = 2_000;
 /// Checkpoints written back to back while the foreground sends.
-const STALL_CHECKPOINTS: u64 = 10;
+const STALL_CHECKPOINTS: u64 = 30;
 
 /// 1:1 sends, one at a time, each timed, until `n` are done or `stop` is
 /// set.
