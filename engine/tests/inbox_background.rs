@@ -276,3 +276,98 @@ fn snapshot_is_built_even_when_the_caller_drops_the_reply() {
     assert_eq!(device.state, DeviceState::Active);
     assert_eq!(device.acked_sync_seq, info.base_sync_seq);
 }
+
+#[test]
+fn shutdown_waits_for_queued_checkpoints_and_writes_the_final_one_last() {
+    let mut h = Harness::new();
+    h.join(1, 1);
+    h.join(1, 2);
+    let generation = h.register(2, 1).device.generation;
+    let held = hold_first_checkpoint(h.ib());
+    h.send_many(1, 1, 0, 10);
+    let (final_lsn, digest) = std::thread::scope(|s| {
+        let held = held;
+        let ib = h.ib();
+        let first = s.spawn(|| ib.checkpoint());
+        let held_lsn = held.entered.recv().unwrap();
+        // Written after the held checkpoint's LSN: only the final one
+        // covers these.
+        h.send_many(1, 1, 100, 10);
+        let digest = ib.state_digest();
+        let shutdown = s.spawn(|| ib.shutdown());
+        // Shutdown has stopped taking commands once a sync (which changes
+        // nothing here) is refused.
+        while h.sync(2, 1, Some(generation), 0, 1, None).is_ok() {
+            std::thread::yield_now();
+        }
+        assert!(
+            !shutdown.is_finished(),
+            "shutdown waits for the held checkpoint and then the final one"
+        );
+        held.release.send(()).unwrap();
+        first.join().unwrap().unwrap();
+        shutdown.join().unwrap().unwrap();
+        let on_disk: Vec<u64> = checkpoints(h.dir.path()).iter().map(|(l, _)| *l).collect();
+        assert_eq!(on_disk.len(), 2);
+        assert_eq!(on_disk[1], held_lsn, "the held one, then the final one");
+        assert!(on_disk[0] > held_lsn);
+        (on_disk[0], digest)
+    });
+    h.restart(true, |_| {});
+    let report = h.ib().recovery_report();
+    assert_eq!(report.checkpoint_lsn, final_lsn);
+    assert_eq!(
+        report.records_replayed, 0,
+        "the final checkpoint covers all"
+    );
+    assert_eq!(h.ib().state_digest(), digest);
+}
+
+#[test]
+fn shutdown_with_a_snapshot_build_pending_returns_and_the_device_resets_after_restart() {
+    const PHONE: DeviceId = 1;
+    const DESKTOP: DeviceId = 2;
+    let mut h = Harness::new();
+    h.join(10, 1);
+    h.join(10, 2);
+    h.register(2, PHONE);
+    h.register(2, DESKTOP);
+    h.send_many(10, 1, 0, 30);
+    drop(h.ib().begin_snapshot(2, DESKTOP));
+    // Shutdown finishes the build in hand or abandons it; it returns.
+    h.restart(true, |_| {});
+    let first = h
+        .ib()
+        .explain(2)
+        .unwrap()
+        .fences
+        .iter()
+        .find_map(|f| match f {
+            Fence::Snapshot { snapshot_id, .. } => Some(*snapshot_id),
+            _ => None,
+        })
+        .expect("the begin step is durable");
+    let info = h.ib().snapshot_info(2, first).unwrap();
+    match info.state {
+        // Built before shutdown: whole, every page served.
+        SnapshotState::Ready => {
+            assert!(info.pages > 0);
+            for p in 0..info.pages {
+                h.ib().snapshot_page(2, first, p).unwrap();
+            }
+        }
+        // Abandoned: never half-built, it only fences until it expires.
+        SnapshotState::Building => assert_eq!(info.pages, 0),
+        other => panic!("snapshot {first} is {other:?} after restart"),
+    }
+    // Either way the device resets with a new snapshot.
+    let again = h.ib().begin_snapshot(2, DESKTOP).wait().unwrap();
+    assert_eq!(again.state, SnapshotState::Ready);
+    assert!(again.snapshot_id > first);
+    let device = h
+        .ib()
+        .ack_snapshot(2, DESKTOP, again.snapshot_id, again.generation)
+        .wait()
+        .unwrap();
+    assert_eq!(device.state, DeviceState::Active);
+}
