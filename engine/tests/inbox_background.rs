@@ -371,3 +371,29 @@ fn shutdown_with_a_snapshot_build_pending_returns_and_the_device_resets_after_re
         .unwrap();
     assert_eq!(device.state, DeviceState::Active);
 }
+
+#[test]
+fn a_tmp_file_left_by_a_crash_is_never_a_checkpoint_and_is_removed_by_the_next_write() {
+    let mut h = Harness::new();
+    h.join(1, 1);
+    h.join(1, 2);
+    h.send_many(1, 1, 0, 10);
+    let digest = h.ib().state_digest();
+    drop(h.inbox.take());
+    // A write cut short: a tmp file for a later LSN, half a header.
+    let ckpt_dir = h.dir.path().join("checkpoint");
+    let tmp = ckpt_dir.join(format!("ckpt-{:020}.bin.tmp", u64::MAX / 2));
+    std::fs::write(&tmp, b"INBXCKP1").unwrap();
+    let before = checkpoints(h.dir.path());
+    h.restart(true, |_| {});
+    assert_eq!(
+        h.ib().recovery_report().checkpoint_lsn,
+        before[0].0,
+        "recovery starts from the newest real checkpoint"
+    );
+    assert_eq!(h.ib().state_digest(), digest);
+    assert!(tmp.exists());
+    h.send(1, 1, 100, "new");
+    h.ib().checkpoint().unwrap();
+    assert!(!tmp.exists(), "the next write removes the leftover");
+}

@@ -12,7 +12,8 @@
 //! Writing: tmp file, fsync, rename, fsync the directory; only then are
 //! older checkpoints deleted, keeping the newest two, so a corrupt newest
 //! one can fall back to the previous one (or to a full replay). A tmp file
-//! is never listed as a checkpoint, and a failed write removes its own.
+//! is never listed as a checkpoint; a failed write removes its own, and a
+//! successful one removes any left by a crash.
 //!
 //! The body is canonical (maps in key order), so two equal states encode
 //! to the same bytes: its SHA-256 is the state digest tests compare.
@@ -352,7 +353,24 @@ pub(crate) fn write(data_dir: &Path, image: Image) -> Result<()> {
     for (_, path) in list(data_dir)?.into_iter().skip(KEEP) {
         fs::remove_file(&path).map_err(io_err)?;
     }
+    remove_stale_tmp(&d);
     fsync_dir(&d)
+}
+
+/// Removes tmp files left by a write cut short by a crash. Only the one
+/// writer thread makes tmp files, and it has none in progress here.
+fn remove_stale_tmp(d: &Path) {
+    let Ok(entries) = fs::read_dir(d) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let stale = name
+            .to_str()
+            .is_some_and(|n| n.starts_with("ckpt-") && n.ends_with(".bin.tmp"));
+        if stale && entry.file_type().is_ok_and(|t| t.is_file()) {
+            // Best effort: a leftover tmp file is never listed anyway.
+            let _ = fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Who is told when a checkpoint job is done.
