@@ -109,12 +109,6 @@ struct Counters {
     segments_rewritten: AtomicU64,
 }
 
-/// A sealed segment's records (immutable, so cached).
-struct SegRecords {
-    /// offset -> record bytes (header included).
-    sizes: BTreeMap<u32, u64>,
-}
-
 /// What the compactor keeps between passes.
 #[derive(Default)]
 pub(crate) struct Runtime {
@@ -123,7 +117,12 @@ pub(crate) struct Runtime {
     hook: Mutex<Option<Hook>>,
     stop: Mutex<bool>,
     stop_cv: Condvar,
-    seg_cache: Mutex<HashMap<SegmentId, Arc<SegRecords>>>,
+    /// `evt` segments that lost events and have not been judged since
+    /// (taken from [`super::state::SegRefs`], kept while undecided).
+    suspects: Mutex<HashSet<SegmentId>>,
+    /// Per user: `(events_base, at_ms)` of the oldest retained event, so a
+    /// pass tells from memory that a user has nothing old enough to trim.
+    oldest: Mutex<HashMap<Uid, (SyncSeq, TimestampMs)>>,
 }
 
 impl Runtime {
@@ -409,6 +408,15 @@ fn trim_users(shared: &Shared, submit: Submit<'_>, report: &mut CompactionReport
             if committed <= base {
                 continue;
             }
+            // Most users have nothing old enough to go: their oldest
+            // retained event (remembered while the base stays) says so
+            // without a read.
+            let Some(oldest) = oldest_event_at(shared, uid, base) else {
+                continue;
+            };
+            if oldest > safe_cut || (oldest > hard_cut && floor <= base) {
+                continue;
+            }
             let hard_seq = newest_at_or_before(shared, uid, base, committed, hard_cut);
             let safe_hi = floor.min(committed);
             let safe_seq = if safe_hi > base {
@@ -442,12 +450,28 @@ fn trim_users(shared: &Shared, submit: Submit<'_>, report: &mut CompactionReport
     Ok(())
 }
 
+/// The `at_ms` of `uid`'s oldest retained event (at `base + 1`), from the
+/// compactor's memory while `base` has not moved, else read once.
+fn oldest_event_at(shared: &Shared, uid: Uid, base: SyncSeq) -> Option<TimestampMs> {
+    if let Some(&(b, at)) = shared.compaction.oldest.lock().get(&uid) {
+        if b == base {
+            return Some(at);
+        }
+    }
+    let at = event_at_ms(shared, uid, base + 1)?;
+    shared.compaction.oldest.lock().insert(uid, (base, at));
+    Some(at)
+}
+
 // ---- segments --------------------------------------------------------
 
 /// Retained events pointing into each `evt` segment: offset -> (uid, seq).
 type Refs = HashMap<SegmentId, BTreeMap<u32, Vec<(Uid, SyncSeq)>>>;
 
-fn live_refs(shared: &Shared, only: Option<SegmentId>) -> Refs {
+/// Which events point into the segments of `only` (every segment with
+/// `None`). Walks the whole index: a pass calls it only for segments that
+/// lost events since they were last judged.
+fn live_refs(shared: &Shared, only: Option<&HashSet<SegmentId>>) -> Refs {
     let uids: Vec<Uid> = shared.state.read().users.keys().copied().collect();
     let mut refs: Refs = HashMap::new();
     let mut slice = Vec::with_capacity(EVENTS_PER_LOCK);
@@ -475,7 +499,7 @@ fn live_refs(shared: &Shared, only: Option<SegmentId>) -> Refs {
                     continue;
                 }
                 let l = unpack(*loc);
-                if only.is_some_and(|s| s != l.segment) {
+                if only.is_some_and(|s| !s.contains(&l.segment)) {
                     continue;
                 }
                 refs.entry(l.segment)
@@ -490,31 +514,17 @@ fn live_refs(shared: &Shared, only: Option<SegmentId>) -> Refs {
     refs
 }
 
-/// The records of a segment; cached only when sealed (immutable).
-fn seg_records(shared: &Shared, id: SegmentId) -> Result<Arc<SegRecords>> {
-    seg_records_cached(shared, id, true)
-}
-
-fn seg_records_cached(shared: &Shared, id: SegmentId, cache: bool) -> Result<Arc<SegRecords>> {
-    if let Some(r) = shared.compaction.seg_cache.lock().get(&id) {
-        return Ok(Arc::clone(r));
-    }
-    let mut sizes = BTreeMap::new();
-    shared
-        .evt_log
-        .replay_segment(id, &mut |_, loc, _, payload| {
-            sizes.insert(loc.offset, (RECORD_HEADER_LEN + payload.len()) as u64);
-            Ok(())
-        })?;
-    let r = Arc::new(SegRecords { sizes });
-    if cache {
-        shared
-            .compaction
-            .seg_cache
-            .lock()
-            .insert(id, Arc::clone(&r));
-    }
-    Ok(r)
+/// Bytes (headers included) of the records of segment `id` at `offsets`:
+/// one sequential read of the segment.
+fn live_bytes<V>(log: &crate::log::Log, id: SegmentId, offsets: &BTreeMap<u32, V>) -> Result<u64> {
+    let mut bytes = 0;
+    log.replay_segment(id, &mut |_, loc, _, payload| {
+        if offsets.contains_key(&loc.offset) {
+            bytes += (RECORD_HEADER_LEN + payload.len()) as u64;
+        }
+        Ok(())
+    })?;
+    Ok(bytes)
 }
 
 /// Bytes on disk and bytes still needed, per stream (the space
@@ -533,11 +543,7 @@ pub(crate) fn space_usage(shared: &Shared) -> Result<SpaceUsage> {
     for info in shared.evt_log.segments() {
         u.evt_bytes += info.bytes;
         if let Some(offsets) = refs.get(&info.id) {
-            let recs = seg_records_cached(shared, info.id, info.sealed)?;
-            u.evt_live_bytes += offsets
-                .keys()
-                .map(|o| recs.sizes.get(o).copied().unwrap_or(0))
-                .sum::<u64>();
+            u.evt_live_bytes += live_bytes(&shared.evt_log, info.id, offsets)?;
         }
     }
     u.msg_bytes = shared.msg_log.segments().iter().map(|s| s.bytes).sum();
@@ -553,50 +559,48 @@ fn covered_lsn(shared: &Shared) -> Result<u64> {
         .unwrap_or(0))
 }
 
-struct SegView {
-    info: SegmentInfo,
-    live_records: u64,
-    live_bytes: u64,
-}
-
-fn seg_views(shared: &Shared, refs: &Refs) -> Result<Vec<SegView>> {
-    let mut out = Vec::new();
-    for info in shared.evt_log.segments() {
-        if !info.sealed {
-            continue;
-        }
-        let live = refs.get(&info.id);
-        let (live_records, live_bytes) = match live {
-            None => (0, 0),
-            Some(offsets) => {
-                let recs = seg_records(shared, info.id)?;
-                let bytes = offsets
-                    .keys()
-                    .map(|o| recs.sizes.get(o).copied().unwrap_or(0))
-                    .sum();
-                (offsets.len() as u64, bytes)
-            }
-        };
-        out.push(SegView {
-            info,
-            live_records,
-            live_bytes,
-        });
-    }
-    Ok(out)
-}
-
 fn delete_segment(
     shared: &Shared,
     info: &SegmentInfo,
     report: &mut CompactionReport,
 ) -> Result<()> {
     shared.evt_log.delete_segment(info.id)?;
-    shared.compaction.seg_cache.lock().remove(&info.id);
+    shared.compaction.suspects.lock().remove(&info.id);
     report.segments_dropped += 1;
     report.bytes_reclaimed += info.bytes;
     shared.compaction.step(CompactionStep::SegmentDeleted);
     Ok(())
+}
+
+/// A sealed segment some events still point into, found sparse.
+struct Sparse {
+    info: SegmentInfo,
+    live_bytes: u64,
+    offsets: BTreeMap<u32, Vec<(Uid, SyncSeq)>>,
+}
+
+/// What a judged segment holds: bytes of its live records, and the newest
+/// `at_ms` among them (`None` when one cannot be told: counts as young).
+fn scan_live(
+    log: &crate::log::Log,
+    id: SegmentId,
+    offsets: &BTreeMap<u32, Vec<(Uid, SyncSeq)>>,
+) -> Result<(u64, Option<TimestampMs>)> {
+    let mut bytes = 0;
+    let mut newest = Some(0);
+    log.replay_segment(id, &mut |_, loc, kind, payload| {
+        if offsets.contains_key(&loc.offset) {
+            bytes += (RECORD_HEADER_LEN + payload.len()) as u64;
+            let at = match Effect::decode(kind, payload) {
+                Ok(Effect::Copied(inner)) => at_of(&inner),
+                Ok(e) => at_of(&e),
+                Err(_) => None,
+            };
+            newest = newest.zip(at).map(|(a, b)| a.max(b));
+        }
+        Ok(())
+    })?;
+    Ok((bytes, newest))
 }
 
 fn reclaim_segments(
@@ -604,19 +608,82 @@ fn reclaim_segments(
     submit: Submit<'_>,
     report: &mut CompactionReport,
 ) -> Result<()> {
-    let refs = live_refs(shared, None);
-    let views = seg_views(shared, &refs)?;
+    let rt = &shared.compaction;
+    let sealed: Vec<SegmentInfo> = shared
+        .evt_log
+        .segments()
+        .into_iter()
+        .filter(|s| s.sealed)
+        .collect();
+    // Take the segments that lost events before reading the counts: a loss
+    // in between is judged by the next pass. A sealed segment never gains
+    // a reference (new events point into the active segment, and only a
+    // pass relocates), so a zero count stays zero.
+    let (counts, suspects) = {
+        let lost = shared.state.write().evt_refs.take_dirty();
+        let mut suspects = rt.suspects.lock();
+        suspects.extend(lost);
+        let st = shared.state.read();
+        let counts: HashMap<SegmentId, u64> = sealed
+            .iter()
+            .map(|s| (s.id, st.evt_refs.count(s.id)))
+            .collect();
+        (counts, suspects.clone())
+    };
+    let dead: Vec<&SegmentInfo> = sealed.iter().filter(|s| counts[&s.id] == 0).collect();
+    // Only a segment that lost events can have become sparse: the index is
+    // walked for those alone, and only when there are any.
+    let judge: HashSet<SegmentId> = sealed
+        .iter()
+        .filter(|s| counts[&s.id] > 0 && suspects.contains(&s.id))
+        .map(|s| s.id)
+        .collect();
+    let mut sparse = Vec::new();
+    if !judge.is_empty() {
+        let mut refs = live_refs(shared, Some(&judge));
+        let threshold = shared.config.rewrite_live_fraction;
+        let cfg = &shared.config;
+        let safe_cut = cfg.clock.now_ms().saturating_sub(ms(cfg.safety_window));
+        for info in sealed.iter().filter(|s| judge.contains(&s.id)) {
+            // No event left: dead by the next pass's count.
+            let Some(offsets) = refs.remove(&info.id) else {
+                continue;
+            };
+            let (live, newest) = scan_live(&shared.evt_log, info.id, &offsets)?;
+            if (live as f64) < threshold * info.bytes as f64 {
+                // A segment with live events still inside the safety window
+                // straddles the trim point and will shed them as the window
+                // passes: copying them now would only write bytes that die
+                // soon. It stays a suspect and is judged again.
+                if newest.is_some_and(|at| at <= safe_cut) {
+                    sparse.push(Sparse {
+                        info: info.clone(),
+                        live_bytes: live,
+                        offsets,
+                    });
+                }
+            } else {
+                // Judged dense; it becomes a suspect again when it loses
+                // more events.
+                rt.suspects.lock().remove(&info.id);
+            }
+        }
+    }
     let mut covered = covered_lsn(shared)?;
-    let threshold = shared.config.rewrite_live_fraction;
-    let reclaimable = |v: &SegView| (v.live_bytes as f64) < threshold * v.info.bytes as f64;
     // Checkpoints stall the sequencer while the state is encoded, so they
     // are written for compaction only when an eighth of the log (or more)
     // waits for them; periodic checkpoints cover the rest in time.
-    let total: u64 = views.iter().map(|v| v.info.bytes).sum();
-    let waiting: u64 = views
+    let total: u64 = sealed.iter().map(|s| s.bytes).sum();
+    let waiting: u64 = dead
         .iter()
-        .filter(|v| reclaimable(v) && v.info.last_lsn > covered)
-        .map(|v| v.info.bytes - v.live_bytes.min(v.info.bytes))
+        .filter(|s| s.last_lsn > covered)
+        .map(|s| s.bytes)
+        .chain(
+            sparse
+                .iter()
+                .filter(|v| v.info.last_lsn > covered)
+                .map(|v| v.info.bytes.saturating_sub(v.live_bytes)),
+        )
         .sum();
     if waiting > 0 && waiting >= total / 8 {
         // Dead or sparse segments wait for checkpoint coverage (they hold
@@ -625,24 +692,13 @@ fn reclaim_segments(
         checkpoint_now(submit)?;
         checkpoint_now(submit)?;
         covered = covered_lsn(shared)?;
-        shared.compaction.step(CompactionStep::Checkpointed);
+        rt.step(CompactionStep::Checkpointed);
     }
-    let mut sparse = Vec::new();
-    for v in &views {
-        if v.info.last_lsn > covered {
-            continue;
-        }
-        if v.live_records == 0 {
-            delete_segment(shared, &v.info, report)?;
-        } else if reclaimable(v) {
-            sparse.push(v);
-        }
+    for info in dead.into_iter().filter(|s| s.last_lsn <= covered) {
+        delete_segment(shared, info, report)?;
     }
-    for v in sparse {
-        let Some(offsets) = refs.get(&v.info.id) else {
-            continue;
-        };
-        rewrite(shared, submit, &v.info, offsets, report)?;
+    for v in sparse.iter().filter(|v| v.info.last_lsn <= covered) {
+        rewrite(shared, submit, &v.info, &v.offsets, report)?;
     }
     Ok(())
 }
@@ -715,7 +771,7 @@ fn rewrite(
     report.segments_rewritten += 1;
     // Every event that pointed here now points at a durable copy, and the
     // relocation is durable: the file holds nothing anyone needs.
-    if live_refs(shared, Some(info.id)).is_empty() {
+    if shared.state.read().evt_refs.count(info.id) == 0 {
         delete_segment(shared, info, report)?;
     }
     Ok(())
@@ -833,46 +889,30 @@ fn trim_history(
     Ok(())
 }
 
-/// Retained messages per `msg` segment, or `None` while some message's
-/// record location is not patched in yet (then nothing can be judged
-/// dead).
-fn msg_refs(shared: &Shared) -> Option<HashMap<SegmentId, u64>> {
-    let convs: Vec<ConvId> = shared.state.read().convs.keys().copied().collect();
-    let mut refs: HashMap<SegmentId, u64> = HashMap::new();
-    for chunk in convs.chunks(CONVS_PER_CHUNK) {
-        let st = shared.state.read();
-        for id in chunk {
-            let Some(c) = st.convs.get(id) else { continue };
-            for m in &c.msgs {
-                if m.loc == PENDING_LOC {
-                    return None;
-                }
-                *refs.entry(unpack(m.loc).segment).or_default() += 1;
-            }
-        }
-    }
-    Some(refs)
-}
-
 /// Deletes sealed `msg` segments whose every message is below its
 /// conversation's retained base (the trims are already durable).
 fn reclaim_msg_segments(shared: &Shared, report: &mut CompactionReport) -> Result<()> {
-    // Listed before the scan: a segment sealed later may hold records of
-    // messages appended after the scan.
+    // Listed before the counts are read: a message's location is patched
+    // in by the sequencer before it submits the next `msg` batch, so every
+    // record of a segment sealed by then is counted, and a sealed segment
+    // never gains a message.
     let sealed: Vec<SegmentInfo> = shared
         .msg_log
         .segments()
         .into_iter()
         .filter(|s| s.sealed)
         .collect();
-    if sealed.is_empty() {
-        return Ok(());
-    }
-    let Some(refs) = msg_refs(shared) else {
-        return Ok(());
+    let dead: Vec<SegmentInfo> = {
+        let mut st = shared.state.write();
+        // Sparse `msg` segments are not rewritten (retention is by age, so
+        // a segment's messages expire together): nothing to judge.
+        drop(st.msg_refs.take_dirty());
+        sealed
+            .into_iter()
+            .filter(|s| st.msg_refs.count(s.id) == 0)
+            .collect()
     };
-    let live: HashSet<SegmentId> = refs.into_keys().collect();
-    for info in sealed.iter().filter(|s| !live.contains(&s.id)) {
+    for info in dead {
         shared.msg_log.delete_segment(info.id)?;
         report.segments_dropped += 1;
         report.bytes_reclaimed += info.bytes;
@@ -998,7 +1038,7 @@ pub(crate) fn explain_segment(
             held_by,
         });
     }
-    let refs = live_refs(shared, Some(id));
+    let refs = live_refs(shared, Some(&HashSet::from([id])));
     let offsets = refs.get(&id);
     let mut live_bytes = 0;
     let live_records = offsets.map_or(0, |o| o.len() as u64);
