@@ -413,3 +413,33 @@ fn explain_segment_names_the_users_and_fences_holding_it() {
         Err(Error::BadRequest(_))
     ));
 }
+
+#[test]
+fn events_that_age_past_the_window_between_passes_are_reclaimed_when_due() {
+    let h = Harness::with(tune);
+    h.join(10, 1);
+    h.join(10, 2);
+    h.send_many(10, 1, 1000, 10);
+    // Nothing is old enough: the pass notes when the oldest event will be.
+    assert_eq!(h.ib().compact().unwrap().events_reclaimed, 0);
+    h.advance(HOUR / 2);
+    // A user who appears between passes, with younger events.
+    h.join(20, 3);
+    h.send_many(20, 3, 2000, 5);
+    assert_eq!(h.ib().compact().unwrap().events_reclaimed, 0);
+    // Past the window for the first ten sends only (no devices, no fences).
+    h.advance(HOUR / 2 + Duration::from_secs(60));
+    h.ib().compact().unwrap();
+    for uid in [1, 2] {
+        let x = h.ib().explain(uid).unwrap();
+        assert_eq!(
+            x.oldest_retained,
+            x.committed_sync_seq + 1,
+            "all gone: {x:?}"
+        );
+    }
+    assert_eq!(h.ib().explain(3).unwrap().oldest_retained, 1, "still young");
+    h.advance(HOUR / 2);
+    h.ib().compact().unwrap();
+    assert_eq!(h.ib().explain(3).unwrap().oldest_retained, 7);
+}

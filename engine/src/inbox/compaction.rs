@@ -12,14 +12,20 @@
 //!    newest older than the hard TTL; the sequencer clamps that by the
 //!    fence floor and logs `Trim { events_base }`. The trim is durable
 //!    before any file is touched, so a reclaimed event never comes back.
-//! 3. Segments: a sealed `evt` segment is dead when no retained event
+//! 3. Segments: the state counts, per segment, the retained events that
+//!    point into it ([`super::seg_refs::SegRefs`], kept up to date by
+//!    `apply`), so finding dead segments reads counts, not the index; the
+//!    index is walked only for the segments that lost events since they
+//!    were last judged. A sealed `evt` segment is dead when no retained event
 //!    points into it and every record in it is covered by *both* retained
 //!    checkpoints (a fallback to the older checkpoint then still replays
 //!    everything it needs). Dead segments are deleted whole
 //!    ([`Log::delete_segment`]: unlink + directory fsync). If dead segments
 //!    wait only for checkpoint coverage, the pass writes checkpoints first.
 //! 4. Rewrite: a sealed segment whose live bytes fall under
-//!    `rewrite_live_fraction` has its live records copied forward (records
+//!    `rewrite_live_fraction`, and whose live events are all past the
+//!    safety window (else it straddles the trim point and empties by
+//!    itself), has its live records copied forward (records
 //!    with the copy flag, which replay ignores) in one durable batch; then a
 //!    `Relocate` command points the events at the copies (logged, durable);
 //!    only then is the old file deleted. A crash after the copy leaves dead
@@ -123,6 +129,16 @@ pub(crate) struct Runtime {
     /// Per user: `(events_base, at_ms)` of the oldest retained event, so a
     /// pass tells from memory that a user has nothing old enough to trim.
     oldest: Mutex<HashMap<Uid, (SyncSeq, TimestampMs)>>,
+    trim_plan: Mutex<TrimPlan>,
+}
+
+/// Which users the trim step looks at (see `trim_users`).
+#[derive(Default)]
+struct TrimPlan {
+    /// Every user is looked at once the clock reaches this (0: at once).
+    next_full: TimestampMs,
+    /// Users with an event past the safety window at the last look.
+    watch: HashSet<Uid>,
 }
 
 impl Runtime {
@@ -386,7 +402,29 @@ fn trim_users(shared: &Shared, submit: Submit<'_>, report: &mut CompactionReport
     let now = cfg.clock.now_ms();
     let safe_cut = now.saturating_sub(ms(cfg.safety_window));
     let hard_cut = now.saturating_sub(ms(cfg.hard_ttl));
-    let uids: Vec<Uid> = shared.state.read().users.keys().copied().collect();
+    // An event can go once it is past either bound.
+    let window = ms(cfg.safety_window).min(ms(cfg.hard_ttl));
+    let cut = safe_cut.max(hard_cut);
+    let rt = &shared.compaction;
+    let mut plan = rt.trim_plan.lock();
+    let mut oldest_at = rt.oldest.lock();
+    // A user none of whose events is past the safety window cannot be
+    // trimmed before its oldest event is: only the users already past it
+    // (`watch`) are looked at until the earliest such moment (`next_full`)
+    // comes, and then every user is. A user created meanwhile has events
+    // stamped after the last full look, so it is due no earlier.
+    let full = now >= plan.next_full;
+    let uids: Vec<Uid> = if full {
+        shared.state.read().users.keys().copied().collect()
+    } else {
+        plan.watch.iter().copied().collect()
+    };
+    let mut next_due = if full {
+        now.saturating_add(window.max(1))
+    } else {
+        plan.next_full
+    };
+    let mut watch = HashSet::new();
     let mut proposals = Vec::new();
     for chunk in uids.chunks(USERS_PER_CHUNK) {
         let views: Vec<(Uid, SyncSeq, SyncSeq, SyncSeq)> = {
@@ -408,13 +446,29 @@ fn trim_users(shared: &Shared, submit: Submit<'_>, report: &mut CompactionReport
             if committed <= base {
                 continue;
             }
-            // Most users have nothing old enough to go: their oldest
-            // retained event (remembered while the base stays) says so
-            // without a read.
-            let Some(oldest) = oldest_event_at(shared, uid, base) else {
+            // The oldest retained event's time, remembered while the base
+            // stays, says without a read whether anything can go.
+            let at = match oldest_at.get(&uid) {
+                Some(&(b, at)) if b == base => Some(at),
+                _ => {
+                    let at = event_at_ms(shared, uid, base + 1);
+                    if let Some(at) = at {
+                        oldest_at.insert(uid, (base, at));
+                    }
+                    at
+                }
+            };
+            let Some(oldest) = at else {
+                // Not known yet (its record is still being written).
+                watch.insert(uid);
                 continue;
             };
-            if oldest > safe_cut || (oldest > hard_cut && floor <= base) {
+            if oldest > cut {
+                next_due = next_due.min(oldest.saturating_add(window));
+                continue;
+            }
+            watch.insert(uid);
+            if oldest > hard_cut && floor <= base {
                 continue;
             }
             let hard_seq = newest_at_or_before(shared, uid, base, committed, hard_cut);
@@ -433,6 +487,9 @@ fn trim_users(shared: &Shared, submit: Submit<'_>, report: &mut CompactionReport
             }
         }
     }
+    plan.next_full = next_due;
+    plan.watch = watch;
+    drop((plan, oldest_at));
     let mut any = false;
     for chunk in proposals.chunks(TRIMS_PER_COMMAND) {
         let trimmed = call(submit, |tx| Command::Trim {
@@ -445,22 +502,9 @@ fn trim_users(shared: &Shared, submit: Submit<'_>, report: &mut CompactionReport
         }
     }
     if any {
-        shared.compaction.step(CompactionStep::Trimmed);
+        rt.step(CompactionStep::Trimmed);
     }
     Ok(())
-}
-
-/// The `at_ms` of `uid`'s oldest retained event (at `base + 1`), from the
-/// compactor's memory while `base` has not moved, else read once.
-fn oldest_event_at(shared: &Shared, uid: Uid, base: SyncSeq) -> Option<TimestampMs> {
-    if let Some(&(b, at)) = shared.compaction.oldest.lock().get(&uid) {
-        if b == base {
-            return Some(at);
-        }
-    }
-    let at = event_at_ms(shared, uid, base + 1)?;
-    shared.compaction.oldest.lock().insert(uid, (base, at));
-    Some(at)
 }
 
 // ---- segments --------------------------------------------------------

@@ -698,7 +698,7 @@ impl Inbox {
             users: st.users.len() as u64,
             conversations: st.convs.len() as u64,
             devices: st.users.values().map(|u| u.devices.len() as u64).sum(),
-            messages: st.convs.values().map(|c| c.head()).sum(),
+            messages: st.convs.values().map(|c| c.msgs.len() as u64).sum(),
             events_live: st.users.values().map(|u| u.events.len() as u64).sum(),
             write_batches: self.shared.rounds_written.load(Ordering::Relaxed),
             bytes_on_disk: segs.map(|s| s.bytes).sum(),
