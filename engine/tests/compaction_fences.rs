@@ -354,6 +354,10 @@ fn expired_snapshot_stops_fencing_and_its_install_is_refused() {
     h.register(2, DESKTOP);
     h.send_many(10, 1, 1000, 5);
     let info = h.ib().begin_snapshot(2, DESKTOP).wait().unwrap();
+    // A pass before the expiry drops nothing, and must not stop a later
+    // pass from dropping the row once it has expired.
+    h.ib().compact().unwrap();
+    assert!(h.ib().snapshot_info(2, info.snapshot_id).is_ok());
     assert!(h
         .ib()
         .explain(2)
@@ -386,6 +390,10 @@ fn expired_snapshot_stops_fencing_and_its_install_is_refused() {
     assert!(
         h.ib().snapshot_info(2, info.snapshot_id).is_err(),
         "expired rows are dropped"
+    );
+    assert!(
+        h.ib().snapshot_info(2, next.snapshot_id).is_ok(),
+        "live rows stay"
     );
 }
 

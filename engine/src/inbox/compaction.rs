@@ -130,6 +130,8 @@ pub(crate) struct Runtime {
     /// pass tells from memory that a user has nothing old enough to trim.
     oldest: Mutex<HashMap<Uid, (SyncSeq, TimestampMs)>>,
     trim_plan: Mutex<TrimPlan>,
+    /// No snapshot row expires before this (0: look at once).
+    snapshots_due: Mutex<TimestampMs>,
 }
 
 /// Which users the trim step looks at (see `trim_users`).
@@ -281,18 +283,32 @@ pub(crate) fn decide_drop_snapshots(
 
 fn reclaim_snapshots(shared: &Shared, submit: Submit<'_>) -> Result<()> {
     let now = shared.config.clock.now_ms();
+    // Rows only expire, at `expires_at_ms`, and a row begun after this
+    // look expires a whole TTL from now at the earliest: until the first
+    // expiry is due there is nothing to drop and no file to sweep.
+    let mut due = shared.compaction.snapshots_due.lock();
+    if now < *due {
+        return Ok(());
+    }
+    let mut next = now
+        .saturating_add(ms(shared.config.snapshot_ttl))
+        .saturating_add(1);
     let expired: Vec<(Uid, u64)> = {
         let st = shared.state.read();
-        st.users
-            .iter()
-            .flat_map(|(uid, u)| {
-                u.snapshots
-                    .values()
-                    .filter(|s| now > s.row.expires_at_ms)
-                    .map(|s| (*uid, s.row.snapshot_id))
-            })
-            .collect()
+        let mut expired = Vec::new();
+        for (uid, u) in &st.users {
+            for s in u.snapshots.values() {
+                if now > s.row.expires_at_ms {
+                    expired.push((*uid, s.row.snapshot_id));
+                } else {
+                    next = next.min(s.row.expires_at_ms.saturating_add(1));
+                }
+            }
+        }
+        expired
     };
+    *due = next;
+    drop(due);
     if !expired.is_empty() {
         call(submit, |tx| Command::DropSnapshots {
             candidates: expired,
