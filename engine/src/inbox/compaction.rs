@@ -680,7 +680,11 @@ fn reclaim_segments(
     // a reference (new events point into the active segment, and only a
     // pass relocates), so a zero count stays zero.
     let (counts, suspects) = {
-        let lost = shared.state.write().evt_refs.take_dirty();
+        let lost = if shared.state.read().evt_refs.has_dirty() {
+            shared.state.write().evt_refs.take_dirty()
+        } else {
+            HashSet::new()
+        };
         let mut suspects = rt.suspects.lock();
         suspects.extend(lost);
         let st = shared.state.read();
@@ -728,6 +732,9 @@ fn reclaim_segments(
                 rt.suspects.lock().remove(&info.id);
             }
         }
+    }
+    if dead.is_empty() && sparse.is_empty() {
+        return Ok(());
     }
     let mut covered = covered_lsn(shared)?;
     // Checkpoints stall the sequencer while the state is encoded, so they
@@ -963,10 +970,12 @@ fn reclaim_msg_segments(shared: &Shared, report: &mut CompactionReport) -> Resul
         .filter(|s| s.sealed)
         .collect();
     let dead: Vec<SegmentInfo> = {
-        let mut st = shared.state.write();
         // Sparse `msg` segments are not rewritten (retention is by age, so
         // a segment's messages expire together): nothing to judge.
-        drop(st.msg_refs.take_dirty());
+        if shared.state.read().msg_refs.has_dirty() {
+            drop(shared.state.write().msg_refs.take_dirty());
+        }
+        let st = shared.state.read();
         sealed
             .into_iter()
             .filter(|s| st.msg_refs.count(s.id) == 0)

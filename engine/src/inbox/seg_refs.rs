@@ -82,6 +82,10 @@ impl SegRefs {
         self.counts.get(&seg).copied().unwrap_or(0)
     }
 
+    pub fn has_dirty(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
     /// The segments that lost an entry since the last call.
     pub fn take_dirty(&mut self) -> HashSet<SegmentId> {
         std::mem::take(&mut self.dirty)
