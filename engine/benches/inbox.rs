@@ -1,16 +1,23 @@
 //! Inbox engine benches: send (1:1 and to a 200-member group), a 100-event
-//! sync page, a 50-message pull. Also prints the index bytes per event.
+//! sync page, a 50-message pull. Also prints the index bytes per event, and
+//! the p50/p99/max of sends while checkpoints are written back to back
+//! (`inbox/send_p99_during_checkpoints`, printed, not a criterion figure:
+//! the figure wanted is a tail latency under interference).
 //!
 //! `cargo bench -p inbox-engine --bench inbox`
+//! (only the checkpoint figure:
+//! `cargo bench -p inbox-engine --bench inbox -- send_p99_during_checkpoints`)
 //!
 //! Sends run with `SyncPolicy::None` (engine cost, no fdatasync) and, for
 //! 1:1, also with `Always` (one fdatasync per log per round).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use hdrhistogram::Histogram;
 use inbox_engine::inbox::ManualClock;
 use inbox_engine::log::SyncPolicy;
 use inbox_engine::*;
@@ -138,5 +145,127 @@ fn benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(inbox, benches);
+/// Members of the group whose fan-out makes the state (and so every
+/// checkpoint) large: 20,000 sends x 200 members = 4M events.
+const STALL_MEMBERS: u64 = 200;
+const STALL_FILL_SENDS: u128 = 20_000;
+const STALL_SENDS: usize = 2_000;
+/// Checkpoints written back to back while the foreground sends.
+const STALL_CHECKPOINTS: u64 = 30;
+
+/// 1:1 sends, one at a time, each timed, until `n` are done or `stop` is
+/// set.
+fn timed_sends(
+    ib: &Inbox,
+    first_cmid: u128,
+    payload: &Bytes,
+    n: usize,
+    stop: &AtomicBool,
+) -> Histogram<u64> {
+    let mut h = Histogram::<u64>::new(3).unwrap();
+    for i in 0..n {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let t = Instant::now();
+        send(ib, 10, 1001, first_cmid + i as u128, payload);
+        h.record(t.elapsed().as_micros() as u64).unwrap();
+    }
+    h
+}
+
+fn print_hist(label: &str, h: &Histogram<u64>) {
+    eprintln!(
+        "{label}: n={} p50={}us p99={}us max={}us",
+        h.len(),
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.99),
+        h.max()
+    );
+}
+
+/// Send latency with no checkpoint running, then while another thread
+/// calls `checkpoint()` back to back (`STALL_CHECKPOINTS` times), over a
+/// store whose checkpoint is tens of MB (`SyncPolicy::Always`, so the
+/// checkpoint's fsync is real).
+fn checkpoint_stall(_c: &mut Criterion) {
+    let name = "inbox/send_p99_during_checkpoints";
+    let selected = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .all(|filter| name.contains(filter.as_str()));
+    if !selected {
+        return;
+    }
+    let payload = Bytes::from(vec![b'p'; 200]);
+    let dir = tempfile::tempdir().unwrap();
+    let ib = Arc::new(open(dir.path(), SyncPolicy::Always));
+    for uid in 1..=STALL_MEMBERS {
+        ib.join(20, uid).wait().unwrap();
+    }
+    ib.join(10, 1001).wait().unwrap();
+    ib.join(10, 1002).wait().unwrap();
+    for chunk in 0..STALL_FILL_SENDS / 5_000 {
+        let pending: Vec<_> = (0..5_000u128)
+            .map(|i| {
+                ib.send(SendRequest {
+                    conv: 20,
+                    sender: 1,
+                    client_msg_id: chunk * 5_000 + i,
+                    msg_type: 1,
+                    payload: payload.clone(),
+                })
+            })
+            .collect();
+        for p in pending {
+            p.wait().unwrap();
+        }
+    }
+    let t = Instant::now();
+    ib.checkpoint().unwrap();
+    let ckpt_bytes: u64 = std::fs::read_dir(dir.path().join("checkpoint"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .max()
+        .unwrap_or(0);
+    eprintln!(
+        "{name}: {} events live; one checkpoint() = {:?}, {:.1} MB",
+        ib.stats().events_live,
+        t.elapsed(),
+        ckpt_bytes as f64 / 1e6
+    );
+    let never = AtomicBool::new(false);
+    print_hist(
+        &format!("{name}: no checkpoint"),
+        &timed_sends(&ib, 1_000_000, &payload, STALL_SENDS, &never),
+    );
+    let done = Arc::new(AtomicBool::new(false));
+    let checkpoint_us = Arc::new(AtomicU64::new(0));
+    let bg = {
+        let (ib, done, us) = (
+            Arc::clone(&ib),
+            Arc::clone(&done),
+            Arc::clone(&checkpoint_us),
+        );
+        std::thread::spawn(move || {
+            for _ in 0..STALL_CHECKPOINTS {
+                let t = Instant::now();
+                ib.checkpoint().unwrap();
+                us.fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+            }
+            done.store(true, Ordering::Relaxed);
+        })
+    };
+    let h = timed_sends(&ib, 2_000_000, &payload, usize::MAX, &done);
+    bg.join().unwrap();
+    print_hist(
+        &format!(
+            "{name}: {STALL_CHECKPOINTS} checkpoints back to back (mean checkpoint() {} ms)",
+            checkpoint_us.load(Ordering::Relaxed) / STALL_CHECKPOINTS / 1000
+        ),
+        &h,
+    );
+}
+
+criterion_group!(inbox, benches, checkpoint_stall);
 criterion_main!(inbox);

@@ -13,14 +13,29 @@
 //! ```
 //! Writing: tmp file, fsync, rename, fsync the directory; only then are
 //! older checkpoints deleted, keeping the newest two, so a corrupt newest
-//! one can fall back to the previous one (or to a full replay).
+//! one can fall back to the previous one (or to a full replay). A tmp file
+//! is never listed as a checkpoint, and a failed write removes its own.
 //!
 //! The body is canonical (maps in key order), so two equal states encode
 //! to the same bytes: its SHA-256 is the state digest tests compare.
-
+//!
+//! ## Who writes
+//! The sequencer drains the pipeline and encodes the state under the read
+//! lock (so the image is exactly the state at one LSN), straight into the
+//! file image ([`Image`]: header and body in one buffer sized from the
+//! previous checkpoint). It hands the image to the one checkpoint-writer
+//! thread ([`run_writer`]) and goes on at once. Invariants:
+//! - one FIFO writer: checkpoints become durable strictly in LSN order, and
+//!   a job's reply means that file and every earlier one are done;
+//! - a `Checkpoint` caller is answered once its file is renamed and the
+//!   directory fsynced, or with the write error;
+//! - a write error is never fatal: a checkpoint is an optimisation, recovery
+//!   uses the older one or replays, so the logs are not poisoned.
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 
 use super::codec::{DecodeError, DecodeResult, Reader, Writer};
 use super::command::{get_device_row, kind_code, kind_from_code, put_device_row};
@@ -29,6 +44,8 @@ use crate::api::MsgSeq;
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"INBXCKP1";
+/// Magic, LSN, body length.
+const HEADER: usize = 24;
 const KEEP: usize = 2;
 
 pub(crate) fn dir(data_dir: &Path) -> PathBuf {
@@ -52,8 +69,45 @@ fn convs_sorted_bases(st: &State) -> Vec<(u64, MsgSeq)> {
     v
 }
 
+/// The canonical state encoding alone (the checkpoint body).
 pub(crate) fn encode_state(st: &State) -> Vec<u8> {
     let mut w = Writer::with_capacity(1 << 16);
+    encode_body(&mut w, st);
+    w.buf
+}
+
+/// A checkpoint file without its CRC: header and body, encoded in one
+/// buffer so the body is never copied; the writer appends the CRC.
+pub(crate) struct Image {
+    pub lsn: u64,
+    buf: Vec<u8>,
+}
+
+impl Image {
+    /// Bytes of the whole file (header, body, CRC).
+    pub fn file_len(&self) -> usize {
+        self.buf.len() + 4
+    }
+}
+
+/// Encodes `st` as a checkpoint image into a buffer of `capacity` bytes
+/// (the previous checkpoint's size plus some slack avoids regrowing a
+/// buffer of hundreds of MB).
+pub(crate) fn encode_image(st: &State, capacity: usize) -> Image {
+    let mut w = Writer::with_capacity(capacity.max(1 << 16));
+    w.buf.extend_from_slice(MAGIC);
+    w.u64(st.evt_lsn);
+    w.u64(0); // body length, patched below
+    encode_body(&mut w, st);
+    let body_len = (w.buf.len() - HEADER) as u64;
+    w.buf[16..HEADER].copy_from_slice(&body_len.to_le_bytes());
+    Image {
+        lsn: st.evt_lsn,
+        buf: w.buf,
+    }
+}
+
+fn encode_body(w: &mut Writer, st: &State) {
     w.u64(st.idem_ttl_ms);
     w.u64(st.next_msg_counter);
     w.u64(st.evt_lsn);
@@ -92,7 +146,7 @@ pub(crate) fn encode_state(st: &State) -> Vec<u8> {
         w.u64(u.next_lease_id);
         w.u64(u.devices.len() as u64);
         for d in &u.devices {
-            put_device_row(&mut w, &d.row);
+            put_device_row(w, &d.row);
         }
         let convs = sorted(&u.convs);
         w.u64(convs.len() as u64);
@@ -125,7 +179,7 @@ pub(crate) fn encode_state(st: &State) -> Vec<u8> {
         w.u64(*uid);
         w.u128(*cmid);
     }
-    super::fence::encode_checkpoint_section(&mut w, st);
+    super::fence::encode_checkpoint_section(w, st);
     // Conversations whose history retention moved their base: the
     // message list above holds only the retained messages. Last, so that
     // a checkpoint written before retention existed still decodes.
@@ -135,7 +189,6 @@ pub(crate) fn encode_state(st: &State) -> Vec<u8> {
         w.u64(conv);
         w.u64(base);
     }
-    w.buf
 }
 
 pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
@@ -296,34 +349,94 @@ fn fsync_dir(d: &Path) -> Result<()> {
     fs::File::open(d).and_then(|f| f.sync_all()).map_err(io_err)
 }
 
-/// Writes a checkpoint durably, then prunes all but the newest [`KEEP`].
-pub(crate) fn write(data_dir: &Path, lsn: u64, body: &[u8]) -> Result<()> {
-    let d = dir(data_dir);
-    fs::create_dir_all(&d).map_err(io_err)?;
-    let mut buf = Vec::with_capacity(body.len() + 28);
-    buf.extend_from_slice(MAGIC);
-    buf.extend_from_slice(&lsn.to_le_bytes());
-    buf.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    buf.extend_from_slice(body);
+/// Writes a checkpoint image durably, then prunes all but the newest
+/// [`KEEP`]. On error the tmp file is removed (best effort; a leftover one
+/// is never listed) and older checkpoints are untouched.
+pub(crate) fn write(data_dir: &Path, image: Image) -> Result<()> {
+    let Image { lsn, mut buf } = image;
     let crc = crc32fast::hash(&buf);
     buf.extend_from_slice(&crc.to_le_bytes());
+    let d = dir(data_dir);
+    fs::create_dir_all(&d).map_err(io_err)?;
     // A second checkpoint at an LSN that already has one (nothing was
     // logged in between) is written as a separate copy: then both retained
     // checkpoints cover that LSN, which is what lets compaction delete the
     // segments below it.
     let name = file_name(lsn, d.join(file_name(lsn, false)).exists());
     let tmp = d.join(format!("{name}.tmp"));
-    {
-        let mut f = fs::File::create(&tmp).map_err(io_err)?;
-        f.write_all(&buf).map_err(io_err)?;
-        f.sync_all().map_err(io_err)?;
+    let written = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(&buf)?;
+        f.sync_all()?;
+        fs::rename(&tmp, d.join(&name))
+    })();
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err(e));
     }
-    fs::rename(&tmp, d.join(&name)).map_err(io_err)?;
     fsync_dir(&d)?;
     for (_, path) in list(data_dir)?.into_iter().skip(KEEP) {
         fs::remove_file(&path).map_err(io_err)?;
     }
     fsync_dir(&d)
+}
+
+/// Who is told when a checkpoint job is done.
+pub(crate) enum Done {
+    /// A `Checkpoint` command or shutdown: gets the write's result.
+    Caller(mpsc::Sender<Result<()>>),
+    /// A periodic checkpoint: an error is logged; the flag is cleared so
+    /// the sequencer may hand off the next one.
+    Periodic(Arc<AtomicBool>),
+}
+
+impl Done {
+    pub fn finish(self, lsn: u64, result: Result<()>) {
+        match self {
+            // A caller that stopped listening needs no answer.
+            Done::Caller(tx) => drop(tx.send(result)),
+            Done::Periodic(busy) => {
+                if let Err(e) = result {
+                    tracing::warn!(lsn, error = %e, "periodic checkpoint failed; recovery uses the previous one or replays, and another is taken later");
+                }
+                busy.store(false, Ordering::Release);
+            }
+        }
+    }
+}
+
+pub(crate) enum Job {
+    Write {
+        image: Image,
+        done: Done,
+    },
+    /// Answered once every job queued before it is finished.
+    Barrier(mpsc::Sender<()>),
+}
+
+/// Called on the writer thread with the LSN of each checkpoint before its
+/// file is written (tests hold the writer there).
+pub(crate) type Hook = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// The checkpoint-writer thread: writes images in the order received until
+/// every sender is gone (the sequencer's, dropped when it stops after the
+/// final checkpoint).
+pub(crate) fn run_writer(shared: Arc<super::Shared>, rx: mpsc::Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        let (image, done) = match job {
+            Job::Write { image, done } => (image, done),
+            Job::Barrier(tx) => {
+                let _ = tx.send(());
+                continue;
+            }
+        };
+        let hook = shared.checkpoint_hook.lock().clone();
+        if let Some(h) = hook {
+            h(image.lsn);
+        }
+        let lsn = image.lsn;
+        done.finish(lsn, write(&shared.config.data_dir, image));
+    }
 }
 
 /// Reads and checks one checkpoint file.
@@ -359,13 +472,13 @@ mod tests {
     #[test]
     fn a_second_checkpoint_at_the_same_lsn_is_kept_as_a_separate_copy() {
         let tmp = tempfile::tempdir().unwrap();
-        let body = |lsn| {
+        let image = |lsn| {
             let mut st = State::new(0);
             st.evt_lsn = lsn;
-            encode_state(&st)
+            encode_image(&st, 0)
         };
-        write(tmp.path(), 5, &body(5)).unwrap();
-        write(tmp.path(), 5, &body(5)).unwrap();
+        write(tmp.path(), image(5)).unwrap();
+        write(tmp.path(), image(5)).unwrap();
         let lsns: Vec<u64> = list(tmp.path()).unwrap().iter().map(|(l, _)| *l).collect();
         assert_eq!(lsns, [5, 5], "both retained checkpoints cover LSN 5");
         for (_, path) in list(tmp.path()).unwrap() {

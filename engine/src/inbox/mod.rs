@@ -6,6 +6,13 @@
 //! straight to the in-memory indexes and the segment files and never serve
 //! anything above the committed high watermark.
 //!
+//! Threads besides the logs' writers: the sequencer, the completion stage,
+//! the checkpoint writer (files are written off the sequencer, in LSN
+//! order), the snapshot builder (content is built whether or not the caller
+//! still waits) and, if configured, the compaction pass. [`Inbox::shutdown`]
+//! stops taking commands, lets the sequencer hand off the final checkpoint
+//! and joins them all once it is durable.
+//!
 //! Submodules:
 //! - [`command`]: the records written to the `msg` and `evt` logs;
 //! - [`state`]: the tables and the one deterministic `apply`;
@@ -263,6 +270,7 @@ pub(crate) struct Shared {
     recovery: RecoveryReport,
     snapshots: snapshot::Store,
     compaction: compaction::Runtime,
+    checkpoint_hook: Mutex<Option<checkpoint::Hook>>,
 }
 
 impl Shared {
@@ -363,16 +371,33 @@ impl Inbox {
             recovery,
             snapshots: snapshot::Store::default(),
             compaction: compaction::Runtime::default(),
+            checkpoint_hook: Mutex::new(None),
         });
         let (tx, rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel();
-        let seq = sequencer::Sequencer::new(Arc::clone(&shared), rx, done_tx);
+        let (ckpt_tx, ckpt_rx) = mpsc::channel();
+        let (snap_tx, snap_rx) = mpsc::channel();
+        let seq = sequencer::Sequencer::new(Arc::clone(&shared), rx, done_tx, ckpt_tx, snap_tx);
         let completion_shared = Arc::clone(&shared);
+        let writer_shared = Arc::clone(&shared);
+        let builder_shared = Arc::clone(&shared);
         let compaction = shared
             .config
             .compaction_interval
             .map(|every| (Arc::clone(&shared), tx.clone(), every));
         let mut threads = vec![
+            // Exits once the sequencer (its only sender) has stopped and
+            // the final checkpoint is written.
+            std::thread::Builder::new()
+                .name("inbox-checkpoint".into())
+                .spawn(move || checkpoint::run_writer(writer_shared, ckpt_rx))
+                .map_err(LogError::Io)?,
+            // Exits once the sequencer and the completion stage (whose
+            // begin-snapshot replies hold its queue) have stopped.
+            std::thread::Builder::new()
+                .name("inbox-snapshot".into())
+                .spawn(move || snapshot::run_builder(builder_shared, snap_rx))
+                .map_err(LogError::Io)?,
             std::thread::Builder::new()
                 .name("inbox-sequencer".into())
                 .spawn(move || seq.run())
@@ -603,7 +628,8 @@ impl Inbox {
     }
     /// R18: in one step, bumps the device's generation, sets it RESETTING
     /// and freezes `base_sync_seq` at the user's sync head; the reply comes
-    /// once the snapshot is built and READY.
+    /// once the snapshot is built and READY. The build runs on the
+    /// snapshot-builder thread: dropping the `Pending` does not stop it.
     pub fn begin_snapshot(&self, uid: Uid, device: DeviceId) -> Pending<SnapshotInfo> {
         self.submit(|tx| Command::BeginSnapshot { uid, device, tx })
     }
@@ -661,7 +687,15 @@ impl Inbox {
     pub fn set_compaction_hook(&self, hook: Option<Arc<dyn Fn(CompactionStep) + Send + Sync>>) {
         self.shared.compaction.set_hook(hook);
     }
-    /// Writes an index checkpoint now (R22).
+    /// Calls `hook` with the LSN of every checkpoint on the writer thread,
+    /// just before its file is written (tests hold the writer there).
+    #[doc(hidden)]
+    pub fn set_checkpoint_hook(&self, hook: Option<Arc<dyn Fn(u64) + Send + Sync>>) {
+        *self.shared.checkpoint_hook.lock() = hook;
+    }
+    /// Writes an index checkpoint now (R22); returns once its file is
+    /// durable. The sequencer only drains and encodes; the file is written
+    /// by the checkpoint-writer thread while commands go on.
     pub fn checkpoint(&self) -> Result<()> {
         let (tx, rx) = mpsc::channel();
         let sent = match &*self.tx.lock() {
@@ -715,6 +749,7 @@ impl Inbox {
     /// writes a checkpoint.
     pub fn shutdown(&self) -> Result<()> {
         self.shared.compaction.stop();
+        self.shared.snapshots.stop_builder();
         let Some(sender) = self.tx.lock().take() else {
             return Ok(());
         };

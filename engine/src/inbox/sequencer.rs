@@ -13,6 +13,13 @@
 //! the round (errors too, so no answer ever reflects a change that is not
 //! durable) and publishes one coalesced hint per user.
 //!
+//! Checkpoints: the sequencer drains the pipeline and encodes the state
+//! (so the image is the state at one LSN), then hands the image to the
+//! checkpoint-writer thread and goes on; the file's write and fsyncs never
+//! stall a round. At most one periodic checkpoint is queued or in flight;
+//! a `Checkpoint` command is answered by the writer once its file is
+//! durable; at shutdown the final one is handed off last and waited for.
+//!
 //! Failure rules:
 //! - A write or fsync failure poisons the engine: that round and every
 //!   later one fail, and no later mutation is accepted (fail-stop, R21).
@@ -23,6 +30,7 @@
 //!   loses is its `last_seen` refresh): a full disk stops writes, not syncs.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -210,6 +218,15 @@ pub(crate) struct Sequencer {
     shared: Arc<Shared>,
     rx: mpsc::Receiver<Command>,
     done: mpsc::Sender<RoundDone>,
+    /// The checkpoint writer's queue; dropped when the sequencer stops, which
+    /// lets the writer finish the final checkpoint and exit.
+    checkpoints: mpsc::Sender<checkpoint::Job>,
+    /// Set while a periodic checkpoint is queued or being written.
+    periodic_busy: Arc<AtomicBool>,
+    /// Buffer size for the next checkpoint image.
+    checkpoint_capacity: usize,
+    /// The snapshot builder's queue, cloned into each begin step's reply.
+    snapshot_jobs: mpsc::Sender<snapshot::Job>,
     next_round: u64,
     bytes_since_checkpoint: u64,
 }
@@ -219,11 +236,17 @@ impl Sequencer {
         shared: Arc<Shared>,
         rx: mpsc::Receiver<Command>,
         done: mpsc::Sender<RoundDone>,
+        checkpoints: mpsc::Sender<checkpoint::Job>,
+        snapshot_jobs: mpsc::Sender<snapshot::Job>,
     ) -> Self {
         Self {
             shared,
             rx,
             done,
+            checkpoints,
+            periodic_busy: Arc::new(AtomicBool::new(false)),
+            checkpoint_capacity: 0,
+            snapshot_jobs,
             next_round: 1,
             bytes_since_checkpoint: 0,
         }
@@ -255,15 +278,20 @@ impl Sequencer {
             for c in control {
                 match c {
                     Command::Checkpoint { tx } => {
-                        let _ = tx.send(self.checkpoint());
+                        self.checkpoint(checkpoint::Done::Caller(tx));
                     }
                     Command::Shutdown { tx } => {
-                        let r = self.drain().and_then(|()| {
+                        let flushed = self.drain().and_then(|()| {
                             self.shared.msg_log.flush()?;
                             self.shared.evt_log.flush()?;
-                            self.checkpoint()
+                            Ok(())
                         });
-                        let _ = tx.send(r);
+                        // The final checkpoint queues behind any earlier
+                        // one; the caller hears back once it is durable.
+                        match flushed {
+                            Ok(()) => self.checkpoint(checkpoint::Done::Caller(tx)),
+                            Err(e) => drop(tx.send(Err(e))),
+                        }
                         stop = true;
                     }
                     _ => {}
@@ -272,10 +300,14 @@ impl Sequencer {
             if stop {
                 break;
             }
-            if self.bytes_since_checkpoint >= self.shared.config.checkpoint_every_bytes {
-                if let Err(e) = self.checkpoint() {
-                    tracing::warn!(error = %e, "periodic checkpoint failed; will retry");
-                }
+            if self.bytes_since_checkpoint >= self.shared.config.checkpoint_every_bytes
+                && !self.periodic_busy.load(Ordering::Acquire)
+            {
+                // Skipped while one is still in flight: its bytes count
+                // towards the next, and no second image piles up in memory.
+                self.periodic_busy.store(true, Ordering::Release);
+                let busy = Arc::clone(&self.periodic_busy);
+                self.checkpoint(checkpoint::Done::Periodic(busy));
             }
         }
     }
@@ -289,15 +321,39 @@ impl Sequencer {
         }
     }
 
-    fn checkpoint(&mut self) -> Result<()> {
-        self.drain()?;
-        let (lsn, body) = {
+    /// Drains the pipeline, encodes the state at its LSN and hands the
+    /// image to the writer thread; `done` hears how the write went.
+    fn checkpoint(&mut self, done: checkpoint::Done) {
+        if let Err(e) = self.drain() {
+            done.finish(0, Err(e));
+            return;
+        }
+        let image = {
             let st = self.shared.state.read();
-            (st.evt_lsn, checkpoint::encode_state(&st))
+            checkpoint::encode_image(&st, self.checkpoint_capacity)
         };
-        checkpoint::write(&self.shared.config.data_dir, lsn, &body)?;
+        // Room for growth, so the next image rarely reallocates.
+        self.checkpoint_capacity = image.file_len() + image.file_len() / 8;
         self.bytes_since_checkpoint = 0;
-        Ok(())
+        let lsn = image.lsn;
+        let job = checkpoint::Job::Write { image, done };
+        if let Err(mpsc::SendError(checkpoint::Job::Write { done, .. })) =
+            self.checkpoints.send(job)
+        {
+            done.finish(
+                lsn,
+                Err(Error::Internal("checkpoint writer stopped".into())),
+            );
+        }
+    }
+
+    /// Waits until the writer has finished every checkpoint handed to it,
+    /// so a reload from disk never races a file being renamed or pruned.
+    fn wait_checkpoints(&self) {
+        let (tx, rx) = mpsc::channel();
+        if self.checkpoints.send(checkpoint::Job::Barrier(tx)).is_ok() {
+            let _ = rx.recv();
+        }
     }
 
     fn exec(&mut self, cmd: Command, round_id: u64, r: &mut RoundBuf) {
@@ -583,16 +639,19 @@ impl Sequencer {
                     Ok((effects, plan)) => {
                         self.push_effects(st, r, round_id, effects);
                         // The content is built from the plan captured at S,
-                        // on the caller's thread once the step is durable.
-                        let shared = Arc::clone(&self.shared);
-                        r.replies.push(Box::new(move |fail| {
-                            let reply = match fail {
-                                Some(f) => Reply::Done(Err(f.to_error())),
-                                None => {
-                                    Reply::Later(Box::new(move || snapshot::build(&shared, &plan)))
+                        // on the builder thread once the step is durable,
+                        // whether or not the caller still waits.
+                        let jobs = self.snapshot_jobs.clone();
+                        r.replies.push(Box::new(move |fail| match fail {
+                            Some(f) => drop(tx.send(Reply::Done(Err(f.to_error())))),
+                            None => {
+                                if let Err(mpsc::SendError(job)) =
+                                    jobs.send(snapshot::Job { plan, tx })
+                                {
+                                    let e = Error::Internal("snapshot builder stopped".into());
+                                    drop(job.tx.send(Reply::Done(Err(e))));
                                 }
-                            };
-                            let _ = tx.send(reply);
+                            }
                         }));
                     }
                 }
@@ -728,6 +787,7 @@ impl Sequencer {
                 // rounds, then rebuild memory from disk so no trace of it
                 // stays behind.
                 self.shared.wait_settled(id - 1);
+                self.wait_checkpoints();
                 match recover::load_state(&self.shared.config, &self.shared.evt_log) {
                     Ok(state) => *self.shared.state.write() = state,
                     Err(e) => self

@@ -9,14 +9,21 @@
 //! in-memory state as it stands at S. Nothing later can leak in: events
 //! after S are applied after the capture.
 //!
-//! Once the step is durable the caller's thread builds the content from the
-//! plan (reading message bodies, which never change), encodes it in pages,
-//! takes the SHA-256 of the pages (the manifest digest), and writes it to
+//! Once the step is durable the completion stage hands the plan to the
+//! snapshot-builder thread ([`run_builder`]), which builds the content
+//! (reading message bodies, which never change), encodes it in pages, takes
+//! the SHA-256 of the pages (the manifest digest), and writes it to
 //! `snap/<uid>-<snapshot_id>.snap` (tmp, fsync, rename, fsync dir). The
 //! snapshot is READY from then on and immutable; it is served from that file,
 //! so an interrupted install can fetch the same pages again, also after a
-//! restart. A snapshot whose build was cut short by a crash never becomes
-//! READY: it fences until it expires, and the device begins a new one.
+//! restart. The caller's reply is sent after the build if it still waits;
+//! a caller that went away does not stop the build, so the snapshot becomes
+//! READY (and can be fetched and acknowledged) all the same.
+//!
+//! A snapshot whose build was cut short never becomes READY: by a crash, or
+//! by shutdown, which lets the builder finish the build in hand and abandons
+//! the queued ones (their callers get an error). It fences until it
+//! expires, and the device begins a new one.
 //!
 //! Bodies: a message that is recalled or edited (at S, or by the time the
 //! content is built) is a tombstone and its body is never written (R6).
@@ -44,7 +51,8 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -53,9 +61,10 @@ use sha2::Digest;
 use super::codec::{DecodeError, DecodeResult, Reader, Writer};
 use super::command::{decode_msg_record, kind_code, kind_from_code, unpack, DeviceRow, Effect};
 use super::fence::{ms, SnapshotPhase, SnapshotRow};
+use super::sequencer::Tx;
 use super::state::{MsgMeta, State};
 use super::sync::{device_row, info};
-use super::{InboxConfig, Shared};
+use super::{InboxConfig, Reply, Shared};
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::log::LogError;
@@ -87,6 +96,38 @@ pub(crate) struct Content {
 #[derive(Default)]
 pub(crate) struct Store {
     cache: Mutex<HashMap<(Uid, u64), Arc<Content>>>,
+    /// Set at shutdown: the builder abandons the builds still queued.
+    stopping: AtomicBool,
+}
+
+/// A snapshot to build: the plan captured at S, and the caller's reply
+/// (sent only if the caller still listens).
+pub(crate) struct Job {
+    pub plan: Plan,
+    pub tx: Tx<SnapshotInfo>,
+}
+
+/// The snapshot-builder thread: builds each snapshot whose begin step is
+/// durable, in the order received, until every sender is gone (the
+/// sequencer and the completion stage have stopped).
+pub(crate) fn run_builder(shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
+    while let Ok(Job { plan, tx }) = rx.recv() {
+        let result = if shared.snapshots.stopping.load(Ordering::Acquire) {
+            // The crash case: the row stays BUILDING until it expires.
+            Err(Error::Internal(format!(
+                "engine shut down before snapshot {} of uid {} was built; begin a new one",
+                plan.snapshot_id, plan.uid
+            )))
+        } else {
+            build(&shared, &plan)
+        };
+        if let Err(e) = &result {
+            tracing::warn!(uid = plan.uid, snapshot_id = plan.snapshot_id, error = %e, "snapshot not built; it fences until it expires");
+        }
+        // A caller that went away needs no answer: the snapshot is READY
+        // (or not) on disk either way.
+        let _ = tx.send(Reply::Done(result));
+    }
 }
 
 pub(crate) fn dir(data_dir: &Path) -> PathBuf {
@@ -102,6 +143,11 @@ fn io_err(e: std::io::Error) -> Error {
 }
 
 impl Store {
+    /// Makes the builder abandon every build it has not started yet.
+    pub fn stop_builder(&self) {
+        self.stopping.store(true, Ordering::Release);
+    }
+
     /// The content of a built snapshot, from the cache or its file.
     pub fn get(&self, data_dir: &Path, uid: Uid, id: u64) -> Result<Option<Arc<Content>>> {
         if let Some(c) = self.cache.lock().get(&(uid, id)) {
@@ -418,7 +464,7 @@ fn decode_file(buf: &[u8], uid: Uid, id: u64) -> DecodeResult<Content> {
     Ok(Content { digest, pages })
 }
 
-/// Builds the snapshot content from the plan (caller's thread, after the
+/// Builds the snapshot content from the plan (builder thread, after the
 /// begin step is durable), writes it durably and returns its info.
 pub(crate) fn build(shared: &Shared, plan: &Plan) -> Result<SnapshotInfo> {
     let max = shared.config.payload_bytes_max;

@@ -1,0 +1,278 @@
+//! Work taken off the foreground: checkpoint files are written by the
+//! checkpoint-writer thread (the sequencer only drains and encodes), and
+//! snapshot content is built by the snapshot-builder thread (not by the
+//! caller waiting for the reply).
+//!
+//! The writer is held still with the test-only checkpoint hook, so every
+//! assertion is about order and completion, never about timing.
+
+mod inbox_common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use inbox_common::*;
+use inbox_engine::*;
+
+/// Checkpoint files in `data`, newest first, as (LSN, path).
+fn checkpoints(data: &Path) -> Vec<(u64, PathBuf)> {
+    let mut out: Vec<(u64, PathBuf)> = std::fs::read_dir(data.join("checkpoint"))
+        .map(|entries| {
+            entries
+                .map(|e| e.unwrap().path())
+                .filter_map(|p| {
+                    let name = p.file_name()?.to_str()?;
+                    let lsn = name.strip_prefix("ckpt-")?.strip_suffix(".bin")?;
+                    Some((lsn.parse().ok()?, p))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort_by_key(|(lsn, _)| std::cmp::Reverse(*lsn));
+    out
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
+/// The writer held at its first checkpoint after this is set up (by the
+/// hook): `entered` gets that checkpoint's LSN, and the writer waits until
+/// `release` is used or dropped. Later checkpoints pass straight through;
+/// `started` counts every checkpoint the writer began, the held one
+/// included.
+struct Held {
+    entered: mpsc::Receiver<u64>,
+    release: mpsc::Sender<()>,
+    started: Arc<AtomicU64>,
+}
+
+fn hold_first_checkpoint(ib: &Inbox) -> Held {
+    // The writer is idle once a checkpoint command is answered (one FIFO
+    // writer), so no earlier periodic checkpoint reaches the hook.
+    ib.checkpoint().unwrap();
+    let (entered_tx, entered) = mpsc::channel();
+    let (release, release_rx) = mpsc::channel::<()>();
+    let started = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&started);
+    let entered_tx = Mutex::new(Some(entered_tx));
+    let release_rx = Mutex::new(release_rx);
+    ib.set_checkpoint_hook(Some(Arc::new(move |lsn| {
+        count.fetch_add(1, Ordering::SeqCst);
+        if let Some(tx) = entered_tx.lock().unwrap().take() {
+            tx.send(lsn).unwrap();
+            // Released by a message, or by the test dropping the sender.
+            let _ = release_rx.lock().unwrap().recv();
+        }
+    })));
+    Held {
+        entered,
+        release,
+        started,
+    }
+}
+
+#[test]
+fn checkpoint_command_replies_after_its_file_is_durable() {
+    let h = Harness::new();
+    h.join(1, 1);
+    h.join(1, 2);
+    h.send_many(1, 1, 0, 50);
+    let digest = h.ib().state_digest();
+    h.ib().checkpoint().unwrap();
+    let newest = checkpoints(h.dir.path());
+    let (lsn, _) = newest
+        .first()
+        .expect("the reply comes with the file in place");
+    // Whatever is on disk at the reply, the engine still running: a copy of
+    // it recovers from that checkpoint, replays nothing and has the state.
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(h.dir.path(), copy.path());
+    let mut c = config(copy.path(), &h.clock);
+    c.checkpoint_every_bytes = u64::MAX;
+    let reopened = Inbox::open(c).unwrap();
+    let report = reopened.recovery_report();
+    assert_eq!(report.checkpoint_lsn, *lsn);
+    assert_eq!(
+        report.records_replayed, 0,
+        "the checkpoint covers every send"
+    );
+    assert_eq!(reopened.state_digest(), digest);
+}
+
+#[test]
+fn sends_are_served_while_a_checkpoint_file_is_written() {
+    let h = Harness::new();
+    h.join(1, 1);
+    h.join(1, 2);
+    let generation = h.register(2, 1).device.generation;
+    let ib = h.ib();
+    let held = hold_first_checkpoint(ib);
+    // Past the setup checkpoint, so the held one has a new LSN.
+    h.send_many(1, 1, 0, 20);
+    std::thread::scope(|s| {
+        // Owned here, so a failed assertion drops `release` and frees the
+        // writer before the scope joins the checkpoint thread.
+        let held = held;
+        let checkpoint = s.spawn(|| ib.checkpoint());
+        let held_lsn = held.entered.recv().unwrap();
+        // The writer is stopped inside this checkpoint: sends, syncs and
+        // reads still complete.
+        let sent: Vec<SendReply> = (0..30u128)
+            .map(|i| h.send(1, 1, 100 + i, "meanwhile"))
+            .collect();
+        assert_eq!(sent.last().unwrap().msg_seq, 2 + 50, "two joins, 50 sends");
+        let page = h.sync(2, 1, Some(generation), 0, 500, None).unwrap();
+        assert!(page.events.iter().any(|e| e.msg_seq == 52));
+        let history = ib.history(2, 1, None, 100).unwrap();
+        assert_eq!(history.messages.len(), 51, "from uid 2's join at seq 2");
+        assert!(
+            !checkpoint.is_finished(),
+            "the checkpoint caller waits for its file"
+        );
+        assert!(
+            checkpoints(h.dir.path())
+                .iter()
+                .all(|(l, _)| *l != held_lsn),
+            "the held checkpoint is not on disk yet"
+        );
+        held.release.send(()).unwrap();
+        checkpoint.join().unwrap().unwrap();
+        let newest = checkpoints(h.dir.path());
+        assert_eq!(newest.first().map(|(l, _)| *l), Some(held_lsn));
+    });
+}
+
+#[test]
+fn shutdown_leaves_a_checkpoint_covering_everything() {
+    let mut h = Harness::new();
+    h.join(1, 1);
+    h.join(1, 2);
+    h.register(2, 1);
+    h.send_many(1, 1, 0, 40);
+    let digest = h.ib().state_digest();
+    h.restart(true, |_| {});
+    let report = h.ib().recovery_report();
+    assert!(report.checkpoint_lsn > 0);
+    assert_eq!(
+        report.records_replayed, 0,
+        "shutdown's checkpoint covers all"
+    );
+    assert_eq!(h.ib().state_digest(), digest);
+}
+
+#[test]
+fn periodic_checkpoints_do_not_pile_up_while_one_is_being_written() {
+    // Every round crosses the threshold.
+    let h = Harness::with(|c| c.checkpoint_every_bytes = 1);
+    h.join(1, 1);
+    h.join(1, 2);
+    let held = hold_first_checkpoint(h.ib());
+    // One send, one round: a periodic checkpoint is handed off and held.
+    h.send(1, 1, 0, "first");
+    held.entered.recv().unwrap();
+    // Twenty more rounds past the threshold while it is held.
+    for i in 1..=20u128 {
+        h.send(1, 1, i, "more");
+    }
+    held.release.send(()).unwrap();
+    // A checkpoint command queues behind whatever the writer still has:
+    // once it is answered, every job handed off before it is written.
+    h.ib().checkpoint().unwrap();
+    assert_eq!(
+        held.started.load(Ordering::SeqCst),
+        2,
+        "the held periodic checkpoint and the command's; none queued meanwhile"
+    );
+}
+
+#[test]
+fn a_failed_checkpoint_write_is_reported_and_does_not_stop_writes() {
+    let mut h = Harness::new();
+    h.join(1, 1);
+    h.join(1, 2);
+    h.send_many(1, 1, 0, 10);
+    h.ib().checkpoint().unwrap();
+    let good = checkpoints(h.dir.path());
+    h.send_many(1, 1, 100, 10);
+    // A directory where the writer wants its tmp file: creating it fails.
+    let ckpt_dir = h.dir.path().join("checkpoint");
+    let blocker = ckpt_dir.clone();
+    h.ib().set_checkpoint_hook(Some(Arc::new(move |lsn| {
+        std::fs::create_dir_all(blocker.join(format!("ckpt-{lsn:020}.bin.tmp"))).unwrap();
+    })));
+    assert!(h.ib().checkpoint().is_err(), "the write error is reported");
+    h.ib().set_checkpoint_hook(None);
+    assert_eq!(
+        checkpoints(h.dir.path()),
+        good,
+        "older checkpoints untouched"
+    );
+    // Not fatal: the logs take writes as before.
+    let after = h.send(1, 1, 500, "after the failed checkpoint");
+    assert_eq!(after.msg_seq, 2 + 21);
+    let digest = h.ib().state_digest();
+    h.restart(true, |_| {});
+    assert_eq!(h.ib().state_digest(), digest);
+}
+
+#[test]
+fn snapshot_is_built_even_when_the_caller_drops_the_reply() {
+    const PHONE: DeviceId = 1;
+    const DESKTOP: DeviceId = 2;
+    let h = Harness::new();
+    h.join(10, 1);
+    h.join(10, 2);
+    h.register(2, PHONE);
+    h.register(2, DESKTOP);
+    h.send_many(10, 1, 0, 30);
+    drop(h.ib().begin_snapshot(2, DESKTOP));
+    // The begin step is durable once a later command's reply is out.
+    h.send(10, 1, 999, "after the begin step");
+    let snapshot_id = h
+        .ib()
+        .explain(2)
+        .unwrap()
+        .fences
+        .iter()
+        .find_map(|f| match f {
+            Fence::Snapshot { snapshot_id, .. } => Some(*snapshot_id),
+            _ => None,
+        })
+        .expect("the begin step logged a snapshot row");
+    let mut info = h.ib().snapshot_info(2, snapshot_id).unwrap();
+    // Bounded wait for the builder thread; no timing is asserted.
+    for _ in 0..3_000 {
+        if info.state == SnapshotState::Ready {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        info = h.ib().snapshot_info(2, snapshot_id).unwrap();
+    }
+    assert_eq!(info.state, SnapshotState::Ready);
+    let mut messages = Vec::new();
+    for p in 0..info.pages {
+        messages.extend(h.ib().snapshot_page(2, snapshot_id, p).unwrap().messages);
+    }
+    let seqs: Vec<MsgSeq> = messages.iter().map(|m| m.msg_seq).collect();
+    let want: Vec<MsgSeq> = (13..=32).collect();
+    assert_eq!(seqs, want, "the last 20 messages as of the begin step");
+    let device = h
+        .ib()
+        .ack_snapshot(2, DESKTOP, snapshot_id, info.generation)
+        .wait()
+        .unwrap();
+    assert_eq!(device.state, DeviceState::Active);
+    assert_eq!(device.acked_sync_seq, info.base_sync_seq);
+}
