@@ -484,13 +484,13 @@ mod tests {
         for (_, path) in list(tmp.path()).unwrap() {
             assert_eq!(read(&path).unwrap().0, 5);
         }
-        write(tmp.path(), 5, &body(5)).unwrap();
+        write(tmp.path(), image(5)).unwrap();
         assert_eq!(
             list(tmp.path()).unwrap().len(),
             2,
             "a third copy replaces the second"
         );
-        write(tmp.path(), 7, &body(7)).unwrap();
+        write(tmp.path(), image(7)).unwrap();
         let lsns: Vec<u64> = list(tmp.path()).unwrap().iter().map(|(l, _)| *l).collect();
         assert_eq!(lsns, [7, 5], "the newest two are kept");
     }
