@@ -355,6 +355,7 @@ pub struct Stats {
     pub users: u64,
     pub conversations: u64,
     pub devices: u64,
+    /// Messages retained (history retention reclaims the oldest).
     pub messages: u64,
     pub events_live: u64,
     pub write_batches: u64,

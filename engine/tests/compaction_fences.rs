@@ -354,6 +354,10 @@ fn expired_snapshot_stops_fencing_and_its_install_is_refused() {
     h.register(2, DESKTOP);
     h.send_many(10, 1, 1000, 5);
     let info = h.ib().begin_snapshot(2, DESKTOP).wait().unwrap();
+    // A pass before the expiry drops nothing, and must not stop a later
+    // pass from dropping the row once it has expired.
+    h.ib().compact().unwrap();
+    assert!(h.ib().snapshot_info(2, info.snapshot_id).is_ok());
     assert!(h
         .ib()
         .explain(2)
@@ -387,6 +391,10 @@ fn expired_snapshot_stops_fencing_and_its_install_is_refused() {
         h.ib().snapshot_info(2, info.snapshot_id).is_err(),
         "expired rows are dropped"
     );
+    assert!(
+        h.ib().snapshot_info(2, next.snapshot_id).is_ok(),
+        "live rows stay"
+    );
 }
 
 #[test]
@@ -412,4 +420,34 @@ fn explain_segment_names_the_users_and_fences_holding_it() {
         h.ib().explain_segment("nope", 1),
         Err(Error::BadRequest(_))
     ));
+}
+
+#[test]
+fn events_that_age_past_the_window_between_passes_are_reclaimed_when_due() {
+    let h = Harness::with(tune);
+    h.join(10, 1);
+    h.join(10, 2);
+    h.send_many(10, 1, 1000, 10);
+    // Nothing is old enough: the pass notes when the oldest event will be.
+    assert_eq!(h.ib().compact().unwrap().events_reclaimed, 0);
+    h.advance(HOUR / 2);
+    // A user who appears between passes, with younger events.
+    h.join(20, 3);
+    h.send_many(20, 3, 2000, 5);
+    assert_eq!(h.ib().compact().unwrap().events_reclaimed, 0);
+    // Past the window for the first ten sends only (no devices, no fences).
+    h.advance(HOUR / 2 + Duration::from_secs(60));
+    h.ib().compact().unwrap();
+    for uid in [1, 2] {
+        let x = h.ib().explain(uid).unwrap();
+        assert_eq!(
+            x.oldest_retained,
+            x.committed_sync_seq + 1,
+            "all gone: {x:?}"
+        );
+    }
+    assert_eq!(h.ib().explain(3).unwrap().oldest_retained, 1, "still young");
+    h.advance(HOUR / 2);
+    h.ib().compact().unwrap();
+    assert_eq!(h.ib().explain(3).unwrap().oldest_retained, 7);
 }

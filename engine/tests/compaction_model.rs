@@ -249,6 +249,8 @@ fn run(ops: Vec<Op>) {
             }
             Op::Restart => h.restart(true, tune),
         }
+        // What compaction counts per segment matches the index.
+        h.ib().check_segment_refs().unwrap();
         // Fences hold, and reclaimed events stay reclaimed.
         for uid in 1..=USERS {
             let x = h.ib().explain(uid).unwrap();

@@ -96,8 +96,10 @@ fn messages_older_than_the_retention_are_reclaimed_and_never_served_again() {
     old_and_young(&h);
     assert_eq!(unread(&h, 2), 35);
     let first_old_id = h.ib().history(2, CONV, Some(4), 1).unwrap().messages[0].msg_id;
+    assert_eq!(h.ib().stats().messages, 37);
     let report = h.ib().compact().unwrap();
     assert_eq!(report.messages_reclaimed, 32, "{report:?}");
+    assert_eq!(h.ib().stats().messages, 5, "stats count retained messages");
     assert_only_young_served(&h);
     // A reclaimed message cannot be recalled any more.
     let err = h

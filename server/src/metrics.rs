@@ -258,7 +258,7 @@ impl Metrics {
             (
                 "inboxd_messages",
                 "gauge",
-                "Messages stored.",
+                "Messages retained (not yet reclaimed by history retention).",
                 stats.messages,
             ),
             (

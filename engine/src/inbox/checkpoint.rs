@@ -1,7 +1,9 @@
 //! Index checkpoints (R22): every state table and index, written whole so
 //! that recovery replays only the `evt` log written after it.
 //!
-//! File `checkpoint/ckpt-<evt lsn, 20 digits>.bin`:
+//! File `checkpoint/ckpt-<evt lsn, 20 digits>.bin` (`...-2.bin` for a
+//! second checkpoint at the same LSN, so that two retained files can both
+//! cover it):
 //! ```text
 //! 0   [8]  magic "INBXCKP1"
 //! 8   u64  evt LSN the state covers (everything up to it is applied)
@@ -289,36 +291,55 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
     if !r.is_empty() {
         return Err(DecodeError("trailing bytes in checkpoint"));
     }
+    st.evt_refs = SegRefs::rebuild(st.users.values().flat_map(|u| &u.events));
+    st.msg_refs = SegRefs::rebuild(
+        st.convs
+            .values()
+            .flat_map(|c| c.msgs.iter().map(|m| &m.loc)),
+    );
     Ok(st)
 }
 
-fn file_name(lsn: u64) -> String {
-    format!("ckpt-{lsn:020}.bin")
+fn file_name(lsn: u64, copy: bool) -> String {
+    if copy {
+        format!("ckpt-{lsn:020}-2.bin")
+    } else {
+        format!("ckpt-{lsn:020}.bin")
+    }
+}
+
+/// The LSN of a checkpoint file name, and whether it is the second copy.
+fn parse_name(name: &str) -> Option<(u64, bool)> {
+    let stem = name.strip_prefix("ckpt-")?.strip_suffix(".bin")?;
+    let (digits, copy) = match stem.strip_suffix("-2") {
+        Some(d) => (d, true),
+        None => (stem, false),
+    };
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((digits.parse().ok()?, copy))
 }
 
 /// Checkpoint files, newest first.
 pub(crate) fn list(data_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let d = dir(data_dir);
-    let mut out = Vec::new();
+    let mut out: Vec<(u64, bool, PathBuf)> = Vec::new();
     let entries = match fs::read_dir(&d) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io_err(e)),
     };
     for entry in entries {
         let entry = entry.map_err(io_err)?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if let Some(lsn) = name
-            .strip_prefix("ckpt-")
-            .and_then(|s| s.strip_suffix(".bin"))
-            .and_then(|s| s.parse::<u64>().ok())
-        {
-            out.push((lsn, entry.path()));
+        if let Some((lsn, copy)) = parse_name(name) {
+            out.push((lsn, copy, entry.path()));
         }
     }
-    out.sort_unstable_by_key(|(lsn, _)| std::cmp::Reverse(*lsn));
-    Ok(out)
+    out.sort_unstable_by_key(|(lsn, copy, _)| std::cmp::Reverse((*lsn, *copy)));
+    Ok(out.into_iter().map(|(lsn, _, path)| (lsn, path)).collect())
 }
 
 fn io_err(e: std::io::Error) -> Error {
@@ -338,12 +359,17 @@ pub(crate) fn write(data_dir: &Path, image: Image) -> Result<()> {
     buf.extend_from_slice(&crc.to_le_bytes());
     let d = dir(data_dir);
     fs::create_dir_all(&d).map_err(io_err)?;
-    let tmp = d.join(format!("{}.tmp", file_name(lsn)));
+    // A second checkpoint at an LSN that already has one (nothing was
+    // logged in between) is written as a separate copy: then both retained
+    // checkpoints cover that LSN, which is what lets compaction delete the
+    // segments below it.
+    let name = file_name(lsn, d.join(file_name(lsn, false)).exists());
+    let tmp = d.join(format!("{name}.tmp"));
     let written = (|| {
         let mut f = fs::File::create(&tmp)?;
         f.write_all(&buf)?;
         f.sync_all()?;
-        fs::rename(&tmp, d.join(file_name(lsn)))
+        fs::rename(&tmp, d.join(&name))
     })();
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
@@ -455,4 +481,50 @@ pub(crate) fn read(path: &Path) -> std::result::Result<(u64, State), String> {
         return Err("header and body LSN differ".into());
     }
     Ok((lsn, st))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_checkpoint_at_the_same_lsn_is_kept_as_a_separate_copy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let image = |lsn| {
+            let mut st = State::new(0);
+            st.evt_lsn = lsn;
+            encode_image(&st, 0)
+        };
+        write(tmp.path(), image(5)).unwrap();
+        write(tmp.path(), image(5)).unwrap();
+        let lsns: Vec<u64> = list(tmp.path()).unwrap().iter().map(|(l, _)| *l).collect();
+        assert_eq!(lsns, [5, 5], "both retained checkpoints cover LSN 5");
+        for (_, path) in list(tmp.path()).unwrap() {
+            assert_eq!(read(&path).unwrap().0, 5);
+        }
+        write(tmp.path(), image(5)).unwrap();
+        assert_eq!(
+            list(tmp.path()).unwrap().len(),
+            2,
+            "a third copy replaces the second"
+        );
+        write(tmp.path(), image(7)).unwrap();
+        let lsns: Vec<u64> = list(tmp.path()).unwrap().iter().map(|(l, _)| *l).collect();
+        assert_eq!(lsns, [7, 5], "the newest two are kept");
+    }
+
+    #[test]
+    fn checkpoint_names_other_than_the_two_forms_are_ignored() {
+        assert_eq!(
+            parse_name("ckpt-00000000000000000005.bin"),
+            Some((5, false))
+        );
+        assert_eq!(
+            parse_name("ckpt-00000000000000000005-2.bin"),
+            Some((5, true))
+        );
+        assert_eq!(parse_name("ckpt-00000000000000000005.bin.tmp"), None);
+        assert_eq!(parse_name("ckpt-5.bin"), None);
+        assert_eq!(parse_name("ckpt-0000000000000000000x.bin"), None);
+    }
 }

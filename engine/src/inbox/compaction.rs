@@ -12,14 +12,20 @@
 //!    newest older than the hard TTL; the sequencer clamps that by the
 //!    fence floor and logs `Trim { events_base }`. The trim is durable
 //!    before any file is touched, so a reclaimed event never comes back.
-//! 3. Segments: a sealed `evt` segment is dead when no retained event
+//! 3. Segments: the state counts, per segment, the retained events that
+//!    point into it ([`super::seg_refs::SegRefs`], kept up to date by
+//!    `apply`), so finding dead segments reads counts, not the index; the
+//!    index is walked only for the segments that lost events since they
+//!    were last judged. A sealed `evt` segment is dead when no retained event
 //!    points into it and every record in it is covered by *both* retained
 //!    checkpoints (a fallback to the older checkpoint then still replays
 //!    everything it needs). Dead segments are deleted whole
 //!    ([`Log::delete_segment`]: unlink + directory fsync). If dead segments
 //!    wait only for checkpoint coverage, the pass writes checkpoints first.
 //! 4. Rewrite: a sealed segment whose live bytes fall under
-//!    `rewrite_live_fraction` has its live records copied forward (records
+//!    `rewrite_live_fraction`, and whose live events are all past the
+//!    safety window (else it straddles the trim point and empties by
+//!    itself), has its live records copied forward (records
 //!    with the copy flag, which replay ignores) in one durable batch; then a
 //!    `Relocate` command points the events at the copies (logged, durable);
 //!    only then is the old file deleted. A crash after the copy leaves dead
@@ -109,12 +115,6 @@ struct Counters {
     segments_rewritten: AtomicU64,
 }
 
-/// A sealed segment's records (immutable, so cached).
-struct SegRecords {
-    /// offset -> record bytes (header included).
-    sizes: BTreeMap<u32, u64>,
-}
-
 /// What the compactor keeps between passes.
 #[derive(Default)]
 pub(crate) struct Runtime {
@@ -123,7 +123,24 @@ pub(crate) struct Runtime {
     hook: Mutex<Option<Hook>>,
     stop: Mutex<bool>,
     stop_cv: Condvar,
-    seg_cache: Mutex<HashMap<SegmentId, Arc<SegRecords>>>,
+    /// `evt` segments that lost events and have not been judged since
+    /// (taken from [`super::state::SegRefs`], kept while undecided).
+    suspects: Mutex<HashSet<SegmentId>>,
+    /// Per user: `(events_base, at_ms)` of the oldest retained event, so a
+    /// pass tells from memory that a user has nothing old enough to trim.
+    oldest: Mutex<HashMap<Uid, (SyncSeq, TimestampMs)>>,
+    trim_plan: Mutex<TrimPlan>,
+    /// No snapshot row expires before this (0: look at once).
+    snapshots_due: Mutex<TimestampMs>,
+}
+
+/// Which users the trim step looks at (see `trim_users`).
+#[derive(Default)]
+struct TrimPlan {
+    /// Every user is looked at once the clock reaches this (0: at once).
+    next_full: TimestampMs,
+    /// Users with an event past the safety window at the last look.
+    watch: HashSet<Uid>,
 }
 
 impl Runtime {
@@ -266,18 +283,32 @@ pub(crate) fn decide_drop_snapshots(
 
 fn reclaim_snapshots(shared: &Shared, submit: Submit<'_>) -> Result<()> {
     let now = shared.config.clock.now_ms();
+    // Rows only expire, at `expires_at_ms`, and a row begun after this
+    // look expires a whole TTL from now at the earliest: until the first
+    // expiry is due there is nothing to drop and no file to sweep.
+    let mut due = shared.compaction.snapshots_due.lock();
+    if now < *due {
+        return Ok(());
+    }
+    let mut next = now
+        .saturating_add(ms(shared.config.snapshot_ttl))
+        .saturating_add(1);
     let expired: Vec<(Uid, u64)> = {
         let st = shared.state.read();
-        st.users
-            .iter()
-            .flat_map(|(uid, u)| {
-                u.snapshots
-                    .values()
-                    .filter(|s| now > s.row.expires_at_ms)
-                    .map(|s| (*uid, s.row.snapshot_id))
-            })
-            .collect()
+        let mut expired = Vec::new();
+        for (uid, u) in &st.users {
+            for s in u.snapshots.values() {
+                if now > s.row.expires_at_ms {
+                    expired.push((*uid, s.row.snapshot_id));
+                } else {
+                    next = next.min(s.row.expires_at_ms.saturating_add(1));
+                }
+            }
+        }
+        expired
     };
+    *due = next;
+    drop(due);
     if !expired.is_empty() {
         call(submit, |tx| Command::DropSnapshots {
             candidates: expired,
@@ -387,7 +418,29 @@ fn trim_users(shared: &Shared, submit: Submit<'_>, report: &mut CompactionReport
     let now = cfg.clock.now_ms();
     let safe_cut = now.saturating_sub(ms(cfg.safety_window));
     let hard_cut = now.saturating_sub(ms(cfg.hard_ttl));
-    let uids: Vec<Uid> = shared.state.read().users.keys().copied().collect();
+    // An event can go once it is past either bound.
+    let window = ms(cfg.safety_window).min(ms(cfg.hard_ttl));
+    let cut = safe_cut.max(hard_cut);
+    let rt = &shared.compaction;
+    let mut plan = rt.trim_plan.lock();
+    let mut oldest_at = rt.oldest.lock();
+    // A user none of whose events is past the safety window cannot be
+    // trimmed before its oldest event is: only the users already past it
+    // (`watch`) are looked at until the earliest such moment (`next_full`)
+    // comes, and then every user is. A user created meanwhile has events
+    // stamped after the last full look, so it is due no earlier.
+    let full = now >= plan.next_full;
+    let uids: Vec<Uid> = if full {
+        shared.state.read().users.keys().copied().collect()
+    } else {
+        plan.watch.iter().copied().collect()
+    };
+    let mut next_due = if full {
+        now.saturating_add(window.max(1))
+    } else {
+        plan.next_full
+    };
+    let mut watch = HashSet::new();
     let mut proposals = Vec::new();
     for chunk in uids.chunks(USERS_PER_CHUNK) {
         let views: Vec<(Uid, SyncSeq, SyncSeq, SyncSeq)> = {
@@ -409,6 +462,31 @@ fn trim_users(shared: &Shared, submit: Submit<'_>, report: &mut CompactionReport
             if committed <= base {
                 continue;
             }
+            // The oldest retained event's time, remembered while the base
+            // stays, says without a read whether anything can go.
+            let at = match oldest_at.get(&uid) {
+                Some(&(b, at)) if b == base => Some(at),
+                _ => {
+                    let at = event_at_ms(shared, uid, base + 1);
+                    if let Some(at) = at {
+                        oldest_at.insert(uid, (base, at));
+                    }
+                    at
+                }
+            };
+            let Some(oldest) = at else {
+                // Not known yet (its record is still being written).
+                watch.insert(uid);
+                continue;
+            };
+            if oldest > cut {
+                next_due = next_due.min(oldest.saturating_add(window));
+                continue;
+            }
+            watch.insert(uid);
+            if oldest > hard_cut && floor <= base {
+                continue;
+            }
             let hard_seq = newest_at_or_before(shared, uid, base, committed, hard_cut);
             let safe_hi = floor.min(committed);
             let safe_seq = if safe_hi > base {
@@ -425,6 +503,9 @@ fn trim_users(shared: &Shared, submit: Submit<'_>, report: &mut CompactionReport
             }
         }
     }
+    plan.next_full = next_due;
+    plan.watch = watch;
+    drop((plan, oldest_at));
     let mut any = false;
     for chunk in proposals.chunks(TRIMS_PER_COMMAND) {
         let trimmed = call(submit, |tx| Command::Trim {
@@ -437,7 +518,7 @@ fn trim_users(shared: &Shared, submit: Submit<'_>, report: &mut CompactionReport
         }
     }
     if any {
-        shared.compaction.step(CompactionStep::Trimmed);
+        rt.step(CompactionStep::Trimmed);
     }
     Ok(())
 }
@@ -447,7 +528,10 @@ fn trim_users(shared: &Shared, submit: Submit<'_>, report: &mut CompactionReport
 /// Retained events pointing into each `evt` segment: offset -> (uid, seq).
 type Refs = HashMap<SegmentId, BTreeMap<u32, Vec<(Uid, SyncSeq)>>>;
 
-fn live_refs(shared: &Shared, only: Option<SegmentId>) -> Refs {
+/// Which events point into the segments of `only` (every segment with
+/// `None`). Walks the whole index: a pass calls it only for segments that
+/// lost events since they were last judged.
+fn live_refs(shared: &Shared, only: Option<&HashSet<SegmentId>>) -> Refs {
     let uids: Vec<Uid> = shared.state.read().users.keys().copied().collect();
     let mut refs: Refs = HashMap::new();
     let mut slice = Vec::with_capacity(EVENTS_PER_LOCK);
@@ -475,7 +559,7 @@ fn live_refs(shared: &Shared, only: Option<SegmentId>) -> Refs {
                     continue;
                 }
                 let l = unpack(*loc);
-                if only.is_some_and(|s| s != l.segment) {
+                if only.is_some_and(|s| !s.contains(&l.segment)) {
                     continue;
                 }
                 refs.entry(l.segment)
@@ -490,31 +574,17 @@ fn live_refs(shared: &Shared, only: Option<SegmentId>) -> Refs {
     refs
 }
 
-/// The records of a segment; cached only when sealed (immutable).
-fn seg_records(shared: &Shared, id: SegmentId) -> Result<Arc<SegRecords>> {
-    seg_records_cached(shared, id, true)
-}
-
-fn seg_records_cached(shared: &Shared, id: SegmentId, cache: bool) -> Result<Arc<SegRecords>> {
-    if let Some(r) = shared.compaction.seg_cache.lock().get(&id) {
-        return Ok(Arc::clone(r));
-    }
-    let mut sizes = BTreeMap::new();
-    shared
-        .evt_log
-        .replay_segment(id, &mut |_, loc, _, payload| {
-            sizes.insert(loc.offset, (RECORD_HEADER_LEN + payload.len()) as u64);
-            Ok(())
-        })?;
-    let r = Arc::new(SegRecords { sizes });
-    if cache {
-        shared
-            .compaction
-            .seg_cache
-            .lock()
-            .insert(id, Arc::clone(&r));
-    }
-    Ok(r)
+/// Bytes (headers included) of the records of segment `id` at `offsets`:
+/// one sequential read of the segment.
+fn live_bytes<V>(log: &crate::log::Log, id: SegmentId, offsets: &BTreeMap<u32, V>) -> Result<u64> {
+    let mut bytes = 0;
+    log.replay_segment(id, &mut |_, loc, _, payload| {
+        if offsets.contains_key(&loc.offset) {
+            bytes += (RECORD_HEADER_LEN + payload.len()) as u64;
+        }
+        Ok(())
+    })?;
+    Ok(bytes)
 }
 
 /// Bytes on disk and bytes still needed, per stream (the space
@@ -533,11 +603,7 @@ pub(crate) fn space_usage(shared: &Shared) -> Result<SpaceUsage> {
     for info in shared.evt_log.segments() {
         u.evt_bytes += info.bytes;
         if let Some(offsets) = refs.get(&info.id) {
-            let recs = seg_records_cached(shared, info.id, info.sealed)?;
-            u.evt_live_bytes += offsets
-                .keys()
-                .map(|o| recs.sizes.get(o).copied().unwrap_or(0))
-                .sum::<u64>();
+            u.evt_live_bytes += live_bytes(&shared.evt_log, info.id, offsets)?;
         }
     }
     u.msg_bytes = shared.msg_log.segments().iter().map(|s| s.bytes).sum();
@@ -553,50 +619,48 @@ fn covered_lsn(shared: &Shared) -> Result<u64> {
         .unwrap_or(0))
 }
 
-struct SegView {
-    info: SegmentInfo,
-    live_records: u64,
-    live_bytes: u64,
-}
-
-fn seg_views(shared: &Shared, refs: &Refs) -> Result<Vec<SegView>> {
-    let mut out = Vec::new();
-    for info in shared.evt_log.segments() {
-        if !info.sealed {
-            continue;
-        }
-        let live = refs.get(&info.id);
-        let (live_records, live_bytes) = match live {
-            None => (0, 0),
-            Some(offsets) => {
-                let recs = seg_records(shared, info.id)?;
-                let bytes = offsets
-                    .keys()
-                    .map(|o| recs.sizes.get(o).copied().unwrap_or(0))
-                    .sum();
-                (offsets.len() as u64, bytes)
-            }
-        };
-        out.push(SegView {
-            info,
-            live_records,
-            live_bytes,
-        });
-    }
-    Ok(out)
-}
-
 fn delete_segment(
     shared: &Shared,
     info: &SegmentInfo,
     report: &mut CompactionReport,
 ) -> Result<()> {
     shared.evt_log.delete_segment(info.id)?;
-    shared.compaction.seg_cache.lock().remove(&info.id);
+    shared.compaction.suspects.lock().remove(&info.id);
     report.segments_dropped += 1;
     report.bytes_reclaimed += info.bytes;
     shared.compaction.step(CompactionStep::SegmentDeleted);
     Ok(())
+}
+
+/// A sealed segment some events still point into, found sparse.
+struct Sparse {
+    info: SegmentInfo,
+    live_bytes: u64,
+    offsets: BTreeMap<u32, Vec<(Uid, SyncSeq)>>,
+}
+
+/// What a judged segment holds: bytes of its live records, and the newest
+/// `at_ms` among them (`None` when one cannot be told: counts as young).
+fn scan_live(
+    log: &crate::log::Log,
+    id: SegmentId,
+    offsets: &BTreeMap<u32, Vec<(Uid, SyncSeq)>>,
+) -> Result<(u64, Option<TimestampMs>)> {
+    let mut bytes = 0;
+    let mut newest = Some(0);
+    log.replay_segment(id, &mut |_, loc, kind, payload| {
+        if offsets.contains_key(&loc.offset) {
+            bytes += (RECORD_HEADER_LEN + payload.len()) as u64;
+            let at = match Effect::decode(kind, payload) {
+                Ok(Effect::Copied(inner)) => at_of(&inner),
+                Ok(e) => at_of(&e),
+                Err(_) => None,
+            };
+            newest = newest.zip(at).map(|(a, b)| a.max(b));
+        }
+        Ok(())
+    })?;
+    Ok((bytes, newest))
 }
 
 fn reclaim_segments(
@@ -604,19 +668,89 @@ fn reclaim_segments(
     submit: Submit<'_>,
     report: &mut CompactionReport,
 ) -> Result<()> {
-    let refs = live_refs(shared, None);
-    let views = seg_views(shared, &refs)?;
+    let rt = &shared.compaction;
+    let sealed: Vec<SegmentInfo> = shared
+        .evt_log
+        .segments()
+        .into_iter()
+        .filter(|s| s.sealed)
+        .collect();
+    // Take the segments that lost events before reading the counts: a loss
+    // in between is judged by the next pass. A sealed segment never gains
+    // a reference (new events point into the active segment, and only a
+    // pass relocates), so a zero count stays zero.
+    let (counts, suspects) = {
+        let lost = if shared.state.read().evt_refs.has_dirty() {
+            shared.state.write().evt_refs.take_dirty()
+        } else {
+            HashSet::new()
+        };
+        let mut suspects = rt.suspects.lock();
+        suspects.extend(lost);
+        let st = shared.state.read();
+        let counts: HashMap<SegmentId, u64> = sealed
+            .iter()
+            .map(|s| (s.id, st.evt_refs.count(s.id)))
+            .collect();
+        (counts, suspects.clone())
+    };
+    let dead: Vec<&SegmentInfo> = sealed.iter().filter(|s| counts[&s.id] == 0).collect();
+    // Only a segment that lost events can have become sparse: the index is
+    // walked for those alone, and only when there are any.
+    let judge: HashSet<SegmentId> = sealed
+        .iter()
+        .filter(|s| counts[&s.id] > 0 && suspects.contains(&s.id))
+        .map(|s| s.id)
+        .collect();
+    let mut sparse = Vec::new();
+    if !judge.is_empty() {
+        let mut refs = live_refs(shared, Some(&judge));
+        let threshold = shared.config.rewrite_live_fraction;
+        let cfg = &shared.config;
+        let safe_cut = cfg.clock.now_ms().saturating_sub(ms(cfg.safety_window));
+        for info in sealed.iter().filter(|s| judge.contains(&s.id)) {
+            // No event left: dead by the next pass's count.
+            let Some(offsets) = refs.remove(&info.id) else {
+                continue;
+            };
+            let (live, newest) = scan_live(&shared.evt_log, info.id, &offsets)?;
+            if (live as f64) < threshold * info.bytes as f64 {
+                // A segment with live events still inside the safety window
+                // straddles the trim point and will shed them as the window
+                // passes: copying them now would only write bytes that die
+                // soon. It stays a suspect and is judged again.
+                if newest.is_some_and(|at| at <= safe_cut) {
+                    sparse.push(Sparse {
+                        info: info.clone(),
+                        live_bytes: live,
+                        offsets,
+                    });
+                }
+            } else {
+                // Judged dense; it becomes a suspect again when it loses
+                // more events.
+                rt.suspects.lock().remove(&info.id);
+            }
+        }
+    }
+    if dead.is_empty() && sparse.is_empty() {
+        return Ok(());
+    }
     let mut covered = covered_lsn(shared)?;
-    let threshold = shared.config.rewrite_live_fraction;
-    let reclaimable = |v: &SegView| (v.live_bytes as f64) < threshold * v.info.bytes as f64;
     // Checkpoints stall the sequencer while the state is encoded, so they
     // are written for compaction only when an eighth of the log (or more)
     // waits for them; periodic checkpoints cover the rest in time.
-    let total: u64 = views.iter().map(|v| v.info.bytes).sum();
-    let waiting: u64 = views
+    let total: u64 = sealed.iter().map(|s| s.bytes).sum();
+    let waiting: u64 = dead
         .iter()
-        .filter(|v| reclaimable(v) && v.info.last_lsn > covered)
-        .map(|v| v.info.bytes - v.live_bytes.min(v.info.bytes))
+        .filter(|s| s.last_lsn > covered)
+        .map(|s| s.bytes)
+        .chain(
+            sparse
+                .iter()
+                .filter(|v| v.info.last_lsn > covered)
+                .map(|v| v.info.bytes.saturating_sub(v.live_bytes)),
+        )
         .sum();
     if waiting > 0 && waiting >= total / 8 {
         // Dead or sparse segments wait for checkpoint coverage (they hold
@@ -625,24 +759,13 @@ fn reclaim_segments(
         checkpoint_now(submit)?;
         checkpoint_now(submit)?;
         covered = covered_lsn(shared)?;
-        shared.compaction.step(CompactionStep::Checkpointed);
+        rt.step(CompactionStep::Checkpointed);
     }
-    let mut sparse = Vec::new();
-    for v in &views {
-        if v.info.last_lsn > covered {
-            continue;
-        }
-        if v.live_records == 0 {
-            delete_segment(shared, &v.info, report)?;
-        } else if reclaimable(v) {
-            sparse.push(v);
-        }
+    for info in dead.into_iter().filter(|s| s.last_lsn <= covered) {
+        delete_segment(shared, info, report)?;
     }
-    for v in sparse {
-        let Some(offsets) = refs.get(&v.info.id) else {
-            continue;
-        };
-        rewrite(shared, submit, &v.info, offsets, report)?;
+    for v in sparse.iter().filter(|v| v.info.last_lsn <= covered) {
+        rewrite(shared, submit, &v.info, &v.offsets, report)?;
     }
     Ok(())
 }
@@ -715,7 +838,7 @@ fn rewrite(
     report.segments_rewritten += 1;
     // Every event that pointed here now points at a durable copy, and the
     // relocation is durable: the file holds nothing anyone needs.
-    if live_refs(shared, Some(info.id)).is_empty() {
+    if shared.state.read().evt_refs.count(info.id) == 0 {
         delete_segment(shared, info, report)?;
     }
     Ok(())
@@ -833,46 +956,32 @@ fn trim_history(
     Ok(())
 }
 
-/// Retained messages per `msg` segment, or `None` while some message's
-/// record location is not patched in yet (then nothing can be judged
-/// dead).
-fn msg_refs(shared: &Shared) -> Option<HashMap<SegmentId, u64>> {
-    let convs: Vec<ConvId> = shared.state.read().convs.keys().copied().collect();
-    let mut refs: HashMap<SegmentId, u64> = HashMap::new();
-    for chunk in convs.chunks(CONVS_PER_CHUNK) {
-        let st = shared.state.read();
-        for id in chunk {
-            let Some(c) = st.convs.get(id) else { continue };
-            for m in &c.msgs {
-                if m.loc == PENDING_LOC {
-                    return None;
-                }
-                *refs.entry(unpack(m.loc).segment).or_default() += 1;
-            }
-        }
-    }
-    Some(refs)
-}
-
 /// Deletes sealed `msg` segments whose every message is below its
 /// conversation's retained base (the trims are already durable).
 fn reclaim_msg_segments(shared: &Shared, report: &mut CompactionReport) -> Result<()> {
-    // Listed before the scan: a segment sealed later may hold records of
-    // messages appended after the scan.
+    // Listed before the counts are read: a message's location is patched
+    // in by the sequencer before it submits the next `msg` batch, so every
+    // record of a segment sealed by then is counted, and a sealed segment
+    // never gains a message.
     let sealed: Vec<SegmentInfo> = shared
         .msg_log
         .segments()
         .into_iter()
         .filter(|s| s.sealed)
         .collect();
-    if sealed.is_empty() {
-        return Ok(());
-    }
-    let Some(refs) = msg_refs(shared) else {
-        return Ok(());
+    let dead: Vec<SegmentInfo> = {
+        // Sparse `msg` segments are not rewritten (retention is by age, so
+        // a segment's messages expire together): nothing to judge.
+        if shared.state.read().msg_refs.has_dirty() {
+            drop(shared.state.write().msg_refs.take_dirty());
+        }
+        let st = shared.state.read();
+        sealed
+            .into_iter()
+            .filter(|s| st.msg_refs.count(s.id) == 0)
+            .collect()
     };
-    let live: HashSet<SegmentId> = refs.into_keys().collect();
-    for info in sealed.iter().filter(|s| !live.contains(&s.id)) {
+    for info in dead {
         shared.msg_log.delete_segment(info.id)?;
         report.segments_dropped += 1;
         report.bytes_reclaimed += info.bytes;
@@ -998,7 +1107,7 @@ pub(crate) fn explain_segment(
             held_by,
         });
     }
-    let refs = live_refs(shared, Some(id));
+    let refs = live_refs(shared, Some(&HashSet::from([id])));
     let offsets = refs.get(&id);
     let mut live_bytes = 0;
     let live_records = offsets.map_or(0, |o| o.len() as u64);

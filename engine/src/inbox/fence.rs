@@ -219,7 +219,9 @@ impl State {
         }
         let n = usize::try_from(events_base - user.events_base)
             .map_err(|_| ApplyError("trim length overflows".into()))?;
-        user.events.drain(..n);
+        for loc in user.events.drain(..n) {
+            self.evt_refs.remove(loc);
+        }
         user.events.shrink_to(user.events.len() * 2);
         user.events_base = events_base;
         Ok(())
@@ -274,7 +276,9 @@ impl State {
             .ok_or_else(|| ApplyError("conv vanished".into()))?;
         let n = usize::try_from(msgs_base - old_base)
             .map_err(|_| ApplyError("message trim length overflows".into()))?;
-        c.msgs.drain(..n);
+        for m in c.msgs.drain(..n) {
+            self.msg_refs.remove(m.loc);
+        }
         c.msgs.shrink_to(c.msgs.len() * 2);
         c.msgs_base = msgs_base;
         Ok(())
@@ -291,6 +295,7 @@ impl State {
             let i = (m.sync_seq - user.events_base - 1) as usize;
             if let Some(slot) = user.events.get_mut(i) {
                 if *slot == m.from {
+                    self.evt_refs.replace(m.from, m.to);
                     *slot = m.to;
                 }
             }
@@ -418,6 +423,7 @@ pub(crate) fn trim_target(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inbox::state::SegRefs;
 
     #[test]
     fn compaction_and_snapshot_records_round_trip_and_reject_every_prefix() {
@@ -463,6 +469,7 @@ mod tests {
         let mut st = State::new(0);
         let user = st.users.entry(1).or_default();
         user.events = vec![10, 11, 12, 13];
+        st.evt_refs = SegRefs::rebuild(&st.users[&1].events);
         st.apply_trim(1, 2).unwrap();
         assert_eq!(st.users[&1].events_base, 2);
         assert_eq!(st.users[&1].events, vec![12, 13]);
@@ -490,5 +497,6 @@ mod tests {
             },
         ]);
         assert_eq!(st.users[&1].events, vec![99, 13]);
+        st.check_seg_refs().unwrap();
     }
 }

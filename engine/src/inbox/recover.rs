@@ -87,6 +87,9 @@ pub(crate) fn load_state_reporting(
         "inbox state recovered"
     );
     state.commit_all();
+    // The compactor has not looked at any segment yet in this process.
+    state.evt_refs.mark_all_dirty();
+    state.msg_refs.mark_all_dirty();
     Ok((
         state,
         RecoveryReport {

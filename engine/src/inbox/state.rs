@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use bytes::Bytes;
 
 use super::command::{DeviceRow, Effect, MsgEffect, PackedLoc};
+pub(crate) use super::seg_refs::SegRefs;
 use crate::api::*;
 
 pub(crate) const OPEN: MsgSeq = u64::MAX;
@@ -217,6 +218,10 @@ pub(crate) struct State {
     pub next_msg_counter: u64,
     /// LSN of the last `evt` batch applied.
     pub evt_lsn: u64,
+    /// Retained events per `evt` segment (derived: see [`SegRefs`]).
+    pub evt_refs: SegRefs,
+    /// Retained messages per `msg` segment (derived: see [`SegRefs`]).
+    pub msg_refs: SegRefs,
 }
 
 /// What an `apply` touched: the sequencer uses it to patch record
@@ -245,6 +250,8 @@ impl State {
             idem_ttl_ms,
             next_msg_counter: 1,
             evt_lsn: 0,
+            evt_refs: SegRefs::default(),
+            msg_refs: SegRefs::default(),
         }
     }
 
@@ -252,6 +259,21 @@ impl State {
     /// record (or [`super::command::PENDING_LOC`] while it is not known),
     /// `stamp` the round that made the change.
     pub fn apply(
+        &mut self,
+        effect: &Effect,
+        evt_loc: PackedLoc,
+        stamp: u64,
+        touched: &mut Touched,
+    ) -> Result<(), ApplyError> {
+        // Every event an effect appends points at the effect's own record.
+        let before = touched.events.len();
+        let result = self.apply_inner(effect, evt_loc, stamp, touched);
+        self.evt_refs
+            .add(evt_loc, (touched.events.len() - before) as u64);
+        result
+    }
+
+    fn apply_inner(
         &mut self,
         effect: &Effect,
         evt_loc: PackedLoc,
@@ -376,6 +398,7 @@ impl State {
                 conv.head()
             )));
         }
+        self.msg_refs.add(m.msg_loc, 1);
         conv.msgs.push(MsgMeta {
             loc: m.msg_loc,
             msg_id: m.msg_id,
@@ -533,6 +556,7 @@ impl State {
         if let Some(user) = self.users.get_mut(&uid) {
             if seq > user.events_base {
                 if let Some(slot) = user.events.get_mut((seq - user.events_base - 1) as usize) {
+                    self.evt_refs.replace(*slot, loc);
                     *slot = loc;
                 }
             }
@@ -542,6 +566,7 @@ impl State {
     /// Patches the location of a message whose record was just submitted.
     pub fn patch_msg(&mut self, conv: ConvId, seq: MsgSeq, loc: PackedLoc) {
         if let Some(meta) = self.convs.get_mut(&conv).and_then(|c| c.meta_mut(seq)) {
+            self.msg_refs.replace(meta.loc, loc);
             meta.loc = loc;
         }
     }
@@ -554,6 +579,29 @@ impl State {
         for u in self.users.values_mut() {
             u.committed_seq = u.head();
         }
+    }
+
+    /// Recounts both indexes and compares with the incremental counts.
+    pub fn check_seg_refs(&self) -> Result<(), String> {
+        let evt = SegRefs::rebuild(self.users.values().flat_map(|u| &u.events));
+        if evt != self.evt_refs {
+            return Err(format!(
+                "evt segment refs: kept {:?}, recounted {:?}",
+                self.evt_refs, evt
+            ));
+        }
+        let msg = SegRefs::rebuild(
+            self.convs
+                .values()
+                .flat_map(|c| c.msgs.iter().map(|m| &m.loc)),
+        );
+        if msg != self.msg_refs {
+            return Err(format!(
+                "msg segment refs: kept {:?}, recounted {:?}",
+                self.msg_refs, msg
+            ));
+        }
+        Ok(())
     }
 
     /// Bytes held by the event and message indexes (the packed location
