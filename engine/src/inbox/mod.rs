@@ -781,14 +781,14 @@ impl Inbox {
         self.shared.recovery
     }
 
-    /// Bytes of the event index (packed locations) and of the message
-    /// index (per-message metadata), for BENCHMARKS.md.
     /// Checks the per-segment reference counts compaction relies on
     /// against a recount of the whole index; says what differs.
     #[doc(hidden)]
     pub fn check_segment_refs(&self) -> std::result::Result<(), String> {
         self.shared.state.read().check_seg_refs()
     }
+    /// Bytes of the event index (packed locations) and of the message
+    /// index (per-message metadata), for BENCHMARKS.md.
     #[doc(hidden)]
     pub fn index_bytes(&self) -> (u64, u64) {
         self.shared.state.read().index_bytes()
