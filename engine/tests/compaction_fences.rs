@@ -451,3 +451,25 @@ fn events_that_age_past_the_window_between_passes_are_reclaimed_when_due() {
     h.ib().compact().unwrap();
     assert_eq!(h.ib().explain(3).unwrap().oldest_retained, 7);
 }
+
+#[test]
+fn a_segment_counts_as_covered_only_once_two_durable_checkpoints_cover_it() {
+    let h = Harness::with(tune);
+    h.join(10, 1);
+    h.join(10, 2);
+    h.send_many(10, 1, 1000, 800);
+    let waits = |x: &SegmentExplain| x.held_by.iter().any(|s| s.contains("not yet covered"));
+    let first = h.ib().explain_segment("evt", 1).unwrap();
+    assert!(waits(&first), "no checkpoint yet: {first:?}");
+    // With one checkpoint, a corrupt file would fall back to a full
+    // replay, which needs every segment.
+    h.ib().checkpoint().unwrap();
+    let first = h.ib().explain_segment("evt", 1).unwrap();
+    assert!(waits(&first), "one checkpoint is not enough: {first:?}");
+    h.ib().checkpoint().unwrap();
+    let first = h.ib().explain_segment("evt", 1).unwrap();
+    assert!(
+        !waits(&first),
+        "two durable checkpoints cover it: {first:?}"
+    );
+}

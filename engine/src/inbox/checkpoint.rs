@@ -47,7 +47,8 @@ use crate::error::{Error, Result};
 const MAGIC: &[u8; 8] = b"INBXCKP1";
 /// Magic, LSN, body length.
 const HEADER: usize = 24;
-const KEEP: usize = 2;
+/// Checkpoints retained: a corrupt newest one falls back to the other.
+pub(crate) const KEEP: usize = 2;
 
 pub(crate) fn dir(data_dir: &Path) -> PathBuf {
     data_dir.join("checkpoint")
@@ -346,6 +347,17 @@ fn io_err(e: std::io::Error) -> Error {
     Error::Log(crate::log::LogError::Io(e))
 }
 
+/// The LSNs of the checkpoints on disk, newest first, made durable first
+/// (a rename a crash left unsynced is synced here), for
+/// [`super::Shared::checkpoints`] at open.
+pub(crate) fn durable_lsns(data_dir: &Path) -> Result<Vec<u64>> {
+    let d = dir(data_dir);
+    if d.is_dir() {
+        fsync_dir(&d)?;
+    }
+    Ok(list(data_dir)?.into_iter().map(|(lsn, _)| lsn).collect())
+}
+
 fn fsync_dir(d: &Path) -> Result<()> {
     fs::File::open(d).and_then(|f| f.sync_all()).map_err(io_err)
 }
@@ -453,7 +465,15 @@ pub(crate) fn run_writer(shared: Arc<super::Shared>, rx: mpsc::Receiver<Job>) {
             h(image.lsn);
         }
         let lsn = image.lsn;
-        done.finish(lsn, write(&shared.config.data_dir, image));
+        let result = write(&shared.config.data_dir, image);
+        if result.is_ok() {
+            // Every file listed now is durable: the new one's rename was
+            // fsynced, and the others were before.
+            if let Ok(files) = list(&shared.config.data_dir) {
+                *shared.checkpoints.lock() = files.iter().map(|(lsn, _)| *lsn).collect();
+            }
+        }
+        done.finish(lsn, result);
     }
 }
 

@@ -155,6 +155,11 @@ pub(crate) struct MsgHeader {
     pub sent_at_ms: TimestampMs,
 }
 
+/// Bytes one message adds to a round besides its payload, at most: its
+/// `msg` record's header and fields, its `evt` record (summary included),
+/// and both record headers. Pinned by a test.
+pub(crate) const MESSAGE_OVERHEAD_MAX: u64 = 512;
+
 pub(crate) fn encode_msg_record(h: &MsgHeader, p: &StoredPayload) -> Vec<u8> {
     let mut w = Writer::with_capacity(64 + p.bytes.len());
     w.u8(FORMAT_VERSION);
@@ -547,6 +552,44 @@ pub(crate) fn summary_for(kind: MessageKind, payload: &[u8], target: MsgId, memb
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_adds_at_most_the_overhead_bound_besides_its_payload() {
+        let payload = Bytes::from(vec![7u8; 1000]);
+        let stored = StoredPayload {
+            compressed: false,
+            raw_len: 1000,
+            bytes: payload.clone(),
+        };
+        let header = MsgHeader {
+            kind: MessageKind::Normal,
+            msg_type: u16::MAX,
+            conv: u64::MAX,
+            msg_seq: u64::MAX,
+            msg_id: u64::MAX,
+            sender: u64::MAX,
+            target: u64::MAX,
+            sent_at_ms: u64::MAX,
+        };
+        let msg = encode_msg_record(&header, &stored).len() - payload.len();
+        let evt = Effect::Msg(MsgEffect {
+            conv: u64::MAX,
+            msg_seq: u64::MAX,
+            msg_id: u64::MAX,
+            sender: u64::MAX,
+            kind: MessageKind::Normal,
+            msg_type: u16::MAX,
+            target_seq: u64::MAX,
+            at_ms: u64::MAX,
+            msg_loc: u64::MAX,
+            client_msg_id: u128::MAX,
+            summary: Bytes::from(vec![1u8; SUMMARY_BYTES_MAX]),
+        })
+        .encode()
+        .len();
+        let total = (msg + evt + 2 * crate::log::format::RECORD_HEADER_LEN) as u64;
+        assert!(total <= MESSAGE_OVERHEAD_MAX, "{total} bytes of overhead");
+    }
 
     #[test]
     fn effects_round_trip_through_their_encoding() {

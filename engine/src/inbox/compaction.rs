@@ -190,6 +190,17 @@ impl Runtime {
     }
 }
 
+/// Items per command, so that one command's records (`bytes_each` per
+/// item, record headers included, plus one effect header) stay within what
+/// one round may gather ([`super::sequencer::round_bytes_max`]): a round
+/// larger than a segment could not be written.
+fn per_command(shared: &Shared, bytes_each: u64, cap: usize) -> usize {
+    let room = super::sequencer::round_bytes_max(shared.config.segment_bytes).saturating_sub(64);
+    usize::try_from(room / bytes_each)
+        .unwrap_or(usize::MAX)
+        .clamp(1, cap)
+}
+
 /// How a pass hands commands to the sequencer.
 pub(crate) type Submit<'a> = &'a dyn Fn(Command) -> bool;
 
@@ -309,9 +320,9 @@ fn reclaim_snapshots(shared: &Shared, submit: Submit<'_>) -> Result<()> {
     };
     *due = next;
     drop(due);
-    if !expired.is_empty() {
+    for chunk in expired.chunks(per_command(shared, 128, usize::MAX)) {
         call(submit, |tx| Command::DropSnapshots {
-            candidates: expired,
+            candidates: chunk.to_vec(),
             tx,
         })?;
     }
@@ -507,7 +518,7 @@ fn trim_users(shared: &Shared, submit: Submit<'_>, report: &mut CompactionReport
     plan.watch = watch;
     drop((plan, oldest_at));
     let mut any = false;
-    for chunk in proposals.chunks(TRIMS_PER_COMMAND) {
+    for chunk in proposals.chunks(per_command(shared, 48, TRIMS_PER_COMMAND)) {
         let trimmed = call(submit, |tx| Command::Trim {
             proposals: chunk.to_vec(),
             tx,
@@ -610,13 +621,15 @@ pub(crate) fn space_usage(shared: &Shared) -> Result<SpaceUsage> {
     Ok(u)
 }
 
-/// The LSN every retained checkpoint covers (0 without a checkpoint).
-fn covered_lsn(shared: &Shared) -> Result<u64> {
-    Ok(checkpoint::list(&shared.config.data_dir)?
-        .iter()
-        .map(|(lsn, _)| *lsn)
-        .min()
-        .unwrap_or(0))
+/// The LSN every retained durable checkpoint covers: 0 until there are
+/// two, since with one a corrupt file falls back to a full replay, which
+/// needs every segment.
+fn covered_lsn(shared: &Shared) -> u64 {
+    let lsns = shared.checkpoints.lock();
+    if lsns.len() < checkpoint::KEEP {
+        return 0;
+    }
+    lsns.iter().copied().min().unwrap_or(0)
 }
 
 fn delete_segment(
@@ -736,7 +749,7 @@ fn reclaim_segments(
     if dead.is_empty() && sparse.is_empty() {
         return Ok(());
     }
-    let mut covered = covered_lsn(shared)?;
+    let mut covered = covered_lsn(shared);
     // Checkpoints stall the sequencer while the state is encoded, so they
     // are written for compaction only when an eighth of the log (or more)
     // waits for them; periodic checkpoints cover the rest in time.
@@ -758,7 +771,7 @@ fn reclaim_segments(
         // cover them.
         checkpoint_now(submit)?;
         checkpoint_now(submit)?;
-        covered = covered_lsn(shared)?;
+        covered = covered_lsn(shared);
         rt.step(CompactionStep::Checkpointed);
     }
     for info in dead.into_iter().filter(|s| s.last_lsn <= covered) {
@@ -826,7 +839,7 @@ fn rewrite(
                 });
             }
         }
-        for chunk in moves.chunks(fence::RELOCATIONS_PER_RECORD_MAX) {
+        for chunk in moves.chunks(per_command(shared, 32, fence::RELOCATIONS_PER_RECORD_MAX)) {
             call(submit, |tx| Command::Relocate {
                 moves: chunk.to_vec(),
                 tx,
@@ -940,7 +953,7 @@ fn trim_history(
         }
     }
     let mut any = false;
-    for chunk in proposals.chunks(TRIMS_PER_COMMAND) {
+    for chunk in proposals.chunks(per_command(shared, 48, TRIMS_PER_COMMAND)) {
         let trimmed = call(submit, |tx| Command::TrimMsgs {
             proposals: chunk.to_vec(),
             tx,
@@ -1143,7 +1156,7 @@ pub(crate) fn explain_segment(
     if !info.sealed {
         held_by.push("active segment (still written)".into());
     } else {
-        let covered = covered_lsn(shared)?;
+        let covered = covered_lsn(shared);
         if info.last_lsn > covered {
             held_by.push(format!(
                 "state deltas up to LSN {} not yet covered by both checkpoints (covered to {covered})",

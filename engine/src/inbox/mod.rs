@@ -271,6 +271,10 @@ pub(crate) struct Shared {
     snapshots: snapshot::Store,
     compaction: compaction::Runtime,
     checkpoint_hook: Mutex<Option<checkpoint::Hook>>,
+    /// LSNs of the retained checkpoints known to be durable (renamed and
+    /// the directory fsynced), newest first: compaction counts coverage by
+    /// these, never by a file that a crash could still take back.
+    checkpoints: Mutex<Vec<u64>>,
 }
 
 impl Shared {
@@ -358,6 +362,7 @@ impl Inbox {
         let msg_log = open_log("msg")?;
         let evt_log = open_log("evt")?;
         let (state, recovery) = recover::load_state_reporting(&config, &evt_log)?;
+        let checkpoints = checkpoint::durable_lsns(data)?;
         let (hints, _) = tokio::sync::broadcast::channel(1024);
         let shared = Arc::new(Shared {
             config,
@@ -372,6 +377,7 @@ impl Inbox {
             snapshots: snapshot::Store::default(),
             compaction: compaction::Runtime::default(),
             checkpoint_hook: Mutex::new(None),
+            checkpoints: Mutex::new(checkpoints),
         });
         let (tx, rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel();
@@ -439,6 +445,16 @@ impl Inbox {
         self.shared.config.clock.now_ms()
     }
 
+    /// The largest payload a send may carry: `payload_bytes_max`, or less
+    /// when segments are so small that one message's records (its `msg`
+    /// record and its `evt` record, at most [`MESSAGE_OVERHEAD_MAX`] besides
+    /// the payload) would not fit the bytes one round may gather.
+    pub fn payload_limit(&self) -> u64 {
+        let round = sequencer::round_bytes_max(self.shared.config.segment_bytes);
+        u64::from(self.shared.config.payload_bytes_max)
+            .min(round.saturating_sub(command::MESSAGE_OVERHEAD_MAX))
+    }
+
     /// Joins `uid` to `conv` (creating the conversation on its first
     /// join). Joining while already a member returns the open period.
     pub fn join(&self, conv: ConvId, uid: Uid) -> Pending<MembershipReply> {
@@ -462,11 +478,11 @@ impl Inbox {
         target: MsgId,
         payload: &Bytes,
     ) -> Pending<SendReply> {
-        let limit = self.shared.config.payload_bytes_max;
-        if payload.len() as u64 > u64::from(limit) {
+        let limit = self.payload_limit();
+        if payload.len() as u64 > limit {
             return Pending::ready(Err(Error::TooLarge {
                 size: payload.len() as u64,
-                limit: u64::from(limit),
+                limit,
             }));
         }
         // Compression and the summary are built here, on the caller's

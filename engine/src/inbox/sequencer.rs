@@ -44,10 +44,23 @@ use super::token::TokenClaims;
 use super::{checkpoint, compaction, read, recover, snapshot, Reply, Shared};
 use crate::api::*;
 use crate::error::{Error, Result};
+use crate::log::format::{BATCH_HEADER_LEN, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
 use crate::log::{AppendTicket, Batch, LogError};
 
 /// At most this many commands per round, to bound a round's latency.
 const ROUND_COMMANDS_MAX: usize = 4096;
+
+/// Bytes of records a round may gather before it is closed: half of what
+/// a segment holds after its header and one batch header. Each round's
+/// `msg` batch and its `evt` batch go into one frame of their log, which
+/// must fit a segment; a round closes once it reaches this, and no single
+/// command adds more than this (payloads and compaction commands are
+/// bounded by it), so a batch never exceeds a segment. A batch that did
+/// would be refused by the log after the round's effects were applied.
+pub(crate) fn round_bytes_max(segment_bytes: u64) -> u64 {
+    let room = segment_bytes.saturating_sub((SEGMENT_HEADER_LEN + BATCH_HEADER_LEN) as u64);
+    room / 2
+}
 
 pub(crate) type Tx<T> = oneshot::Sender<Reply<T>>;
 
@@ -212,6 +225,9 @@ struct RoundBuf {
     user_marks: BTreeMap<Uid, SyncSeq>,
     conv_marks: BTreeMap<ConvId, MsgSeq>,
     bytes: u64,
+    /// Framed bytes of the records gathered so far, both logs together
+    /// (see [`round_bytes_max`]).
+    size: u64,
 }
 
 pub(crate) struct Sequencer {
@@ -263,11 +279,19 @@ impl Sequencer {
             }
             let mut control = Vec::new();
             let mut round = RoundBuf::default();
-            let id = self.next_round;
+            let mut id = self.next_round;
+            let bytes_max = round_bytes_max(self.shared.config.segment_bytes);
             for cmd in cmds {
                 match cmd {
                     c @ (Command::Checkpoint { .. } | Command::Shutdown { .. }) => control.push(c),
-                    c => self.exec(c, id, &mut round),
+                    c => {
+                        self.exec(c, id, &mut round);
+                        if round.size >= bytes_max && !round.replies.is_empty() {
+                            self.next_round += 1;
+                            self.finish_round(id, std::mem::take(&mut round));
+                            id = self.next_round;
+                        }
+                    }
                 }
             }
             if !round.replies.is_empty() {
@@ -752,6 +776,7 @@ impl Sequencer {
         let idx = r.effects.len();
         self.push_effects(st, r, round_id, vec![effect]);
         r.bytes += record.len() as u64;
+        r.size += (RECORD_HEADER_LEN + record.len()) as u64;
         r.msg_batch.push(MSG_RECORD, &record);
         r.msg_targets.push((conv, msg_seq, idx));
         (msg_id, msg_seq)
@@ -774,6 +799,9 @@ impl Sequencer {
             if let Some((conv, seq)) = touched.conv {
                 r.conv_marks.insert(conv, seq);
             }
+            // The record's length does not depend on the message location
+            // patched in later (a fixed-width field).
+            r.size += (RECORD_HEADER_LEN + effect.encode().len()) as u64;
             r.effects.push(effect);
         }
     }
