@@ -224,7 +224,7 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
             }
             c.members.insert(uid, periods);
         }
-        st.convs.insert(id, c);
+        st.convs.insert(id, Arc::new(c));
     }
     for _ in 0..r.count(40)? {
         let uid = r.u64()?;
@@ -261,7 +261,7 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
             u.order.insert(uc.key(conv));
             u.convs.insert(conv, uc);
         }
-        st.users.insert(uid, u);
+        st.users.insert(uid, Arc::new(u));
     }
     for _ in 0..r.count(56)? {
         let key = (r.u64()?, r.u128()?);
@@ -285,6 +285,7 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
             let base = r.u64()?;
             st.convs
                 .get_mut(&conv)
+                .map(Arc::make_mut)
                 .ok_or(DecodeError("message base of an unknown conv"))?
                 .msgs_base = base;
         }
@@ -436,10 +437,9 @@ impl Done {
 }
 
 pub(crate) enum Job {
-    Write {
-        image: Image,
-        done: Done,
-    },
+    /// A copy of the state at one LSN (taken in O(users + conversations):
+    /// see [`State`]), encoded and written by the writer thread.
+    Write { state: Box<State>, done: Done },
     /// Answered once every job queued before it is finished.
     Barrier(mpsc::Sender<()>),
 }
@@ -452,9 +452,11 @@ pub(crate) type Hook = Arc<dyn Fn(u64) + Send + Sync>;
 /// every sender is gone (the sequencer's, dropped when it stops after the
 /// final checkpoint).
 pub(crate) fn run_writer(shared: Arc<super::Shared>, rx: mpsc::Receiver<Job>) {
+    // Buffer size for the next image: the last one's, with room to grow.
+    let mut capacity = 0;
     while let Ok(job) = rx.recv() {
-        let (image, done) = match job {
-            Job::Write { image, done } => (image, done),
+        let (state, done) = match job {
+            Job::Write { state, done } => (state, done),
             Job::Barrier(tx) => {
                 let _ = tx.send(());
                 continue;
@@ -462,8 +464,13 @@ pub(crate) fn run_writer(shared: Arc<super::Shared>, rx: mpsc::Receiver<Job>) {
         };
         let hook = shared.checkpoint_hook.lock().clone();
         if let Some(h) = hook {
-            h(image.lsn);
+            h(state.evt_lsn);
         }
+        let image = encode_image(&state, capacity);
+        // The copy shares entries with the live state: drop it at once, so
+        // that changes made from now on no longer clone what they touch.
+        drop(state);
+        capacity = image.file_len() + image.file_len() / 8;
         let lsn = image.lsn;
         let result = write(&shared.config.data_dir, image);
         if result.is_ok() {

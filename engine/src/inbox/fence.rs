@@ -31,6 +31,7 @@
 //!   unchanged.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::codec::{DecodeError, DecodeResult, Reader, Writer};
 use super::command::{
@@ -193,7 +194,7 @@ pub(crate) fn decode_effect(kind: u8, r: &mut Reader<'_>) -> DecodeResult<Effect
 
 impl State {
     pub(crate) fn apply_snapshot(&mut self, uid: Uid, row: &SnapshotRow, stamp: u64) {
-        let user = self.users.entry(uid).or_default();
+        let user = Arc::make_mut(self.users.entry(uid).or_default());
         user.next_snapshot_id = user.next_snapshot_id.max(row.snapshot_id + 1);
         if row.phase == SnapshotPhase::Dropped {
             user.snapshots.remove(&row.snapshot_id);
@@ -207,6 +208,7 @@ impl State {
         let user = self
             .users
             .get_mut(&uid)
+            .map(Arc::make_mut)
             .ok_or_else(|| ApplyError(format!("trim of unknown user {uid}")))?;
         if events_base <= user.events_base {
             return Ok(());
@@ -264,6 +266,7 @@ impl State {
             if let Some(uc) = self
                 .users
                 .get_mut(&uid)
+                .map(Arc::make_mut)
                 .and_then(|u| u.convs.get_mut(&conv))
             {
                 uc.unread = uc.unread.saturating_sub(gone);
@@ -273,6 +276,7 @@ impl State {
         let c = self
             .convs
             .get_mut(&conv)
+            .map(Arc::make_mut)
             .ok_or_else(|| ApplyError("conv vanished".into()))?;
         let n = usize::try_from(msgs_base - old_base)
             .map_err(|_| ApplyError("message trim length overflows".into()))?;
@@ -286,7 +290,7 @@ impl State {
 
     pub(crate) fn apply_relocate(&mut self, moves: &[Relocation]) {
         for m in moves {
-            let Some(user) = self.users.get_mut(&m.uid) else {
+            let Some(user) = self.users.get_mut(&m.uid).map(Arc::make_mut) else {
                 continue;
             };
             if m.sync_seq <= user.events_base {
@@ -306,7 +310,7 @@ impl State {
 /// Appends the snapshot tables to a checkpoint body. Users without any
 /// snapshot history are left out.
 pub(crate) fn encode_checkpoint_section(w: &mut Writer, st: &State) {
-    let mut users: Vec<(&Uid, &User)> = st
+    let mut users: Vec<(&Uid, &Arc<User>)> = st
         .users
         .iter()
         .filter(|(_, u)| u.next_snapshot_id != 0 || !u.snapshots.is_empty())
@@ -332,7 +336,7 @@ pub(crate) fn decode_checkpoint_section(r: &mut Reader<'_>, st: &mut State) -> D
             let row = get_snapshot_row(r)?;
             snapshots.insert(row.snapshot_id, SnapshotSlot { row, stamp: 0 });
         }
-        let user = st.users.entry(uid).or_default();
+        let user = Arc::make_mut(st.users.entry(uid).or_default());
         user.next_snapshot_id = next;
         user.snapshots = snapshots;
     }
@@ -467,7 +471,7 @@ mod tests {
     #[test]
     fn trim_never_moves_the_base_down_and_relocate_skips_moved_events() {
         let mut st = State::new(0);
-        let user = st.users.entry(1).or_default();
+        let user = Arc::make_mut(st.users.entry(1).or_default());
         user.events = vec![10, 11, 12, 13];
         st.evt_refs = SegRefs::rebuild(&st.users[&1].events);
         st.apply_trim(1, 2).unwrap();

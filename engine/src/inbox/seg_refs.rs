@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use super::command::{unpack, PackedLoc, PENDING_LOC};
 use crate::log::SegmentId;
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct SegRefs {
     counts: HashMap<SegmentId, u64>,
     dirty: HashSet<SegmentId>,

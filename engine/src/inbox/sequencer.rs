@@ -239,8 +239,6 @@ pub(crate) struct Sequencer {
     checkpoints: mpsc::Sender<checkpoint::Job>,
     /// Set while a periodic checkpoint is queued or being written.
     periodic_busy: Arc<AtomicBool>,
-    /// Buffer size for the next checkpoint image.
-    checkpoint_capacity: usize,
     /// The snapshot builder's queue, cloned into each begin step's reply.
     snapshot_jobs: mpsc::Sender<snapshot::Job>,
     next_round: u64,
@@ -261,7 +259,6 @@ impl Sequencer {
             done,
             checkpoints,
             periodic_busy: Arc::new(AtomicBool::new(false)),
-            checkpoint_capacity: 0,
             snapshot_jobs,
             next_round: 1,
             bytes_since_checkpoint: 0,
@@ -345,22 +342,20 @@ impl Sequencer {
         }
     }
 
-    /// Drains the pipeline, encodes the state at its LSN and hands the
-    /// image to the writer thread; `done` hears how the write went.
+    /// Drains the pipeline, copies the state at its LSN and hands the copy
+    /// to the writer thread, which encodes and writes it; `done` hears how
+    /// the write went.
     fn checkpoint(&mut self, done: checkpoint::Done) {
         if let Err(e) = self.drain() {
             done.finish(0, Err(e));
             return;
         }
-        let image = {
-            let st = self.shared.state.read();
-            checkpoint::encode_image(&st, self.checkpoint_capacity)
-        };
-        // Room for growth, so the next image rarely reallocates.
-        self.checkpoint_capacity = image.file_len() + image.file_len() / 8;
+        // A copy in O(users + conversations): the entries are shared, and
+        // the writer thread encodes it while rounds go on (copy on write).
+        let state = Box::new(self.shared.state.read().clone());
         self.bytes_since_checkpoint = 0;
-        let lsn = image.lsn;
-        let job = checkpoint::Job::Write { image, done };
+        let lsn = state.evt_lsn;
+        let job = checkpoint::Job::Write { state, done };
         if let Err(mpsc::SendError(checkpoint::Job::Write { done, .. })) =
             self.checkpoints.send(job)
         {
@@ -1005,7 +1000,7 @@ pub(crate) fn run_completion(shared: Arc<Shared>, rx: mpsc::Receiver<RoundDone>)
             Ok(()) => {
                 let mut st = shared.state.write();
                 for (&uid, &seq) in &done.user_marks {
-                    if let Some(u) = st.users.get_mut(&uid) {
+                    if let Some(u) = st.users.get_mut(&uid).map(Arc::make_mut) {
                         u.committed_seq = u.committed_seq.max(seq);
                         hints.push(super::Hint {
                             uid,
@@ -1014,7 +1009,7 @@ pub(crate) fn run_completion(shared: Arc<Shared>, rx: mpsc::Receiver<RoundDone>)
                     }
                 }
                 for (&conv, &seq) in &done.conv_marks {
-                    if let Some(c) = st.convs.get_mut(&conv) {
+                    if let Some(c) = st.convs.get_mut(&conv).map(Arc::make_mut) {
                         c.committed_seq = c.committed_seq.max(seq);
                     }
                 }

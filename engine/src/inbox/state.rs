@@ -22,6 +22,7 @@
 //!   revealing changes that are not durable yet.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -65,7 +66,7 @@ impl Period {
     }
 }
 
-#[derive(Default, Debug, PartialEq, Eq)]
+#[derive(Clone, Default, Debug, PartialEq, Eq)]
 pub(crate) struct Conv {
     /// `msg_seq` just below the first retained message (history
     /// retention, R19); only grows.
@@ -168,7 +169,7 @@ pub(crate) struct Device {
     pub stamp: u64,
 }
 
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct User {
     /// `sync_seq` just below the first retained event.
     pub events_base: SyncSeq,
@@ -206,10 +207,14 @@ pub(crate) struct IdemEntry {
     pub at_ms: TimestampMs,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+/// Conversations and users are behind `Arc`s, so that a checkpoint takes a
+/// copy of the whole state in O(users + conversations) pointer copies under
+/// the lock and encodes it elsewhere; a change to an entry the copy still
+/// shares clones that entry first ([`Arc::make_mut`], copy on write).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct State {
-    pub convs: HashMap<ConvId, Conv>,
-    pub users: HashMap<Uid, User>,
+    pub convs: HashMap<ConvId, Arc<Conv>>,
+    pub users: HashMap<Uid, Arc<User>>,
     pub idem: HashMap<(Uid, ClientMsgId), IdemEntry>,
     /// Idempotency keys in insertion order, for expiry.
     pub idem_order: VecDeque<(TimestampMs, Uid, ClientMsgId)>,
@@ -292,6 +297,7 @@ impl State {
                 let user = self
                     .users
                     .get_mut(uid)
+                    .map(Arc::make_mut)
                     .ok_or_else(|| ApplyError(format!("read by unknown user {uid}")))?;
                 let uc = user.convs.get_mut(conv).ok_or_else(|| {
                     ApplyError(format!("read of conv {conv} by non-member {uid}"))
@@ -311,6 +317,7 @@ impl State {
                 let user = self
                     .users
                     .get_mut(uid)
+                    .map(Arc::make_mut)
                     .ok_or_else(|| ApplyError(format!("flags by unknown user {uid}")))?;
                 let uc = user.convs.get_mut(conv).ok_or_else(|| {
                     ApplyError(format!("flags of conv {conv} by non-member {uid}"))
@@ -323,7 +330,7 @@ impl State {
                 Ok(())
             }
             Effect::Device { uid, row } => {
-                let user = self.users.entry(*uid).or_default();
+                let user = Arc::make_mut(self.users.entry(*uid).or_default());
                 if let Some(lease) = &row.lease {
                     user.next_lease_id = user.next_lease_id.max(lease.lease_id + 1);
                 }
@@ -389,7 +396,7 @@ impl State {
         stamp: u64,
         touched: &mut Touched,
     ) -> Result<(), ApplyError> {
-        let conv = self.convs.entry(m.conv).or_default();
+        let conv = Arc::make_mut(self.convs.entry(m.conv).or_default());
         if m.msg_seq != conv.head() + 1 {
             return Err(ApplyError(format!(
                 "conv {} message seq {} does not follow head {}",
@@ -443,6 +450,7 @@ impl State {
                         if let Some(uc) = self
                             .users
                             .get_mut(&uid)
+                            .map(Arc::make_mut)
                             .and_then(|u| u.convs.get_mut(&m.conv))
                         {
                             if uc.read_seq < target_seq {
@@ -460,6 +468,7 @@ impl State {
                 let conv = self
                     .convs
                     .get_mut(&m.conv)
+                    .map(Arc::make_mut)
                     .ok_or_else(|| ApplyError("conv vanished".into()))?;
                 if let Some(meta) = conv.meta_mut(target_seq) {
                     meta.flags |= flag;
@@ -470,6 +479,7 @@ impl State {
         let conv = self
             .convs
             .get_mut(&m.conv)
+            .map(Arc::make_mut)
             .ok_or_else(|| ApplyError("conv vanished".into()))?;
         let recipients = conv.members_at(m.msg_seq);
         if m.kind == MessageKind::Leave {
@@ -487,7 +497,7 @@ impl State {
             }
         }
         for uid in recipients {
-            let user = self.users.entry(uid).or_default();
+            let user = Arc::make_mut(self.users.entry(uid).or_default());
             let seq = user.push_event(evt_loc);
             touched.events.push((uid, seq));
             let uc = user.convs.entry(m.conv).or_default();
@@ -553,7 +563,7 @@ impl State {
 
     /// Patches the location of an event whose record was just submitted.
     pub fn patch_event(&mut self, uid: Uid, seq: SyncSeq, loc: PackedLoc) {
-        if let Some(user) = self.users.get_mut(&uid) {
+        if let Some(user) = self.users.get_mut(&uid).map(Arc::make_mut) {
             if seq > user.events_base {
                 if let Some(slot) = user.events.get_mut((seq - user.events_base - 1) as usize) {
                     self.evt_refs.replace(*slot, loc);
@@ -565,7 +575,12 @@ impl State {
 
     /// Patches the location of a message whose record was just submitted.
     pub fn patch_msg(&mut self, conv: ConvId, seq: MsgSeq, loc: PackedLoc) {
-        if let Some(meta) = self.convs.get_mut(&conv).and_then(|c| c.meta_mut(seq)) {
+        if let Some(meta) = self
+            .convs
+            .get_mut(&conv)
+            .map(Arc::make_mut)
+            .and_then(|c| c.meta_mut(seq))
+        {
             self.msg_refs.replace(meta.loc, loc);
             meta.loc = loc;
         }
@@ -573,10 +588,10 @@ impl State {
 
     /// Marks everything as durable: used after recovery.
     pub fn commit_all(&mut self) {
-        for c in self.convs.values_mut() {
+        for c in self.convs.values_mut().map(Arc::make_mut) {
             c.committed_seq = c.head();
         }
-        for u in self.users.values_mut() {
+        for u in self.users.values_mut().map(Arc::make_mut) {
             u.committed_seq = u.head();
         }
     }
