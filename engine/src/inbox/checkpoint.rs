@@ -21,11 +21,13 @@
 //! to the same bytes: its SHA-256 is the state digest tests compare.
 //!
 //! ## Who writes
-//! The sequencer drains the pipeline and encodes the state under the read
-//! lock (so the image is exactly the state at one LSN), straight into the
-//! file image ([`Image`]: header and body in one buffer sized from the
-//! previous checkpoint). It hands the image to the one checkpoint-writer
-//! thread ([`run_writer`]) and goes on at once. Invariants:
+//! The sequencer drains the pipeline and copies the state under the read
+//! lock (so the copy is exactly the state at one LSN; users and
+//! conversations are `Arc`s, so the copy shares them and a later change
+//! clones what it touches). It hands the copy to the one checkpoint-writer
+//! thread ([`run_writer`]) and goes on at once; the writer encodes it
+//! straight into the file image ([`Image`]: header and body in one buffer
+//! sized from the previous checkpoint), drops it, and writes the file. Invariants:
 //! - one FIFO writer: checkpoints become durable strictly in LSN order, and
 //!   a job's reply means that file and every earlier one are done;
 //! - a `Checkpoint` caller is answered once its file is renamed and the

@@ -710,8 +710,9 @@ impl Inbox {
         *self.shared.checkpoint_hook.lock() = hook;
     }
     /// Writes an index checkpoint now (R22); returns once its file is
-    /// durable. The sequencer only drains and encodes; the file is written
-    /// by the checkpoint-writer thread while commands go on.
+    /// durable. The sequencer only drains and copies the state; the copy is
+    /// encoded and written by the checkpoint-writer thread while commands
+    /// go on.
     pub fn checkpoint(&self) -> Result<()> {
         let (tx, rx) = mpsc::channel();
         let sent = match &*self.tx.lock() {

@@ -13,10 +13,11 @@
 //! the round (errors too, so no answer ever reflects a change that is not
 //! durable) and publishes one coalesced hint per user.
 //!
-//! Checkpoints: the sequencer drains the pipeline and encodes the state
-//! (so the image is the state at one LSN), then hands the image to the
-//! checkpoint-writer thread and goes on; the file's write and fsyncs never
-//! stall a round. At most one periodic checkpoint is queued or in flight;
+//! Checkpoints: the sequencer drains the pipeline and copies the state (so
+//! the copy is the state at one LSN; users and conversations are shared,
+//! copy on write), then hands the copy to the checkpoint-writer thread and
+//! goes on; the encoding, the file's write and its fsyncs never stall a
+//! round. At most one periodic checkpoint is queued or in flight;
 //! a `Checkpoint` command is answered by the writer once its file is
 //! durable; at shutdown the final one is handed off last and waited for.
 //!
