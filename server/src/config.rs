@@ -66,7 +66,8 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_BATCH_TOKEN_TTL_S")]
     pub batch_token_ttl_s: Option<u64>,
     /// Size of each preallocated log segment, bytes [default: the
-    /// engine's, 134217728].
+    /// engine's, 134217728]. Below about 129 KiB it also caps payloads
+    /// (a message must fit half a segment), under the 64 KiB default.
     #[arg(long, env = "INBOXD_SEGMENT_BYTES")]
     pub segment_bytes: Option<u64>,
     /// Events younger than this are never reclaimed, seconds [default: the
