@@ -155,6 +155,19 @@ pub(crate) struct MsgHeader {
     pub sent_at_ms: TimestampMs,
 }
 
+/// Where `msg_loc` sits in an encoded [`Effect::Msg`] record: after the
+/// version byte, conv, msg_seq, msg_id, sender (u64 each), kind (u8),
+/// msg_type (u16), target_seq and at_ms (u64 each). Every field before it
+/// is fixed-width.
+const MSG_LOC_AT: usize = 1 + 4 * 8 + 1 + 2 + 2 * 8;
+
+/// Writes `loc` into an encoded [`Effect::Msg`] record, so the sequencer
+/// encodes each effect once and fills in the message's location when the
+/// `msg` batch has been placed.
+pub(crate) fn set_msg_loc(record: &mut [u8], loc: PackedLoc) {
+    record[MSG_LOC_AT..MSG_LOC_AT + 8].copy_from_slice(&loc.to_le_bytes());
+}
+
 /// Bytes one message adds to a round besides its payload, at most: its
 /// `msg` record's header and fields, its `evt` record (summary included),
 /// and both record headers. Pinned by a test.
@@ -552,6 +565,31 @@ pub(crate) fn summary_for(kind: MessageKind, payload: &[u8], target: MsgId, memb
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn setting_msg_loc_in_an_encoded_record_equals_encoding_it_with_the_loc() {
+        let mut m = MsgEffect {
+            conv: 7,
+            msg_seq: 3,
+            msg_id: 99,
+            sender: 1,
+            kind: MessageKind::Normal,
+            msg_type: 12,
+            target_seq: 0,
+            at_ms: 5,
+            msg_loc: PENDING_LOC,
+            client_msg_id: 42,
+            summary: Bytes::from_static(b"hi"),
+        };
+        let mut record = Effect::Msg(m.clone()).encode();
+        let loc = pack(crate::log::RecordLoc {
+            segment: 3,
+            offset: 4096,
+        });
+        set_msg_loc(&mut record, loc);
+        m.msg_loc = loc;
+        assert_eq!(record, Effect::Msg(m).encode());
+    }
 
     #[test]
     fn a_message_adds_at_most_the_overhead_bound_besides_its_payload() {

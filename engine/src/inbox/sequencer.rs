@@ -218,16 +218,19 @@ pub(crate) struct RoundDone {
 #[derive(Default)]
 struct RoundBuf {
     msg_batch: Batch,
-    /// Per msg record: the message to patch and the effect holding it.
+    /// Per msg record: the message to patch and the `evt` record holding it.
     msg_targets: Vec<(ConvId, MsgSeq, usize)>,
-    effects: Vec<Effect>,
+    /// The round's effects, encoded once as they are decided (kind, bytes);
+    /// a message's location is set in its record once the `msg` batch is
+    /// placed ([`set_msg_loc`]).
+    evt_records: Vec<(u8, Vec<u8>)>,
     event_patches: Vec<(Uid, SyncSeq, usize)>,
     replies: Vec<ReplyFn>,
     user_marks: BTreeMap<Uid, SyncSeq>,
     conv_marks: BTreeMap<ConvId, MsgSeq>,
-    bytes: u64,
     /// Framed bytes of the records gathered so far, both logs together
-    /// (see [`round_bytes_max`]).
+    /// (see [`round_bytes_max`]; also what counts towards the next periodic
+    /// checkpoint).
     size: u64,
 }
 
@@ -769,18 +772,17 @@ impl Sequencer {
             client_msg_id,
             summary,
         });
-        let idx = r.effects.len();
+        let idx = r.evt_records.len();
         self.push_effects(st, r, round_id, vec![effect]);
-        r.bytes += record.len() as u64;
         r.size += (RECORD_HEADER_LEN + record.len()) as u64;
-        r.msg_batch.push(MSG_RECORD, &record);
+        r.msg_batch.push_owned(MSG_RECORD, record);
         r.msg_targets.push((conv, msg_seq, idx));
         (msg_id, msg_seq)
     }
 
     fn push_effects(&self, st: &mut State, r: &mut RoundBuf, round_id: u64, effects: Vec<Effect>) {
         for effect in effects {
-            let idx = r.effects.len();
+            let idx = r.evt_records.len();
             let mut touched = Touched::default();
             if let Err(e) = st.apply(&effect, PENDING_LOC, round_id, &mut touched) {
                 // The decision was made on this very state, so this is a
@@ -795,10 +797,9 @@ impl Sequencer {
             if let Some((conv, seq)) = touched.conv {
                 r.conv_marks.insert(conv, seq);
             }
-            // The record's length does not depend on the message location
-            // patched in later (a fixed-width field).
-            r.size += (RECORD_HEADER_LEN + effect.encode().len()) as u64;
-            r.effects.push(effect);
+            let record = effect.encode();
+            r.size += (RECORD_HEADER_LEN + record.len()) as u64;
+            r.evt_records.push((effect.record_kind(), record));
         }
     }
 
@@ -827,7 +828,7 @@ impl Sequencer {
                 Outcome::Failed(f)
             }
         };
-        self.bytes_since_checkpoint += r.bytes;
+        self.bytes_since_checkpoint += r.size;
         let _ = self.done.send(RoundDone {
             id,
             outcome,
@@ -853,22 +854,20 @@ impl Sequencer {
                 for (i, &(conv, seq, idx)) in r.msg_targets.iter().enumerate() {
                     let loc = ticket.locs.get(i).map_or(PENDING_LOC, |l| pack(*l));
                     st.patch_msg(conv, seq, loc);
-                    if let Some(Effect::Msg(m)) = r.effects.get_mut(idx) {
-                        m.msg_loc = loc;
+                    if let Some((_, record)) = r.evt_records.get_mut(idx) {
+                        set_msg_loc(record, loc);
                     }
                 }
             }
             // An evt record must never point at a message that could vanish.
             ticket.wait().map_err(|e| Fail::Poisoned(e.to_string()))?;
         }
-        if r.effects.is_empty() {
+        if r.evt_records.is_empty() {
             return Ok(None);
         }
         let mut batch = Batch::new();
-        for e in &r.effects {
-            let bytes = e.encode();
-            r.bytes += bytes.len() as u64;
-            batch.push(e.record_kind(), &bytes);
+        for (kind, record) in r.evt_records.drain(..) {
+            batch.push_owned(kind, record);
         }
         let ticket = self
             .shared

@@ -164,6 +164,10 @@ impl Batch {
     pub fn push(&mut self, kind: u8, payload: &[u8]) {
         self.records.push((kind, payload.to_vec()));
     }
+    /// [`Batch::push`] for a payload the caller already owns: no copy.
+    pub fn push_owned(&mut self, kind: u8, payload: Vec<u8>) {
+        self.records.push((kind, payload));
+    }
     pub fn len(&self) -> usize {
         self.records.len()
     }
