@@ -63,7 +63,7 @@ use super::command::{decode_msg_record, kind_code, kind_from_code, unpack, Devic
 use super::fence::{ms, SnapshotPhase, SnapshotRow};
 use super::sequencer::Tx;
 use super::state::{MsgMeta, State};
-use super::sync::{device_row, info};
+use super::sync::{device_row, device_row_at, info};
 use super::{InboxConfig, Reply, Shared};
 use crate::api::*;
 use crate::error::{Error, Result};
@@ -644,15 +644,7 @@ pub(crate) fn decide_ack(
     id: u64,
     generation: Generation,
 ) -> Result<(Vec<Effect>, DeviceInfo)> {
-    let row = device_row(st, uid, device)?;
-    if row.state == DeviceState::Revoked {
-        return Err(Error::DeviceRevoked);
-    }
-    if row.generation != generation {
-        return Err(Error::StaleGeneration {
-            current: row.generation,
-        });
-    }
+    let row = device_row_at(st, uid, device, generation)?;
     if row.state != DeviceState::Resetting {
         return Err(Error::Conflict(format!(
             "device {device} is not resetting; nothing to acknowledge"

@@ -70,6 +70,27 @@ pub(crate) fn device_row(st: &State, uid: Uid, device: DeviceId) -> Result<Devic
         .ok_or_else(|| Error::NotFound(format!("device {device} of uid {uid} is not registered")))
 }
 
+/// A registered device's row, refused when it is revoked or when the
+/// caller holds another generation (ACK, finishing a lease, finishing a
+/// snapshot install).
+pub(crate) fn device_row_at(
+    st: &State,
+    uid: Uid,
+    device: DeviceId,
+    generation: Generation,
+) -> Result<DeviceRow> {
+    let row = device_row(st, uid, device)?;
+    if row.state == DeviceState::Revoked {
+        return Err(Error::DeviceRevoked);
+    }
+    if row.generation != generation {
+        return Err(Error::StaleGeneration {
+            current: row.generation,
+        });
+    }
+    Ok(row)
+}
+
 pub(crate) fn decide_register(
     st: &State,
     cfg: &InboxConfig,
@@ -332,15 +353,7 @@ pub(crate) fn decide_ack(
     req: &AckRequest,
     claims: &TokenClaims,
 ) -> Result<(Vec<Effect>, AckReply)> {
-    let row = device_row(st, req.uid, req.device)?;
-    if row.state == DeviceState::Revoked {
-        return Err(Error::DeviceRevoked);
-    }
-    if req.generation != row.generation {
-        return Err(Error::StaleGeneration {
-            current: row.generation,
-        });
-    }
+    let row = device_row_at(st, req.uid, req.device, req.generation)?;
     if row.state == DeviceState::Resetting {
         return Err(Error::DeviceResetting);
     }
@@ -382,15 +395,7 @@ pub(crate) fn decide_finish_lease(
     lease_id: u64,
     generation: Generation,
 ) -> Result<(Vec<Effect>, DeviceInfo)> {
-    let row = device_row(st, uid, device)?;
-    if row.state == DeviceState::Revoked {
-        return Err(Error::DeviceRevoked);
-    }
-    if row.generation != generation {
-        return Err(Error::StaleGeneration {
-            current: row.generation,
-        });
-    }
+    let row = device_row_at(st, uid, device, generation)?;
     let lease = match (row.state, row.lease) {
         (DeviceState::Recovering, Some(l)) if l.lease_id == lease_id => l,
         _ => {
