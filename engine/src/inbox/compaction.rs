@@ -1122,18 +1122,10 @@ pub(crate) fn explain_segment(
     }
     let refs = live_refs(shared, Some(&HashSet::from([id])));
     let offsets = refs.get(&id);
-    let mut live_bytes = 0;
+    let mut live = 0;
     let live_records = offsets.map_or(0, |o| o.len() as u64);
     if let Some(offsets) = offsets {
-        let sizes: HashMap<u32, u64> = {
-            let mut m = HashMap::new();
-            log.replay_segment(id, &mut |_, loc, _, p| {
-                m.insert(loc.offset, (RECORD_HEADER_LEN + p.len()) as u64);
-                Ok(())
-            })?;
-            m
-        };
-        live_bytes = offsets.keys().filter_map(|o| sizes.get(o)).sum();
+        live = live_bytes(log, id, offsets)?;
         let mut per_user: BTreeMap<Uid, (SyncSeq, SyncSeq, u64)> = BTreeMap::new();
         for holders in offsets.values() {
             for &(uid, seq) in holders {
@@ -1168,7 +1160,7 @@ pub(crate) fn explain_segment(
         stream: stream.into(),
         segment: id,
         bytes: info.bytes,
-        live_bytes,
+        live_bytes: live,
         live_records,
         held_by,
     })
