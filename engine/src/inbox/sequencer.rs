@@ -409,21 +409,7 @@ impl Sequencer {
                     .get(&conv)
                     .and_then(|c| c.members.get(&uid))
                     .map_or(0, |p| u32::try_from(p.len()).unwrap_or(u32::MAX));
-                self.push_message(
-                    st,
-                    r,
-                    round_id,
-                    now,
-                    MessageKind::Join,
-                    conv,
-                    uid,
-                    0,
-                    0,
-                    0,
-                    &empty_payload(),
-                    summary_for(MessageKind::Join, &[], 0, uid),
-                    0,
-                );
+                self.push_membership(st, r, round_id, now, MessageKind::Join, conv, uid);
                 r.replies
                     .push(reply_with(tx, Ok(MembershipReply { msg_seq, period_id })));
             }
@@ -443,21 +429,7 @@ impl Sequencer {
                     .get(&uid)
                     .and_then(|p| p.last())
                     .map_or(0, |p| p.period_id);
-                self.push_message(
-                    st,
-                    r,
-                    round_id,
-                    now,
-                    MessageKind::Leave,
-                    conv,
-                    uid,
-                    0,
-                    0,
-                    0,
-                    &empty_payload(),
-                    summary_for(MessageKind::Leave, &[], 0, uid),
-                    0,
-                );
+                self.push_membership(st, r, round_id, now, MessageKind::Leave, conv, uid);
                 r.replies
                     .push(reply_with(tx, Ok(MembershipReply { msg_seq, period_id })));
             }
@@ -723,6 +695,39 @@ impl Sequencer {
             }
             Command::Checkpoint { .. } | Command::Shutdown { .. } => {}
         }
+    }
+
+    /// A join or leave: a message with no body, sent by the member.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the round's context and the membership change, kept flat like push_message"
+    )]
+    fn push_membership(
+        &self,
+        st: &mut State,
+        r: &mut RoundBuf,
+        round_id: u64,
+        now: TimestampMs,
+        kind: MessageKind,
+        conv: ConvId,
+        uid: Uid,
+    ) {
+        let summary = summary_for(kind, &[], 0, uid);
+        self.push_message(
+            st,
+            r,
+            round_id,
+            now,
+            kind,
+            conv,
+            uid,
+            0,
+            0,
+            0,
+            &empty_payload(),
+            summary,
+            0,
+        );
     }
 
     /// Allocates a message, applies its effect and queues its records.
