@@ -625,7 +625,7 @@ pub(crate) mod tests {
         })
         .encode()
         .len();
-        let total = (msg + evt + 2 * crate::log::format::RECORD_HEADER_LEN) as u64;
+        let total = (msg + evt + 2 * crate::log::Log::RECORD_OVERHEAD_BYTES as usize) as u64;
         assert!(total <= MESSAGE_OVERHEAD_MAX, "{total} bytes of overhead");
     }
 

@@ -63,8 +63,10 @@ use super::state::State;
 use super::{checkpoint, InboxConfig, Pending, Shared};
 use crate::api::*;
 use crate::error::{Error, Result};
-use crate::log::format::RECORD_HEADER_LEN;
-use crate::log::{Batch, RecordLoc, SegmentId, SegmentInfo};
+use crate::log::{Batch, Log, RecordLoc, SegmentId, SegmentInfo};
+
+/// Bytes a record costs on disk besides its payload.
+const RECORD_HEADER_LEN: usize = Log::RECORD_OVERHEAD_BYTES as usize;
 
 /// A point between two steps of a pass, for crash tests: the hook set
 /// with [`crate::Inbox::set_compaction_hook`] is called at each.

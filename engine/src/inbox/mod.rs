@@ -102,7 +102,7 @@ impl Clock for ManualClock {
 }
 
 /// Everything the engine can be configured with. [`InboxConfig::new`] gives
-/// the SPEC.md defaults.
+/// the defaults of docs/SEMANTICS.md.
 #[derive(Clone, Debug)]
 pub struct InboxConfig {
     pub data_dir: PathBuf,

@@ -45,22 +45,23 @@ use super::token::TokenClaims;
 use super::{checkpoint, compaction, read, recover, snapshot, Reply, Shared};
 use crate::api::*;
 use crate::error::{Error, Result};
-use crate::log::format::{BATCH_HEADER_LEN, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
-use crate::log::{AppendTicket, Batch, LogError};
+use crate::log::{AppendTicket, Batch, Log, LogError};
+
+/// Bytes a record adds to a round besides its payload.
+const RECORD_HEADER_LEN: usize = Log::RECORD_OVERHEAD_BYTES as usize;
 
 /// At most this many commands per round, to bound a round's latency.
 const ROUND_COMMANDS_MAX: usize = 4096;
 
 /// Bytes of records a round may gather before it is closed: half of what
-/// a segment holds after its header and one batch header. Each round's
-/// `msg` batch and its `evt` batch go into one frame of their log, which
-/// must fit a segment; a round closes once it reaches this, and no single
-/// command adds more than this (payloads and compaction commands are
-/// bounded by it), so a batch never exceeds a segment. A batch that did
-/// would be refused by the log after the round's effects were applied.
+/// one batch of the log may hold. Each round's `msg` batch and its `evt`
+/// batch go into one frame of their log, which must fit a segment; a round
+/// closes once it reaches this, and no single command adds more than this
+/// (payloads and compaction commands are bounded by it), so a batch never
+/// exceeds what the log takes. A batch that did would be refused by the
+/// log after the round's effects were applied.
 pub(crate) fn round_bytes_max(segment_bytes: u64) -> u64 {
-    let room = segment_bytes.saturating_sub((SEGMENT_HEADER_LEN + BATCH_HEADER_LEN) as u64);
-    room / 2
+    Log::batch_records_bytes_max_for(segment_bytes) / 2
 }
 
 pub(crate) type Tx<T> = oneshot::Sender<Reply<T>>;

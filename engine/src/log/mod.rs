@@ -454,6 +454,24 @@ fn lock_dir(dir: &Path) -> Result<File, LogError> {
 }
 
 impl Log {
+    /// Bytes a record costs in a batch besides its payload (its header).
+    /// Callers that size batches count with this instead of the layout.
+    pub const RECORD_OVERHEAD_BYTES: u64 = format::RECORD_HEADER_LEN as u64;
+
+    /// The most record bytes (payloads plus [`Log::RECORD_OVERHEAD_BYTES`]
+    /// each) one batch may hold: a batch is one frame, and a frame must
+    /// fit a segment after the segment's header. [`Log::submit`] refuses a
+    /// larger batch with [`LogError::TooLarge`].
+    pub fn batch_records_bytes_max(&self) -> u64 {
+        Self::batch_records_bytes_max_for(self.shared.segment_bytes)
+    }
+
+    /// [`Log::batch_records_bytes_max`] for a log of `segment_bytes`
+    /// segments, before one is open.
+    pub fn batch_records_bytes_max_for(segment_bytes: u64) -> u64 {
+        segment_bytes.saturating_sub((SEGMENT_HEADER_LEN + format::BATCH_HEADER_LEN) as u64)
+    }
+
     /// Opens the log in `opts.dir`, recovering it (see [`RecoveryMode`]).
     pub fn open(opts: LogOptions) -> Result<Log, LogError> {
         let io: Arc<dyn LogIo> = match opts.io {
