@@ -41,7 +41,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
 use super::codec::{DecodeError, DecodeResult, Reader, Writer};
-use super::command::{get_device_row, kind_code, kind_from_code, put_device_row};
+use super::devices::record::{get_device_row, put_device_row};
+use super::messaging::record::{kind_code, kind_from_code};
+use super::shared::Shared;
+use super::snapshots::record as snapshots;
 use super::state::*;
 use crate::api::MsgSeq;
 use crate::error::{Error, Result};
@@ -183,7 +186,7 @@ fn encode_body(w: &mut Writer, st: &State) {
         w.u64(*uid);
         w.u128(*cmid);
     }
-    super::fence::encode_checkpoint_section(w, st);
+    snapshots::encode_checkpoint_section(w, st);
     // Conversations whose history retention moved their base: the
     // message list above holds only the retained messages. Last, so that
     // a checkpoint written before retention existed still decodes.
@@ -280,7 +283,7 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
     for _ in 0..r.count(32)? {
         st.idem_order.push_back((r.u64()?, r.u64()?, r.u128()?));
     }
-    super::fence::decode_checkpoint_section(&mut r, &mut st)?;
+    snapshots::decode_checkpoint_section(&mut r, &mut st)?;
     if !r.is_empty() {
         for _ in 0..r.count(16)? {
             let conv = r.u64()?;
@@ -352,7 +355,7 @@ fn io_err(e: std::io::Error) -> Error {
 
 /// The LSNs of the checkpoints on disk, newest first, made durable first
 /// (a rename a crash left unsynced is synced here), for
-/// [`super::Shared::checkpoints`] at open.
+/// [`Shared::checkpoints`] at open.
 pub(crate) fn durable_lsns(data_dir: &Path) -> Result<Vec<u64>> {
     let d = dir(data_dir);
     if d.is_dir() {
@@ -446,14 +449,11 @@ pub(crate) enum Job {
     Barrier(mpsc::Sender<()>),
 }
 
-/// Called on the writer thread with the LSN of each checkpoint before its
-/// file is written (tests hold the writer there).
-pub(crate) type Hook = Arc<dyn Fn(u64) + Send + Sync>;
 
 /// The checkpoint-writer thread: writes images in the order received until
 /// every sender is gone (the sequencer's, dropped when it stops after the
 /// final checkpoint).
-pub(crate) fn run_writer(shared: Arc<super::Shared>, rx: mpsc::Receiver<Job>) {
+pub(crate) fn run_writer(shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
     // Buffer size for the next image: the last one's, with room to grow.
     let mut capacity = 0;
     while let Ok(job) = rx.recv() {

@@ -17,7 +17,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::command::{unpack, PackedLoc, PENDING_LOC};
+use super::loc::{unpack, PackedLoc, PENDING_LOC};
 use crate::log::SegmentId;
 
 #[derive(Clone, Debug, Default)]
@@ -98,7 +98,7 @@ impl SegRefs {
 
 #[cfg(test)]
 mod tests {
-    use super::super::command::pack;
+    use super::super::loc::pack;
     use super::*;
     use crate::log::RecordLoc;
 
