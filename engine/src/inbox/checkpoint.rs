@@ -35,7 +35,6 @@
 //! - a write error is never fatal: a checkpoint is an optimisation, recovery
 //!   uses the older one or replays, so the logs are not poisoned.
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -48,6 +47,7 @@ use super::snapshots::record as snapshots;
 use super::state::*;
 use crate::api::MsgSeq;
 use crate::error::{Error, Result};
+use crate::log::{write_file_durably, LogIo};
 
 const MAGIC: &[u8; 8] = b"INBXCKP1";
 /// Magic, LSN, body length.
@@ -368,10 +368,11 @@ fn fsync_dir(d: &Path) -> Result<()> {
     fs::File::open(d).and_then(|f| f.sync_all()).map_err(io_err)
 }
 
-/// Writes a checkpoint image durably, then prunes all but the newest
-/// [`KEEP`]. On error the tmp file is removed (best effort; a leftover one
-/// is never listed) and older checkpoints are untouched.
-pub(crate) fn write(data_dir: &Path, image: Image) -> Result<()> {
+/// Writes a checkpoint image durably through `io` (the logs' IO layer, so
+/// fault injection and the power-cut model cover it), then prunes all but
+/// the newest [`KEEP`]. On error the tmp file is removed (best effort; a
+/// leftover one is never listed) and older checkpoints are untouched.
+pub(crate) fn write(io: &dyn LogIo, data_dir: &Path, image: Image) -> Result<()> {
     let Image { lsn, mut buf } = image;
     let crc = crc32fast::hash(&buf);
     buf.extend_from_slice(&crc.to_le_bytes());
@@ -383,27 +384,17 @@ pub(crate) fn write(data_dir: &Path, image: Image) -> Result<()> {
     // segments below it.
     let name = file_name(lsn, d.join(file_name(lsn, false)).exists());
     let tmp = d.join(format!("{name}.tmp"));
-    let written = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(&buf)?;
-        f.sync_all()?;
-        fs::rename(&tmp, d.join(&name))
-    })();
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(io_err(e));
-    }
-    fsync_dir(&d)?;
+    write_file_durably(io, &tmp, &d.join(&name), &buf).map_err(io_err)?;
     for (_, path) in list(data_dir)?.into_iter().skip(KEEP) {
-        fs::remove_file(&path).map_err(io_err)?;
+        io.remove(&path).map_err(io_err)?;
     }
-    remove_stale_tmp(&d);
-    fsync_dir(&d)
+    remove_stale_tmp(io, &d);
+    io.sync_dir(&d).map_err(io_err)
 }
 
 /// Removes tmp files left by a write cut short by a crash. Only the one
 /// writer thread makes tmp files, and it has none in progress here.
-fn remove_stale_tmp(d: &Path) {
+fn remove_stale_tmp(io: &dyn LogIo, d: &Path) {
     let Ok(entries) = fs::read_dir(d) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name();
@@ -412,7 +403,7 @@ fn remove_stale_tmp(d: &Path) {
             .is_some_and(|n| n.starts_with("ckpt-") && n.ends_with(".bin.tmp"));
         if stale && entry.file_type().is_ok_and(|t| t.is_file()) {
             // Best effort: a leftover tmp file is never listed anyway.
-            let _ = fs::remove_file(entry.path());
+            let _ = io.remove(&entry.path());
         }
     }
 }
@@ -474,7 +465,7 @@ pub(crate) fn run_writer(shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
         drop(state);
         capacity = image.file_len() + image.file_len() / 8;
         let lsn = image.lsn;
-        let result = write(&shared.config.data_dir, image);
+        let result = write(shared.evt_log.io().as_ref(), &shared.config.data_dir, image);
         if result.is_ok() {
             // Every file listed now is durable: the new one's rename was
             // fsynced, and the others were before.
@@ -515,6 +506,7 @@ pub(crate) fn read(path: &Path) -> std::result::Result<(u64, State), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log::PwriteIo;
 
     #[test]
     fn a_second_checkpoint_at_the_same_lsn_is_kept_as_a_separate_copy() {
@@ -524,20 +516,20 @@ mod tests {
             st.evt_lsn = lsn;
             encode_image(&st, 0)
         };
-        write(tmp.path(), image(5)).unwrap();
-        write(tmp.path(), image(5)).unwrap();
+        write(&PwriteIo, tmp.path(), image(5)).unwrap();
+        write(&PwriteIo, tmp.path(), image(5)).unwrap();
         let lsns: Vec<u64> = list(tmp.path()).unwrap().iter().map(|(l, _)| *l).collect();
         assert_eq!(lsns, [5, 5], "both retained checkpoints cover LSN 5");
         for (_, path) in list(tmp.path()).unwrap() {
             assert_eq!(read(&path).unwrap().0, 5);
         }
-        write(tmp.path(), image(5)).unwrap();
+        write(&PwriteIo, tmp.path(), image(5)).unwrap();
         assert_eq!(
             list(tmp.path()).unwrap().len(),
             2,
             "a third copy replaces the second"
         );
-        write(tmp.path(), image(7)).unwrap();
+        write(&PwriteIo, tmp.path(), image(7)).unwrap();
         let lsns: Vec<u64> = list(tmp.path()).unwrap().iter().map(|(l, _)| *l).collect();
         assert_eq!(lsns, [7, 5], "the newest two are kept");
     }

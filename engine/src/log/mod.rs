@@ -42,7 +42,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 pub use faulty::FaultyIo;
-pub use io::{LogIo, PwriteIo};
+pub use io::{write_file_durably, LogIo, PwriteIo};
 pub use recovery::{RecoveryReport, TruncatedTail};
 pub use uring::UringIo;
 pub use verify::{verify, verify_with_progress, Problem, ProblemKind, SegmentReport, VerifyReport};
@@ -759,6 +759,12 @@ impl Log {
     }
 
     /// The directory of the log.
+    /// The IO backend this log writes through, for files kept beside it
+    /// (see [`write_file_durably`]).
+    pub fn io(&self) -> &Arc<dyn LogIo> {
+        &self.shared.io
+    }
+
     pub fn dir(&self) -> &Path {
         &self.shared.dir
     }

@@ -108,7 +108,9 @@ pub(crate) fn reclaim_snapshots(shared: &Shared, submit: Submit<'_>) -> Result<(
             .get(&uid)
             .is_some_and(|u| u.snapshots.contains_key(&id));
         if !present {
-            shared.snapshots.remove(data_dir, uid, id)?;
+            shared
+                .snapshots
+                .remove(shared.evt_log.io().as_ref(), data_dir, uid, id)?;
         }
     }
     Ok(())

@@ -9,7 +9,6 @@
 use std::fs;
 
 use bytes::Bytes;
-use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 
@@ -22,6 +21,7 @@ use crate::inbox::pending::Reply;
 use crate::inbox::round::Tx;
 use crate::inbox::shared::Shared;
 use crate::inbox::state::{unpack, MsgMeta, SnapshotPhase, SnapshotRow};
+use crate::log::write_file_durably;
 
 /// What the sequencer captured at S.
 pub(crate) struct Plan {
@@ -93,21 +93,14 @@ pub(crate) fn build(shared: &Shared, plan: &Plan) -> Result<SnapshotInfo> {
     fs::create_dir_all(&d).map_err(io_err)?;
     let path = file_path(data_dir, plan.uid, plan.snapshot_id);
     let tmp = path.with_extension("tmp");
-    {
-        let mut f = fs::File::create(&tmp).map_err(io_err)?;
-        f.write_all(&encode_file(
-            plan.uid,
-            plan.snapshot_id,
-            plan.base_sync_seq,
-            plan.generation,
-            &content,
-        )).map_err(io_err)?;
-        f.sync_all().map_err(io_err)?;
-    }
-    fs::rename(&tmp, &path).map_err(io_err)?;
-    fs::File::open(&d)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err)?;
+    let file = encode_file(
+        plan.uid,
+        plan.snapshot_id,
+        plan.base_sync_seq,
+        plan.generation,
+        &content,
+    );
+    write_file_durably(shared.evt_log.io().as_ref(), &tmp, &path, &file).map_err(io_err)?;
     let info = SnapshotInfo {
         snapshot_id: plan.snapshot_id,
         base_sync_seq: plan.base_sync_seq,

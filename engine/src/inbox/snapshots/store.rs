@@ -34,7 +34,7 @@ use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
 use crate::inbox::messaging::record::{kind_code, kind_from_code};
-use crate::log::LogError;
+use crate::log::{LogError, LogIo};
 
 pub(crate) const MAGIC: &[u8; 8] = b"INBXSNP1";
 
@@ -101,9 +101,9 @@ impl Store {
 
     /// Forgets a snapshot and removes its file (compaction, once the row is
     /// dropped or installed and expired).
-    pub fn remove(&self, data_dir: &Path, uid: Uid, id: u64) -> Result<bool> {
+    pub fn remove(&self, io: &dyn LogIo, data_dir: &Path, uid: Uid, id: u64) -> Result<bool> {
         self.cache.lock().remove(&(uid, id));
-        match fs::remove_file(file_path(data_dir, uid, id)) {
+        match io.remove(&file_path(data_dir, uid, id)) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(io_err(e)),
