@@ -127,3 +127,40 @@ fn full_disk_fails_the_send_with_no_space_changes_nothing_and_writes_resume_when
         resumed.msg_seq
     );
 }
+
+#[test]
+fn a_checkpoint_on_a_full_disk_fails_cleanly_and_the_next_one_succeeds() {
+    // Checkpoints are written through the same IO layer as the logs, so an
+    // injected ENOSPC reaches them too.
+    let dir = tempfile::tempdir().unwrap();
+    let io = Arc::new(FaultyIo::new());
+    let ib = open(dir.path(), &io);
+    ib.join(10, 1).wait().unwrap();
+    send(&ib, 10, 1, 1, Bytes::from_static(b"before")).unwrap();
+    io.set_no_space(true);
+    let full = ib.checkpoint();
+    assert!(full.is_err(), "{full:?}");
+    io.set_no_space(false);
+    ib.checkpoint().unwrap();
+    let digest = ib.state_digest();
+    ib.shutdown().unwrap();
+    drop(ib);
+    let ib = open(dir.path(), &Arc::new(FaultyIo::new()));
+    assert_eq!(ib.state_digest(), digest);
+    assert_eq!(
+        ib.recovery_report().records_replayed,
+        0,
+        "the checkpoint covers the log"
+    );
+}
+
+#[test]
+fn shutting_down_answers_later_calls_with_shutting_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = Arc::new(FaultyIo::new());
+    let ib = open(dir.path(), &io);
+    ib.join(10, 1).wait().unwrap();
+    ib.shutdown().unwrap();
+    let late = ib.join(10, 2).wait();
+    assert!(matches!(late, Err(Error::ShuttingDown)), "{late:?}");
+}

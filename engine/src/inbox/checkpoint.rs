@@ -440,7 +440,6 @@ pub(crate) enum Job {
     Barrier(mpsc::Sender<()>),
 }
 
-
 /// The checkpoint-writer thread: writes images in the order received until
 /// every sender is gone (the sequencer's, dropped when it stops after the
 /// final checkpoint).

@@ -550,6 +550,14 @@ impl Inbox {
     pub fn check_segment_refs(&self) -> std::result::Result<(), String> {
         self.shared.state.read().check_seg_refs()
     }
+
+    /// Checks every invariant of the state machine (watermark order,
+    /// cursors, membership periods, unread recounts, segment reference
+    /// counts); says which one is broken. O(state): for tests.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.shared.state.read().check_invariants()
+    }
     /// Bytes of the event index (packed locations) and of the message
     /// index (per-message metadata), for BENCHMARKS.md.
     #[doc(hidden)]

@@ -15,7 +15,11 @@ use crate::log::SegmentId;
 
 /// Bytes (headers included) of the records of segment `id` at `offsets`:
 /// one sequential read of the segment.
-pub(crate) fn live_bytes<V>(log: &crate::log::Log, id: SegmentId, offsets: &BTreeMap<u32, V>) -> Result<u64> {
+pub(crate) fn live_bytes<V>(
+    log: &crate::log::Log,
+    id: SegmentId,
+    offsets: &BTreeMap<u32, V>,
+) -> Result<u64> {
     let mut bytes = 0;
     log.replay_segment(id, &mut |_, loc, _, payload| {
         if offsets.contains_key(&loc.offset) {

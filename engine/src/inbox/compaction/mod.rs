@@ -67,7 +67,7 @@ pub(crate) mod submit;
 pub use explain::SpaceUsage;
 pub use runtime::CompactionStep;
 
-use self::record::{Relocation, RelocateEffect};
+use self::record::{RelocateEffect, Relocation};
 use super::round::{fail_now, reply_with, Env, Fail, Sink, Tx};
 use super::state::State;
 use crate::api::*;
@@ -85,10 +85,7 @@ pub(crate) enum Command {
         tx: Tx<Vec<(ConvId, MsgSeq, MsgSeq)>>,
     },
     /// Point events at copies of their records.
-    Relocate {
-        moves: Vec<Relocation>,
-        tx: Tx<()>,
-    },
+    Relocate { moves: Vec<Relocation>, tx: Tx<()> },
     /// Forget snapshots past their TTL.
     DropSnapshots {
         candidates: Vec<(Uid, u64)>,

@@ -142,7 +142,6 @@ pub(crate) fn event_at_ms(shared: &Shared, uid: Uid, seq: SyncSeq) -> Option<Tim
     None
 }
 
-
 /// The newest seq in `(lo, hi]` whose event is at or before `cutoff`, or
 /// `lo` if none. Events are stamped in sequence, so their times do not
 /// decrease with the seq: a binary search, O(log n) record reads.
@@ -164,7 +163,11 @@ pub(crate) fn newest_at_or_before(
     ok
 }
 
-pub(crate) fn trim_users(shared: &Shared, submit: Submit<'_>, report: &mut CompactionReport) -> Result<()> {
+pub(crate) fn trim_users(
+    shared: &Shared,
+    submit: Submit<'_>,
+    report: &mut CompactionReport,
+) -> Result<()> {
     let cfg = &shared.config;
     let now = cfg.clock.now_ms();
     let safe_cut = now.saturating_sub(ms(cfg.safety_window));

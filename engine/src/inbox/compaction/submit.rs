@@ -45,10 +45,7 @@ pub(crate) fn per_command(shared: &Shared, bytes_each: u64, cap: usize) -> usize
 pub(crate) type Submit<'a> = &'a dyn Fn(Command) -> bool;
 
 /// Submits one compaction command and waits for its reply.
-pub(crate) fn call<T>(
-    submit: Submit<'_>,
-    make: impl FnOnce(Tx<T>) -> super::Command,
-) -> Result<T> {
+pub(crate) fn call<T>(submit: Submit<'_>, make: impl FnOnce(Tx<T>) -> super::Command) -> Result<T> {
     let (tx, pending) = Pending::channel();
     if !submit(Command::Compaction(make(tx))) {
         return Err(Error::ShuttingDown);
@@ -61,15 +58,16 @@ pub(crate) fn checkpoint_now(submit: Submit<'_>) -> Result<()> {
     if !submit(Command::Checkpoint { tx }) {
         return Err(Error::ShuttingDown);
     }
-    rx.recv()
-        .unwrap_or(Err(Error::ShuttingDown))
+    rx.recv().unwrap_or(Err(Error::ShuttingDown))
 }
 
 /// The stamped time of a record, for the records that carry one.
 pub(crate) fn at_of(e: &Effect) -> Option<TimestampMs> {
     match e {
         Effect::Msg(m) => Some(m.at_ms),
-        Effect::Read(ReadEffect { at_ms, .. }) | Effect::Flags(FlagsEffect { at_ms, .. }) => Some(*at_ms),
+        Effect::Read(ReadEffect { at_ms, .. }) | Effect::Flags(FlagsEffect { at_ms, .. }) => {
+            Some(*at_ms)
+        }
         _ => None,
     }
 }

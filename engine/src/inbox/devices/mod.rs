@@ -137,8 +137,7 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
             generation,
             tx,
         } => {
-            let decided =
-                decide::decide_finish_lease(st, now, uid, device, lease_id, generation);
+            let decided = decide::decide_finish_lease(st, now, uid, device, lease_id, generation);
             finish(st, sink, tx, decided);
         }
     }

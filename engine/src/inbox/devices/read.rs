@@ -84,10 +84,12 @@ pub(crate) fn sync_page(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
 fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
     let locs: Vec<PackedLoc> = {
         let st = shared.state.read();
-        let user = st
-            .users
-            .get(&plan.uid)
-            .ok_or_else(|| Error::Invariant(format!("uid {} vanished while its sync was served", plan.uid)))?;
+        let user = st.users.get(&plan.uid).ok_or_else(|| {
+            Error::Invariant(format!(
+                "uid {} vanished while its sync was served",
+                plan.uid
+            ))
+        })?;
         if plan.start < user.events_base {
             return Err(Error::ResetRequired {
                 generation: plan.generation,
@@ -106,7 +108,9 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
         let effect = Effect::decode(rec.kind, &rec.payload).map_err(|e| corrupt("evt", &e))?;
         let ev = effect
             .to_event(plan.start + 1 + i as SyncSeq)
-            .ok_or_else(|| Error::Invariant("event index points at a record that is no event".into()))?;
+            .ok_or_else(|| {
+                Error::Invariant("event index points at a record that is no event".into())
+            })?;
         events.push(ev);
     }
     // A tombstoned message's event never carries its body's summary.

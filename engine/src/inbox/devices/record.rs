@@ -47,12 +47,19 @@ impl Record for DeviceEffect {
         if let Some(lease) = &self.row.lease {
             user.next_lease_id = user.next_lease_id.max(lease.lease_id + 1);
         }
-        match user.devices.iter_mut().find(|d| d.row.device == self.row.device) {
+        match user
+            .devices
+            .iter_mut()
+            .find(|d| d.row.device == self.row.device)
+        {
             Some(d) => {
                 d.row = self.row;
                 d.stamp = stamp;
             }
-            None => user.devices.push(Device { row: self.row, stamp }),
+            None => user.devices.push(Device {
+                row: self.row,
+                stamp,
+            }),
         }
         Ok(())
     }
@@ -120,4 +127,3 @@ pub(crate) fn get_device_row(r: &mut Reader<'_>) -> DecodeResult<DeviceRow> {
         lease,
     })
 }
-

@@ -14,7 +14,7 @@ use super::record::MsgEffect;
 use crate::api::*;
 use crate::inbox::state::record::{ApplyError, Touched};
 use crate::inbox::state::{
-    msg_counter, IdemEntry, MsgMeta, Period, PackedLoc, State, FLAG_EDITED, FLAG_RECALLED, OPEN,
+    msg_counter, IdemEntry, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED, OPEN,
 };
 
 impl State {

@@ -59,11 +59,7 @@ fn reclaimed(shared: &Shared, conv: ConvId, seq: MsgSeq) -> bool {
         .is_some_and(|c| seq <= c.msgs_base)
 }
 
-fn authorize(
-    st: &State,
-    uid: Uid,
-    conv: ConvId,
-) -> Result<(&Conv, Vec<RangeInclusive<MsgSeq>>)> {
+fn authorize(st: &State, uid: Uid, conv: ConvId) -> Result<(&Conv, Vec<RangeInclusive<MsgSeq>>)> {
     let forbidden = || Error::Forbidden(format!("uid {uid} was never a member of conv {conv}"));
     let c = st.convs.get(&conv).ok_or_else(forbidden)?;
     let periods = visible_periods(c, uid);
@@ -317,4 +313,3 @@ pub(crate) fn conv_list(
         });
     }
 }
-

@@ -329,9 +329,10 @@ impl Record for ReadEffect {
             .get_mut(uid)
             .map(Arc::make_mut)
             .ok_or_else(|| ApplyError(format!("read by unknown user {uid}")))?;
-        let uc = user.convs.get_mut(conv).ok_or_else(|| {
-            ApplyError(format!("read of conv {conv} by non-member {uid}"))
-        })?;
+        let uc = user
+            .convs
+            .get_mut(conv)
+            .ok_or_else(|| ApplyError(format!("read of conv {conv} by non-member {uid}")))?;
         if *read_seq > uc.read_seq {
             uc.unread = uc.unread.saturating_sub(countable);
             uc.read_seq = *read_seq;
@@ -386,9 +387,10 @@ impl Record for FlagsEffect {
             .get_mut(uid)
             .map(Arc::make_mut)
             .ok_or_else(|| ApplyError(format!("flags by unknown user {uid}")))?;
-        let uc = user.convs.get_mut(conv).ok_or_else(|| {
-            ApplyError(format!("flags of conv {conv} by non-member {uid}"))
-        })?;
+        let uc = user
+            .convs
+            .get_mut(conv)
+            .ok_or_else(|| ApplyError(format!("flags of conv {conv} by non-member {uid}")))?;
         uc.muted = flags.muted;
         uc.pinned = flags.pinned;
         uc.stamp = stamp;

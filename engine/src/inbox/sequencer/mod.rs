@@ -153,8 +153,10 @@ impl Sink for RoundSink<'_> {
         if let Err(e) = effect.apply(st, PENDING_LOC, self.round_id, &mut touched) {
             // The decision was made on this very state, so this is a bug;
             // stop writing rather than log something inconsistent.
-            self.shared
-                .poison(format!("broken invariant: decided effect does not apply: {}", e.0));
+            self.shared.poison(format!(
+                "broken invariant: decided effect does not apply: {}",
+                e.0
+            ));
         }
         for (uid, seq) in touched.events {
             r.event_patches.push((uid, seq, idx));

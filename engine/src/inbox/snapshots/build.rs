@@ -142,8 +142,7 @@ fn read_message(
         }
     };
     let rec = shared.msg_log.read(unpack(loc))?;
-    let (h, payload) = decode_msg_record(&rec.payload, max)
-        .map_err(|e| corrupt("msg", &e))?;
+    let (h, payload) = decode_msg_record(&rec.payload, max).map_err(|e| corrupt("msg", &e))?;
     if h.msg_id != at_s.msg_id || h.conv != conv {
         return Err(Error::Invariant(format!(
             "message index of conv {conv} seq {seq} points at another record"
@@ -226,11 +225,10 @@ pub(crate) fn page_of(shared: &Shared, uid: Uid, id: u64, page: u32) -> Result<S
     let bytes = content.pages.get(page as usize).ok_or_else(|| {
         Error::BadRequest(format!("snapshot {id} has {pages} pages, no page {page}"))
     })?;
-    let (convs, messages) = decode_page(bytes)
-        .map_err(|e| Error::Corruption {
-            what: "snapshot page",
-            reason: e.0.to_string(),
-        })?;
+    let (convs, messages) = decode_page(bytes).map_err(|e| Error::Corruption {
+        what: "snapshot page",
+        reason: e.0.to_string(),
+    })?;
     Ok(SnapshotPage {
         snapshot_id: id,
         page,

@@ -102,21 +102,15 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
             generation,
             tx,
         } => {
-            let result = decide::decide_ack(
-                env.shared,
-                st,
-                now,
-                uid,
-                device,
-                snapshot_id,
-                generation,
-            )
-            .map(|(effects, reply)| {
-                for e in effects {
-                    sink.effect(st, e);
-                }
-                reply
-            });
+            let result =
+                decide::decide_ack(env.shared, st, now, uid, device, snapshot_id, generation).map(
+                    |(effects, reply)| {
+                        for e in effects {
+                            sink.effect(st, e);
+                        }
+                        reply
+                    },
+                );
             sink.reply(reply_with(tx, result));
         }
     }

@@ -136,4 +136,3 @@ pub(crate) fn decode_checkpoint_section(r: &mut Reader<'_>, st: &mut State) -> D
     }
     Ok(())
 }
-

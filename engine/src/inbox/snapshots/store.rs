@@ -84,11 +84,9 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io_err(e)),
         };
-        let content = decode_file(&buf, uid, id).map_err(|e| {
-            Error::Corruption {
-                what: "snapshot file",
-                reason: format!("{}: {}", path.display(), e.0),
-            }
+        let content = decode_file(&buf, uid, id).map_err(|e| Error::Corruption {
+            what: "snapshot file",
+            reason: format!("{}: {}", path.display(), e.0),
         })?;
         let content = Arc::new(content);
         self.cache.lock().insert((uid, id), Arc::clone(&content));

@@ -46,7 +46,9 @@ impl State {
                     }
                 }
                 if periods.iter().any(|p| p.leave_seq < p.join_seq) {
-                    return Err(format!("conv {conv}: a period of uid {uid} ends before it starts"));
+                    return Err(format!(
+                        "conv {conv}: a period of uid {uid} ends before it starts"
+                    ));
                 }
             }
         }
