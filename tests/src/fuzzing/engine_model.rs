@@ -151,7 +151,12 @@ fn open(dir: &Path) -> (Inbox, Arc<FaultyIo>) {
 fn refused_by_rules(error: &Error) -> bool {
     !matches!(
         error,
-        Error::Log(_) | Error::Internal(_) | Error::NoSpace(_)
+        Error::Log(_)
+            | Error::Internal(_)
+            | Error::NoSpace(_)
+            | Error::Corruption { .. }
+            | Error::Invariant(_)
+            | Error::ShuttingDown
     )
 }
 
