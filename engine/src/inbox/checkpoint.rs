@@ -25,7 +25,7 @@
 //! lock (so the copy is exactly the state at one LSN; users and
 //! conversations are `Arc`s, so the copy shares them and a later change
 //! clones what it touches). It hands the copy to the one checkpoint-writer
-//! thread ([`run_writer`]) and goes on at once; the writer encodes it
+//! thread (`run_writer`) and goes on at once; the writer encodes it
 //! straight into the file image ([`Image`]: header and body in one buffer
 //! sized from the previous checkpoint), drops it, and writes the file. Invariants:
 //! - one FIFO writer: checkpoints become durable strictly in LSN order, and
@@ -34,15 +34,16 @@
 //!   directory fsynced, or with the write error;
 //! - a write error is never fatal: a checkpoint is an optimisation, recovery
 //!   uses the older one or replays, so the logs are not poisoned.
+//!
+//! The writer thread itself is `sequencer/checkpoints.rs`.
+
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 use super::codec::{DecodeError, DecodeResult, Reader, Writer};
 use super::devices::record::{get_device_row, put_device_row};
 use super::messaging::record::{kind_code, kind_from_code};
-use super::shared::Shared;
 use super::snapshots::record as snapshots;
 use super::state::*;
 use crate::api::MsgSeq;
@@ -405,74 +406,6 @@ fn remove_stale_tmp(io: &dyn LogIo, d: &Path) {
             // Best effort: a leftover tmp file is never listed anyway.
             let _ = io.remove(&entry.path());
         }
-    }
-}
-
-/// Who is told when a checkpoint job is done.
-pub(crate) enum Done {
-    /// A `Checkpoint` command or shutdown: gets the write's result.
-    Caller(mpsc::Sender<Result<()>>),
-    /// A periodic checkpoint: an error is logged; the flag is cleared so
-    /// the sequencer may hand off the next one.
-    Periodic(Arc<AtomicBool>),
-}
-
-impl Done {
-    pub fn finish(self, lsn: u64, result: Result<()>) {
-        match self {
-            // A caller that stopped listening needs no answer.
-            Done::Caller(tx) => drop(tx.send(result)),
-            Done::Periodic(busy) => {
-                if let Err(e) = result {
-                    tracing::warn!(lsn, error = %e, "periodic checkpoint failed; recovery uses the previous one or replays, and another is taken later");
-                }
-                busy.store(false, Ordering::Release);
-            }
-        }
-    }
-}
-
-pub(crate) enum Job {
-    /// A copy of the state at one LSN (taken in O(users + conversations):
-    /// see [`State`]), encoded and written by the writer thread.
-    Write { state: Box<State>, done: Done },
-    /// Answered once every job queued before it is finished.
-    Barrier(mpsc::Sender<()>),
-}
-
-/// The checkpoint-writer thread: writes images in the order received until
-/// every sender is gone (the sequencer's, dropped when it stops after the
-/// final checkpoint).
-pub(crate) fn run_writer(shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
-    // Buffer size for the next image: the last one's, with room to grow.
-    let mut capacity = 0;
-    while let Ok(job) = rx.recv() {
-        let (state, done) = match job {
-            Job::Write { state, done } => (state, done),
-            Job::Barrier(tx) => {
-                let _ = tx.send(());
-                continue;
-            }
-        };
-        let hook = shared.checkpoint_hook.lock().clone();
-        if let Some(h) = hook {
-            h(state.evt_lsn);
-        }
-        let image = encode_image(&state, capacity);
-        // The copy shares entries with the live state: drop it at once, so
-        // that changes made from now on no longer clone what they touch.
-        drop(state);
-        capacity = image.file_len() + image.file_len() / 8;
-        let lsn = image.lsn;
-        let result = write(shared.evt_log.io().as_ref(), &shared.config.data_dir, image);
-        if result.is_ok() {
-            // Every file listed now is durable: the new one's rename was
-            // fsynced, and the others were before.
-            if let Ok(files) = list(&shared.config.data_dir) {
-                *shared.checkpoints.lock() = files.iter().map(|(lsn, _)| *lsn).collect();
-            }
-        }
-        done.finish(lsn, result);
     }
 }
 

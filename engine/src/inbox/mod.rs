@@ -142,7 +142,7 @@ impl Inbox {
             // the final checkpoint is written.
             std::thread::Builder::new()
                 .name("inbox-checkpoint".into())
-                .spawn(move || checkpoint::run_writer(writer_shared, ckpt_rx))
+                .spawn(move || sequencer::checkpoints::run_writer(writer_shared, ckpt_rx))
                 .map_err(LogError::Io)?,
             // Exits once the sequencer and the completion stage (whose
             // begin-snapshot replies hold its queue) have stopped.

@@ -6,6 +6,9 @@ use std::task::{Context, Poll};
 
 use crate::error::{Error, Result};
 
+/// The sending half of a [`Pending`] reply.
+pub(crate) type Tx<T> = tokio::sync::oneshot::Sender<Reply<T>>;
+
 /// How a reply is delivered: a finished result, or a closure that builds
 /// it on the caller's thread (sync pages read their events there, so the
 /// sequencer never reads the log).

@@ -12,8 +12,6 @@
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use tokio::sync::oneshot;
-
 use super::effect::Effect;
 use super::pending::Reply;
 use super::shared::Shared;
@@ -23,7 +21,7 @@ use crate::api::TimestampMs;
 use crate::error::{Error, Result};
 use crate::log::LogError;
 
-pub(crate) type Tx<T> = oneshot::Sender<Reply<T>>;
+pub(crate) use super::pending::Tx;
 
 /// Why a round failed; turned into an [`Error`] per reply.
 #[derive(Clone, Debug)]

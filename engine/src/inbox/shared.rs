@@ -6,10 +6,11 @@ use std::sync::atomic::AtomicU64;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
+use super::compaction::runtime::Runtime as CompactionRuntime;
 use super::config::InboxConfig;
 use super::recover::RecoveryReport;
+use super::snapshots::store::Store as SnapshotStore;
 use super::state::State;
-use super::{compaction, snapshots};
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::log::{Log, LogError};
@@ -46,8 +47,8 @@ pub(crate) struct Shared {
     pub(crate) hints: tokio::sync::broadcast::Sender<Vec<Hint>>,
     pub(crate) rounds_written: AtomicU64,
     pub(crate) recovery: RecoveryReport,
-    pub(crate) snapshots: snapshots::store::Store,
-    pub(crate) compaction: compaction::runtime::Runtime,
+    pub(crate) snapshots: SnapshotStore,
+    pub(crate) compaction: CompactionRuntime,
     pub(crate) checkpoint_hook: Mutex<Option<CheckpointHook>>,
     /// LSNs of the retained checkpoints known to be durable (renamed and
     /// the directory fsynced), newest first: compaction counts coverage by

@@ -44,11 +44,12 @@ use super::shared::Shared;
 use super::snapshots::build::Job as SnapshotJob;
 use super::state::record::Touched;
 use super::state::{pack, State, PENDING_LOC};
-use super::{checkpoint, compaction, devices, messaging, recover, snapshots};
+use super::{compaction, devices, messaging, recover, snapshots};
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::log::{AppendTicket, Batch, Log, LogError};
 
+pub(crate) mod checkpoints;
 pub(crate) mod completion;
 
 use completion::{Outcome, RoundDone};
@@ -193,7 +194,7 @@ pub(crate) struct Sequencer {
     done: mpsc::Sender<RoundDone>,
     /// The checkpoint writer's queue; dropped when the sequencer stops, which
     /// lets the writer finish the final checkpoint and exit.
-    checkpoints: mpsc::Sender<checkpoint::Job>,
+    checkpoints: mpsc::Sender<checkpoints::Job>,
     /// Set while a periodic checkpoint is queued or being written.
     periodic_busy: Arc<AtomicBool>,
     /// The snapshot builder's queue, cloned into each begin step's reply.
@@ -207,7 +208,7 @@ impl Sequencer {
         shared: Arc<Shared>,
         rx: mpsc::Receiver<Command>,
         done: mpsc::Sender<RoundDone>,
-        checkpoints: mpsc::Sender<checkpoint::Job>,
+        checkpoints: mpsc::Sender<checkpoints::Job>,
         snapshot_jobs: mpsc::Sender<SnapshotJob>,
     ) -> Self {
         Self {
@@ -256,7 +257,7 @@ impl Sequencer {
             for c in control {
                 match c {
                     Command::Checkpoint { tx } => {
-                        self.checkpoint(checkpoint::Done::Caller(tx));
+                        self.checkpoint(checkpoints::Done::Caller(tx));
                     }
                     Command::Shutdown { tx } => {
                         let flushed = self.drain().and_then(|()| {
@@ -267,7 +268,7 @@ impl Sequencer {
                         // The final checkpoint queues behind any earlier
                         // one; the caller hears back once it is durable.
                         match flushed {
-                            Ok(()) => self.checkpoint(checkpoint::Done::Caller(tx)),
+                            Ok(()) => self.checkpoint(checkpoints::Done::Caller(tx)),
                             Err(e) => drop(tx.send(Err(e))),
                         }
                         stop = true;
@@ -285,7 +286,7 @@ impl Sequencer {
                 // towards the next, and no second image piles up in memory.
                 self.periodic_busy.store(true, Ordering::Release);
                 let busy = Arc::clone(&self.periodic_busy);
-                self.checkpoint(checkpoint::Done::Periodic(busy));
+                self.checkpoint(checkpoints::Done::Periodic(busy));
             }
         }
     }
@@ -302,7 +303,7 @@ impl Sequencer {
     /// Drains the pipeline, copies the state at its LSN and hands the copy
     /// to the writer thread, which encodes and writes it; `done` hears how
     /// the write went.
-    fn checkpoint(&mut self, done: checkpoint::Done) {
+    fn checkpoint(&mut self, done: checkpoints::Done) {
         if let Err(e) = self.drain() {
             done.finish(0, Err(e));
             return;
@@ -312,8 +313,8 @@ impl Sequencer {
         let state = Box::new(self.shared.state.read().clone());
         self.bytes_since_checkpoint = 0;
         let lsn = state.evt_lsn;
-        let job = checkpoint::Job::Write { state, done };
-        if let Err(mpsc::SendError(checkpoint::Job::Write { done, .. })) =
+        let job = checkpoints::Job::Write { state, done };
+        if let Err(mpsc::SendError(checkpoints::Job::Write { done, .. })) =
             self.checkpoints.send(job)
         {
             done.finish(lsn, Err(Error::ShuttingDown));
@@ -324,7 +325,7 @@ impl Sequencer {
     /// so a reload from disk never races a file being renamed or pruned.
     fn wait_checkpoints(&self) {
         let (tx, rx) = mpsc::channel();
-        if self.checkpoints.send(checkpoint::Job::Barrier(tx)).is_ok() {
+        if self.checkpoints.send(checkpoints::Job::Barrier(tx)).is_ok() {
             let _ = rx.recv();
         }
     }
