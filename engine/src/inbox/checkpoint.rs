@@ -42,11 +42,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::codec::{DecodeError, DecodeResult, Reader, Writer};
-use super::devices::record::{get_device_row, put_device_row};
-use super::messaging::record::{kind_code, kind_from_code};
+use super::compaction::record as compaction;
+use super::devices::record as devices;
+use super::messaging::checkpoint as messaging;
 use super::snapshots::record as snapshots;
 use super::state::*;
-use crate::api::MsgSeq;
 use crate::error::{Error, Result};
 use crate::log::{write_file_durably, LogIo};
 
@@ -60,20 +60,10 @@ pub(crate) fn dir(data_dir: &Path) -> PathBuf {
     data_dir.join("checkpoint")
 }
 
-fn sorted<K: Ord + Copy, V>(m: &std::collections::HashMap<K, V>) -> Vec<(K, &V)> {
+/// A map's entries in key order, for a canonical encoding.
+pub(crate) fn sorted<K: Ord + Copy, V>(m: &std::collections::HashMap<K, V>) -> Vec<(K, &V)> {
     let mut v: Vec<(K, &V)> = m.iter().map(|(k, v)| (*k, v)).collect();
     v.sort_unstable_by_key(|(k, _)| *k);
-    v
-}
-
-fn convs_sorted_bases(st: &State) -> Vec<(u64, MsgSeq)> {
-    let mut v: Vec<(u64, MsgSeq)> = st
-        .convs
-        .iter()
-        .filter(|(_, c)| c.msgs_base > 0)
-        .map(|(id, c)| (*id, c.msgs_base))
-        .collect();
-    v.sort_unstable();
     v
 }
 
@@ -115,88 +105,32 @@ pub(crate) fn encode_image(st: &State, capacity: usize) -> Image {
     }
 }
 
+/// The body, section by section in a fixed order; each subsystem encodes
+/// the tables it owns (layout in `docs/FORMAT.md`, "Checkpoint file").
 fn encode_body(w: &mut Writer, st: &State) {
     w.u64(st.idem_ttl_ms);
     w.u64(st.next_msg_counter);
     w.u64(st.evt_lsn);
-    let convs = sorted(&st.convs);
-    w.u64(convs.len() as u64);
-    for (id, c) in convs {
-        w.u64(id);
-        w.u64(c.msgs.len() as u64);
-        for m in &c.msgs {
-            w.u64(m.loc);
-            w.u64(m.msg_id);
-            w.u64(m.sender);
-            w.u8(kind_code(m.kind));
-            w.u8(m.flags);
-        }
-        w.u64(c.members.len() as u64);
-        for (uid, periods) in &c.members {
-            w.u64(*uid);
-            w.u64(periods.len() as u64);
-            for p in periods {
-                w.u32(p.period_id);
-                w.u64(p.join_seq);
-                w.u64(p.leave_seq);
-            }
-        }
-    }
+    messaging::put_convs(w, st);
     let users = sorted(&st.users);
     w.u64(users.len() as u64);
     for (uid, u) in users {
         w.u64(uid);
+        // The user's event index: shared by every subsystem that appends
+        // events, so it stays here.
         w.u64(u.events_base);
         w.u64(u.events.len() as u64);
         for loc in &u.events {
             w.u64(*loc);
         }
-        w.u64(u.next_lease_id);
-        w.u64(u.devices.len() as u64);
-        for d in &u.devices {
-            put_device_row(w, &d.row);
-        }
-        let convs = sorted(&u.convs);
-        w.u64(convs.len() as u64);
-        for (conv, uc) in convs {
-            w.u64(conv);
-            w.u64(uc.read_seq);
-            w.u32(uc.unread);
-            w.u64(uc.last_msg_seq);
-            w.u64(uc.last_msg_id);
-            w.u64(uc.last_sender);
-            w.short_bytes(&uc.last_summary);
-            w.u64(uc.last_activity_ms);
-            w.bool(uc.muted);
-            w.bool(uc.pinned);
-        }
+        devices::put_user_devices(w, u);
+        messaging::put_user_convs(w, u);
     }
-    let idem = sorted(&st.idem);
-    w.u64(idem.len() as u64);
-    for ((uid, cmid), e) in idem {
-        w.u64(uid);
-        w.u128(cmid);
-        w.u64(e.conv);
-        w.u64(e.msg_id);
-        w.u64(e.msg_seq);
-        w.u64(e.at_ms);
-    }
-    w.u64(st.idem_order.len() as u64);
-    for (at, uid, cmid) in &st.idem_order {
-        w.u64(*at);
-        w.u64(*uid);
-        w.u128(*cmid);
-    }
+    messaging::put_idempotency(w, st);
     snapshots::encode_checkpoint_section(w, st);
-    // Conversations whose history retention moved their base: the
-    // message list above holds only the retained messages. Last, so that
-    // a checkpoint written before retention existed still decodes.
-    let bases: Vec<(u64, MsgSeq)> = convs_sorted_bases(st);
-    w.u64(bases.len() as u64);
-    for (conv, base) in bases {
-        w.u64(conv);
-        w.u64(base);
-    }
+    // Last and optional, so that a checkpoint written before history
+    // retention existed still decodes.
+    compaction::put_msg_bases(w, st);
 }
 
 pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
@@ -204,34 +138,7 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
     let mut st = State::new(r.u64()?);
     st.next_msg_counter = r.u64()?;
     st.evt_lsn = r.u64()?;
-    for _ in 0..r.count(16)? {
-        let id = r.u64()?;
-        let mut c = Conv::default();
-        let n = r.count(26)?;
-        c.msgs.reserve_exact(n);
-        for _ in 0..n {
-            c.msgs.push(MsgMeta {
-                loc: r.u64()?,
-                msg_id: r.u64()?,
-                sender: r.u64()?,
-                kind: kind_from_code(r.u8()?)?,
-                flags: r.u8()?,
-            });
-        }
-        for _ in 0..r.count(16)? {
-            let uid = r.u64()?;
-            let mut periods = Vec::new();
-            for _ in 0..r.count(20)? {
-                periods.push(Period {
-                    period_id: r.u32()?,
-                    join_seq: r.u64()?,
-                    leave_seq: r.u64()?,
-                });
-            }
-            c.members.insert(uid, periods);
-        }
-        st.convs.insert(id, Arc::new(c));
-    }
+    messaging::get_convs(&mut r, &mut st)?;
     for _ in 0..r.count(40)? {
         let uid = r.u64()?;
         let mut u = User {
@@ -243,58 +150,14 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
         for _ in 0..n {
             u.events.push(r.u64()?);
         }
-        u.next_lease_id = r.u64()?;
-        for _ in 0..r.count(34)? {
-            u.devices.push(Device {
-                row: get_device_row(&mut r)?,
-                stamp: 0,
-            });
-        }
-        for _ in 0..r.count(60)? {
-            let conv = r.u64()?;
-            let uc = UserConv {
-                read_seq: r.u64()?,
-                unread: r.u32()?,
-                last_msg_seq: r.u64()?,
-                last_msg_id: r.u64()?,
-                last_sender: r.u64()?,
-                last_summary: r.short_bytes()?,
-                last_activity_ms: r.u64()?,
-                muted: r.bool()?,
-                pinned: r.bool()?,
-                stamp: 0,
-            };
-            u.order.insert(uc.key(conv));
-            u.convs.insert(conv, uc);
-        }
+        devices::get_user_devices(&mut r, &mut u)?;
+        messaging::get_user_convs(&mut r, &mut u)?;
         st.users.insert(uid, Arc::new(u));
     }
-    for _ in 0..r.count(56)? {
-        let key = (r.u64()?, r.u128()?);
-        st.idem.insert(
-            key,
-            IdemEntry {
-                conv: r.u64()?,
-                msg_id: r.u64()?,
-                msg_seq: r.u64()?,
-                at_ms: r.u64()?,
-            },
-        );
-    }
-    for _ in 0..r.count(32)? {
-        st.idem_order.push_back((r.u64()?, r.u64()?, r.u128()?));
-    }
+    messaging::get_idempotency(&mut r, &mut st)?;
     snapshots::decode_checkpoint_section(&mut r, &mut st)?;
     if !r.is_empty() {
-        for _ in 0..r.count(16)? {
-            let conv = r.u64()?;
-            let base = r.u64()?;
-            st.convs
-                .get_mut(&conv)
-                .map(Arc::make_mut)
-                .ok_or(DecodeError("message base of an unknown conv"))?
-                .msgs_base = base;
-        }
+        compaction::get_msg_bases(&mut r, &mut st)?;
     }
     if !r.is_empty() {
         return Err(DecodeError("trailing bytes in checkpoint"));

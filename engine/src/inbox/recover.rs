@@ -1,5 +1,5 @@
 //! Recovery (R22): the newest valid checkpoint, then the `evt` log after
-//! its LSN, applied with the same [`State::apply`] the sequencer uses.
+//! its LSN, applied with the same `Effect::apply` the sequencer uses.
 //!
 //! A checkpoint that fails its checks is skipped with a warning and an
 //! older one (or a full replay) is used instead: the log still holds every

@@ -239,6 +239,37 @@ impl State {
     }
 }
 
+/// History retention in a checkpoint (optional, last): the conversations
+/// whose message base moved, by id, as (conv u64, msgs_base u64) after a
+/// u64 count. The conversation table above holds only retained messages.
+pub(crate) fn put_msg_bases(w: &mut Writer, st: &State) {
+    let mut bases: Vec<(ConvId, MsgSeq)> = st
+        .convs
+        .iter()
+        .filter(|(_, c)| c.msgs_base > 0)
+        .map(|(id, c)| (*id, c.msgs_base))
+        .collect();
+    bases.sort_unstable();
+    w.u64(bases.len() as u64);
+    for (conv, base) in bases {
+        w.u64(conv);
+        w.u64(base);
+    }
+}
+
+pub(crate) fn get_msg_bases(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
+    for _ in 0..r.count(16)? {
+        let conv = r.u64()?;
+        let base = r.u64()?;
+        st.convs
+            .get_mut(&conv)
+            .map(Arc::make_mut)
+            .ok_or(DecodeError("message base of an unknown conv"))?
+            .msgs_base = base;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,7 +48,7 @@ pub(crate) struct Runtime {
     pub(crate) stop: Mutex<bool>,
     pub(crate) stop_cv: Condvar,
     /// `evt` segments that lost events and have not been judged since
-    /// (taken from [`super::state::SegRefs`], kept while undecided).
+    /// (taken from `SegRefs`, kept while undecided).
     pub(crate) suspects: Mutex<HashSet<SegmentId>>,
     /// Per user: `(events_base, at_ms)` of the oldest retained event, so a
     /// pass tells from memory that a user has nothing old enough to trim.

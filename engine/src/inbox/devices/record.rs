@@ -10,14 +10,16 @@
 //! lease tag u8 (0 none, 1 lease), then if 1:
 //!   lease_id u64, resume_from u64, hwm u64, expires_at_ms u64
 //! ```
-//! The same row layout (from `device` on) is used in checkpoints.
+//! The same row layout (from `device` on) is used in checkpoints, where
+//! each user's entry carries `next_lease_id` u64, then its device rows
+//! (count u64, rows in registration order).
 
 use std::sync::Arc;
 
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
 use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
-use crate::inbox::state::{Device, DeviceRow, State};
+use crate::inbox::state::{Device, DeviceRow, State, User};
 
 /// A device row after a change.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,4 +128,24 @@ pub(crate) fn get_device_row(r: &mut Reader<'_>) -> DecodeResult<DeviceRow> {
         last_seen_ms,
         lease,
     })
+}
+
+/// A user's devices in a checkpoint: the lease counter, then the rows.
+pub(crate) fn put_user_devices(w: &mut Writer, u: &User) {
+    w.u64(u.next_lease_id);
+    w.u64(u.devices.len() as u64);
+    for d in &u.devices {
+        put_device_row(w, &d.row);
+    }
+}
+
+pub(crate) fn get_user_devices(r: &mut Reader<'_>, u: &mut User) -> DecodeResult<()> {
+    u.next_lease_id = r.u64()?;
+    for _ in 0..r.count(34)? {
+        u.devices.push(Device {
+            row: get_device_row(r)?,
+            stamp: 0,
+        });
+    }
+    Ok(())
 }

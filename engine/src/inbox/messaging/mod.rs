@@ -5,6 +5,7 @@
 //!   and hands the effects and the reply to the round ([`Sink`]);
 //! - [`record`]: the message record and the `evt` records, with their
 //!   codecs; [`apply`]: how they change the state;
+//! - [`checkpoint`]: the messaging tables' checkpoint sections;
 //! - [`read`]: pull, history and the conversation list, outside the
 //!   sequencer.
 //!
@@ -14,6 +15,7 @@
 //! body, so they are ordered with the messages (R5).
 
 pub(crate) mod apply;
+pub(crate) mod checkpoint;
 pub(crate) mod read;
 pub(crate) mod record;
 

@@ -1,5 +1,5 @@
 //! Per-segment reference counts: how many retained index entries point
-//! into each segment of a log, kept up to date by [`super::state::State`]
+//! into each segment of a log, kept up to date by [`super::State`]
 //! as entries are added, patched, trimmed and relocated, so that
 //! compaction never has to walk the whole index to find what died.
 //!
