@@ -41,7 +41,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::codec::{DecodeError, DecodeResult, Reader, Writer};
+use super::codec::{sorted, DecodeError, DecodeResult, Reader, Writer};
 use super::compaction::record as compaction;
 use super::devices::record as devices;
 use super::messaging::checkpoint as messaging;
@@ -58,13 +58,6 @@ pub(crate) const KEEP: usize = 2;
 
 pub(crate) fn dir(data_dir: &Path) -> PathBuf {
     data_dir.join("checkpoint")
-}
-
-/// A map's entries in key order, for a canonical encoding.
-pub(crate) fn sorted<K: Ord + Copy, V>(m: &std::collections::HashMap<K, V>) -> Vec<(K, &V)> {
-    let mut v: Vec<(K, &V)> = m.iter().map(|(k, v)| (*k, v)).collect();
-    v.sort_unstable_by_key(|(k, _)| *k);
-    v
 }
 
 /// The canonical state encoding alone (the checkpoint body).

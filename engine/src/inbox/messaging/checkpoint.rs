@@ -6,8 +6,7 @@
 use std::sync::Arc;
 
 use super::record::{kind_code, kind_from_code};
-use crate::inbox::checkpoint::sorted;
-use crate::inbox::codec::{DecodeResult, Reader, Writer};
+use crate::inbox::codec::{sorted, DecodeResult, Reader, Writer};
 use crate::inbox::state::{Conv, IdemEntry, MsgMeta, Period, State, User, UserConv};
 
 /// Conversations by id: messages, then membership periods.
