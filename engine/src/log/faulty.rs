@@ -120,6 +120,41 @@ impl FaultyIo {
     /// With `torn_seed`, each file also gets a pseudo-random prefix of its
     /// unsynced writes, the last of them cut at a pseudo-random byte.
     pub fn crash_image(&self, to: &Path, torn_seed: Option<u64>) -> io::Result<()> {
+        self.write_image(torn_seed, |path| {
+            let name = path
+                .file_name()
+                .ok_or_else(|| io::Error::other("no file name"))?;
+            Ok(Some(to.join(name)))
+        })
+    }
+
+    /// [`FaultyIo::crash_image`] of a whole directory tree: every durable
+    /// file under `root` (log segments, checkpoints, snapshot files) lands
+    /// at the same relative path under `to`. Files outside `root` are
+    /// left out.
+    pub fn crash_image_of_tree(
+        &self,
+        root: &Path,
+        to: &Path,
+        torn_seed: Option<u64>,
+    ) -> io::Result<()> {
+        self.write_image(torn_seed, |path| {
+            let Ok(rel) = path.strip_prefix(root) else {
+                return Ok(None);
+            };
+            let dest = to.join(rel);
+            if let Some(parent) = dest.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            Ok(Some(dest))
+        })
+    }
+
+    fn write_image(
+        &self,
+        torn_seed: Option<u64>,
+        mut dest_of: impl FnMut(&Path) -> io::Result<Option<PathBuf>>,
+    ) -> io::Result<()> {
         let model = self.model.lock();
         let mut rng = torn_seed.map(|s| s | 1);
         let mut next = move |bound: usize| -> usize {
@@ -149,10 +184,9 @@ impl FaultyIo {
                     img.apply(*off, &data[..cut]);
                 }
             }
-            let name = path
-                .file_name()
-                .ok_or_else(|| io::Error::other("no file name"))?;
-            std::fs::write(to.join(name), &img.durable)?;
+            if let Some(dest) = dest_of(path)? {
+                std::fs::write(dest, &img.durable)?;
+            }
         }
         Ok(())
     }
