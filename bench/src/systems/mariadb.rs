@@ -32,6 +32,7 @@ use mysql::{Conn as MyConn, OptsBuilder, TxOpts};
 
 use super::process::{find_binary, free_port, wait_until, ChildGuard};
 use super::{dir_bytes, Conn, DeviceCursor, Page, Result, Screen, System};
+use crate::procfs::{self, Measured};
 use crate::workload::{Outgoing, Setup, Uid};
 
 const OFFLINE_SHARDS: u64 = 16;
@@ -41,7 +42,7 @@ const EVENT_ROW_BYTES: u64 = 8 + 1 + 8 + 8;
 const TX_RETRIES_MAX: u32 = 20;
 
 pub struct MariaDb {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     datadir: PathBuf,
     server_bin: PathBuf,
     server_args: Vec<String>,
@@ -130,7 +131,7 @@ impl MariaDb {
             conn.query_drop(sql)?;
         }
         Ok(Self {
-            _dir: dir,
+            dir,
             datadir,
             server_bin: server_bin.to_path_buf(),
             server_args,
@@ -247,6 +248,15 @@ impl System for MariaDb {
             },
         )?;
         Ok(start.elapsed())
+    }
+
+    fn measured(&self) -> Option<Measured> {
+        procfs::server_pid(
+            Some(self.port),
+            Some(&self.dir.path().join("mysqld.pid")),
+            self.server.pid(),
+        )
+        .map(Measured::Server)
     }
 
     fn data_bytes(&self) -> u64 {
