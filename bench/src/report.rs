@@ -103,7 +103,9 @@ pub struct SoakReport {
     pub messages: u64,
     pub seconds: f64,
     pub samples: Vec<SoakSample>,
-    /// Least-squares slope of anonymous RSS over messages retained.
+    /// Least-squares slope of anonymous RSS over messages retained, fitted
+    /// on the samples taken after the first message (the first sample is
+    /// the server before any load).
     pub rss_bytes_per_message: Option<f64>,
     pub rss_bytes_per_million_messages: Option<f64>,
     /// Least-squares slope of anonymous RSS over live events (when the

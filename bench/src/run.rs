@@ -779,12 +779,16 @@ fn soak_scenario(sp: &SoakPlan, system: &dyn System, seed: u64) -> Result<(SoakR
         }
         (None, _) => "none: ACKed events are kept".into(),
     };
-    let (messages, rss): (Vec<f64>, Vec<f64>) = samples
+    // The sample taken before the first message is the empty server: its
+    // connections, buffers and pools are not there yet, so it would bend
+    // the line. It stays in the report, out of the fit.
+    let fitted: Vec<&SoakSample> = samples.iter().filter(|s| s.messages_sent > 0).collect();
+    let (messages, rss): (Vec<f64>, Vec<f64>) = fitted
         .iter()
         .map(|s| (s.messages_retained as f64, s.rss_anon_bytes as f64))
         .unzip();
     let per_message = fit::slope(&messages, &rss);
-    let live: Option<Vec<f64>> = samples
+    let live: Option<Vec<f64>> = fitted
         .iter()
         .map(|s| s.events_live.map(|e| e as f64))
         .collect();
