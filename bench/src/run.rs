@@ -123,10 +123,10 @@ impl Plan {
                 clients: 16,
                 page: 100,
             }),
-            // Full pages for the whole window at a few thousand pages a
-            // second: users x 4 devices x 10 pages.
+            // Full pages for a window of a few seconds at a few thousand
+            // pages a second: users x 4 devices x 10 pages.
             under_ingest: runs("sync-under-ingest").then_some(CatchUpPlan {
-                users: if quick { 100 } else { 400 },
+                users: if quick { 200 } else { 400 },
                 devices_per_user: 4,
                 backlog: 1_000,
                 clients: 16,
