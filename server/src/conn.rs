@@ -11,6 +11,14 @@
 //!   answered and the connection goes on;
 //! - a refused request (bad body, rate limit) never reaches the engine, so
 //!   it changes nothing;
+//! - requests take effect in the order they arrived, while their replies
+//!   go out as each completes: a write (it goes to the sequencer) is queued
+//!   on the engine by the reader itself, in arrival order, so the sequencer
+//!   sees a connection's writes in that order without waiting for any of
+//!   them; a read (or `SYNC`) waits until every earlier write of the
+//!   connection has completed, and the next write is not queued until the
+//!   reads before it have read. Pipelined writes therefore still share
+//!   rounds, and pipelined reads still run side by side;
 //! - at most `in_flight_max` requests run at once; when they do, the reader
 //!   stops reading and TCP pushes back on the client;
 //! - a connection that completes no frame within the idle timeout (the
@@ -212,6 +220,10 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
     let mut hint_task = None;
     let mut authenticated = false;
     let mut buf = BytesMut::with_capacity(8 << 10);
+    // Ordering (see the module header): the last write's completion, and a
+    // lock that reads hold until they have read and writes take to queue.
+    let mut writes_done: Option<watch::Receiver<bool>> = None;
+    let reads = Arc::new(tokio::sync::RwLock::new(()));
     // The idle clock runs from the last complete frame, not the last byte:
     // a peer trickling a byte at a time (slowloris) still has to finish a
     // frame within the timeout, and the handshake within a shorter one.
@@ -381,12 +393,46 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
                 let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
                     break Close::Quietly;
                 };
+                let op = request.op();
+                let order = service::order_of(&request);
+                let earlier = writes_done.clone();
+                let done = match order {
+                    service::Order::Read => None,
+                    service::Order::Write | service::Order::ReadWrite => {
+                        let (done_tx, done_rx) = watch::channel(false);
+                        writes_done = Some(done_rx);
+                        Some(done_tx)
+                    }
+                };
+                // A write's `done` flips only after every earlier write's:
+                // waiting for the last one waits for them all.
+                let chain = earlier.clone();
+                let started = Instant::now();
+                let reply: service::Started = match order {
+                    service::Order::Write => {
+                        // Queued on the sequencer right here, in arrival
+                        // order, once every earlier read has been answered.
+                        let _no_reads = reads.write().await;
+                        service::start(&shared.inbox, &shared.metrics, request)
+                    }
+                    service::Order::Read | service::Order::ReadWrite => {
+                        // Holds later writes back until this one has read.
+                        let reading = Arc::clone(&reads).read_owned().await;
+                        let shared = Arc::clone(&shared);
+                        Box::pin(async move {
+                            if let Some(earlier) = earlier {
+                                wait_done(earlier).await;
+                            }
+                            let reply = service::start(&shared.inbox, &shared.metrics, request);
+                            drop(reading);
+                            reply.await
+                        })
+                    }
+                };
                 let shared = Arc::clone(&shared);
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let op = request.op();
-                    let started = Instant::now();
-                    let response = service::execute(&shared.inbox, &shared.metrics, request).await;
+                    let response = reply.await;
                     let code = match &response {
                         Response::Error(err) => Some(err.code),
                         _ => None,
@@ -406,6 +452,12 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
                     }
                     let _ = tx.send(frame).await;
                     drop(permit);
+                    if let Some(done) = done {
+                        if let Some(earlier) = chain {
+                            wait_done(earlier).await;
+                        }
+                        let _ = done.send(true);
+                    }
                 });
             }
         }
@@ -472,6 +524,13 @@ fn handshake(shared: &Shared, frame: &Frame) -> Result<Frame, Frame> {
         in_flight_max: shared.limits.in_flight_max,
     })
     .to_frame(id))
+}
+
+/// Waits until a write (and so every write before it) has completed. A
+/// dropped sender means its task ended without flipping it: nothing left
+/// to wait for.
+async fn wait_done(mut done: watch::Receiver<bool>) {
+    let _ = done.wait_for(|done| *done).await;
 }
 
 /// Refuses a connection over the connection limit with one error frame.
