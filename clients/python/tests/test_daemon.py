@@ -107,6 +107,7 @@ class AgainstTheDaemon(unittest.TestCase):
             convs = inbox.conv_list(2, limit=10).convs
             summary = next(s for s in convs if s.conv == 20)
             self.assertEqual(summary.last_msg_seq, recall.msg_seq)
+            self.assertEqual(summary.last_summary, b"", "a recall has no body to show")
 
             read = inbox.mark_read(2, 20, recall.msg_seq)
             self.assertEqual((read.read_seq, read.unread), (recall.msg_seq, 0))

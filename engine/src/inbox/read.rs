@@ -414,7 +414,7 @@ pub(crate) fn conv_list(
                 .convs
                 .get(&conv)
                 .and_then(|c| c.meta(uc.last_msg_seq))
-                .is_some_and(MsgMeta::tombstone);
+                .is_some_and(MsgMeta::hides_summary);
             convs.push(uc.summary(conv, tombstoned));
             last = Some(*key);
         }
