@@ -79,6 +79,8 @@ class AgainstTheDaemon(unittest.TestCase):
             again = inbox.send(20, 1, 100, b"hello")
             self.assertTrue(again.duplicate)
             self.assertEqual((again.msg_id, again.msg_seq), (first.msg_id, first.msg_seq))
+            with self.assertRaises(ConflictError):
+                inbox.send(20, 1, 100, b"a different body")
             second = inbox.send(20, 1, 101, b"to be recalled")
             edit = inbox.edit(20, 1, 102, first.msg_id, b"hello, edited")
             with self.assertRaises(ForbiddenError):

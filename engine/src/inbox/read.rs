@@ -20,7 +20,7 @@ use std::ops::RangeInclusive;
 
 use bytes::Bytes;
 
-use super::command::{decode_msg_record, unpack, Effect, PackedLoc};
+use super::command::{decode_msg_record, unpack, Effect, PackedLoc, StoredPayload};
 use super::state::{Conv, MsgMeta, Period, OPEN};
 use super::sync::{self, info, SyncOutcome, SyncPlan};
 use super::token::TokenClaims;
@@ -174,6 +174,56 @@ fn reclaimed(shared: &Shared, conv: ConvId, seq: MsgSeq) -> bool {
         .convs
         .get(&conv)
         .is_some_and(|c| seq <= c.msgs_base)
+}
+
+/// What a retried send asked for, to compare with what the key first sent.
+pub(crate) struct Retry {
+    pub kind: MessageKind,
+    pub msg_type: MsgType,
+    pub target: MsgId,
+    pub payload: StoredPayload,
+}
+
+/// The reply to a send whose idempotency key was seen before: the original
+/// ids if the retry asks for the same message, else `CONFLICT`. Runs on
+/// the caller's thread once the round is durable (the sequencer never reads
+/// the log). An original no longer readable (reclaimed by history
+/// retention) cannot be compared and counts as the same.
+pub(crate) fn duplicate_reply(
+    shared: &Shared,
+    conv: ConvId,
+    original: SendReply,
+    retry: &Retry,
+) -> Result<SendReply> {
+    let loc = {
+        let st = shared.state.read();
+        st.convs
+            .get(&conv)
+            .and_then(|c| c.meta(original.msg_seq))
+            .map(|m| m.loc)
+    };
+    let Some(loc) = loc else {
+        return Ok(original);
+    };
+    let rec = match shared.msg_log.read(unpack(loc)) {
+        Ok(rec) => rec,
+        Err(_) if reclaimed(shared, conv, original.msg_seq) => return Ok(original),
+        Err(e) => return Err(e.into()),
+    };
+    let (h, payload) = decode_msg_record(&rec.payload, shared.config.payload_bytes_max)
+        .map_err(|e| corrupt("msg", &e))?;
+    let same = h.msg_id == original.msg_id
+        && h.kind == retry.kind
+        && h.msg_type == retry.msg_type
+        && h.target == retry.target
+        && StoredPayload::new(&payload) == retry.payload;
+    if !same {
+        return Err(Error::Conflict(format!(
+            "client_msg_id was already used for message {} with a different request",
+            original.msg_id
+        )));
+    }
+    Ok(original)
 }
 
 fn authorize(
