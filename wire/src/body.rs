@@ -54,9 +54,9 @@ wire_struct! {
         /// the largest allowed.
         pub pull_per_conv_default: u32,
         pub pull_per_conv_max: u32,
-        /// Largest `limit` of `HISTORY` (0 is refused).
+        /// Largest `limit` of `HISTORY` (0 means `pull_per_conv_default`).
         pub history_limit_max: u32,
-        /// Largest `limit` of `CONV_LIST` (0 is refused).
+        /// Largest `limit` of `CONV_LIST` (0 means `sync_page_default`).
         pub conv_list_limit_max: u32,
         /// Devices per user; registering one more evicts the least recently
         /// seen.

@@ -61,8 +61,9 @@ class AgainstTheDaemon(unittest.TestCase):
             with self.assertRaises(TooLargeError) as caught:
                 inbox.send(10, 1, 2, b"x" * (limits.payload_bytes_max + 1))
             self.assertEqual(caught.exception.detail, limits.payload_bytes_max)
+            self.assertEqual(len(inbox.history(1, 10, limit=0).messages), 2, "0 = the default")
             with self.assertRaises(BadRequestError):
-                inbox.history(1, 10, limit=0)
+                inbox.history(1, 10, limit=limits.history_limit_max + 1)
             with self.assertRaises(BadRequestError):
                 inbox.sync(1, 1, None, 0, limit=limits.sync_page_max + 1)
 

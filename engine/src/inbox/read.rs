@@ -365,10 +365,16 @@ pub(crate) fn history(
     before_seq: Option<MsgSeq>,
     limit: u32,
 ) -> Result<HistoryPage> {
+    // As everywhere: 0 means the default, above the cap is refused.
     let cap = shared.config.pull_per_conv_max;
-    if limit == 0 || limit > cap {
+    let limit = if limit == 0 {
+        shared.config.pull_per_conv_default
+    } else {
+        limit
+    };
+    if limit > cap {
         return Err(Error::BadRequest(format!(
-            "history limit must be 1..={cap}, got {limit}"
+            "history limit {limit} is above the cap of {cap}"
         )));
     }
     let (metas, has_more) = {
@@ -431,10 +437,16 @@ pub(crate) fn conv_list(
     limit: u32,
     cursor: Option<Bytes>,
 ) -> Result<ConvListPage> {
+    // As everywhere: 0 means the default, above the cap is refused.
     let cap = shared.config.sync_page_max;
-    if limit == 0 || limit > cap {
+    let limit = if limit == 0 {
+        shared.config.sync_page_default
+    } else {
+        limit
+    };
+    if limit > cap {
         return Err(Error::BadRequest(format!(
-            "conversation list limit must be 1..={cap}, got {limit}"
+            "conversation list limit {limit} is above the cap of {cap}"
         )));
     }
     let after = cursor.as_deref().map(decode_cursor).transpose()?;
