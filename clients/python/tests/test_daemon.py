@@ -114,6 +114,11 @@ class AgainstTheDaemon(unittest.TestCase):
 
             read = inbox.mark_read(2, 20, recall.msg_seq)
             self.assertEqual((read.read_seq, read.unread), (recall.msg_seq, 0))
+            inbox.join(conv=20, uid=3)
+            left = inbox.leave(conv=20, uid=3)
+            self.assertGreater(left.msg_seq, recall.msg_seq)
+            with self.assertRaises(ForbiddenError):
+                inbox.send(20, 3, 106, b"not a member any more")
             inbox.set_conv_flags(2, 20, muted=True, pinned=False)
             summary = next(s for s in inbox.conv_list(2, limit=10).convs if s.conv == 20)
             self.assertTrue(summary.muted)
