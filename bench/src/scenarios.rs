@@ -668,17 +668,20 @@ pub fn soak<'p>(
     sample(0)?;
     let start = Instant::now();
     let (per_client, sampled) = std::thread::scope(|scope| {
-        let compactor = scope.spawn(|| {
-            while !stop.load(Ordering::SeqCst) {
-                if system.compact_now().is_err() {
-                    no_compaction.store(true, Ordering::SeqCst);
-                    return;
-                }
-                passes.fetch_add(1, Ordering::Relaxed);
-                let next = Instant::now() + plan.compact_every;
-                while Instant::now() < next && !stop.load(Ordering::SeqCst) {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+        // The first pass runs whatever the driver has done by then, so a
+        // soak that finishes before this thread is scheduled still compacts.
+        let compactor = scope.spawn(|| loop {
+            if system.compact_now().is_err() {
+                no_compaction.store(true, Ordering::SeqCst);
+                return;
+            }
+            passes.fetch_add(1, Ordering::Relaxed);
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let next = Instant::now() + plan.compact_every;
+            while Instant::now() < next && !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(10));
             }
         });
         let driving = scope.spawn(|| {
