@@ -667,6 +667,7 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                         Fence::RecoveryLease { device, lease_id, resume_from } => json!({"fence": "recovery_lease", "device": device, "lease_id": lease_id, "resume_from": resume_from}),
                         Fence::Snapshot { snapshot_id, base_sync_seq } => json!({"fence": "snapshot", "snapshot_id": snapshot_id, "base_sync_seq": base_sync_seq}),
                         Fence::SafetyWindow { oldest_kept } => json!({"fence": "safety_window", "oldest_kept": oldest_kept}),
+                        Fence::Unknown { tag, body } => json!({"fence": "unknown", "tag": tag, "body_len": body.len()}),
                     })
                     .collect();
                 json!({

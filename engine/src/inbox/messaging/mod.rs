@@ -19,11 +19,14 @@ pub(crate) mod checkpoint;
 pub(crate) mod read;
 pub(crate) mod record;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use self::record::{
     encode_msg_record, FlagsEffect, MsgEffect, MsgHeader, ReadEffect, StoredPayload,
 };
+use super::pending::Reply;
 use super::round::{fail_now, reply_with, Env, Fail, Sink, Tx};
 use super::state::{State, FLAG_RECALLED, PENDING_LOC};
 use crate::api::*;
@@ -133,7 +136,28 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
             tx,
         } => match decide_send(st, now, kind, conv, sender, client_msg_id, target) {
             Err(e) => sink.reply(reply_with(tx, Err(e))),
-            Ok(Decision::Duplicate(reply)) => sink.reply(reply_with(tx, Ok(reply))),
+            Ok(Decision::Duplicate(original)) => {
+                // Same key: the same request gets the original ids, a
+                // different one CONFLICT. Comparing reads the original, so
+                // it happens on the caller's thread once the round is
+                // durable.
+                let shared = Arc::clone(env.shared);
+                let retry = read::Retry {
+                    kind,
+                    msg_type,
+                    target,
+                    payload,
+                };
+                sink.reply(Box::new(move |fail| {
+                    let reply = match fail {
+                        Some(f) => Reply::Done(Err(f.to_error())),
+                        None => Reply::Later(Box::new(move || {
+                            read::duplicate_reply(&shared, conv, original, &retry)
+                        })),
+                    };
+                    let _ = tx.send(reply);
+                }));
+            }
             Ok(Decision::New { target_seq }) => {
                 let (msg_id, msg_seq) = push_message(
                     st,
@@ -311,7 +335,8 @@ enum Decision {
     New { target_seq: MsgSeq },
 }
 
-/// A send, recall or edit: a retry answers the first send (R4); a recall
+/// A send, recall or edit: a retry answers the first send, or `CONFLICT`
+/// when it asks for something else ([`read::duplicate_reply`], R4); a recall
 /// or edit must name a normal or edited message of the same sender that is
 /// not recalled (R6).
 fn decide_send(

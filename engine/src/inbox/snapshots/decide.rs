@@ -77,7 +77,7 @@ pub(crate) fn decide_begin(
         let c = st.convs.get(&conv);
         let last_tomb = c
             .and_then(|c| c.meta(uc.last_msg_seq))
-            .is_some_and(MsgMeta::tombstone);
+            .is_some_and(MsgMeta::hides_summary);
         convs.push(uc.summary(conv, last_tomb));
         let mut last = Vec::new();
         if let Some(c) = c {

@@ -26,7 +26,9 @@
 //! expires, and the device begins a new one.
 //!
 //! Bodies: a message that is recalled or edited (at S, or by the time the
-//! content is built) is a tombstone and its body is never written (R6).
+//! content is built) is a tombstone and its body is never written (R6);
+//! one recalled after that is hidden when its page is served, as is the
+//! body summary of a conversation whose last message it was.
 //!
 //!
 //! Files: [`record`] (the snapshot row and its checkpoint section),
