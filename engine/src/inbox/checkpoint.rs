@@ -124,6 +124,8 @@ fn encode_body(w: &mut Writer, st: &State) {
     // Last and optional, so that a checkpoint written before history
     // retention existed still decodes.
     compaction::put_msg_bases(w, st);
+    // Optional too, after the bases: links of edits to their targets.
+    messaging::put_edit_links(w, st);
 }
 
 pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
@@ -151,6 +153,9 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
     snapshots::decode_checkpoint_section(&mut r, &mut st)?;
     if !r.is_empty() {
         compaction::get_msg_bases(&mut r, &mut st)?;
+    }
+    if !r.is_empty() {
+        messaging::get_edit_links(&mut r, &mut st)?;
     }
     if !r.is_empty() {
         return Err(DecodeError("trailing bytes in checkpoint"));
@@ -320,6 +325,21 @@ mod tests {
         write(&PwriteIo, tmp.path(), image(7)).unwrap();
         let lsns: Vec<u64> = list(tmp.path()).unwrap().iter().map(|(l, _)| *l).collect();
         assert_eq!(lsns, [7, 5], "the newest two are kept");
+    }
+
+    #[test]
+    fn a_checkpoint_written_before_edit_links_decodes_with_none() {
+        let mut st = State::new(0);
+        let conv = Arc::make_mut(st.convs.entry(7).or_default());
+        conv.edits.insert(1, vec![2]);
+        let body = encode_state(&st);
+        assert_eq!(decode_state(&body).unwrap(), st, "links round-trip");
+        // The same state as an older writer encoded it: no links section.
+        let mut old = st.clone();
+        Arc::make_mut(old.convs.get_mut(&7).unwrap()).edits.clear();
+        let mut older = encode_state(&old);
+        older.truncate(older.len() - 8);
+        assert_eq!(decode_state(&older).unwrap(), old);
     }
 
     #[test]

@@ -217,6 +217,9 @@ impl State {
         }
         c.msgs.shrink_to(c.msgs.len() * 2);
         c.msgs_base = msgs_base;
+        // A trim takes a prefix and an edit is above its target, so the
+        // links of reclaimed targets are exactly the ones to drop.
+        c.edits = c.edits.split_off(&(msgs_base + 1));
         Ok(())
     }
 

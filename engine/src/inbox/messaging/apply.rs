@@ -5,6 +5,8 @@
 //! Invariants kept here:
 //! - a conversation's messages are contiguous by `msg_seq` (R1);
 //! - recipients are the members whose period covers the message (R5);
+//! - a recall tombstones its target and, through the edit links, every
+//!   edit descending from it (R6);
 //! - `unread` counts exactly the normal, not recalled messages from others
 //!   inside the member's periods, retained and above its read cursor (R14).
 
@@ -14,8 +16,25 @@ use super::record::MsgEffect;
 use crate::api::*;
 use crate::inbox::state::record::{ApplyError, Touched};
 use crate::inbox::state::{
-    msg_counter, IdemEntry, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED, OPEN,
+    msg_counter, Conv, IdemEntry, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED,
+    OPEN,
 };
+
+/// A recall of `target_seq` also recalls its edits, the edits of those,
+/// and so on: an edit carries the recalled message's new body. Edits never
+/// count as unread, so no count moves. The links of recalled messages are
+/// dropped: a recalled message cannot be edited or recalled again.
+fn recall_edits(conv: &mut Conv, target_seq: MsgSeq) {
+    let mut pending = conv.edits.remove(&target_seq).unwrap_or_default();
+    while let Some(seq) = pending.pop() {
+        if let Some(meta) = conv.meta_mut(seq) {
+            meta.flags |= FLAG_RECALLED;
+        }
+        if let Some(more) = conv.edits.remove(&seq) {
+            pending.extend(more);
+        }
+    }
+}
 
 impl State {
     /// Messages in `(uid's read_seq, up_to]` of `conv` that count as unread
@@ -131,6 +150,11 @@ impl State {
                     .ok_or_else(|| ApplyError("conv vanished".into()))?;
                 if let Some(meta) = conv.meta_mut(target_seq) {
                     meta.flags |= flag;
+                }
+                if m.kind == MessageKind::Edit {
+                    conv.edits.entry(target_seq).or_default().push(m.msg_seq);
+                } else {
+                    recall_edits(conv, target_seq);
                 }
             }
             MessageKind::Normal | MessageKind::Leave => {}

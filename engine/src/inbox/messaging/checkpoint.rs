@@ -1,12 +1,12 @@
 //! The messaging tables in a checkpoint: conversations (messages and
-//! membership periods), each user's conversation state, and the
-//! idempotency keys. Layout in `docs/FORMAT.md`, "Checkpoint file"; the
-//! order of sections is `checkpoint.rs`'s.
+//! membership periods), each user's conversation state, the idempotency
+//! keys and the edit links. Layout in `docs/FORMAT.md`, "Checkpoint
+//! file"; the order of sections is `checkpoint.rs`'s.
 
 use std::sync::Arc;
 
 use super::record::{kind_code, kind_from_code};
-use crate::inbox::codec::{sorted, DecodeResult, Reader, Writer};
+use crate::inbox::codec::{sorted, DecodeError, DecodeResult, Reader, Writer};
 use crate::inbox::state::{Conv, IdemEntry, MsgMeta, Period, State, User, UserConv};
 
 /// Conversations by id: messages, then membership periods.
@@ -142,6 +142,50 @@ pub(crate) fn get_idempotency(r: &mut Reader<'_>, st: &mut State) -> DecodeResul
     }
     for _ in 0..r.count(32)? {
         st.idem_order.push_back((r.u64()?, r.u64()?, r.u128()?));
+    }
+    Ok(())
+}
+
+/// Edit links (optional, after the message bases): by conv id, the
+/// conversations with any, each as conv u64, then a u64 count of
+/// (target_seq u64, edit count u64, each edit's msg_seq u64). A checkpoint
+/// written before links existed has none: edits made before it are not
+/// recalled with their original.
+pub(crate) fn put_edit_links(w: &mut Writer, st: &State) {
+    let convs: Vec<_> = sorted(&st.convs)
+        .into_iter()
+        .filter(|(_, c)| !c.edits.is_empty())
+        .collect();
+    w.u64(convs.len() as u64);
+    for (id, c) in convs {
+        w.u64(id);
+        w.u64(c.edits.len() as u64);
+        for (target, edits) in &c.edits {
+            w.u64(*target);
+            w.u64(edits.len() as u64);
+            for seq in edits {
+                w.u64(*seq);
+            }
+        }
+    }
+}
+
+pub(crate) fn get_edit_links(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
+    for _ in 0..r.count(16)? {
+        let conv = r.u64()?;
+        let c = st
+            .convs
+            .get_mut(&conv)
+            .map(Arc::make_mut)
+            .ok_or(DecodeError("edit links of an unknown conv"))?;
+        for _ in 0..r.count(16)? {
+            let target = r.u64()?;
+            let mut edits = Vec::new();
+            for _ in 0..r.count(8)? {
+                edits.push(r.u64()?);
+            }
+            c.edits.insert(target, edits);
+        }
     }
     Ok(())
 }

@@ -9,13 +9,16 @@
 //! - Cursor bounds: a read cursor never passes its conversation's head.
 //! - Membership: a member's periods are ordered and do not overlap, and
 //!   only the last one may be open.
+//! - Edit links: each links a retained, not recalled message to edit
+//!   entries above it (an edit may have been recalled on its own since;
+//!   full check only).
 //! - Reference counts: the per-segment counts equal a recount of the
 //!   indexes ([`State::check_seg_refs`]); `unread` equals a recount of
 //!   the messages that count for it (full check only).
 
 use super::record::{ApplyError, Touched};
-use super::{Conv, State, User, OPEN};
-use crate::api::{ConvId, Uid};
+use super::{Conv, State, User, FLAG_RECALLED, OPEN};
+use crate::api::{ConvId, MessageKind, Uid};
 
 impl State {
     /// The cheap subset, on what one `apply` touched.
@@ -39,6 +42,7 @@ impl State {
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
         for (&conv, c) in &self.convs {
             check_conv_watermarks(conv, c)?;
+            check_edit_links(conv, c)?;
             for (uid, periods) in &c.members {
                 for pair in periods.windows(2) {
                     if pair[0].leave_seq == OPEN || pair[0].leave_seq >= pair[1].join_seq {
@@ -118,6 +122,26 @@ fn check_conv_watermarks(conv: ConvId, c: &Conv) -> Result<(), String> {
             "conv {conv}: committed {} or base {} above the head {head}",
             c.committed_seq, c.msgs_base
         ));
+    }
+    Ok(())
+}
+
+fn check_edit_links(conv: ConvId, c: &Conv) -> Result<(), String> {
+    let live = |seq| c.meta(seq).filter(|m| m.flags & FLAG_RECALLED == 0);
+    for (&target, edits) in &c.edits {
+        if live(target).is_none() {
+            return Err(format!(
+                "conv {conv}: edits link to seq {target}, which is recalled or not retained"
+            ));
+        }
+        for &seq in edits {
+            let edit = c.meta(seq).is_some_and(|m| m.kind == MessageKind::Edit);
+            if seq <= target || !edit {
+                return Err(format!(
+                    "conv {conv}: seq {seq} is linked as an edit of seq {target}"
+                ));
+            }
+        }
     }
     Ok(())
 }

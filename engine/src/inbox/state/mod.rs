@@ -85,6 +85,11 @@ pub(crate) struct Conv {
     pub msgs_base: MsgSeq,
     pub msgs: Vec<MsgMeta>,
     pub members: BTreeMap<Uid, Vec<Period>>,
+    /// The edits of each retained message that is not recalled, by the
+    /// `msg_seq` they target: a recall tombstones the edits of what it
+    /// recalls, and theirs, so no edit serves a recalled body (R6). An
+    /// edit recalled on its own stays listed under its target.
+    pub edits: BTreeMap<MsgSeq, Vec<MsgSeq>>,
     /// Highest durable `msg_seq` (not state: maintained by the completion
     /// stage).
     pub committed_seq: MsgSeq,
