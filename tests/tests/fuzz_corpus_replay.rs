@@ -40,4 +40,7 @@ fn wire_decode_corpus_never_panics_and_every_accepted_frame_reencodes_exactly() 
 #[test]
 fn engine_model_corpus_keeps_every_acknowledged_write_across_faults_and_restarts() {
     replay("engine_model", inbox_tests::fuzzing::engine_model::check);
+    let coverage = inbox_tests::fuzzing::engine_model::coverage();
+    println!("engine_model corpus: {coverage}");
+    coverage.assert_reached_everything();
 }
