@@ -375,6 +375,8 @@ fn compaction_never_takes_what_a_fence_protects_and_answers_match_the_model() {
     let config = ProptestConfig {
         cases: 24,
         max_shrink_iters: 200,
+        // Failing cases are saved next to this file and replayed first.
+        source_file: Some(file!()),
         ..ProptestConfig::default()
     };
     // A fixed seed: the counts checked below are those of the same 24
