@@ -449,6 +449,9 @@ struct Faults {
 /// Checks a result: with no fault armed, only rule refusals are allowed.
 fn allowed<T>(result: &Result<T>, faults: Faults, what: &str) {
     if let Err(error) = result {
+        if std::env::var_os("ENGINE_MODEL_TRACE").is_some() {
+            eprintln!("  {what}: {error}");
+        }
         assert!(
             faults.armed || refused_by_rules(error),
             "{what} failed with a storage error while no fault was injected: {error}"
@@ -742,6 +745,7 @@ fn check_durable(inbox: &Inbox, ledger: &Ledger) {
 
 fn membership(run: &mut Run, op: Op, conv: ConvId, uid: Uid) {
     let faults = run.faults();
+    let syncs_before = run.io.syncs();
     let reply = if matches!(op, Op::Join(..)) {
         run.inbox().join(conv, uid).wait()
     } else {
@@ -753,7 +757,14 @@ fn membership(run: &mut Run, op: Op, conv: ConvId, uid: Uid) {
             // Joining as a member answers with the open period's join seq
             // (idempotent); only a new record takes a seq.
             let head = run.ledger.head.get(&conv).copied().unwrap_or(0);
-            if reply.msg_seq > head {
+            let wrote = run.io.syncs() > syncs_before;
+            if reply.msg_seq > head && !wrote && run.ledger.head_unsure.contains(&conv) {
+                // The open period of a join that failed under a fault but
+                // reached the disk: answered without a write, which a
+                // stopped engine may do. Other failed operations may have
+                // landed after it, so the head stays unsure.
+                run.ledger.head.insert(conv, reply.msg_seq);
+            } else if reply.msg_seq > head {
                 run.acknowledged("join/leave");
                 run.ledger.took_seq(conv, reply.msg_seq);
             }
@@ -862,9 +873,17 @@ fn recall(run: &mut Run, i: usize, conv: ConvId, sender: Uid, pick: usize) {
 /// Runs one fuzz case; panics on any disagreement.
 pub fn check(data: &[u8]) {
     let ops = decode(data);
+    // `ENGINE_MODEL_TRACE=1` prints each operation, to read a finding.
+    let trace = std::env::var_os("ENGINE_MODEL_TRACE").is_some();
     let mut run = Run::new();
     for (i, op) in ops.iter().enumerate() {
         let faults = run.faults();
+        if trace {
+            eprintln!(
+                "op {i}: {op:?} (failures fired {})",
+                run.io.failures_fired()
+            );
+        }
         match *op {
             Op::Join(conv, uid) | Op::Leave(conv, uid) => membership(&mut run, *op, conv, uid),
             Op::Send(conv, sender, client_msg_id, size) => {
