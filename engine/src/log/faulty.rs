@@ -61,6 +61,8 @@ struct Model {
     syncs_until_failure: Option<u64>,
     writes_until_failure: Option<u64>,
     syncs: u64,
+    /// Injected failures (EIO on a write or a sync) that have fired.
+    failures_fired: u64,
 }
 
 fn countdown(c: &mut Option<u64>) -> bool {
@@ -115,11 +117,38 @@ impl FaultyIo {
         self.model.lock().syncs
     }
 
+    /// Injected write or sync failures that have fired so far: from the
+    /// first one on, the layer above must acknowledge nothing more.
+    pub fn failures_fired(&self) -> u64 {
+        self.model.lock().failures_fired
+    }
+
     /// Writes what a power cut right now would leave of the files this
     /// backend has touched into `to` (an existing, empty directory).
     /// With `torn_seed`, each file also gets a pseudo-random prefix of its
     /// unsynced writes, the last of them cut at a pseudo-random byte.
     pub fn crash_image(&self, to: &Path, torn_seed: Option<u64>) -> io::Result<()> {
+        self.write_image(None, to, torn_seed)
+    }
+
+    /// Like [`FaultyIo::crash_image`] for every file under `root` (several
+    /// logs sharing this backend): each lands at its path relative to
+    /// `root` under `to`, directories created as needed.
+    pub fn crash_image_tree(
+        &self,
+        root: &Path,
+        to: &Path,
+        torn_seed: Option<u64>,
+    ) -> io::Result<()> {
+        self.write_image(Some(root), to, torn_seed)
+    }
+
+    fn write_image(
+        &self,
+        root: Option<&Path>,
+        to: &Path,
+        torn_seed: Option<u64>,
+    ) -> io::Result<()> {
         let model = self.model.lock();
         let mut rng = torn_seed.map(|s| s | 1);
         let mut next = move |bound: usize| -> usize {
@@ -149,10 +178,22 @@ impl FaultyIo {
                     img.apply(*off, &data[..cut]);
                 }
             }
-            let name = path
-                .file_name()
-                .ok_or_else(|| io::Error::other("no file name"))?;
-            std::fs::write(to.join(name), &img.durable)?;
+            let target = match root {
+                Some(root) => {
+                    let Ok(relative) = path.strip_prefix(root) else {
+                        continue;
+                    };
+                    to.join(relative)
+                }
+                None => to.join(
+                    path.file_name()
+                        .ok_or_else(|| io::Error::other("no file name"))?,
+                ),
+            };
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(target, &img.durable)?;
         }
         Ok(())
     }
@@ -214,6 +255,7 @@ impl LogIo for FaultyIo {
     fn write_at(&self, file: &File, offset: u64, buf: &[u8], sync: bool) -> io::Result<()> {
         let mut m = self.model.lock();
         if countdown(&mut m.writes_until_failure) {
+            m.failures_fired += 1;
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.inner.write_at(file, offset, buf, false)?;
@@ -231,6 +273,7 @@ impl LogIo for FaultyIo {
     fn sync_data(&self, file: &File) -> io::Result<()> {
         let mut m = self.model.lock();
         if countdown(&mut m.syncs_until_failure) {
+            m.failures_fired += 1;
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.inner.sync_data(file)?;
