@@ -11,6 +11,8 @@ use bytes::Bytes;
 use inbox_engine::log::SyncPolicy;
 use serde::Deserialize;
 
+use crate::tls::ServerTls;
+
 /// `inboxd serve` options. Every one is optional so that "unset" can fall
 /// through to the file and then the default.
 #[derive(Clone, Debug, Default, clap::Args)]
@@ -34,6 +36,24 @@ pub struct ServeArgs {
     /// with mode 0600 when missing].
     #[arg(long, env = "INBOXD_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// Secret for admin requests (COMPACT, CHECKPOINT, EXPLAIN,
+    /// EXPLAIN_SEGMENT, STATS). Prefer --admin-token-file.
+    #[arg(long, env = "INBOXD_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// File holding the admin secret [default: DATA_DIR/admin_token,
+    /// generated with mode 0600 when missing].
+    #[arg(long, env = "INBOXD_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// PEM certificate chain (leaf first): serve TLS on every listener.
+    #[arg(long, env = "INBOXD_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "INBOXD_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s): require client certificates that chain to
+    /// them (mutual TLS). Needs --tls-cert.
+    #[arg(long, env = "INBOXD_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
     /// Concurrent client connections [default: 1024].
     #[arg(long, env = "INBOXD_MAX_CONNECTIONS")]
     pub max_connections: Option<u32>,
@@ -56,6 +76,12 @@ pub struct ServeArgs {
     /// Burst of requests per connection above the rate [default: 2000].
     #[arg(long, env = "INBOXD_RATE_BURST")]
     pub rate_burst: Option<u32>,
+    /// Uids one connection may be subscribed to at once [default: 100000].
+    #[arg(long, env = "INBOXD_SUBSCRIBE_UIDS_MAX")]
+    pub subscribe_uids_max: Option<u32>,
+    /// Subscriptions held by all connections together [default: 1000000].
+    #[arg(long, env = "INBOXD_SUBSCRIPTIONS_MAX")]
+    pub subscriptions_max: Option<u64>,
     /// `always` (fdatasync before reply), `none`, or `interval:MS` [default: always].
     #[arg(long, env = "INBOXD_SYNC")]
     pub sync: Option<String>,
@@ -89,6 +115,11 @@ struct FileConfig {
     metrics_listen: Option<SocketAddr>,
     token: Option<String>,
     token_file: Option<PathBuf>,
+    admin_token: Option<String>,
+    admin_token_file: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
     max_connections: Option<u32>,
     frame_bytes_max: Option<u32>,
     reply_frame_bytes_max: Option<u32>,
@@ -96,6 +127,8 @@ struct FileConfig {
     idle_timeout_s: Option<u64>,
     rate_per_s: Option<u32>,
     rate_burst: Option<u32>,
+    subscribe_uids_max: Option<u32>,
+    subscriptions_max: Option<u64>,
     sync: Option<String>,
     shutdown_grace_s: Option<u64>,
     batch_token_ttl_s: Option<u64>,
@@ -123,6 +156,12 @@ pub struct Limits {
     pub idle_timeout: Duration,
     pub rate_per_s: u32,
     pub rate_burst: u32,
+    /// Uids one connection may be subscribed to at once.
+    pub subscribe_uids_max: u32,
+    /// Subscriptions held by all connections together: with about 40
+    /// bytes per entry (a `u64` in a hash set at its worst load factor),
+    /// the default bounds hint state to about 40 MB.
+    pub subscriptions_max: u64,
 }
 
 impl Default for Limits {
@@ -135,6 +174,8 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             rate_per_s: 20_000,
             rate_burst: 2_000,
+            subscribe_uids_max: 100_000,
+            subscriptions_max: 1_000_000,
         }
     }
 }
@@ -146,6 +187,9 @@ pub struct Config {
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
     pub token: TokenSource,
+    pub admin_token: TokenSource,
+    /// `None` serves plain TCP.
+    pub tls: Option<ServerTls>,
     pub limits: Limits,
     pub sync: SyncPolicy,
     pub shutdown_grace: Duration,
@@ -224,6 +268,38 @@ impl Config {
                 (None, None) => TokenSource::Generated(data_dir.join("token")),
             },
         };
+        let admin_token = match (args.admin_token.clone(), args.admin_token_file.clone()) {
+            (Some(token), _) => TokenSource::Inline(token),
+            (None, Some(path)) => TokenSource::File(path),
+            (None, None) => match (file.admin_token, file.admin_token_file) {
+                (Some(token), _) => TokenSource::Inline(token),
+                (None, Some(path)) => TokenSource::File(path),
+                (None, None) => TokenSource::Generated(data_dir.join("admin_token")),
+            },
+        };
+        let tls_cert = args.tls_cert.clone().or(file.tls_cert);
+        let tls_key = args.tls_key.clone().or(file.tls_key);
+        let tls_client_ca = args.tls_client_ca.clone().or(file.tls_client_ca);
+        let tls = match (tls_cert, tls_key) {
+            (Some(cert), Some(key)) => Some(ServerTls {
+                cert,
+                key,
+                client_ca: tls_client_ca,
+            }),
+            (None, None) if tls_client_ca.is_none() => None,
+            (None, None) => {
+                return Err(ConfigError::Invalid {
+                    key: "tls_client_ca",
+                    reason: "needs tls_cert and tls_key".into(),
+                })
+            }
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    key: "tls_cert",
+                    reason: "tls_cert and tls_key go together".into(),
+                })
+            }
+        };
         let limits = Limits {
             max_connections: args
                 .max_connections
@@ -253,6 +329,14 @@ impl Config {
                 .rate_burst
                 .or(file.rate_burst)
                 .unwrap_or(defaults.rate_burst),
+            subscribe_uids_max: args
+                .subscribe_uids_max
+                .or(file.subscribe_uids_max)
+                .unwrap_or(defaults.subscribe_uids_max),
+            subscriptions_max: args
+                .subscriptions_max
+                .or(file.subscriptions_max)
+                .unwrap_or(defaults.subscriptions_max),
         };
         for (key, value) in [
             ("max_connections", limits.max_connections),
@@ -288,6 +372,8 @@ impl Config {
                 .or(file.metrics_listen)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7071))),
             token,
+            admin_token,
+            tls,
             limits,
             sync,
             shutdown_grace: Duration::from_secs(
@@ -329,15 +415,42 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Loads the client token, generating `DATA_DIR/token` (mode 0600) when
-/// none is configured. Returns the token and, when a file was generated,
+/// Refuses a secret file that group or others can read or write: a token
+/// anyone on the host can read authenticates anyone on the host.
+pub fn check_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is accessible by group or others (mode {:03o}); it holds a secret: run `chmod 600 {}`",
+                path.display(),
+                mode & 0o777,
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Loads a token for the server, generating the default file (mode 0600)
+/// when none is configured. A token file must be private to its owner
+/// ([`check_private`]). Returns the token and, when a file was generated,
 /// its path (for the log; the token itself is never logged).
 pub fn load_token(source: &TokenSource) -> std::io::Result<(Bytes, Option<PathBuf>)> {
     match source {
         TokenSource::Inline(token) => Ok((Bytes::from(token.clone().into_bytes()), None)),
-        TokenSource::File(path) => Ok((read_token(path)?, None)),
+        TokenSource::File(path) => {
+            check_private(path)?;
+            Ok((read_token(path)?, None))
+        }
         TokenSource::Generated(path) => {
             if path.exists() {
+                check_private(path)?;
                 return Ok((read_token(path)?, None));
             }
             let token = hex(&rand::random::<[u8; 32]>());
@@ -349,7 +462,8 @@ pub fn load_token(source: &TokenSource) -> std::io::Result<(Bytes, Option<PathBu
 
 /// A token file holds the token; surrounding whitespace is not part of it.
 pub fn read_token(path: &Path) -> std::io::Result<Bytes> {
-    let text = std::fs::read_to_string(path)?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     let token = text.trim();
     if token.is_empty() {
         return Err(std::io::Error::new(
@@ -365,12 +479,15 @@ pub fn read_token(path: &Path) -> std::io::Result<Bytes> {
 pub fn load_batch_token_key(data_dir: &Path) -> std::io::Result<[u8; 32]> {
     let path = data_dir.join("batch_token.key");
     match std::fs::read(&path) {
-        Ok(bytes) => <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("{} must hold exactly 32 bytes", path.display()),
-            )
-        }),
+        Ok(bytes) => {
+            check_private(&path)?;
+            <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{} must hold exactly 32 bytes", path.display()),
+                )
+            })
+        }
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             let key = rand::random::<[u8; 32]>();
             write_private(&path, &key)?;

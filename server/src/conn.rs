@@ -5,6 +5,14 @@
 //! - nothing reaches the engine before a successful `HELLO` (right
 //!   version, right token); anything else first is answered
 //!   `UNAUTHENTICATED` and the connection closes;
+//! - admin requests (`COMPACT`, `CHECKPOINT`, `EXPLAIN*`, `STATS`) run only
+//!   on a connection that said `HELLO` with the admin token; with the
+//!   client token they are answered `FORBIDDEN`. The admin token may make
+//!   every other request too;
+//! - a connection holds at most `subscribe_uids_max` subscriptions and all
+//!   connections together at most `subscriptions_max`: a `SUBSCRIBE` over
+//!   the first is answered `TOO_LARGE`, over the second `RATE_LIMITED`, and
+//!   adds nothing;
 //! - a frame that breaks the framing (over the size limit, too short) is
 //!   answered (request id 0) and the connection closes: the next frame
 //!   boundary cannot be found. A well-framed bad body or unknown opcode is
@@ -21,6 +29,8 @@
 //!   its reply is written, then the socket closes.
 
 use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,9 +40,8 @@ use inbox_wire::{
     Empty, ErrorCode, ErrorReply, Frame, FrameCodec, Hello, HelloOk, Hint, Hints, Request,
     Response, WireError, PROTOCOL_VERSION,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::TcpStream;
+use subtle::ConstantTimeEq as _;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::config::Limits;
@@ -42,7 +51,7 @@ use crate::service;
 /// Longest wait for a complete `HELLO` on a new connection (or the idle
 /// timeout, when that is shorter): a connection that has not authenticated
 /// holds a slot without doing anything useful.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every connection shares.
 pub struct Shared {
@@ -50,6 +59,48 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
     pub token: Bytes,
+    pub admin_token: Bytes,
+}
+
+/// What the token presented in `HELLO` allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Client,
+    Admin,
+}
+
+/// Requests that inspect or steer the whole store rather than one user's
+/// data: they need the admin token.
+fn is_admin(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Stats(_)
+            | Request::Explain(_)
+            | Request::ExplainSegment(_)
+            | Request::Compact(_)
+            | Request::Checkpoint(_)
+    )
+}
+
+/// Gives back a connection's subscriptions to the shared budget when the
+/// connection ends, however it ends.
+struct SubscriptionGuard {
+    shared: Arc<Shared>,
+    subscribed: Arc<Mutex<HashSet<u64>>>,
+}
+
+impl Drop for SubscriptionGuard {
+    fn drop(&mut self) {
+        let held = self
+            .subscribed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len() as u64;
+        self.shared
+            .metrics
+            .subscriptions
+            .fetch_sub(held, Ordering::Relaxed);
+    }
 }
 
 /// A token bucket: `rate_per_s` sustained, `burst` at once.
@@ -86,16 +137,10 @@ impl RateLimiter {
     }
 }
 
-/// Compares tokens in time independent of where they differ.
+/// Compares tokens in time independent of where they differ (only the
+/// length, which is not secret, ends the comparison early).
 fn token_matches(expected: &[u8], presented: &[u8]) -> bool {
-    if expected.len() != presented.len() {
-        return false;
-    }
-    expected
-        .iter()
-        .zip(presented)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-        == 0
+    bool::from(expected.ct_eq(presented))
 }
 
 fn error_frame(request_id: u64, code: ErrorCode, detail: u64, message: impl Into<String>) -> Frame {
@@ -108,7 +153,7 @@ fn error_frame(request_id: u64, code: ErrorCode, detail: u64, message: impl Into
 }
 
 /// Writes queued frames, batching whatever is ready into one write.
-async fn write_loop(mut socket: OwnedWriteHalf, mut rx: mpsc::Receiver<Frame>) {
+async fn write_loop<W: AsyncWrite + Unpin>(mut socket: W, mut rx: mpsc::Receiver<Frame>) {
     let codec = FrameCodec::new(u32::MAX);
     let mut out = BytesMut::with_capacity(64 << 10);
     while let Some(frame) = rx.recv().await {
@@ -195,12 +240,19 @@ enum Close {
     WithError,
 }
 
-/// Serves one connection until the peer leaves, the stream breaks, or
-/// `shutdown` flips.
-pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let peer = stream.peer_addr().ok();
-    let _ = stream.set_nodelay(true);
-    let (mut reader, writer) = stream.into_split();
+/// Serves one connection, given as its two halves (a TCP socket's or a
+/// TLS stream's), until the peer leaves, the stream breaks, or `shutdown`
+/// flips.
+pub async fn serve<R, W>(
+    mut reader: R,
+    writer: W,
+    peer: Option<SocketAddr>,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let in_flight_max = shared.limits.in_flight_max as usize;
     let (tx, rx) = mpsc::channel::<Frame>(in_flight_max + 64);
     let writer_task = tokio::spawn(write_loop(writer, rx));
@@ -208,9 +260,13 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
     let codec = FrameCodec::new(shared.limits.frame_bytes_max);
     let mut rate = RateLimiter::new(shared.limits.rate_per_s, shared.limits.rate_burst);
     let subscribed = Arc::new(Mutex::new(HashSet::new()));
+    let _subscriptions = SubscriptionGuard {
+        shared: Arc::clone(&shared),
+        subscribed: Arc::clone(&subscribed),
+    };
     let (closed_tx, closed_rx) = watch::channel(false);
     let mut hint_task = None;
-    let mut authenticated = false;
+    let mut role = None;
     let mut buf = BytesMut::with_capacity(8 << 10);
     // The idle clock runs from the last complete frame, not the last byte:
     // a peer trickling a byte at a time (slowloris) still has to finish a
@@ -266,7 +322,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
                                 .await;
                             break Close::WithError;
                         }
-                        tracing::debug!(?peer, authenticated, "closing idle connection");
+                        tracing::debug!(?peer, ?role, "closing idle connection");
                         break Close::Quietly;
                     }
                 }
@@ -284,10 +340,10 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
             }
         };
 
-        if !authenticated {
+        let Some(role) = role else {
             match handshake(&shared, &frame) {
-                Ok(reply) => {
-                    authenticated = true;
+                Ok((granted, reply)) => {
+                    role = Some(granted);
                     let _ = tx.send(reply).await;
                     continue;
                 }
@@ -297,7 +353,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
                     break Close::WithError;
                 }
             }
-        }
+        };
 
         let request_id = frame.request_id;
         let request = match Request::decode(frame.opcode, frame.body) {
@@ -331,6 +387,22 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
             continue;
         }
 
+        if is_admin(&request) && role != Role::Admin {
+            let op = request.op();
+            shared
+                .metrics
+                .observe_refused(op.name(), ErrorCode::Forbidden);
+            let _ = tx
+                .send(error_frame(
+                    request_id,
+                    ErrorCode::Forbidden,
+                    0,
+                    format!("{} needs the admin token", op.name()),
+                ))
+                .await;
+            continue;
+        }
+
         match request {
             Request::Hello(_) => {
                 let _ = tx
@@ -346,10 +418,18 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
                 let _ = tx.send(Response::Ping(Empty {}).to_frame(request_id)).await;
             }
             Request::Subscribe(list) => {
-                subscribed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .extend(list.uids.iter().copied());
+                if let Err(refusal) = subscribe(&shared, &subscribed, &list.uids) {
+                    shared.metrics.observe_refused("SUBSCRIBE", refusal.code);
+                    let _ = tx
+                        .send(error_frame(
+                            request_id,
+                            refusal.code,
+                            refusal.detail,
+                            refusal.message,
+                        ))
+                        .await;
+                    continue;
+                }
                 if hint_task.is_none() {
                     hint_task = Some(tokio::spawn(hint_loop(
                         shared.inbox.subscribe_hints(),
@@ -366,9 +446,15 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
             Request::Unsubscribe(list) => {
                 {
                     let mut set = subscribed.lock().unwrap_or_else(|p| p.into_inner());
+                    let before = set.len();
                     for uid in &list.uids {
                         set.remove(uid);
                     }
+                    let removed = (before - set.len()) as u64;
+                    shared
+                        .metrics
+                        .subscriptions
+                        .fetch_sub(removed, Ordering::Relaxed);
                 }
                 let _ = tx
                     .send(Response::Unsubscribe(Empty {}).to_frame(request_id))
@@ -427,9 +513,61 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
     let _ = writer_task.await;
 }
 
+/// Adds `uids` to a connection's subscriptions, all or nothing, within the
+/// per-connection and the total caps.
+fn subscribe(
+    shared: &Shared,
+    subscribed: &Mutex<HashSet<u64>>,
+    uids: &[u64],
+) -> Result<(), ErrorReply> {
+    let mut set = subscribed.lock().unwrap_or_else(|p| p.into_inner());
+    let mut fresh: Vec<u64> = uids
+        .iter()
+        .copied()
+        .filter(|uid| !set.contains(uid))
+        .collect();
+    fresh.sort_unstable();
+    fresh.dedup();
+    let per_connection = u64::from(shared.limits.subscribe_uids_max);
+    let wanted = fresh.len() as u64;
+    if set.len() as u64 + wanted > per_connection {
+        return Err(ErrorReply {
+            code: ErrorCode::TooLarge,
+            detail: per_connection,
+            message: format!(
+                "a connection may subscribe to at most {per_connection} uids ({} held, {wanted} new)",
+                set.len()
+            ),
+        });
+    }
+    let total_max = shared.limits.subscriptions_max;
+    let reserved =
+        shared
+            .metrics
+            .subscriptions
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                held.checked_add(wanted).filter(|total| *total <= total_max)
+            });
+    if reserved.is_err() {
+        return Err(ErrorReply {
+            code: ErrorCode::RateLimited,
+            detail: SUBSCRIBE_RETRY_MS,
+            message: format!(
+                "the server holds its maximum of {total_max} subscriptions; retry later"
+            ),
+        });
+    }
+    set.extend(fresh);
+    Ok(())
+}
+
+/// Retry-after for a `SUBSCRIBE` refused at the server-wide cap: room comes
+/// back as other connections unsubscribe or close, not on a clock.
+const SUBSCRIBE_RETRY_MS: u64 = 1_000;
+
 /// Checks the first frame: it must be a well-formed `HELLO` with a
-/// supported version and the right token.
-fn handshake(shared: &Shared, frame: &Frame) -> Result<Frame, Frame> {
+/// supported version and the client or the admin token.
+fn handshake(shared: &Shared, frame: &Frame) -> Result<(Role, Frame), Frame> {
     let id = frame.request_id;
     if frame.opcode != inbox_wire::Op::Hello as u8 {
         return Err(error_frame(
@@ -456,26 +594,35 @@ fn handshake(shared: &Shared, frame: &Frame) -> Result<Frame, Frame> {
             ),
         ));
     }
-    if !token_matches(&shared.token, &hello.token) {
-        return Err(error_frame(
-            id,
-            ErrorCode::Unauthenticated,
-            0,
-            "wrong token",
-        ));
-    }
-    tracing::debug!(client = %hello.client_name, "client authenticated");
-    Ok(Response::Hello(HelloOk {
+    // Both comparisons always run, so the time taken does not say which
+    // token came close.
+    let client = token_matches(&shared.token, &hello.token);
+    let admin = token_matches(&shared.admin_token, &hello.token);
+    let role = match (admin, client) {
+        (true, _) => Role::Admin,
+        (false, true) => Role::Client,
+        (false, false) => {
+            return Err(error_frame(
+                id,
+                ErrorCode::Unauthenticated,
+                0,
+                "wrong token",
+            ));
+        }
+    };
+    tracing::debug!(client = %hello.client_name, ?role, "client authenticated");
+    let reply = Response::Hello(HelloOk {
         version: PROTOCOL_VERSION,
         server_name: format!("inboxd/{}", env!("CARGO_PKG_VERSION")),
         frame_bytes_max: shared.limits.frame_bytes_max,
         in_flight_max: shared.limits.in_flight_max,
     })
-    .to_frame(id))
+    .to_frame(id);
+    Ok((role, reply))
 }
 
 /// Refuses a connection over the connection limit with one error frame.
-pub async fn refuse(mut stream: TcpStream, reason: &str) {
+pub async fn refuse<W: AsyncWrite + Unpin>(mut stream: W, reason: &str) {
     let mut out = BytesMut::new();
     let _ = FrameCodec::new(u32::MAX)
         .encode(&error_frame(0, ErrorCode::Unavailable, 0, reason), &mut out);

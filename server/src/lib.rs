@@ -6,7 +6,8 @@
 //!   field-for-field translation in [`convert`]. No inbox logic lives here;
 //! - [`metrics`]: Prometheus text exposition;
 //! - [`config`]: flags > `INBOXD_*` env > TOML file > defaults;
-//! - [`client`]: the pipelined async client used by inboxctl and the tests.
+//! - [`client`]: the pipelined async client used by inboxctl and the tests;
+//! - [`tls`]: rustls setup for every listener and for the client.
 
 pub mod client;
 pub mod config;
@@ -15,3 +16,4 @@ pub mod convert;
 pub mod metrics;
 pub mod server;
 pub mod service;
+pub mod tls;

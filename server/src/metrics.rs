@@ -13,8 +13,10 @@ use std::time::Duration;
 
 use inbox_engine::{ConvPull, Inbox, SyncPage};
 use inbox_wire::{ErrorCode, Op};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
+
+use crate::tls::TlsAcceptor;
 
 /// Latency buckets, seconds: 50 µs to 5 s.
 const LATENCY_BUCKETS_S: &[f64] = &[
@@ -97,6 +99,10 @@ pub struct Metrics {
     pub frames_rejected: AtomicU64,
     pub hints_sent: AtomicU64,
     pub hints_dropped: AtomicU64,
+    /// Subscriptions held by all connections; also the count the
+    /// server-wide subscription cap is checked against.
+    pub subscriptions: AtomicU64,
+    pub tls_handshakes_failed: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -116,6 +122,8 @@ impl Default for Metrics {
             frames_rejected: AtomicU64::new(0),
             hints_sent: AtomicU64::new(0),
             hints_dropped: AtomicU64::new(0),
+            subscriptions: AtomicU64::new(0),
+            tls_handshakes_failed: AtomicU64::new(0),
         }
     }
 }
@@ -233,6 +241,18 @@ impl Metrics {
                 "Hint rounds dropped because a subscriber was slow.",
                 self.hints_dropped.load(Ordering::Relaxed),
             ),
+            (
+                "inboxd_subscriptions",
+                "gauge",
+                "Uids subscribed to hints, over all connections.",
+                self.subscriptions.load(Ordering::Relaxed),
+            ),
+            (
+                "inboxd_tls_handshakes_failed_total",
+                "counter",
+                "TLS handshakes that failed or timed out (protocol and metrics ports).",
+                self.tls_handshakes_failed.load(Ordering::Relaxed),
+            ),
         ];
         let stats = inbox.stats();
         let fsync_latency_s_sum = stats.fsync_latency_us_sum as f64 / 1e6;
@@ -337,13 +357,14 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown` flips. Anything
-/// else gets a 404; a request head over 8 KiB or slower than 5 s is
-/// dropped.
+/// Serves `GET /metrics` on `listener` (over TLS when `tls` is set) until
+/// `shutdown` flips. Anything else gets a 404; a request head over 8 KiB
+/// or slower than 5 s is dropped.
 pub async fn serve(
     listener: TcpListener,
     inbox: Arc<Inbox>,
     metrics: Arc<Metrics>,
+    tls: Option<TlsAcceptor>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
@@ -351,41 +372,59 @@ pub async fn serve(
             accepted = listener.accept() => accepted,
             _ = shutdown.changed() => return,
         };
-        let Ok((mut stream, _)) = accepted else {
+        let Ok((stream, peer)) = accepted else {
             continue;
         };
         let inbox = Arc::clone(&inbox);
         let metrics = Arc::clone(&metrics);
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let mut head = Vec::with_capacity(1024);
-            let mut chunk = [0u8; 1024];
-            let read_head = async {
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-                    match stream.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return false,
-                        Ok(n) => head.extend_from_slice(&chunk[..n]),
+            match tls {
+                None => respond(stream, &inbox, &metrics).await,
+                Some(acceptor) => match crate::server::tls_accept(&acceptor, stream, peer).await {
+                    Some(stream) => respond(stream, &inbox, &metrics).await,
+                    None => {
+                        metrics
+                            .tls_handshakes_failed
+                            .fetch_add(1, Ordering::Relaxed);
                     }
-                }
-                true
-            };
-            if !matches!(
-                tokio::time::timeout(Duration::from_secs(5), read_head).await,
-                Ok(true)
-            ) {
-                return;
+                },
             }
-            let (status, body) =
-                if head.starts_with(b"GET /metrics ") || head.starts_with(b"GET / ") {
-                    ("200 OK", metrics.render(&inbox))
-                } else {
-                    ("404 Not Found", "not found; try /metrics\n".to_string())
-                };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
-            let _ = stream.shutdown().await;
         });
     }
+}
+
+async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    inbox: &Inbox,
+    metrics: &Metrics,
+) {
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    let read_head = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => head.extend_from_slice(&chunk[..n]),
+            }
+        }
+        true
+    };
+    if !matches!(
+        tokio::time::timeout(Duration::from_secs(5), read_head).await,
+        Ok(true)
+    ) {
+        return;
+    }
+    let (status, body) = if head.starts_with(b"GET /metrics ") || head.starts_with(b"GET / ") {
+        ("200 OK", metrics.render(inbox))
+    } else {
+        ("404 Not Found", "not found; try /metrics\n".to_string())
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }

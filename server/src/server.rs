@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 use crate::config::{self, Config};
 use crate::conn::{self, Shared};
 use crate::metrics::{self, Metrics};
+use crate::tls::{ServerTls, TlsAcceptor};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -26,6 +27,12 @@ pub enum ServeError {
     },
     #[error("token: {0}")]
     Token(std::io::Error),
+    #[error("admin token: {0}")]
+    AdminToken(std::io::Error),
+    #[error("the admin token must differ from the client token")]
+    SameTokens,
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsError),
     #[error("cannot open the store: {0}")]
     Open(inbox_engine::Error),
     #[error("cannot listen on {addr}: {source}")]
@@ -59,6 +66,15 @@ pub async fn run(
     if let Some(path) = generated {
         tracing::info!(path = %path.display(), "no token configured: generated one (mode 0600); clients read it from this file");
     }
+    let (admin_token, generated) =
+        config::load_token(&config.admin_token).map_err(ServeError::AdminToken)?;
+    if let Some(path) = generated {
+        tracing::info!(path = %path.display(), "no admin token configured: generated one (mode 0600); admin tools read it from this file");
+    }
+    if admin_token == token {
+        return Err(ServeError::SameTokens);
+    }
+    let tls = config.tls.as_ref().map(ServerTls::acceptor).transpose()?;
     let token_key =
         config::load_batch_token_key(&config.data_dir).map_err(|source| ServeError::DataDir {
             path: config.data_dir.clone(),
@@ -104,7 +120,7 @@ pub async fn run(
             .local_addr()
             .unwrap_or(config.metrics_listen),
     };
-    tracing::info!(listen = %bound.listen, metrics = %bound.metrics, data_dir = %config.data_dir.display(), "inboxd serving");
+    tracing::info!(listen = %bound.listen, metrics = %bound.metrics, data_dir = %config.data_dir.display(), tls = tls.is_some(), mutual_tls = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some()), "inboxd serving");
     on_bound(bound);
 
     let metrics = Arc::new(Metrics::default());
@@ -112,6 +128,7 @@ pub async fn run(
         metrics_listener,
         Arc::clone(&inbox),
         Arc::clone(&metrics),
+        tls.clone(),
         shutdown.clone(),
     ));
     let shared = Arc::new(Shared {
@@ -119,6 +136,7 @@ pub async fn run(
         metrics: Arc::clone(&metrics),
         limits: config.limits.clone(),
         token,
+        admin_token,
     });
     let slots = Arc::new(Semaphore::new(config.limits.max_connections as usize));
     let mut connections = JoinSet::new();
@@ -138,10 +156,21 @@ pub async fn run(
                 continue;
             }
         };
+        let _ = stream.set_nodelay(true);
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
             metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(%peer, "connection refused: at the connection limit");
-            tokio::spawn(conn::refuse(stream, "too many connections"));
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                match tls {
+                    None => conn::refuse(stream, "too many connections").await,
+                    Some(acceptor) => {
+                        if let Some(stream) = tls_accept(&acceptor, stream, peer).await {
+                            conn::refuse(stream, "too many connections").await;
+                        }
+                    }
+                }
+            });
             continue;
         };
         metrics.connections_total.fetch_add(1, Ordering::Relaxed);
@@ -149,8 +178,26 @@ pub async fn run(
         let shared = Arc::clone(&shared);
         let shutdown = shutdown.clone();
         let metrics = Arc::clone(&metrics);
+        let tls = tls.clone();
         connections.spawn(async move {
-            conn::serve(stream, shared, shutdown).await;
+            match tls {
+                None => {
+                    let (reader, writer) = stream.into_split();
+                    conn::serve(reader, writer, Some(peer), shared, shutdown).await;
+                }
+                Some(acceptor) => {
+                    // The handshake runs on the connection's task, so a slow
+                    // or silent peer never holds up the accept loop.
+                    if let Some(stream) = tls_accept(&acceptor, stream, peer).await {
+                        let (reader, writer) = tokio::io::split(stream);
+                        conn::serve(reader, writer, Some(peer), shared, shutdown).await;
+                    } else {
+                        metrics
+                            .tls_handshakes_failed
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
             metrics.connections_open.fetch_sub(1, Ordering::Relaxed);
             drop(slot);
         });
@@ -178,4 +225,28 @@ pub async fn run(
         .map_err(ServeError::Shutdown)?;
     tracing::info!("shutdown complete: store synced");
     Ok(())
+}
+
+/// Runs the TLS handshake within [`conn::HANDSHAKE_TIMEOUT`]. A failure is
+/// the peer's (wrong CA, no client certificate under mutual TLS, plain TCP
+/// on a TLS port) and is logged at `info`, not answered.
+pub(crate) async fn tls_accept<S>(
+    acceptor: &TlsAcceptor,
+    stream: S,
+    peer: SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<S>>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(conn::HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(err)) => {
+            tracing::info!(%peer, error = %err, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::info!(%peer, "TLS handshake not completed in time");
+            None
+        }
+    }
 }

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
-use inbox_server::client::{Client, ClientError};
+use inbox_server::client::{Client, ClientError, ClientTls};
 use inbox_wire::*;
 use serde_json::{json, Map, Value};
 
@@ -29,9 +29,27 @@ struct Cli {
     /// Shared secret (prefer --token-file).
     #[arg(long, env = "INBOXCTL_TOKEN", hide_env_values = true, global = true)]
     token: Option<String>,
-    /// File holding the shared secret [default: ./data/token].
+    /// File holding the shared secret [default: ./data/token, or
+    /// ./data/admin_token for stats, explain, compact and checkpoint].
     #[arg(long, env = "INBOXCTL_TOKEN_FILE", global = true)]
     token_file: Option<PathBuf>,
+    /// PEM CA certificate(s) to trust: connect over TLS.
+    #[arg(long, env = "INBOXCTL_TLS_CA", global = true)]
+    tls_ca: Option<PathBuf>,
+    /// Name the server's certificate must carry [default: the address's IP].
+    #[arg(
+        long,
+        env = "INBOXCTL_TLS_SERVER_NAME",
+        global = true,
+        requires = "tls_ca"
+    )]
+    tls_server_name: Option<String>,
+    /// PEM client certificate, for servers that require mutual TLS.
+    #[arg(long, env = "INBOXCTL_TLS_CERT", global = true, requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "INBOXCTL_TLS_KEY", global = true, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     json: bool,
@@ -697,18 +715,46 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
     })
 }
 
+/// Commands the server runs only for the admin token.
+fn is_admin(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Stats | Command::Explain { .. } | Command::Compact | Command::Checkpoint
+    )
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let token = match (&cli.token, &cli.token_file) {
         (Some(token), _) => Bytes::from(token.clone().into_bytes()),
         (None, file) => {
-            let path = file
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("./data/token"));
+            let default = if is_admin(&cli.command) {
+                "./data/admin_token"
+            } else {
+                "./data/token"
+            };
+            let path = file.clone().unwrap_or_else(|| PathBuf::from(default));
             match inbox_server::config::read_token(&path) {
                 Ok(token) => token,
                 Err(err) => {
                     eprintln!("inboxctl: cannot read the token from {}: {err} (use --token or --token-file)", path.display());
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    };
+    let tls = match &cli.tls_ca {
+        None => None,
+        Some(ca) => {
+            let name = cli
+                .tls_server_name
+                .clone()
+                .unwrap_or_else(|| cli.addr.ip().to_string());
+            let identity = cli.tls_cert.as_deref().zip(cli.tls_key.as_deref());
+            match ClientTls::new(ca, &name, identity) {
+                Ok(tls) => Some(tls),
+                Err(err) => {
+                    eprintln!("inboxctl: {err}");
                     return ExitCode::from(2);
                 }
             }
@@ -725,7 +771,7 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        let client = Client::connect(cli.addr, token).await?;
+        let client = Client::connect_with(cli.addr, token, tls.as_ref()).await?;
         run(&cli, &client).await
     });
     match result {
