@@ -18,16 +18,26 @@ use inbox_server::config::{Config, ServeArgs};
     about = "The inboxd offline-message inbox and multi-device sync store"
 )]
 struct Cli {
+    /// Log format on stderr: `text` (coloured only on a terminal) or
+    /// `json` (one object per line).
+    #[arg(long, env = "INBOXD_LOG_FORMAT", default_value = "text", global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Serve the binary protocol and the metrics endpoint.
     Serve(Box<ServeArgs>),
-    /// Check every record of a data directory offline (the daemon must not
-    /// be running on it).
+    /// Check every record of a data directory offline. Takes the
+    /// directory's lock, so it refuses while a daemon serves it.
     Verify {
         #[arg(long, env = "INBOXD_DATA_DIR", default_value = "./data")]
         data_dir: PathBuf,
@@ -44,18 +54,72 @@ enum Command {
     },
 }
 
-fn init_logs() {
+fn init_logs(format: LogFormat) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("INBOXD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        // Colour codes only help a human at a terminal; in journald or a
+        // file they are noise that breaks grep.
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().with_ansi(false).init(),
+    }
+}
+
+/// Threads whose panic leaves the engine unable to go on: the sequencer's
+/// state may be half-applied, or a round may never be written. The engine
+/// names them; see `Inbox::open` and `Log::open`.
+fn is_engine_thread(name: &str) -> bool {
+    name.starts_with("inbox-") || name == "log-writer"
+}
+
+/// Makes a panic on an engine thread fatal, after saying why.
+///
+/// Why a hook that aborts rather than `panic = "abort"` or a poison:
+/// a panic on a connection's task is contained by tokio (that client's
+/// connection drops, the rest are served), and the profile setting would
+/// turn every such bug into an outage. A panic on an engine thread is
+/// different: the thread is gone, requests queued to it would wait
+/// forever, and state it was applying may be half-changed in memory, so
+/// no reply could be trusted. Recovery from the log on disk is the only
+/// safe way on, and a restart is that recovery. Aborting (SIGABRT, a
+/// non-zero exit that a supervisor restarts) is simpler and safer than a
+/// poison flag that every caller would have to check.
+fn install_engine_panic_hook() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("");
+        if !is_engine_thread(name) {
+            return;
+        }
+        let reason = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown".to_string());
+        let location = info
+            .location()
+            .map_or_else(String::new, |l| format!(" at {}:{}", l.file(), l.line()));
+        tracing::error!(thread = name, reason = %reason, location = %location, "engine thread panicked: exiting; a restart recovers from the log");
+        eprintln!(
+            "inboxd: engine thread {name:?} panicked{location}: {reason}; \
+             the in-memory state can no longer be trusted, so inboxd exits now. \
+             Everything acknowledged is in the log; a restart recovers it."
+        );
+        std::process::abort();
+    }));
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logs();
+    init_logs(cli.log_format);
+    install_engine_panic_hook();
     match cli.command {
         Command::Serve(args) => serve(&args),
         Command::Verify { data_dir } => verify(&data_dir),
@@ -172,11 +236,22 @@ fn offline(
 /// acknowledged write. Corruption is a failure (exit 1).
 fn verify(data_dir: &std::path::Path) -> ExitCode {
     let mut corrupt = false;
+    // Both locks are held until the end, so no daemon starts halfway.
+    let mut locks = Vec::new();
     for stream in ["msg", "evt"] {
         let dir = data_dir.join(stream);
         if !dir.exists() {
             println!("{stream}: no log at {}", dir.display());
             continue;
+        }
+        match inbox_engine::log::lock_dir(&dir) {
+            Ok(lock) => locks.push(lock),
+            Err(err) => {
+                eprintln!(
+                    "inboxd: {err}\ninboxd: verify reads the segments a running daemon writes; stop the daemon, or verify a copy taken as docs/OPERATIONS.md describes"
+                );
+                return ExitCode::from(2);
+            }
         }
         let mut on_segment = |segment: &inbox_engine::log::SegmentReport| {
             println!(
