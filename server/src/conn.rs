@@ -99,6 +99,7 @@ impl Drop for SubscriptionGuard {
         self.shared
             .metrics
             .subscriptions
+            .inner()
             .fetch_sub(held, Ordering::Relaxed);
     }
 }
@@ -200,9 +201,7 @@ async fn hint_loop(
                 }
             }
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                metrics
-                    .hints_dropped
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics.hints_dropped.inc();
                 continue;
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
@@ -222,9 +221,7 @@ async fn hint_loop(
         match tx.try_send(Response::Hint(Hints { hints: list }).to_frame(0)) {
             Ok(()) => {
                 pending.clear();
-                metrics
-                    .hints_sent
-                    .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+                metrics.hints_sent.inc_by(count);
             }
             Err(mpsc::error::TrySendError::Full(_)) => {}
             Err(mpsc::error::TrySendError::Closed(_)) => return,
@@ -454,6 +451,7 @@ pub async fn serve<R, W>(
                     shared
                         .metrics
                         .subscriptions
+                        .inner()
                         .fetch_sub(removed, Ordering::Relaxed);
                 }
                 let _ = tx
@@ -498,10 +496,7 @@ pub async fn serve<R, W>(
     };
 
     if matches!(close, Close::WithError) {
-        shared
-            .metrics
-            .frames_rejected
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared.metrics.frames_rejected.inc();
     }
     // Finish what was read: wait until every running request has replied.
     let _ = in_flight.acquire_many(in_flight_max as u32).await;
@@ -541,13 +536,11 @@ fn subscribe(
         });
     }
     let total_max = shared.limits.subscriptions_max;
-    let reserved =
-        shared
-            .metrics
-            .subscriptions
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
-                held.checked_add(wanted).filter(|total| *total <= total_max)
-            });
+    let reserved = shared.metrics.subscriptions.inner().fetch_update(
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+        |held| held.checked_add(wanted).filter(|total| *total <= total_max),
+    );
     if reserved.is_err() {
         return Err(ErrorReply {
             code: ErrorCode::RateLimited,

@@ -5,7 +5,6 @@
 //! wire it to SIGTERM and tests can drive it directly.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use inbox_engine::{Inbox, InboxConfig};
@@ -101,6 +100,9 @@ pub async fn run(
         .unwrap_or_else(|join| Err(inbox_engine::Error::Internal(join.to_string())))
         .map_err(ServeError::Open)?;
     let inbox = Arc::new(inbox);
+    // The engine's figures are there from the first scrape on.
+    let metrics = Arc::new(Metrics::default());
+    metrics::take_engine_stats(&inbox, &metrics).await;
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -123,12 +125,14 @@ pub async fn run(
     tracing::info!(listen = %bound.listen, metrics = %bound.metrics, data_dir = %config.data_dir.display(), tls = tls.is_some(), mutual_tls = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some()), "inboxd serving");
     on_bound(bound);
 
-    let metrics = Arc::new(Metrics::default());
     let metrics_task = tokio::spawn(metrics::serve(
         metrics_listener,
-        Arc::clone(&inbox),
         Arc::clone(&metrics),
         tls.clone(),
+    ));
+    let engine_stats_task = tokio::spawn(metrics::refresh_engine_stats(
+        Arc::clone(&inbox),
+        Arc::clone(&metrics),
         shutdown.clone(),
     ));
     let shared = Arc::new(Shared {
@@ -158,7 +162,7 @@ pub async fn run(
         };
         let _ = stream.set_nodelay(true);
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
+            metrics.connections_refused.inc();
             tracing::warn!(%peer, "connection refused: at the connection limit");
             let tls = tls.clone();
             tokio::spawn(async move {
@@ -173,8 +177,8 @@ pub async fn run(
             });
             continue;
         };
-        metrics.connections_total.fetch_add(1, Ordering::Relaxed);
-        metrics.connections_open.fetch_add(1, Ordering::Relaxed);
+        metrics.connections.inc();
+        metrics.connections_open.inc();
         let shared = Arc::clone(&shared);
         let shutdown = shutdown.clone();
         let metrics = Arc::clone(&metrics);
@@ -192,18 +196,17 @@ pub async fn run(
                         let (reader, writer) = tokio::io::split(stream);
                         conn::serve(reader, writer, Some(peer), shared, shutdown).await;
                     } else {
-                        metrics
-                            .tls_handshakes_failed
-                            .fetch_add(1, Ordering::Relaxed);
+                        metrics.tls_handshakes_failed.inc();
                     }
                 }
             }
-            metrics.connections_open.fetch_sub(1, Ordering::Relaxed);
+            metrics.connections_open.dec();
             drop(slot);
         });
     }
 
     drop(listener);
+    metrics.set_not_ready();
     tracing::info!(
         connections = connections.len(),
         "shutting down: no longer accepting; finishing in-flight requests"
@@ -217,6 +220,7 @@ pub async fn run(
         connections.abort_all();
     }
     metrics_task.abort();
+    engine_stats_task.abort();
     drop(shared);
     let engine = Arc::clone(&inbox);
     tokio::task::spawn_blocking(move || engine.shutdown())

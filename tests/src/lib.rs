@@ -170,7 +170,7 @@ impl Daemon {
             .await
             .expect("metrics port");
         stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             .await
             .expect("write");
         let mut text = String::new();

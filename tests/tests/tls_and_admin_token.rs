@@ -150,7 +150,7 @@ async fn metrics_port_speaks_tls_too() {
         .connect(tcp)
         .await
         .expect("TLS to the metrics port");
-    tls.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    tls.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut text = String::new();
