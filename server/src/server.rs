@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use inbox_engine::{Inbox, InboxConfig};
+use inbox_engine::Inbox;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -80,21 +80,7 @@ pub async fn run(
             source,
         })?;
 
-    let mut engine_config = InboxConfig::new(&config.data_dir);
-    engine_config.sync = config.sync;
-    engine_config.token_key = token_key;
-    if let Some(ttl) = config.batch_token_ttl {
-        engine_config.batch_token_ttl = ttl;
-    }
-    if let Some(bytes) = config.segment_bytes {
-        engine_config.segment_bytes = bytes;
-    }
-    if let Some(window) = config.safety_window {
-        engine_config.safety_window = window;
-    }
-    if let Some(interval) = config.compaction_interval {
-        engine_config.compaction_interval = (!interval.is_zero()).then_some(interval);
-    }
+    let engine_config = config.engine_config(token_key);
     let inbox = tokio::task::spawn_blocking(move || Inbox::open(engine_config))
         .await
         .unwrap_or_else(|join| Err(inbox_engine::Error::Internal(join.to_string())))

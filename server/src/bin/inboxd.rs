@@ -5,7 +5,6 @@
 //! 0; everything else goes to the log on stderr.
 
 use std::io::Write as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -37,21 +36,15 @@ enum Command {
     /// Serve the binary protocol and the metrics endpoint.
     Serve(Box<ServeArgs>),
     /// Check every record of a data directory offline. Takes the
-    /// directory's lock, so it refuses while a daemon serves it.
-    Verify {
-        #[arg(long, env = "INBOXD_DATA_DIR", default_value = "./data")]
-        data_dir: PathBuf,
-    },
-    /// Open a data directory offline, write an index checkpoint, and exit.
-    Checkpoint {
-        #[arg(long, env = "INBOXD_DATA_DIR", default_value = "./data")]
-        data_dir: PathBuf,
-    },
-    /// Open a data directory offline, run one compaction pass, and exit.
-    Compact {
-        #[arg(long, env = "INBOXD_DATA_DIR", default_value = "./data")]
-        data_dir: PathBuf,
-    },
+    /// directory's lock, so it refuses while a daemon serves it. Reads the
+    /// same configuration as `serve` (only the data directory matters).
+    Verify(Box<ServeArgs>),
+    /// Open the store offline with `serve`'s configuration, write an index
+    /// checkpoint, and exit.
+    Checkpoint(Box<ServeArgs>),
+    /// Open the store offline with `serve`'s configuration, run one
+    /// compaction pass, and exit.
+    Compact(Box<ServeArgs>),
 }
 
 fn init_logs(format: LogFormat) {
@@ -122,13 +115,16 @@ fn main() -> ExitCode {
     install_engine_panic_hook();
     match cli.command {
         Command::Serve(args) => serve(&args),
-        Command::Verify { data_dir } => verify(&data_dir),
-        Command::Checkpoint { data_dir } => offline(&data_dir, |inbox| {
+        Command::Verify(args) => match resolve(&args) {
+            Ok(config) => verify(&config.data_dir),
+            Err(code) => code,
+        },
+        Command::Checkpoint(args) => offline(&args, |inbox| {
             inbox.checkpoint()?;
             println!("checkpoint written");
             Ok(())
         }),
-        Command::Compact { data_dir } => offline(&data_dir, |inbox| {
+        Command::Compact(args) => offline(&args, |inbox| {
             let report = inbox.compact()?;
             println!(
                 "events reclaimed {}, bytes reclaimed {}, bytes rewritten {}, segments dropped {}, segments rewritten {}",
@@ -143,13 +139,17 @@ fn main() -> ExitCode {
     }
 }
 
+fn resolve(args: &ServeArgs) -> Result<Config, ExitCode> {
+    Config::resolve(args).map_err(|err| {
+        eprintln!("inboxd: {err}");
+        ExitCode::from(2)
+    })
+}
+
 fn serve(args: &ServeArgs) -> ExitCode {
-    let config = match Config::resolve(args) {
+    let config = match resolve(args) {
         Ok(config) => config,
-        Err(err) => {
-            eprintln!("inboxd: {err}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -207,17 +207,20 @@ fn serve(args: &ServeArgs) -> ExitCode {
 }
 
 fn offline(
-    data_dir: &std::path::Path,
+    args: &ServeArgs,
     f: impl FnOnce(&inbox_engine::Inbox) -> inbox_engine::Result<()>,
 ) -> ExitCode {
-    let mut config = inbox_engine::InboxConfig::new(data_dir);
-    match inbox_server::config::load_batch_token_key(data_dir) {
-        Ok(key) => config.token_key = key,
+    let config = match resolve(args) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    let config = match inbox_server::config::load_batch_token_key(&config.data_dir) {
+        Ok(key) => config.engine_config(key),
         Err(err) => {
             eprintln!("inboxd: {err}");
             return ExitCode::FAILURE;
         }
-    }
+    };
     let result = inbox_engine::Inbox::open(config).and_then(|inbox| {
         f(&inbox)?;
         inbox.shutdown()
