@@ -39,6 +39,18 @@ enum Command {
     /// directory's lock, so it refuses while a daemon serves it. Reads the
     /// same configuration as `serve` (only the data directory matters).
     Verify(Box<ServeArgs>),
+    /// Print every record of the logs in readable form (bodies as lengths
+    /// only). Takes the directory's lock, like `verify`.
+    Dump {
+        #[command(flatten)]
+        args: Box<ServeArgs>,
+        /// Only this log.
+        #[arg(long)]
+        stream: Option<inbox_server::dump::Stream>,
+        /// Only this segment id.
+        #[arg(long)]
+        segment: Option<u32>,
+    },
     /// Open the store offline with `serve`'s configuration, write an index
     /// checkpoint, and exit.
     Checkpoint(Box<ServeArgs>),
@@ -117,6 +129,14 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(&args),
         Command::Verify(args) => match resolve(&args) {
             Ok(config) => verify(&config.data_dir),
+            Err(code) => code,
+        },
+        Command::Dump {
+            args,
+            stream,
+            segment,
+        } => match resolve(&args) {
+            Ok(config) => dump(&config.data_dir, stream, segment),
             Err(code) => code,
         },
         Command::Checkpoint(args) => offline(&args, |inbox| {
@@ -240,21 +260,15 @@ fn offline(
 fn verify(data_dir: &std::path::Path) -> ExitCode {
     let mut corrupt = false;
     // Both locks are held until the end, so no daemon starts halfway.
-    let mut locks = Vec::new();
+    let _locks = match lock_logs(data_dir, "verify") {
+        Ok(locks) => locks,
+        Err(code) => return code,
+    };
     for stream in ["msg", "evt"] {
         let dir = data_dir.join(stream);
         if !dir.exists() {
             println!("{stream}: no log at {}", dir.display());
             continue;
-        }
-        match inbox_engine::log::lock_dir(&dir) {
-            Ok(lock) => locks.push(lock),
-            Err(err) => {
-                eprintln!(
-                    "inboxd: {err}\ninboxd: verify reads the segments a running daemon writes; stop the daemon, or verify a copy taken as docs/OPERATIONS.md describes"
-                );
-                return ExitCode::from(2);
-            }
         }
         let mut on_segment = |segment: &inbox_engine::log::SegmentReport| {
             println!(
@@ -294,6 +308,79 @@ fn verify(data_dir: &std::path::Path) -> ExitCode {
         ExitCode::FAILURE
     } else {
         println!("verify: ok");
+        ExitCode::SUCCESS
+    }
+}
+
+/// Takes the lock of each log directory that exists, or says why not.
+fn lock_logs(data_dir: &std::path::Path, what: &str) -> Result<Vec<std::fs::File>, ExitCode> {
+    let mut locks = Vec::new();
+    for stream in ["msg", "evt"] {
+        let dir = data_dir.join(stream);
+        if !dir.exists() {
+            continue;
+        }
+        match inbox_engine::log::lock_dir(&dir) {
+            Ok(lock) => locks.push(lock),
+            Err(err) => {
+                eprintln!(
+                    "inboxd: {err}\ninboxd: {what} reads the segments a running daemon writes; stop the daemon, or {what} a copy taken as docs/OPERATIONS.md describes"
+                );
+                return Err(ExitCode::from(2));
+            }
+        }
+    }
+    Ok(locks)
+}
+
+fn dump(
+    data_dir: &std::path::Path,
+    only: Option<inbox_server::dump::Stream>,
+    segment: Option<u32>,
+) -> ExitCode {
+    use inbox_server::dump::{dump_stream, Stream};
+    let _locks = match lock_logs(data_dir, "dump") {
+        Ok(locks) => locks,
+        Err(code) => return code,
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut damaged = false;
+    for stream in [Stream::Msg, Stream::Evt] {
+        if only.is_some_and(|o| o != stream) {
+            continue;
+        }
+        let dir = data_dir.join(stream.name());
+        if !dir.exists() {
+            let _ = writeln!(out, "{}: no log at {}", stream.name(), dir.display());
+            continue;
+        }
+        match dump_stream(&dir, stream, segment, &mut out) {
+            Ok(summary) => {
+                damaged |= summary.damaged > 0;
+                let _ = writeln!(
+                    out,
+                    "{}: {} segments, {} batches, {} records, {} segments stop early",
+                    stream.name(),
+                    summary.segments,
+                    summary.batches,
+                    summary.records,
+                    summary.damaged
+                );
+            }
+            // A closed pipe (`| head`) ends the dump quietly.
+            Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => return ExitCode::SUCCESS,
+            Err(err) => {
+                let _ = out.flush();
+                eprintln!("inboxd: {}: {err}", stream.name());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let _ = out.flush();
+    if damaged {
+        ExitCode::FAILURE
+    } else {
         ExitCode::SUCCESS
     }
 }
