@@ -19,6 +19,8 @@ pub mod op;
 
 pub use body::*;
 pub use error_code::ErrorCode;
+#[cfg(feature = "serde")]
+pub mod serde_text;
 pub use frame::{decode, encode, Frame, FrameCodec};
 pub use op::{Op, Request, Response, OP_ERROR, OP_HINT, REPLY_BIT};
 
