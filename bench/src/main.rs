@@ -4,10 +4,13 @@
 //! run. Prints a table, writes an SVG plot and, on request, a JSON report.
 //!
 //! `--quick` (ingest and sync, small populations) finishes in under a
-//! minute; `--full` runs every scenario.
+//! minute; `--full` runs every scenario but `soak`, which runs only when
+//! named in `--scenarios`.
 
+mod fit;
 mod hist;
 mod machine;
+mod procfs;
 mod report;
 mod run;
 mod scenarios;
@@ -34,9 +37,22 @@ pub struct Args {
     /// ingest and sync only, small populations, under a minute (the default).
     #[arg(long, conflicts_with = "full")]
     pub quick: bool,
-    /// Every scenario: ingest, sync, reconnect-storm, long-offline, mixed, recovery.
+    /// Every scenario but soak: ingest, sync, sync-under-ingest,
+    /// reconnect-storm, long-offline, mixed, recovery.
     #[arg(long)]
     pub full: bool,
+    /// Scenarios to run, comma separated, instead of the mode's set:
+    /// ingest, sync, sync-under-ingest, reconnect-storm, long-offline,
+    /// mixed, recovery, soak. Sizes still follow --quick or --full.
+    #[arg(long, value_delimiter = ',')]
+    pub scenarios: Vec<String>,
+    /// `soak`: messages to send in all.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub soak_messages: u64,
+    /// `soak`: sample the server's memory each time this many more
+    /// messages have been sent.
+    #[arg(long, default_value_t = 100_000)]
+    pub soak_sample_every: u64,
     /// Write the JSON report here.
     #[arg(long)]
     pub json: Option<PathBuf>,

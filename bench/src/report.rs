@@ -3,7 +3,15 @@
 //!
 //! The JSON shape is fixed (tools read it):
 //! `{"machine": {...}, "results": [{"scenario", "system", "clients",
-//! "ops_per_s", "p50_us", "p99_us", "p999_us", "bytes"}]}`.
+//! "ops_per_s", "p50_us", "p99_us", "p999_us", "bytes",
+//! "server_cpu_us_per_op", "cpu_of"}], "soak": [...]}`.
+//!
+//! `server_cpu_us_per_op` is the CPU time (user + system, every thread)
+//! the system's process spent in the measured window divided by the
+//! operations of the row; `cpu_of` says whose: `"server"`, or `"harness"`
+//! for an embedded system, whose work runs on the harness's own threads
+//! together with the load generator's. Both are `null` where not measured.
+//! `soak` is there only when a soak ran.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -11,6 +19,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::hist::Latency;
+use crate::procfs::Measured;
 
 /// The machine and the run's settings, so figures can be compared later.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -42,6 +51,10 @@ pub struct ResultRow {
     pub p99_us: f64,
     pub p999_us: f64,
     pub bytes: u64,
+    #[serde(default)]
+    pub server_cpu_us_per_op: Option<f64>,
+    #[serde(default)]
+    pub cpu_of: Option<String>,
 }
 
 impl ResultRow {
@@ -63,14 +76,64 @@ impl ResultRow {
             p99_us: p.p99_us,
             p999_us: p.p999_us,
             bytes,
+            server_cpu_us_per_op: None,
+            cpu_of: None,
         }
     }
+
+    /// Adds the CPU per operation measured for this row, if it was.
+    pub fn with_cpu(mut self, cpu: Option<(f64, Measured)>) -> Self {
+        if let Some((us, of)) = cpu {
+            self.server_cpu_us_per_op = Some(us);
+            self.cpu_of = Some(of.label().to_string());
+        }
+        self
+    }
+}
+
+/// The soak: server memory against what the system holds, sampled as
+/// messages go in.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SoakReport {
+    pub system: String,
+    /// Whose memory: `"server"`, or `"harness"` for an embedded system.
+    pub rss_of: String,
+    /// What ran as compaction during the soak.
+    pub compaction: String,
+    pub messages: u64,
+    pub seconds: f64,
+    pub samples: Vec<SoakSample>,
+    /// Least-squares slope of anonymous RSS over messages retained, fitted
+    /// on the samples taken after the first message (the first sample is
+    /// the server before any load).
+    pub rss_bytes_per_message: Option<f64>,
+    pub rss_bytes_per_million_messages: Option<f64>,
+    /// Least-squares slope of anonymous RSS over live events (when the
+    /// system counts them), alone.
+    pub rss_bytes_per_live_event: Option<f64>,
+    /// RSS fitted on both at once: `a + b * messages + c * live events`,
+    /// which keeps apart what a retained message and a live event cost
+    /// when the two grow together.
+    pub fit_bytes_per_message: Option<f64>,
+    pub fit_bytes_per_live_event: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SoakSample {
+    pub messages_sent: u64,
+    /// What the system says it holds; the messages sent when it does not say.
+    pub messages_retained: u64,
+    pub events_live: Option<u64>,
+    pub rss_anon_bytes: u64,
+    pub seconds: f64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Report {
     pub machine: Machine,
     pub results: Vec<ResultRow>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub soak: Vec<SoakReport>,
 }
 
 impl Report {
@@ -87,13 +150,21 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<26} {:<15} {:>7} {:>12} {:>9} {:>9} {:>9} {:>12}",
-            "scenario", "system", "clients", "ops/s", "p50 µs", "p99 µs", "p999 µs", "bytes"
+            "{:<26} {:<15} {:>7} {:>12} {:>9} {:>9} {:>9} {:>12} {:>12}",
+            "scenario",
+            "system",
+            "clients",
+            "ops/s",
+            "p50 µs",
+            "p99 µs",
+            "p999 µs",
+            "bytes",
+            "cpu µs/op"
         );
         for r in &self.results {
             let _ = writeln!(
                 out,
-                "{:<26} {:<15} {:>7} {:>12.1} {:>9.0} {:>9.0} {:>9.0} {:>12}",
+                "{:<26} {:<15} {:>7} {:>12.1} {:>9.0} {:>9.0} {:>9.0} {:>12} {:>12}",
                 r.scenario,
                 r.system,
                 r.clients,
@@ -101,7 +172,60 @@ impl Report {
                 r.p50_us,
                 r.p99_us,
                 r.p999_us,
-                r.bytes
+                r.bytes,
+                fmt_cpu(r)
+            );
+        }
+        if self
+            .results
+            .iter()
+            .any(|r| r.cpu_of.as_deref() == Some("harness"))
+        {
+            let _ = writeln!(
+                out,
+                "cpu µs/op: the server process's user + system CPU per operation; (h): an embedded system's, measured on the whole harness process"
+            );
+        }
+        out
+    }
+
+    /// The soak's samples and fitted slopes.
+    pub fn soak_table(&self) -> String {
+        let mut out = String::new();
+        for soak in &self.soak {
+            let _ = writeln!(
+                out,
+                "soak {}: {} messages in {:.0} s, RSS of the {} process; compaction: {}",
+                soak.system, soak.messages, soak.seconds, soak.rss_of, soak.compaction
+            );
+            let _ = writeln!(
+                out,
+                "{:>14} {:>16} {:>14} {:>14} {:>9}",
+                "messages sent", "msgs retained", "live events", "RssAnon MiB", "seconds"
+            );
+            for s in &soak.samples {
+                #[expect(clippy::cast_precision_loss, reason = "byte counts far below 2^52")]
+                let mib = s.rss_anon_bytes as f64 / f64::from(1u32 << 20);
+                let _ = writeln!(
+                    out,
+                    "{:>14} {:>16} {:>14} {:>14.1} {:>9.1}",
+                    s.messages_sent,
+                    s.messages_retained,
+                    s.events_live.map_or_else(|| "-".into(), |e| e.to_string()),
+                    mib,
+                    s.seconds
+                );
+            }
+            let f = |v: Option<f64>| v.map_or_else(|| "-".into(), |x| format!("{x:.1}"));
+            let _ = writeln!(
+                out,
+                "slope: {} B per million messages retained ({} B/message); {} B per live event; \
+                 fitted on both: {} B/message + {} B/live event",
+                f(soak.rss_bytes_per_million_messages),
+                f(soak.rss_bytes_per_message),
+                f(soak.rss_bytes_per_live_event),
+                f(soak.fit_bytes_per_message),
+                f(soak.fit_bytes_per_live_event)
             );
         }
         out
@@ -280,6 +404,14 @@ fn divide(a: f64, b: f64) -> Option<f64> {
     (b > 0.0 && a.is_finite() && b.is_finite()).then(|| a / b)
 }
 
+fn fmt_cpu(r: &ResultRow) -> String {
+    match (r.server_cpu_us_per_op, r.cpu_of.as_deref()) {
+        (Some(us), Some("harness")) => format!("{us:.1} (h)"),
+        (Some(us), _) => format!("{us:.1}"),
+        (None, _) => "-".into(),
+    }
+}
+
 fn fmt_ratio(r: Option<f64>) -> String {
     r.map_or_else(|| "-".into(), |x| format!("{x:.2}"))
 }
@@ -298,12 +430,15 @@ mod tests {
             p99_us: p99,
             p999_us: p99 * 2.0,
             bytes: 200,
+            server_cpu_us_per_op: None,
+            cpu_of: None,
         }
     }
 
     #[test]
     fn json_has_exactly_the_documented_shape() {
         let report = Report {
+            soak: Vec::new(),
             machine: Machine {
                 cores: 2,
                 ..Machine::default()
@@ -324,14 +459,18 @@ mod tests {
             [
                 "bytes",
                 "clients",
+                "cpu_of",
                 "ops_per_s",
                 "p50_us",
                 "p999_us",
                 "p99_us",
                 "scenario",
+                "server_cpu_us_per_op",
                 "system"
             ]
         );
+        assert!(entry["server_cpu_us_per_op"].is_null(), "not measured");
+        assert!(entry["cpu_of"].is_null());
         assert_eq!(entry["scenario"], "ingest");
         assert_eq!(entry["system"], "inboxd");
         assert_eq!(entry["clients"], 16);
@@ -357,6 +496,7 @@ mod tests {
     #[test]
     fn ratios_compare_inboxd_with_each_baseline_at_the_same_concurrency() {
         let report = Report {
+            soak: Vec::new(),
             machine: Machine::default(),
             results: vec![
                 row("ingest", "inboxd", 16, 10_000.0, 1_000.0),
@@ -382,6 +522,7 @@ mod tests {
         let mut fsync = row("fdatasync-4k", "limit", 1, 2_000.0, 600.0);
         fsync.p50_us = 500.0;
         let report = Report {
+            soak: Vec::new(),
             machine: Machine::default(),
             results: vec![
                 row("ingest", "inboxd", 16, 30_000.0, 1_400.0),
@@ -418,6 +559,7 @@ mod tests {
     #[test]
     fn table_has_a_line_per_result() {
         let report = Report {
+            soak: Vec::new(),
             machine: Machine::default(),
             results: vec![
                 row("ingest", "inboxd", 1, 1.0, 1.0),
@@ -431,5 +573,82 @@ mod tests {
             .nth(2)
             .expect("second row")
             .starts_with("sync"));
+    }
+
+    #[test]
+    fn cpu_per_op_is_in_the_json_and_the_table_with_whose_cpu_it_is() {
+        let report = Report {
+            soak: Vec::new(),
+            machine: Machine::default(),
+            results: vec![
+                row("ingest", "inboxd", 16, 1.0, 1.0).with_cpu(Some((85.25, Measured::Server(7)))),
+                row("ingest", "rocksdb", 16, 1.0, 1.0).with_cpu(Some((40.0, Measured::Harness))),
+                row("fdatasync-4k", "limit", 1, 1.0, 1.0).with_cpu(None),
+            ],
+        };
+        let value: serde_json::Value = serde_json::from_str(&report.to_json()).expect("json");
+        assert_eq!(value["results"][0]["server_cpu_us_per_op"], 85.25);
+        assert_eq!(value["results"][0]["cpu_of"], "server");
+        assert_eq!(value["results"][1]["cpu_of"], "harness");
+        assert!(value["results"][2]["server_cpu_us_per_op"].is_null());
+        assert!(value.get("soak").is_none(), "no soak, no soak key");
+        let table = report.table();
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].ends_with("cpu µs/op"));
+        assert!(lines[1].ends_with(" 85.2") || lines[1].ends_with(" 85.3"));
+        assert!(lines[2].ends_with("40.0 (h)"));
+        assert!(lines[3].ends_with(" -"));
+        assert!(lines[4].contains("(h)"), "the harness mark is explained");
+    }
+
+    #[test]
+    fn a_report_written_before_the_cpu_fields_still_reads() {
+        let old = r#"{"machine": {"cpu": "", "cores": 2, "memory_bytes": 0, "kernel": "",
+            "os": "", "data_fs": "", "mode": "quick", "users": 1, "group_members": 2,
+            "group_send_fraction": 0.05, "payload_bytes": 200, "versions": [], "unix_time": 0},
+            "results": [{"scenario": "ingest", "system": "inboxd", "clients": 1,
+            "ops_per_s": 1.0, "p50_us": 1.0, "p99_us": 1.0, "p999_us": 1.0, "bytes": 1}]}"#;
+        let report: Report = serde_json::from_str(old).expect("old report");
+        assert_eq!(report.results[0].server_cpu_us_per_op, None);
+        assert!(report.soak.is_empty());
+    }
+
+    #[test]
+    fn soak_table_prints_every_sample_and_the_slopes() {
+        let report = Report {
+            soak: vec![SoakReport {
+                system: "inboxd".into(),
+                rss_of: "server".into(),
+                compaction: "COMPACT every 1 s".into(),
+                messages: 200,
+                seconds: 2.0,
+                samples: vec![
+                    SoakSample {
+                        messages_sent: 100,
+                        messages_retained: 100,
+                        events_live: Some(10),
+                        rss_anon_bytes: 1 << 20,
+                        seconds: 1.0,
+                    },
+                    SoakSample {
+                        messages_sent: 200,
+                        messages_retained: 200,
+                        events_live: None,
+                        rss_anon_bytes: 2 << 20,
+                        seconds: 2.0,
+                    },
+                ],
+                rss_bytes_per_message: Some(10_485.76),
+                rss_bytes_per_million_messages: Some(10_485_760_000.0),
+                ..SoakReport::default()
+            }],
+            ..Report::default()
+        };
+        let table = report.soak_table();
+        assert!(table.starts_with("soak inboxd: 200 messages"));
+        assert_eq!(table.lines().count(), 5);
+        assert!(table.contains("10485760000.0 B per million"));
+        let value: serde_json::Value = serde_json::from_str(&report.to_json()).expect("json");
+        assert_eq!(value["soak"][0]["samples"][1]["rss_anon_bytes"], 2 << 20);
     }
 }

@@ -6,21 +6,28 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::hist::Latency;
-use crate::report::{Report, ResultRow};
-use crate::scenarios::{self, per_second};
+use crate::procfs::{self, Measured};
+use crate::report::{Report, ResultRow, SoakReport, SoakSample};
+use crate::scenarios::{self, per_second, Outcome, SoakPlan};
 use crate::systems::{self, limit, Result, System};
-use crate::workload::{LongOffline, SyncSet, Workload, WorkloadConfig};
-use crate::{machine, svg, Args, Mode};
+use crate::workload::{LongOffline, SoakSet, SyncSet, Workload, WorkloadConfig};
+use crate::{fit, machine, svg, Args, Mode};
 
 /// Sizes of one run; `--quick` and `--full` differ only here.
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub mode: Mode,
+    /// The scenarios to run, by name (see [`SCENARIOS`]).
+    pub scenarios: Vec<String>,
     pub users: u64,
     pub clients: Vec<usize>,
     pub warmup: Duration,
     pub measure: Duration,
-    pub sync: CatchUpPlan,
+    pub sync: Option<CatchUpPlan>,
+    /// `sync-under-ingest`: the devices' backlog; `clients` sync, as many
+    /// more connections ingest.
+    pub under_ingest: Option<CatchUpPlan>,
+    pub soak: Option<SoakPlan>,
     pub storm: Option<CatchUpPlan>,
     pub long_offline: Option<LongOfflinePlan>,
     pub mixed: bool,
@@ -28,6 +35,48 @@ pub struct Plan {
     pub recovery_bytes: Option<u64>,
     pub limit_measure: Duration,
     pub preload_threads: usize,
+}
+
+/// Every scenario the harness has, in the order a run goes through them.
+pub const SCENARIOS: [&str; 8] = [
+    "ingest",
+    "sync",
+    "sync-under-ingest",
+    "reconnect-storm",
+    "long-offline",
+    "mixed",
+    "recovery",
+    "soak",
+];
+
+/// The scenarios of a run: those named (checked against [`SCENARIOS`]),
+/// else the mode's: `quick` ingest and sync, `full` all but the soak.
+pub fn chosen_scenarios(mode: Mode, named: &[String]) -> Result<Vec<String>> {
+    if let Some(unknown) = named.iter().find(|n| !SCENARIOS.contains(&n.as_str())) {
+        return Err(format!(
+            "unknown scenario {unknown:?}; known: {}",
+            SCENARIOS.join(", ")
+        )
+        .into());
+    }
+    let chosen: Vec<String> = if named.is_empty() {
+        match mode {
+            Mode::Quick => vec!["ingest".into(), "sync".into()],
+            Mode::Full => SCENARIOS
+                .iter()
+                .filter(|s| **s != "soak")
+                .map(|s| (*s).to_string())
+                .collect(),
+        }
+    } else {
+        // In the harness's order, each once.
+        SCENARIOS
+            .iter()
+            .filter(|s| named.iter().any(|n| n == *s))
+            .map(|s| (*s).to_string())
+            .collect()
+    };
+    Ok(chosen)
 }
 
 #[derive(Clone, Debug)]
@@ -50,36 +99,55 @@ pub struct CatchUpPlan {
 }
 
 impl Plan {
-    pub fn new(args: &Args) -> Self {
+    pub fn new(args: &Args) -> Result<Self> {
         let mode = if args.full { Mode::Full } else { Mode::Quick };
         let quick = mode == Mode::Quick;
+        let scenarios = chosen_scenarios(mode, &args.scenarios)?;
+        let runs = |name: &str| scenarios.iter().any(|s| s == name);
         let clients = if args.clients.is_empty() {
             vec![1, 16, 128]
         } else {
             args.clients.clone()
         };
         let measure = args.seconds.unwrap_or(if quick { 1.0 } else { 10.0 });
-        Self {
+        Ok(Self {
             mode,
             users: args.users.unwrap_or(if quick { 2_000 } else { 20_000 }),
             clients,
             warmup: Duration::from_millis(if quick { 250 } else { 1_000 }),
             measure: Duration::from_secs_f64(measure.max(0.1)),
-            sync: CatchUpPlan {
+            sync: runs("sync").then_some(CatchUpPlan {
                 users: args.sync_users.unwrap_or(if quick { 64 } else { 400 }),
                 devices_per_user: 4,
                 backlog: args.sync_backlog.unwrap_or(if quick { 300 } else { 1_000 }),
                 clients: 16,
                 page: 100,
-            },
-            storm: (!quick).then_some(CatchUpPlan {
+            }),
+            // Full pages for a window of a few seconds at a few thousand
+            // pages a second: users x 4 devices x 10 pages.
+            under_ingest: runs("sync-under-ingest").then_some(CatchUpPlan {
+                users: if quick { 200 } else { 400 },
+                devices_per_user: 4,
+                backlog: 1_000,
+                clients: 16,
+                page: 100,
+            }),
+            soak: runs("soak").then_some(SoakPlan {
+                messages: args.soak_messages,
+                clients: 16,
+                per_conv_batch: 10,
+                page: 100,
+                sample_every: args.soak_sample_every.max(1),
+                compact_every: Duration::from_secs(1),
+            }),
+            storm: runs("reconnect-storm").then_some(CatchUpPlan {
                 users: 2_500,
                 devices_per_user: 4,
                 backlog: 50,
                 clients: 128,
                 page: 100,
             }),
-            long_offline: (!quick).then_some(LongOfflinePlan {
+            long_offline: runs("long-offline").then_some(LongOfflinePlan {
                 groups: 16,
                 group_members: 20,
                 group_msgs: 32_000,
@@ -87,11 +155,45 @@ impl Plan {
                 direct_msgs: 800,
                 per_conv: 20,
             }),
-            mixed: !quick,
-            recovery_bytes: (!quick).then(|| (args.recovery_gib * f64::from(1u32 << 30)) as u64),
+            mixed: runs("mixed"),
+            recovery_bytes: runs("recovery")
+                .then(|| (args.recovery_gib * f64::from(1u32 << 30)) as u64),
             limit_measure: Duration::from_millis(if quick { 1_000 } else { 5_000 }),
             preload_threads: 4,
-        }
+            scenarios,
+        })
+    }
+
+    pub fn runs(&self, scenario: &str) -> bool {
+        self.scenarios.iter().any(|s| s == scenario)
+    }
+}
+
+/// Soak conversations (each between two users of their own) and devices
+/// per user.
+const SOAK_PAIRS: u32 = 400;
+const SOAK_DEVICES_PER_USER: u32 = 2;
+
+/// inboxd's flags for the soak: events ACKed by every device are
+/// reclaimable at once, so compaction has work from the first pass.
+const INBOXD_SOAK_ARGS: [&str; 2] = ["--safety-window-s", "0"];
+
+/// CPU per operation of a window, from the ticks it took, and whose.
+fn cpu_per_op(ticks: Option<u64>, ops: u64, measured: Option<Measured>) -> Option<(f64, Measured)> {
+    let us = procfs::cpu_us_per_op(0, ticks?, procfs::clock_ticks_per_s(), ops)?;
+    Some((us, measured?))
+}
+
+fn outcome_cpu(out: &Outcome, measured: Option<Measured>) -> Option<(f64, Measured)> {
+    cpu_per_op(out.cpu_ticks, out.ops, measured)
+}
+
+/// The CPU column as printed beside a scenario's line.
+fn cpu_note(cpu: Option<(f64, Measured)>) -> String {
+    match cpu {
+        Some((us, Measured::Server(_))) => format!(", server CPU {us:.1} µs/op"),
+        Some((us, Measured::Harness)) => format!(", harness CPU {us:.1} µs/op"),
+        None => String::new(),
     }
 }
 
@@ -118,7 +220,7 @@ pub fn run(args: &Args) -> Result<()> {
         println!("plot: {}", svg_path.display());
         return Ok(());
     }
-    let plan = Plan::new(args);
+    let plan = Plan::new(args)?;
     for name in &args.systems {
         if !SYSTEMS.contains(&name.as_str()) {
             return Err(format!("unknown system {name:?}; known: {}", SYSTEMS.join(", ")).into());
@@ -141,6 +243,7 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let workload = Workload::new(config.clone(), args.seed)?;
     let mut report = Report {
+        soak: Vec::new(),
         machine: machine::describe(&base),
         results: Vec::new(),
     };
@@ -149,6 +252,7 @@ pub fn run(args: &Args) -> Result<()> {
     report.machine.group_members = config.group_members;
     report.machine.group_send_fraction = config.group_send_fraction;
     report.machine.payload_bytes = config.payload_bytes;
+    println!("scenarios: {}", plan.scenarios.join(", "));
     println!(
         "inbox-bench --{mode_name}: {} users, {} groups of {}, {:.0}% group sends, {} B payloads; data in {}",
         config.users,
@@ -170,7 +274,11 @@ pub fn run(args: &Args) -> Result<()> {
         run_limit(&plan, &base, &mut report)?;
     }
     for name in SYSTEMS.iter().filter(|n| **n != "limit" && wanted(n)) {
-        let system = match start(name, args, &base) {
+        if plan.scenarios.iter().all(|s| s == "soak") {
+            run_soak(name, &plan, args, &base, &mut report);
+            continue;
+        }
+        let system = match start(name, args, &base, &[]) {
             Ok(system) => system,
             Err(why) => {
                 println!("skip {name}: {why}");
@@ -193,6 +301,9 @@ pub fn run(args: &Args) -> Result<()> {
             );
         }
         drop(system);
+        if plan.soak.is_some() {
+            run_soak(name, &plan, args, &base, &mut report);
+        }
     }
 
     println!();
@@ -202,9 +313,19 @@ pub fn run(args: &Args) -> Result<()> {
         println!();
         print!("{ratios}");
     }
-    if report.results.iter().any(|r| r.system == "inboxd") {
+    // The goals are about ingest, sync, long-offline and recovery: a soak
+    // alone would print a table of "not run".
+    if report
+        .results
+        .iter()
+        .any(|r| r.system == "inboxd" && r.scenario != "soak")
+    {
         println!();
         print!("{}", report.goal_table());
+    }
+    if !report.soak.is_empty() {
+        println!();
+        print!("{}", report.soak_table());
     }
     let svg_path = args
         .svg
@@ -234,9 +355,11 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
     Ok(())
 }
 
-fn start(name: &str, args: &Args, base: &Path) -> Result<Box<dyn System>> {
+/// Starts `name` on a fresh data directory; `inboxd_args` are added to
+/// inboxd's command line.
+fn start(name: &str, args: &Args, base: &Path, inboxd_args: &[&str]) -> Result<Box<dyn System>> {
     match name {
-        "inboxd" => systems::inboxd::Inboxd::start(base, args.inboxd.as_deref()),
+        "inboxd" => systems::inboxd::Inboxd::start(base, args.inboxd.as_deref(), inboxd_args),
         #[cfg(feature = "mariadb")]
         "mariadb" => {
             let Some((server, install_db)) = systems::mariadb::installed() else {
@@ -329,70 +452,44 @@ fn run_system(
     seed: u64,
 ) -> Result<()> {
     let name = system.name().to_string();
-    let t = Instant::now();
-    let setup = crate::workload::Setup {
-        convs: workload.conversations(),
-        devices: Vec::new(),
-    };
-    system.prepare(&setup)?;
-    println!(
-        "{name}: prepared {} conversations in {:.1} s",
-        setup.convs.len(),
-        t.elapsed().as_secs_f64()
-    );
-
-    for (i, &clients) in plan.clients.iter().enumerate() {
-        let run = seed.wrapping_mul(31).wrapping_add(i as u64 + 1);
-        let before = system.write_counters();
-        let out = scenarios::ingest(system, workload, clients, plan.warmup, plan.measure, run)?;
-        if let Some((a, b)) = before.zip(system.write_counters()) {
-            // Includes the warm-up, so divide by everything that was sent.
-            let fsyncs = b.fsyncs - a.fsyncs;
-            let batches = b.write_batches - a.write_batches;
-            match (b.fsync_latency_us_sum - a.fsync_latency_us_sum).checked_div(fsyncs) {
-                Some(mean_us) => println!(
-                    "{name}: ingest c={clients}: {batches} write batches, {fsyncs} fsyncs, mean fsync {mean_us} µs"
-                ),
-                None => println!("{name}: ingest c={clients}: {batches} write batches"),
-            }
+    let measured = system.measured();
+    match measured {
+        Some(Measured::Server(pid)) => println!("{name}: CPU measured on server pid {pid}"),
+        Some(Measured::Harness) => {
+            println!(
+                "{name}: embedded: CPU measured on the harness process (load generator included)"
+            );
         }
+        None => println!("{name}: no process to measure CPU on"),
+    }
+    let needs_population = ["ingest", "sync-under-ingest", "mixed", "recovery"]
+        .iter()
+        .any(|s| plan.runs(s));
+    if needs_population {
+        let t = Instant::now();
+        let setup = crate::workload::Setup {
+            convs: workload.conversations(),
+            devices: Vec::new(),
+        };
+        system.prepare(&setup)?;
         println!(
-            "{name}: ingest c={clients}: {} sends, {:.0} sends/s, {:.0} events/s, p50 {} µs, p99 {} µs",
-            out.latency.count(),
-            out.ops_per_s(),
-            out.events_per_s(),
-            out.latency.quantile_us(0.5),
-            out.latency.quantile_us(0.99)
+            "{name}: prepared {} conversations in {:.1} s",
+            setup.convs.len(),
+            t.elapsed().as_secs_f64()
         );
-        let clients = u32::try_from(clients).unwrap_or(u32::MAX);
-        report.results.push(ResultRow::new(
-            "ingest",
-            &name,
-            clients,
-            out.ops_per_s(),
-            &out.latency,
-            out.bytes,
-        ));
-        report.results.push(ResultRow::new(
-            "ingest-events",
-            &name,
-            clients,
-            out.events_per_s(),
-            &out.latency,
-            out.bytes,
-        ));
     }
 
-    if system.data_bytes() == 0 {
-        // Nothing reached the disk: whatever acknowledged those sends, it
-        // was not an fsync. Say so loudly rather than print fast figures.
-        let warning = format!(
-            "WARNING: {name}'s data directory is still empty after ingest: it does not write to disk, so its figures are NOT durable"
-        );
-        println!("{warning}");
-        report.machine.versions.push(warning);
+    if plan.runs("ingest") {
+        ingest_scenario(plan, workload, system, report, seed)?;
     }
-    catch_up_scenario("sync", 1, &plan.sync, plan, workload, system, report, seed)?;
+    if let Some(sync) = &plan.sync {
+        catch_up_scenario("sync", 1, sync, plan, workload, system, report, seed)?;
+    }
+    if let Some(under) = &plan.under_ingest {
+        if let Err(e) = under_ingest_scenario(under, plan, workload, system, report, seed) {
+            println!("{name}: sync-under-ingest: skipped: {e}");
+        }
+    }
     if let Some(storm) = &plan.storm {
         catch_up_scenario(
             "reconnect-storm",
@@ -418,6 +515,7 @@ fn run_system(
             plan.warmup,
             plan.measure,
             seed ^ 0x3131,
+            &measured,
         ) {
             Ok((quiet, busy, passes)) => {
                 println!(
@@ -427,22 +525,28 @@ fn run_system(
                     quiet.ops_per_s(),
                     busy.ops_per_s()
                 );
-                report.results.push(ResultRow::new(
-                    "mixed",
-                    &name,
-                    16,
-                    quiet.ops_per_s(),
-                    &quiet.latency,
-                    quiet.bytes,
-                ));
-                report.results.push(ResultRow::new(
-                    "mixed-compacting",
-                    &name,
-                    16,
-                    busy.ops_per_s(),
-                    &busy.latency,
-                    busy.bytes,
-                ));
+                report.results.push(
+                    ResultRow::new(
+                        "mixed",
+                        &name,
+                        16,
+                        quiet.ops_per_s(),
+                        &quiet.latency,
+                        quiet.bytes,
+                    )
+                    .with_cpu(outcome_cpu(&quiet, measured)),
+                );
+                report.results.push(
+                    ResultRow::new(
+                        "mixed-compacting",
+                        &name,
+                        16,
+                        busy.ops_per_s(),
+                        &busy.latency,
+                        busy.bytes,
+                    )
+                    .with_cpu(outcome_cpu(&busy, measured)),
+                );
             }
             Err(e) => println!("{name}: mixed: skipped: {e}"),
         }
@@ -452,6 +556,286 @@ fn run_system(
         system.data_bytes() as f64 / f64::from(1u32 << 20)
     );
     Ok(())
+}
+
+fn ingest_scenario(
+    plan: &Plan,
+    workload: &Workload,
+    system: &dyn System,
+    report: &mut Report,
+    seed: u64,
+) -> Result<()> {
+    let name = system.name().to_string();
+    let measured = system.measured();
+    for (i, &clients) in plan.clients.iter().enumerate() {
+        let run = seed.wrapping_mul(31).wrapping_add(i as u64 + 1);
+        let before = system.write_counters();
+        let out = scenarios::ingest(
+            system,
+            workload,
+            clients,
+            plan.warmup,
+            plan.measure,
+            run,
+            &measured,
+        )?;
+        if let Some((a, b)) = before.zip(system.write_counters()) {
+            // Includes the warm-up, so divide by everything that was sent.
+            let fsyncs = b.fsyncs - a.fsyncs;
+            let batches = b.write_batches - a.write_batches;
+            match (b.fsync_latency_us_sum - a.fsync_latency_us_sum).checked_div(fsyncs) {
+                Some(mean_us) => println!(
+                    "{name}: ingest c={clients}: {batches} write batches, {fsyncs} fsyncs, mean fsync {mean_us} µs"
+                ),
+                None => println!("{name}: ingest c={clients}: {batches} write batches"),
+            }
+        }
+        let cpu = outcome_cpu(&out, measured);
+        println!(
+            "{name}: ingest c={clients}: {} sends, {:.0} sends/s, {:.0} events/s, p50 {} µs, p99 {} µs{}",
+            out.latency.count(),
+            out.ops_per_s(),
+            out.events_per_s(),
+            out.latency.quantile_us(0.5),
+            out.latency.quantile_us(0.99),
+            cpu_note(cpu)
+        );
+        let clients = u32::try_from(clients).unwrap_or(u32::MAX);
+        report.results.push(
+            ResultRow::new(
+                "ingest",
+                &name,
+                clients,
+                out.ops_per_s(),
+                &out.latency,
+                out.bytes,
+            )
+            .with_cpu(cpu),
+        );
+        // The same window per fan-out event.
+        report.results.push(
+            ResultRow::new(
+                "ingest-events",
+                &name,
+                clients,
+                out.events_per_s(),
+                &out.latency,
+                out.bytes,
+            )
+            .with_cpu(cpu_per_op(out.cpu_ticks, out.events, measured)),
+        );
+    }
+    if system.data_bytes() == 0 {
+        // Nothing reached the disk: whatever acknowledged those sends, it
+        // was not an fsync. Say so loudly rather than print fast figures.
+        let warning = format!(
+            "WARNING: {name}'s data directory is still empty after ingest: it does not write to disk, so its figures are NOT durable"
+        );
+        println!("{warning}");
+        report.machine.versions.push(warning);
+    }
+    Ok(())
+}
+
+/// `sync-under-ingest`: the backlog of set 4 caught up by `cp.clients`
+/// connections while as many others run `ingest`.
+fn under_ingest_scenario(
+    cp: &CatchUpPlan,
+    plan: &Plan,
+    workload: &Workload,
+    system: &dyn System,
+    report: &mut Report,
+    seed: u64,
+) -> Result<()> {
+    let name = system.name().to_string();
+    let measured = system.measured();
+    let sync_set = SyncSet::new(4, cp.users, cp.devices_per_user, cp.backlog);
+    system.prepare(&sync_set.setup())?;
+    let sends = sync_set.backlog_sends();
+    let payload = |n: u64| workload.payload_at(n.wrapping_mul(7919));
+    let took = scenarios::preload(system, &sends, &payload, plan.preload_threads, 50, seed ^ 4)?;
+    println!(
+        "{name}: sync-under-ingest: preloaded {} sends ({} events per user) in {:.1} s",
+        sends.len(),
+        cp.backlog,
+        took.as_secs_f64()
+    );
+    let devices: Vec<_> = sync_set.devices().collect();
+    let ingest_clients = cp.clients;
+    let out = scenarios::sync_under_ingest(
+        system,
+        workload,
+        &devices,
+        cp.clients,
+        ingest_clients,
+        cp.page,
+        plan.warmup,
+        plan.measure,
+        seed ^ 0x5151,
+        &measured,
+    )?;
+    let (sync, ingest) = (&out.sync, &out.ingest);
+    // One window, two loads: CPU per operation counts pages and sends.
+    let cpu = cpu_per_op(sync.cpu_ticks, sync.ops + ingest.ops, measured);
+    println!(
+        "{name}: sync-under-ingest: {} sync + {ingest_clients} ingest connections for {:.2} s{}: {:.0} pages/s ({:.0} events/s), page read p99 {} µs (read + ACK p99 {} µs), beside {:.0} sends/s (send p99 {} µs){}",
+        cp.clients,
+        sync.elapsed.as_secs_f64(),
+        if out.backlog_ran_out { " (backlog ran out: window closed early)" } else { "" },
+        sync.ops_per_s(),
+        sync.events_per_s(),
+        sync.read_latency.quantile_us(0.99),
+        sync.latency.quantile_us(0.99),
+        ingest.ops_per_s(),
+        ingest.latency.quantile_us(0.99),
+        cpu_note(cpu).replace("µs/op", "µs per page or send")
+    );
+    let clients = u32::try_from(cp.clients).unwrap_or(u32::MAX);
+    for (row, outcome, latency) in [
+        ("sync-under-ingest", sync, &sync.latency),
+        ("sync-under-ingest-read", sync, &sync.read_latency),
+        ("sync-under-ingest-sends", ingest, &ingest.latency),
+    ] {
+        report.results.push(
+            ResultRow::new(
+                row,
+                &name,
+                clients,
+                outcome.ops_per_s(),
+                latency,
+                outcome.bytes,
+            )
+            .with_cpu(cpu),
+        );
+    }
+    Ok(())
+}
+
+/// `soak`: a fresh instance of `name`, sent `plan.soak.messages` messages
+/// with every device syncing after each batch, its memory sampled.
+fn run_soak(name: &str, plan: &Plan, args: &Args, base: &Path, report: &mut Report) {
+    let Some(sp) = &plan.soak else {
+        return;
+    };
+    let system = match start(name, args, base, &INBOXD_SOAK_ARGS) {
+        Ok(system) => system,
+        Err(why) => {
+            println!("skip soak on {name}: {why}");
+            return;
+        }
+    };
+    println!("== soak: {}", system.describe());
+    match soak_scenario(sp, &*system, args.seed) {
+        Ok((soak, row)) => {
+            report.soak.push(soak);
+            report.results.push(row);
+        }
+        Err(e) => println!("{name}: soak: stopped by an error: {e}"),
+    }
+}
+
+fn soak_scenario(sp: &SoakPlan, system: &dyn System, seed: u64) -> Result<(SoakReport, ResultRow)> {
+    let name = system.name().to_string();
+    let Some(measured) = system.measured() else {
+        return Err("no process to sample memory on".into());
+    };
+    let set = SoakSet::new(5, SOAK_PAIRS, SOAK_DEVICES_PER_USER);
+    system.prepare(&set.setup())?;
+    let workload = Workload::new(
+        WorkloadConfig {
+            users: 1_000,
+            ..WorkloadConfig::default()
+        },
+        seed,
+    )?;
+    let payload = |n: u64| workload.payload_at(n.wrapping_mul(7919));
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    let mut sample = |sent: u64| -> Result<()> {
+        let holdings = system.holdings();
+        let rss = measured
+            .rss_anon_bytes()
+            .ok_or("cannot read RssAnon of the measured process")?;
+        let s = SoakSample {
+            messages_sent: sent,
+            messages_retained: holdings.map_or(sent, |h| h.messages),
+            events_live: holdings.map(|h| h.events_live),
+            rss_anon_bytes: rss,
+            seconds: started.elapsed().as_secs_f64(),
+        };
+        println!(
+            "{name}: soak: {} sent, {} retained, {} live events, RssAnon {:.1} MiB, {:.0} s",
+            s.messages_sent,
+            s.messages_retained,
+            s.events_live.map_or_else(|| "-".into(), |e| e.to_string()),
+            rss as f64 / f64::from(1u32 << 20),
+            s.seconds
+        );
+        samples.push(s);
+        Ok(())
+    };
+    let out = scenarios::soak(system, &set, sp, &payload, &measured, &mut sample)?;
+    let compaction = match (out.compaction_passes, name.as_str()) {
+        (Some(passes), _) => format!(
+            "COMPACT requested every {:.0} s ({passes} passes), safety window 0 s",
+            sp.compact_every.as_secs_f64()
+        ),
+        (None, "rocksdb") => {
+            "none that reclaims ACKed events (RocksDB's own LSM compaction runs)".into()
+        }
+        (None, _) => "none: ACKed events are kept".into(),
+    };
+    // The sample taken before the first message is the empty server: its
+    // connections, buffers and pools are not there yet, so it would bend
+    // the line. It stays in the report, out of the fit.
+    let fitted: Vec<&SoakSample> = samples.iter().filter(|s| s.messages_sent > 0).collect();
+    let (messages, rss): (Vec<f64>, Vec<f64>) = fitted
+        .iter()
+        .map(|s| (s.messages_retained as f64, s.rss_anon_bytes as f64))
+        .unzip();
+    let per_message = fit::slope(&messages, &rss);
+    let live: Option<Vec<f64>> = fitted
+        .iter()
+        .map(|s| s.events_live.map(|e| e as f64))
+        .collect();
+    let per_live = live.as_deref().and_then(|l| fit::slope(l, &rss));
+    let both = live
+        .as_deref()
+        .and_then(|l| fit::slopes_of_two(&messages, l, &rss));
+    let sent = out.sends.events;
+    let soak = SoakReport {
+        system: name.clone(),
+        rss_of: measured.label().into(),
+        compaction,
+        messages: sent,
+        seconds: out.elapsed.as_secs_f64(),
+        samples,
+        rss_bytes_per_message: per_message,
+        rss_bytes_per_million_messages: per_message.map(|b| b * 1e6),
+        rss_bytes_per_live_event: per_live,
+        fit_bytes_per_message: both.map(|(b, _)| b),
+        fit_bytes_per_live_event: both.map(|(_, c)| c),
+    };
+    let cpu = cpu_per_op(out.cpu_ticks, sent, Some(measured));
+    println!(
+        "{name}: soak: {sent} messages in {:.1} s ({:.0}/s), {} pages (p99 {} µs){}",
+        out.elapsed.as_secs_f64(),
+        per_second(sent, out.elapsed),
+        out.pages.ops,
+        out.pages.latency.quantile_us(0.99),
+        cpu_note(cpu).replace("µs/op", "µs per message")
+    );
+    // Rate and CPU per message; the latency is a whole batch's send.
+    let row = ResultRow::new(
+        "soak",
+        &name,
+        u32::try_from(sp.clients).unwrap_or(u32::MAX),
+        per_second(sent, out.elapsed),
+        &out.sends.latency,
+        out.sends.bytes,
+    )
+    .with_cpu(cpu);
+    Ok((soak, row))
 }
 
 fn long_offline_scenario(
@@ -561,9 +945,11 @@ fn catch_up_scenario(
         took.as_secs_f64()
     );
     let devices: Vec<_> = sync_set.devices().collect();
-    let out = scenarios::catch_up(system, &devices, cp.clients, cp.page)?;
+    let measured = system.measured();
+    let out = scenarios::catch_up(system, &devices, cp.clients, cp.page, &measured)?;
+    let cpu = outcome_cpu(&out, measured);
     println!(
-        "{name}: {scenario} c={}: {} devices caught up in {:.2} s, {:.0} pages/s, {:.0} events/s, page p50 {} µs, p99 {} µs (read part p99 {} µs)",
+        "{name}: {scenario} c={}: {} devices caught up in {:.2} s, {:.0} pages/s, {:.0} events/s, page p50 {} µs, p99 {} µs (read part p99 {} µs){}",
         cp.clients,
         devices.len(),
         out.elapsed.as_secs_f64(),
@@ -571,26 +957,33 @@ fn catch_up_scenario(
         out.events_per_s(),
         out.latency.quantile_us(0.5),
         out.latency.quantile_us(0.99),
-        out.read_latency.quantile_us(0.99)
+        out.read_latency.quantile_us(0.99),
+        cpu_note(cpu).replace("µs/op", "µs per page")
     );
     let clients = u32::try_from(cp.clients).unwrap_or(u32::MAX);
-    report.results.push(ResultRow::new(
-        scenario,
-        &name,
-        clients,
-        out.ops_per_s(),
-        &out.latency,
-        out.bytes,
-    ));
-    if scenario == "sync" {
-        report.results.push(ResultRow::new(
-            "sync-read",
+    report.results.push(
+        ResultRow::new(
+            scenario,
             &name,
             clients,
             out.ops_per_s(),
-            &out.read_latency,
+            &out.latency,
             out.bytes,
-        ));
+        )
+        .with_cpu(cpu),
+    );
+    if scenario == "sync" {
+        report.results.push(
+            ResultRow::new(
+                "sync-read",
+                &name,
+                clients,
+                out.ops_per_s(),
+                &out.read_latency,
+                out.bytes,
+            )
+            .with_cpu(cpu),
+        );
     }
     if scenario == "reconnect-storm" {
         // Devices per second: the time until all are caught up is
@@ -650,5 +1043,47 @@ fn run_recovery(
             ));
         }
         Err(e) => println!("{name}: recovery: skipped: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_string()).collect()
+    }
+
+    #[test]
+    fn each_mode_has_its_scenarios_and_the_soak_runs_only_when_named() {
+        assert_eq!(
+            chosen_scenarios(Mode::Quick, &[]).expect("quick"),
+            names(&["ingest", "sync"])
+        );
+        let full = chosen_scenarios(Mode::Full, &[]).expect("full");
+        assert!(full.iter().any(|s| s == "sync-under-ingest"));
+        assert!(!full.iter().any(|s| s == "soak"));
+        assert_eq!(full.len(), SCENARIOS.len() - 1);
+    }
+
+    #[test]
+    fn named_scenarios_run_alone_in_the_harness_order_once_each() {
+        let chosen = chosen_scenarios(Mode::Quick, &names(&["soak", "sync-under-ingest", "soak"]))
+            .expect("known names");
+        assert_eq!(chosen, names(&["sync-under-ingest", "soak"]));
+        let err = chosen_scenarios(Mode::Full, &names(&["sync", "warp"])).expect_err("unknown");
+        assert!(err.to_string().contains("\"warp\""), "{err}");
+    }
+
+    #[test]
+    fn cpu_per_op_needs_ticks_ops_and_a_process() {
+        let server = Some(Measured::Server(1));
+        let hz = procfs::clock_ticks_per_s() as f64;
+        let (us, of) = cpu_per_op(Some(10), 1_000, server).expect("measured");
+        assert!((us - 10.0 * 1e6 / hz / 1_000.0).abs() < 1e-9);
+        assert_eq!(of, Measured::Server(1));
+        assert_eq!(cpu_per_op(None, 1_000, server), None);
+        assert_eq!(cpu_per_op(Some(10), 0, server), None);
+        assert_eq!(cpu_per_op(Some(10), 1_000, None), None);
     }
 }

@@ -6,13 +6,14 @@
 //! that the measured window has every client running. A short warm-up at the
 //! start of each run is not recorded.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Barrier, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Barrier, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::hist::Latency;
+use crate::procfs::Measured;
 use crate::systems::{Conn, DeviceCursor, Result, Screen, System};
-use crate::workload::{DeviceId, OpGen, Outgoing, PreSend, Uid, Workload};
+use crate::workload::{DeviceId, OpGen, Outgoing, PreSend, SoakSet, Uid, Workload};
 
 /// What one run of a scenario measured.
 #[derive(Debug, Default)]
@@ -26,6 +27,9 @@ pub struct Outcome {
     pub latency: Latency,
     /// `sync`: the read part of each page, before its ACK.
     pub read_latency: Latency,
+    /// CPU clock ticks the measured process spent in the window, where
+    /// there is a process to measure.
+    pub cpu_ticks: Option<u64>,
 }
 
 impl Outcome {
@@ -41,6 +45,123 @@ pub fn per_second(count: u64, elapsed: Duration) -> f64 {
     #[expect(clippy::cast_precision_loss, reason = "counts are far below 2^52")]
     let count = count as f64;
     count / elapsed.as_secs_f64().max(1e-9)
+}
+
+/// Reads the CPU counter of the process that does a system's work, at the
+/// edges of a measured window.
+pub trait Meter: Sync {
+    /// Cumulative CPU clock ticks, user + system.
+    fn cpu_ticks(&self) -> Option<u64>;
+}
+
+impl Meter for Measured {
+    fn cpu_ticks(&self) -> Option<u64> {
+        Measured::cpu_ticks(*self)
+    }
+}
+
+impl Meter for Option<Measured> {
+    fn cpu_ticks(&self) -> Option<u64> {
+        self.and_then(Measured::cpu_ticks)
+    }
+}
+
+/// The measured window of a timed run, shared by its client threads and
+/// its meter: it opens `warmup` after the first client starts and closes
+/// `duration` later, or earlier once [`Window::close_now`] is called.
+struct Window {
+    began: OnceLock<Instant>,
+    warmup: Duration,
+    duration: Duration,
+    /// Nanoseconds from `began` to an early close; `u64::MAX` if none.
+    closed_ns: AtomicU64,
+}
+
+impl Window {
+    fn new(warmup: Duration, duration: Duration) -> Self {
+        Self {
+            began: OnceLock::new(),
+            warmup,
+            duration,
+            closed_ns: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Starts the run's clock if no client has yet; the start.
+    fn start(&self) -> Instant {
+        *self.began.get_or_init(Instant::now)
+    }
+
+    fn opens(&self, began: Instant) -> Instant {
+        began + self.warmup
+    }
+
+    fn closes(&self, began: Instant) -> Instant {
+        let planned = began + self.warmup + self.duration;
+        match self.closed_ns.load(Ordering::SeqCst) {
+            u64::MAX => planned,
+            ns => planned.min(began + Duration::from_nanos(ns)),
+        }
+    }
+
+    fn close_now(&self) {
+        let began = self.start();
+        let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+        self.closed_ns.fetch_min(ns, Ordering::SeqCst);
+    }
+
+    /// How long the window was open, once it has closed.
+    fn length(&self) -> Duration {
+        let began = self.start();
+        self.closes(began)
+            .saturating_duration_since(self.opens(began))
+    }
+}
+
+/// The meter's side of a window: one sample as it opens, one as it closes.
+/// `stop` says the clients are done (or failed): waiting ends, and a window
+/// already open is sampled at once.
+fn meter_window(meter: &dyn Meter, window: &Window, stop: &AtomicBool) -> Option<u64> {
+    const POLL: Duration = Duration::from_millis(1);
+    let began = loop {
+        if let Some(&began) = window.began.get() {
+            break began;
+        }
+        if stop.load(Ordering::SeqCst) {
+            return None;
+        }
+        std::thread::sleep(POLL);
+    };
+    while Instant::now() < window.opens(began) {
+        if stop.load(Ordering::SeqCst) {
+            return None;
+        }
+        std::thread::sleep(POLL);
+    }
+    let at_open = meter.cpu_ticks()?;
+    while Instant::now() < window.closes(began) && !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(POLL);
+    }
+    meter.cpu_ticks()?.checked_sub(at_open)
+}
+
+/// Runs `clients` as [`with_clients`] does, with a meter thread that takes
+/// the CPU counter as `window` opens and closes.
+fn with_metered_clients<T: std::marker::Send>(
+    system: &dyn System,
+    clients: usize,
+    meter: &dyn Meter,
+    window: &Window,
+    per_client: impl Fn(usize, &mut dyn Conn) -> Result<T> + Sync,
+) -> Result<(Vec<T>, Option<u64>)> {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let metering = scope.spawn(|| meter_window(meter, window, &stop));
+        let results = with_clients(system, clients, per_client);
+        stop.store(true, Ordering::SeqCst);
+        let ticks = metering.join().unwrap_or(None);
+        results.map(|r| (r, ticks))
+    })
 }
 
 /// A unique idempotency key per (run, client, send).
@@ -96,56 +217,75 @@ pub fn ingest(
     warmup: Duration,
     duration: Duration,
     run: u64,
+    meter: &dyn Meter,
 ) -> Result<Outcome> {
-    let start = Mutex::new(None::<Instant>);
-    let per_client = with_clients(system, clients, |client, conn| {
-        let began = *start
-            .lock()
-            .expect("no panics while held")
-            .get_or_insert_with(Instant::now);
-        let measure_from = began + warmup;
-        let stop_at = measure_from + duration;
-        let mut gen = OpGen::new(run.wrapping_mul(1_000_003) ^ client as u64);
-        let mut out = Outcome::default();
-        let mut n = 0u64;
-        loop {
-            let op = gen.next_op(workload);
-            let mut pair = [0; 2];
-            let recipients = workload.recipients(&op, &mut pair);
-            let send = Outgoing {
-                conv: op.conv,
-                sender: op.sender,
-                recipients,
-                payload: workload.payload(&op),
-                client_msg_id: client_msg_id(run, client as u64, n),
-            };
-            n += 1;
-            let t = Instant::now();
-            if t >= stop_at {
-                break;
-            }
-            conn.send(&send)?;
-            let done = Instant::now();
-            if t >= measure_from {
-                out.latency.record(done - t);
-                out.ops += 1;
-                out.events += recipients.len() as u64;
-                out.bytes += send.payload.len() as u64;
-            }
-        }
-        Ok(out)
-    })?;
+    let window = Window::new(warmup, duration);
+    let (per_client, cpu_ticks) =
+        with_metered_clients(system, clients, meter, &window, |client, conn| {
+            ingest_client(conn, workload, &window, run, client as u64)
+        })?;
     let mut total = Outcome {
         elapsed: duration,
+        cpu_ticks,
         ..Outcome::default()
     };
     for out in per_client {
-        total.ops += out.ops;
-        total.events += out.events;
-        total.bytes += out.bytes;
-        total.latency.merge(&out.latency);
+        total.add(&out);
     }
     Ok(total)
+}
+
+impl Outcome {
+    /// Adds one client's counts and latencies to the run's.
+    fn add(&mut self, out: &Outcome) {
+        self.ops += out.ops;
+        self.events += out.events;
+        self.bytes += out.bytes;
+        self.latency.merge(&out.latency);
+        self.read_latency.merge(&out.read_latency);
+    }
+}
+
+/// One ingest client: sends until the window closes, recording the sends
+/// made inside it.
+fn ingest_client(
+    conn: &mut dyn Conn,
+    workload: &Workload,
+    window: &Window,
+    run: u64,
+    client: u64,
+) -> Result<Outcome> {
+    let began = window.start();
+    let measure_from = window.opens(began);
+    let mut gen = OpGen::new(run.wrapping_mul(1_000_003) ^ client);
+    let mut out = Outcome::default();
+    let mut n = 0u64;
+    loop {
+        let op = gen.next_op(workload);
+        let mut pair = [0; 2];
+        let recipients = workload.recipients(&op, &mut pair);
+        let send = Outgoing {
+            conv: op.conv,
+            sender: op.sender,
+            recipients,
+            payload: workload.payload(&op),
+            client_msg_id: client_msg_id(run, client, n),
+        };
+        n += 1;
+        let t = Instant::now();
+        if t >= window.closes(began) {
+            break;
+        }
+        conn.send(&send)?;
+        let done = Instant::now();
+        if t >= measure_from {
+            out.latency.record(done - t);
+            out.ops += 1;
+            out.events += recipients.len() as u64;
+            out.bytes += send.payload.len() as u64;
+        }
+    }
+    Ok(out)
 }
 
 /// Writes `sends` through `threads` connections in batches of `batch`:
@@ -204,7 +344,11 @@ pub fn catch_up(
     devices: &[(Uid, DeviceId)],
     clients: usize,
     page_limit: u32,
+    meter: &dyn Meter,
 ) -> Result<Outcome> {
+    // The window is the whole run: connecting the clients is included,
+    // which is a few requests next to the pages.
+    let ticks_before = meter.cpu_ticks();
     let next = AtomicUsize::new(0);
     let started = Mutex::new(None::<Instant>);
     let finished_ns = AtomicU64::new(0);
@@ -239,16 +383,115 @@ pub fn catch_up(
     })?;
     let mut total = Outcome {
         elapsed: Duration::from_nanos(finished_ns.load(Ordering::Relaxed)),
+        cpu_ticks: ticks_before
+            .zip(meter.cpu_ticks())
+            .and_then(|(a, b)| b.checked_sub(a)),
         ..Outcome::default()
     };
     for out in per_client {
-        total.ops += out.ops;
-        total.events += out.events;
-        total.bytes += out.bytes;
-        total.latency.merge(&out.latency);
-        total.read_latency.merge(&out.read_latency);
+        total.add(&out);
     }
     Ok(total)
+}
+
+/// What `sync-under-ingest` measured: the sync side and the ingest side of
+/// one window, and the CPU of both together.
+#[derive(Debug, Default)]
+pub struct UnderIngest {
+    pub sync: Outcome,
+    pub ingest: Outcome,
+    /// The devices' backlog ran out before the planned end, which closed
+    /// the window early for both sides.
+    pub backlog_ran_out: bool,
+}
+
+/// `sync-under-ingest`: `sync_clients` connections catch devices up (each
+/// page read, then ACKed) while `ingest_clients` other connections run the
+/// ingest load, for the same window. Pages are those of `devices`' backlog,
+/// so every page is full until a device is caught up; if the backlog runs
+/// out, the window closes there for both sides.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the two loads' sizes and the window; a struct would only rename them"
+)]
+pub fn sync_under_ingest(
+    system: &dyn System,
+    workload: &Workload,
+    devices: &[(Uid, DeviceId)],
+    sync_clients: usize,
+    ingest_clients: usize,
+    page_limit: u32,
+    warmup: Duration,
+    duration: Duration,
+    run: u64,
+    meter: &dyn Meter,
+) -> Result<UnderIngest> {
+    let window = Window::new(warmup, duration);
+    let next = AtomicUsize::new(0);
+    let ran_out = AtomicBool::new(false);
+    let syncing = AtomicUsize::new(sync_clients);
+    let (per_client, cpu_ticks) = with_metered_clients(
+        system,
+        sync_clients + ingest_clients,
+        meter,
+        &window,
+        |client, conn| {
+            if client < ingest_clients {
+                return ingest_client(conn, workload, &window, run, client as u64)
+                    .map(|out| (false, out));
+            }
+            let began = window.start();
+            let mut out = Outcome::default();
+            'devices: loop {
+                let Some(&(uid, device)) = devices.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                    // The last sync client out of devices closes the window:
+                    // past it, ingest would run alone.
+                    let last = syncing.fetch_sub(1, Ordering::SeqCst) == 1;
+                    if last && Instant::now() < window.closes(began) {
+                        ran_out.store(true, Ordering::SeqCst);
+                        window.close_now();
+                    }
+                    break;
+                };
+                let mut cursor = DeviceCursor::new(uid, device);
+                loop {
+                    let t = Instant::now();
+                    if t >= window.closes(began) {
+                        break 'devices;
+                    }
+                    let page = conn.sync_page(&mut cursor, page_limit)?;
+                    if t >= window.opens(began) {
+                        out.latency.record(t.elapsed());
+                        out.read_latency.record(page.read);
+                        out.ops += 1;
+                        out.events += u64::from(page.events);
+                        out.bytes += page.bytes;
+                    }
+                    if !page.has_more {
+                        break;
+                    }
+                }
+            }
+            Ok((true, out))
+        },
+    )?;
+    let length = window.length();
+    let mut result = UnderIngest {
+        backlog_ran_out: ran_out.load(Ordering::SeqCst),
+        ..UnderIngest::default()
+    };
+    result.sync.elapsed = length;
+    result.ingest.elapsed = length;
+    result.sync.cpu_ticks = cpu_ticks;
+    result.ingest.cpu_ticks = cpu_ticks;
+    for (syncing, out) in per_client {
+        if syncing {
+            result.sync.add(&out);
+        } else {
+            result.ingest.add(&out);
+        }
+    }
+    Ok(result)
 }
 
 /// What `long-offline` measured.
@@ -347,9 +590,10 @@ pub fn mixed(
     warmup: Duration,
     duration: Duration,
     run: u64,
+    meter: &dyn Meter,
 ) -> Result<(Outcome, Outcome, u64)> {
     system.compact_now()?;
-    let quiet = ingest(system, workload, clients, warmup, duration, run)?;
+    let quiet = ingest(system, workload, clients, warmup, duration, run, meter)?;
     let stop = std::sync::atomic::AtomicBool::new(false);
     let passes = AtomicU64::new(0);
     let compacting = std::thread::scope(|scope| {
@@ -360,7 +604,7 @@ pub fn mixed(
             }
             Ok(())
         });
-        let out = ingest(system, workload, clients, warmup, duration, run + 1);
+        let out = ingest(system, workload, clients, warmup, duration, run + 1, meter);
         stop.store(true, Ordering::Relaxed);
         let compacted = compactor
             .join()
@@ -370,11 +614,203 @@ pub fn mixed(
     Ok((quiet, compacting, passes.load(Ordering::Relaxed)))
 }
 
+/// Sizes of a soak.
+#[derive(Clone, Debug)]
+pub struct SoakPlan {
+    /// Messages to send in all.
+    pub messages: u64,
+    pub clients: usize,
+    /// Messages each client sends to each of its conversations per batch,
+    /// before every device of those conversations syncs.
+    pub per_conv_batch: u32,
+    pub page: u32,
+    /// Sample memory each time this many more messages have been sent.
+    pub sample_every: u64,
+    /// Ask for a compaction pass this often.
+    pub compact_every: Duration,
+}
+
+/// What a soak measured, besides its samples.
+#[derive(Debug, Default)]
+pub struct SoakOutcome {
+    /// Send batches: ops and latency per batch; `events` the messages.
+    pub sends: Outcome,
+    /// Sync pages, read and ACKed.
+    pub pages: Outcome,
+    pub elapsed: Duration,
+    /// Compaction passes run; `None` when the system has no compaction
+    /// driver (the first request said so).
+    pub compaction_passes: Option<u64>,
+    pub cpu_ticks: Option<u64>,
+}
+
+/// `soak`: sustained one-to-one sends, every device syncing and ACKing
+/// after each batch, compaction requested every `compact_every`. Each
+/// client owns every `clients`-th conversation of `set` (and so both its
+/// users and all their devices). `sample(messages_sent)` is called from
+/// the driving thread at the start, every `sample_every` messages (as
+/// close as it can poll) and at the end.
+pub fn soak<'p>(
+    system: &dyn System,
+    set: &SoakSet,
+    plan: &SoakPlan,
+    payload: &(dyn Fn(u64) -> &'p [u8] + Sync),
+    meter: &dyn Meter,
+    sample: &mut dyn FnMut(u64) -> Result<()>,
+) -> Result<SoakOutcome> {
+    let clients = plan.clients.clamp(1, set.convs.len().max(1));
+    let claimed = AtomicU64::new(0);
+    let sent = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let passes = AtomicU64::new(0);
+    let no_compaction = AtomicBool::new(false);
+    let ticks_before = meter.cpu_ticks();
+    sample(0)?;
+    let start = Instant::now();
+    let (per_client, sampled) = std::thread::scope(|scope| {
+        // The first pass runs whatever the driver has done by then, so a
+        // soak that finishes before this thread is scheduled still compacts.
+        let compactor = scope.spawn(|| loop {
+            if system.compact_now().is_err() {
+                no_compaction.store(true, Ordering::SeqCst);
+                return;
+            }
+            passes.fetch_add(1, Ordering::Relaxed);
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let next = Instant::now() + plan.compact_every;
+            while Instant::now() < next && !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        let driving = scope.spawn(|| {
+            let out = with_clients(system, clients, |client, conn| {
+                soak_client(conn, set, plan, payload, client, clients, &claimed, &sent)
+            });
+            stop.store(true, Ordering::SeqCst);
+            out
+        });
+        let mut next_sample = plan.sample_every.max(1);
+        // The messages sent at the last sample, or the sampling error.
+        let mut sampled: Result<Option<u64>> = Ok(Some(0));
+        while !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+            let now = sent.load(Ordering::SeqCst);
+            if now >= next_sample && sampled.is_ok() {
+                sampled = sample(now).map(|()| Some(now));
+                while next_sample <= now {
+                    next_sample += plan.sample_every.max(1);
+                }
+            }
+        }
+        let per_client = driving
+            .join()
+            .unwrap_or_else(|_| Err("soak driver panicked".into()));
+        let _ = compactor.join();
+        (per_client, sampled)
+    });
+    let elapsed = start.elapsed();
+    let per_client = per_client?;
+    let last_sampled = sampled?;
+    let total = sent.load(Ordering::SeqCst);
+    if last_sampled != Some(total) {
+        sample(total)?;
+    }
+    let mut out = SoakOutcome {
+        elapsed,
+        compaction_passes: (!no_compaction.load(Ordering::SeqCst))
+            .then(|| passes.load(Ordering::Relaxed)),
+        cpu_ticks: ticks_before
+            .zip(meter.cpu_ticks())
+            .and_then(|(a, b)| b.checked_sub(a)),
+        ..SoakOutcome::default()
+    };
+    for (sends, pages) in per_client {
+        out.sends.add(&sends);
+        out.pages.add(&pages);
+    }
+    out.sends.elapsed = elapsed;
+    out.pages.elapsed = elapsed;
+    Ok(out)
+}
+
+/// One soak client: batches to its conversations, then every device of
+/// their users caught up, until the plan's messages are all claimed.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the shared counters of one scenario; a struct would only rename them"
+)]
+fn soak_client<'p>(
+    conn: &mut dyn Conn,
+    set: &SoakSet,
+    plan: &SoakPlan,
+    payload: &(dyn Fn(u64) -> &'p [u8] + Sync),
+    client: usize,
+    clients: usize,
+    claimed: &AtomicU64,
+    sent: &AtomicU64,
+) -> Result<(Outcome, Outcome)> {
+    let mine: Vec<_> = set.convs.iter().skip(client).step_by(clients).collect();
+    let mut cursors: Vec<DeviceCursor> = mine
+        .iter()
+        .flat_map(|c| c.members.iter().copied())
+        .flat_map(|uid| (1..=u64::from(set.devices_per_user)).map(move |d| (uid, d)))
+        .map(|(uid, device)| DeviceCursor::new(uid, device))
+        .collect();
+    let (mut sends, mut pages) = (Outcome::default(), Outcome::default());
+    let per_batch = mine.len() as u64 * u64::from(plan.per_conv_batch.max(1));
+    let mut n = 0u64;
+    loop {
+        let from = claimed.fetch_add(per_batch, Ordering::SeqCst);
+        if from >= plan.messages {
+            break;
+        }
+        let count = per_batch.min(plan.messages - from);
+        let batch: Vec<Outgoing<'_>> = (0..count)
+            .map(|i| {
+                let conv = mine[(i % mine.len() as u64) as usize];
+                n += 1;
+                Outgoing {
+                    conv: conv.conv,
+                    // The two sides take turns.
+                    sender: conv.members[((i / mine.len() as u64) % 2) as usize],
+                    recipients: &conv.members,
+                    payload: payload(from + i),
+                    client_msg_id: client_msg_id(0x50a6, client as u64, n),
+                }
+            })
+            .collect();
+        let t = Instant::now();
+        conn.send_batch(&batch)?;
+        sends.latency.record(t.elapsed());
+        sends.ops += 1;
+        sends.events += count;
+        sends.bytes += batch.iter().map(|s| s.payload.len() as u64).sum::<u64>();
+        sent.fetch_add(count, Ordering::SeqCst);
+        for cursor in &mut cursors {
+            loop {
+                let t = Instant::now();
+                let page = conn.sync_page(cursor, plan.page)?;
+                pages.latency.record(t.elapsed());
+                pages.read_latency.record(page.read);
+                pages.ops += 1;
+                pages.events += u64::from(page.events);
+                pages.bytes += page.bytes;
+                if !page.has_more {
+                    break;
+                }
+            }
+        }
+    }
+    Ok((sends, pages))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::systems::Page;
-    use crate::workload::{Setup, SyncSet, WorkloadConfig};
+    use crate::workload::{Setup, SoakSet, SyncSet, WorkloadConfig};
     use std::collections::HashMap;
 
     /// An in-memory system: a model of the semantics the drivers rely on,
@@ -386,6 +822,8 @@ mod tests {
         convs: Mutex<HashMap<Uid, std::collections::BTreeSet<u64>>>,
         sends: AtomicU64,
         compactions: AtomicU64,
+        /// Time each page takes, so that a run can outlast its backlog.
+        page_delay: Duration,
     }
 
     struct ModelConn<'a>(&'a Model);
@@ -402,6 +840,7 @@ mod tests {
             Ok(())
         }
         fn sync_page(&mut self, device: &mut DeviceCursor, limit: u32) -> Result<Page> {
+            std::thread::sleep(self.0.page_delay);
             let len = self
                 .0
                 .streams
@@ -495,6 +934,7 @@ mod tests {
             Duration::ZERO,
             Duration::from_millis(50),
             1,
+            &None,
         )
         .expect("mixed");
         assert!(quiet.ops > 0 && busy.ops > 0);
@@ -518,8 +958,10 @@ mod tests {
             Duration::ZERO,
             Duration::from_millis(100),
             1,
+            &None,
         )
         .expect("ingest");
+        assert_eq!(out.cpu_ticks, None, "nothing to measure");
         assert!(out.ops > 0);
         assert_eq!(out.latency.count(), out.ops);
         assert!(out.ops <= model.sends.load(Ordering::Relaxed));
@@ -543,7 +985,7 @@ mod tests {
         let payload = |n: u64| workload.payload_at(n);
         preload(&model, &set.backlog_sends(), &payload, 3, 16, 2).expect("preload");
         let devices: Vec<_> = set.devices().collect();
-        let out = catch_up(&model, &devices, 5, 100).expect("catch up");
+        let out = catch_up(&model, &devices, 5, 100, &None).expect("catch up");
         assert_eq!(out.events, 20 * 3 * 250);
         // 250 events in pages of 100: 3 pages per device.
         assert_eq!(out.ops, 60 * 3);
@@ -571,7 +1013,218 @@ mod tests {
                 Ok(())
             }
         }
-        let err = catch_up(&Refusing, &[(1, 1)], 3, 100).expect_err("must fail");
+        let err = catch_up(&Refusing, &[(1, 1)], 3, 100, &None).expect_err("must fail");
         assert!(err.to_string().contains("refused") || err.to_string().contains("connect"));
+    }
+
+    fn small_workload() -> Workload {
+        Workload::new(
+            WorkloadConfig {
+                users: 1_000,
+                ..WorkloadConfig::default()
+            },
+            1,
+        )
+        .expect("workload")
+    }
+
+    /// A CPU counter that ticks with wall time: 1 tick per millisecond.
+    struct Clock(Instant);
+
+    impl Meter for Clock {
+        fn cpu_ticks(&self) -> Option<u64> {
+            u64::try_from(self.0.elapsed().as_millis()).ok()
+        }
+    }
+
+    #[test]
+    fn the_meter_samples_the_cpu_counter_at_the_edges_of_the_measured_window() {
+        let model = Model::default();
+        let out = ingest(
+            &model,
+            &small_workload(),
+            2,
+            Duration::from_millis(100),
+            Duration::from_millis(200),
+            1,
+            &Clock(Instant::now()),
+        )
+        .expect("ingest");
+        // The warm-up is left out: about 200 ticks, not 300.
+        let ticks = out.cpu_ticks.expect("metered");
+        assert!((190..290).contains(&ticks), "{ticks} ticks");
+    }
+
+    #[test]
+    fn the_meter_gives_up_without_a_figure_when_the_clients_cannot_start() {
+        struct Refusing;
+        impl System for Refusing {
+            fn name(&self) -> &str {
+                "refusing"
+            }
+            fn connect(&self) -> Result<Box<dyn Conn + '_>> {
+                Err("connection refused".into())
+            }
+            fn prepare(&self, _: &Setup) -> Result<()> {
+                Ok(())
+            }
+        }
+        let started = Instant::now();
+        let err = ingest(
+            &Refusing,
+            &small_workload(),
+            2,
+            Duration::from_secs(30),
+            Duration::from_secs(30),
+            1,
+            &Clock(Instant::now()),
+        );
+        assert!(err.is_err());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no wait for the window"
+        );
+    }
+
+    #[test]
+    fn sync_under_ingest_reads_full_pages_beside_sends_until_the_window_closes() {
+        let model = Model {
+            page_delay: Duration::from_millis(1),
+            ..Model::default()
+        };
+        let workload = small_workload();
+        let set = SyncSet::new(4, 50, 4, 1_000);
+        let payload = |n: u64| workload.payload_at(n);
+        preload(&model, &set.backlog_sends(), &payload, 2, 50, 4).expect("preload");
+        let devices: Vec<_> = set.devices().collect();
+        let out = sync_under_ingest(
+            &model,
+            &workload,
+            &devices,
+            3,
+            3,
+            100,
+            Duration::ZERO,
+            Duration::from_millis(150),
+            9,
+            &Clock(Instant::now()),
+        )
+        .expect("sync under ingest");
+        assert!(
+            out.sync.ops > 0 && out.ingest.ops > 0,
+            "{} pages, {} sends, ran out {}",
+            out.sync.ops,
+            out.ingest.ops,
+            out.backlog_ran_out
+        );
+        assert_eq!(out.sync.read_latency.count(), out.sync.ops);
+        assert_eq!(out.ingest.latency.count(), out.ingest.ops);
+        assert!(out.sync.events <= out.sync.ops * 100);
+        assert_eq!(out.sync.elapsed, out.ingest.elapsed, "one window");
+        assert!(out.sync.cpu_ticks.is_some());
+        if !out.backlog_ran_out {
+            assert_eq!(out.sync.elapsed, Duration::from_millis(150));
+        }
+    }
+
+    #[test]
+    fn sync_under_ingest_closes_the_window_for_both_sides_when_the_backlog_runs_out() {
+        let model = Model::default();
+        let workload = small_workload();
+        let set = SyncSet::new(4, 4, 1, 200);
+        let payload = |n: u64| workload.payload_at(n);
+        preload(&model, &set.backlog_sends(), &payload, 1, 50, 4).expect("preload");
+        let devices: Vec<_> = set.devices().collect();
+        let started = Instant::now();
+        let out = sync_under_ingest(
+            &model,
+            &workload,
+            &devices,
+            2,
+            2,
+            100,
+            Duration::ZERO,
+            Duration::from_secs(30),
+            9,
+            &None,
+        )
+        .expect("sync under ingest");
+        assert!(out.backlog_ran_out);
+        assert!(started.elapsed() < Duration::from_secs(10), "closed early");
+        assert!(out.sync.elapsed < Duration::from_secs(10));
+        assert_eq!(out.sync.events, 4 * 200, "every backlogged event read once");
+    }
+
+    #[test]
+    fn soak_sends_exactly_the_planned_messages_and_leaves_every_device_caught_up() {
+        let model = Model::default();
+        let workload = small_workload();
+        let set = SoakSet::new(5, 12, 2);
+        let plan = SoakPlan {
+            messages: 1_001,
+            clients: 4,
+            per_conv_batch: 3,
+            page: 100,
+            sample_every: 200,
+            compact_every: Duration::from_millis(1),
+        };
+        let payload = |n: u64| workload.payload_at(n);
+        let mut sampled = Vec::new();
+        let out = soak(&model, &set, &plan, &payload, &None, &mut |sent| {
+            sampled.push(sent);
+            Ok(())
+        })
+        .expect("soak");
+        assert_eq!(out.sends.events, 1_001);
+        assert_eq!(model.sends.load(Ordering::Relaxed), 1_001);
+        // Each message is one event for each of the two users, read by
+        // each of their two devices.
+        assert_eq!(out.pages.events, 1_001 * 2 * 2);
+        assert_eq!(sampled.first(), Some(&0));
+        assert_eq!(sampled.last(), Some(&1_001));
+        assert!(
+            sampled.windows(2).all(|w| w[0] < w[1]),
+            "no message count sampled twice: {sampled:?}"
+        );
+        assert!(sampled.len() >= 3, "{sampled:?}");
+        assert!(out.compaction_passes.expect("the model compacts") > 0);
+    }
+
+    #[test]
+    fn soak_says_when_a_system_has_no_compaction() {
+        struct NoCompaction(Model);
+        impl System for NoCompaction {
+            fn name(&self) -> &str {
+                "plain"
+            }
+            fn connect(&self) -> Result<Box<dyn Conn + '_>> {
+                self.0.connect()
+            }
+            fn prepare(&self, setup: &Setup) -> Result<()> {
+                self.0.prepare(setup)
+            }
+        }
+        let system = NoCompaction(Model::default());
+        let workload = small_workload();
+        let plan = SoakPlan {
+            messages: 50,
+            clients: 2,
+            per_conv_batch: 1,
+            page: 10,
+            sample_every: 10,
+            compact_every: Duration::from_millis(1),
+        };
+        let payload = |n: u64| workload.payload_at(n);
+        let out = soak(
+            &system,
+            &SoakSet::new(5, 4, 1),
+            &plan,
+            &payload,
+            &None,
+            &mut |_| Ok(()),
+        )
+        .expect("soak");
+        assert_eq!(out.compaction_passes, None);
+        assert_eq!(out.pages.events, 50 * 2);
     }
 }

@@ -266,6 +266,8 @@ mod tests {
             p99_us: p99,
             p999_us: p99,
             bytes: 0,
+            server_cpu_us_per_op: None,
+            cpu_of: None,
         }
     }
 
@@ -283,6 +285,7 @@ mod tests {
     #[test]
     fn plot_draws_two_bars_per_measured_row_and_none_for_limit_rows() {
         let report = Report {
+            soak: Vec::new(),
             machine: Machine::default(),
             results: vec![
                 row("ingest", "inboxd", 1, 5_000.0, 900.0),
@@ -321,6 +324,7 @@ mod tests {
     #[test]
     fn names_are_escaped_in_the_document() {
         let report = Report {
+            soak: Vec::new(),
             machine: Machine::default(),
             results: vec![row("a<b", "x&y", 1, 1.0, 1.0)],
         };

@@ -463,6 +463,46 @@ impl LongOffline {
     }
 }
 
+/// The soak's population: `pairs` one-to-one conversations between fresh
+/// users, no user in two of them, so a client that owns a conversation
+/// owns both its users and every one of their devices.
+#[derive(Clone, Debug)]
+pub struct SoakSet {
+    pub convs: Vec<Conversation>,
+    pub devices_per_user: u32,
+}
+
+impl SoakSet {
+    /// `set` keeps the uids and conv ids apart from other scenarios'.
+    pub fn new(set: u32, pairs: u32, devices_per_user: u32) -> Self {
+        let uid_base = SCENARIO_UID_BASE + (u64::from(set) << 24);
+        let conv_base = SCENARIO_CONV_BASE + (u64::from(set) << 24);
+        let convs = (0..u64::from(pairs))
+            .map(|i| Conversation {
+                conv: conv_base + i,
+                members: vec![uid_base + 2 * i, uid_base + 2 * i + 1],
+            })
+            .collect();
+        Self {
+            convs,
+            devices_per_user,
+        }
+    }
+
+    pub fn setup(&self) -> Setup {
+        let devices = self
+            .convs
+            .iter()
+            .flat_map(|c| c.members.iter().copied())
+            .flat_map(|uid| (1..=u64::from(self.devices_per_user)).map(move |d| (uid, d)))
+            .collect();
+        Setup {
+            convs: self.convs.clone(),
+            devices,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -630,5 +670,21 @@ mod tests {
             .expect("some direct");
         assert!(first_direct < 100, "{first_direct}");
         assert_eq!(lo.setup().devices, vec![(lo.user, 1)]);
+    }
+
+    #[test]
+    fn soak_conversations_share_no_user_and_every_user_has_its_devices() {
+        let set = SoakSet::new(5, 100, 2);
+        let mut uids: Vec<Uid> = set.convs.iter().flat_map(|c| c.members.clone()).collect();
+        assert_eq!(uids.len(), 200);
+        uids.sort_unstable();
+        uids.dedup();
+        assert_eq!(uids.len(), 200, "no user in two conversations");
+        assert!(set.convs.iter().all(|c| c.members[0] < c.members[1]));
+        let setup = set.setup();
+        assert_eq!(setup.devices.len(), 400);
+        assert!(uids.iter().all(|&u| u >= SCENARIO_UID_BASE + (5 << 24)));
+        let other = SyncSet::new(4, 10, 1, 2);
+        assert!(other.users.iter().all(|u| uids.binary_search(u).is_err()));
     }
 }

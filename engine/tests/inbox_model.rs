@@ -77,13 +77,18 @@ impl MConv {
     }
 }
 
+/// Per idempotency key: conversation, ids, and the payload of a send
+/// (`None` for a recall): a retry is a duplicate only if it is the same
+/// send.
+type IdemSeen = (ConvId, MsgId, MsgSeq, Option<Bytes>);
+
 #[derive(Default)]
 struct Model {
     convs: HashMap<ConvId, MConv>,
     /// Per user: (kind, conv, msg_seq) of each event, sync_seq = index + 1.
     events: HashMap<Uid, Vec<(EventKind, ConvId, MsgSeq)>>,
     read: HashMap<(Uid, ConvId), MsgSeq>,
-    idem: HashMap<(Uid, u128), (ConvId, MsgId, MsgSeq)>,
+    idem: HashMap<(Uid, u128), IdemSeen>,
     devices: HashMap<(Uid, DeviceId), (Generation, SyncSeq)>,
     next_id: u64,
 }
@@ -184,8 +189,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         payload: payload.clone(),
                     })
                     .wait();
-                if let Some(&(c0, id, seq)) = m.idem.get(&(uid, cmid)) {
-                    if c0 == conv {
+                if let Some((c0, id, seq, sent)) = m.idem.get(&(uid, cmid)).cloned() {
+                    if c0 == conv && sent.as_ref() == Some(&payload) {
                         prop_assert_eq!(
                             r.unwrap(),
                             SendReply {
@@ -202,8 +207,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 } else if !m.convs[&conv].member(uid) {
                     prop_assert!(matches!(r, Err(Error::Forbidden(_))), "{:?}", r);
                 } else {
-                    let (id, seq) = m.push_msg(conv, uid, MessageKind::Normal, payload);
-                    m.idem.insert((uid, cmid), (conv, id, seq));
+                    let (id, seq) = m.push_msg(conv, uid, MessageKind::Normal, payload.clone());
+                    m.idem.insert((uid, cmid), (conv, id, seq, Some(payload)));
                     prop_assert_eq!(
                         r.unwrap(),
                         SendReply {
@@ -251,7 +256,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 mc.msgs[i].recalled = true;
                 mc.msgs[i].tombstone = true;
                 let (id, seq) = m.push_msg(conv, uid, MessageKind::Recall, Bytes::new());
-                m.idem.insert((uid, cmid), (conv, id, seq));
+                m.idem.insert((uid, cmid), (conv, id, seq, None));
                 prop_assert_eq!((r.msg_id, r.msg_seq), (id, seq));
             }
             Op::MarkRead(uid, conv, pick) => {

@@ -649,9 +649,14 @@ fn conv_list_is_ordered_by_last_activity_and_pages_with_its_cursor() {
         Err(Error::BadRequest(_))
     ));
     assert!(matches!(
-        h.ib().conv_list(1, 0, None),
+        h.ib().conv_list(1, 501, None),
         Err(Error::BadRequest(_))
     ));
+    assert_eq!(
+        h.ib().conv_list(1, 0, None).unwrap().convs.len(),
+        5,
+        "0 = the default"
+    );
 }
 
 #[test]
@@ -728,7 +733,7 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
         Err(Error::BadRequest(_))
     ));
     assert!(matches!(
-        h.ib().history(2, 10, None, 0),
+        h.ib().history(2, 10, None, 501),
         Err(Error::BadRequest(_))
     ));
     assert!(matches!(

@@ -2,8 +2,11 @@
 //! hint pushes. Requests themselves go to [`crate::service`].
 //!
 //! Invariants:
-//! - nothing reaches the engine before a successful `HELLO` (right
-//!   version, right token); anything else first is answered
+//! - nothing reaches the engine before a successful `HELLO` (a version
+//!   this build serves, right token);
+//! - a request with id 0 (reserved for the server's own frames) is refused
+//!   and the connection closes;
+//! - a version 1 connection gets version 1 layouts ([`inbox_wire::v1`]); anything else first is answered
 //!   `UNAUTHENTICATED` and the connection closes;
 //! - admin requests (`COMPACT`, `CHECKPOINT`, `EXPLAIN*`, `STATS`) run only
 //!   on a connection that said `HELLO` with the admin token; with the
@@ -19,6 +22,14 @@
 //!   answered and the connection goes on;
 //! - a refused request (bad body, rate limit) never reaches the engine, so
 //!   it changes nothing;
+//! - requests take effect in the order they arrived, while their replies
+//!   go out as each completes: a write (it goes to the sequencer) is queued
+//!   on the engine by the reader itself, in arrival order, so the sequencer
+//!   sees a connection's writes in that order without waiting for any of
+//!   them; a read (or `SYNC`) waits until every earlier write of the
+//!   connection has completed, and the next write is not queued until the
+//!   reads before it have read. Pipelined writes therefore still share
+//!   rounds, and pipelined reads still run side by side;
 //! - at most `in_flight_max` requests run at once; when they do, the reader
 //!   stops reading and TCP pushes back on the client;
 //! - a connection that completes no frame within the idle timeout (the
@@ -38,7 +49,7 @@ use bytes::{Bytes, BytesMut};
 use inbox_engine::Inbox;
 use inbox_wire::{
     Empty, ErrorCode, ErrorReply, Frame, FrameCodec, Hello, HelloOk, Hint, Hints, Request,
-    Response, WireError, PROTOCOL_VERSION,
+    Response, WireError, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use subtle::ConstantTimeEq as _;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -264,7 +275,13 @@ pub async fn serve<R, W>(
     let (closed_tx, closed_rx) = watch::channel(false);
     let mut hint_task = None;
     let mut role = None;
+    // The protocol version the handshake settled on.
+    let mut version = PROTOCOL_VERSION;
     let mut buf = BytesMut::with_capacity(8 << 10);
+    // Ordering (see the module header): the last write's completion, and a
+    // lock that reads hold until they have read and writes take to queue.
+    let mut writes_done: Option<watch::Receiver<bool>> = None;
+    let reads = Arc::new(tokio::sync::RwLock::new(()));
     // The idle clock runs from the last complete frame, not the last byte:
     // a peer trickling a byte at a time (slowloris) still has to finish a
     // frame within the timeout, and the handshake within a shorter one.
@@ -337,10 +354,26 @@ pub async fn serve<R, W>(
             }
         };
 
+        if frame.request_id == 0 {
+            // Request id 0 belongs to the server's own frames (hints and
+            // connection errors): a reply to it could not be told apart.
+            tracing::info!(?peer, "closing connection: request id 0");
+            let _ = tx
+                .send(error_frame(
+                    0,
+                    ErrorCode::BadRequest,
+                    0,
+                    "request id 0 is reserved for the server's own frames",
+                ))
+                .await;
+            break Close::WithError;
+        }
+
         let Some(role) = role else {
             match handshake(&shared, &frame) {
-                Ok((granted, reply)) => {
+                Ok((granted, negotiated, reply)) => {
                     role = Some(granted);
+                    version = negotiated;
                     let _ = tx.send(reply).await;
                     continue;
                 }
@@ -465,18 +498,52 @@ pub async fn serve<R, W>(
                 let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
                     break Close::Quietly;
                 };
+                let op = request.op();
+                let order = service::order_of(&request);
+                let earlier = writes_done.clone();
+                let done = match order {
+                    service::Order::Read => None,
+                    service::Order::Write | service::Order::ReadWrite => {
+                        let (done_tx, done_rx) = watch::channel(false);
+                        writes_done = Some(done_rx);
+                        Some(done_tx)
+                    }
+                };
+                // A write's `done` flips only after every earlier write's:
+                // waiting for the last one waits for them all.
+                let chain = earlier.clone();
+                let started = Instant::now();
+                let reply: service::Started = match order {
+                    service::Order::Write => {
+                        // Queued on the sequencer right here, in arrival
+                        // order, once every earlier read has been answered.
+                        let _no_reads = reads.write().await;
+                        service::start(&shared.inbox, &shared.metrics, request)
+                    }
+                    service::Order::Read | service::Order::ReadWrite => {
+                        // Holds later writes back until this one has read.
+                        let reading = Arc::clone(&reads).read_owned().await;
+                        let shared = Arc::clone(&shared);
+                        Box::pin(async move {
+                            if let Some(earlier) = earlier {
+                                wait_done(earlier).await;
+                            }
+                            let reply = service::start(&shared.inbox, &shared.metrics, request);
+                            drop(reading);
+                            reply.await
+                        })
+                    }
+                };
                 let shared = Arc::clone(&shared);
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let op = request.op();
-                    let started = Instant::now();
-                    let response = service::execute(&shared.inbox, &shared.metrics, request).await;
+                    let response = reply.await;
                     let code = match &response {
                         Response::Error(err) => Some(err.code),
                         _ => None,
                     };
                     shared.metrics.observe_request(op, code, started.elapsed());
-                    let mut frame = response.to_frame(request_id);
+                    let mut frame = reply_frame(version, &response, request_id);
                     let limit = shared.limits.reply_frame_bytes_max;
                     if frame.frame_len().is_none_or(|len| len > limit) {
                         frame = error_frame(
@@ -490,6 +557,12 @@ pub async fn serve<R, W>(
                     }
                     let _ = tx.send(frame).await;
                     drop(permit);
+                    if let Some(done) = done {
+                        if let Some(earlier) = chain {
+                            wait_done(earlier).await;
+                        }
+                        let _ = done.send(true);
+                    }
                 });
             }
         }
@@ -559,8 +632,10 @@ fn subscribe(
 const SUBSCRIBE_RETRY_MS: u64 = 1_000;
 
 /// Checks the first frame: it must be a well-formed `HELLO` with a
-/// supported version and the client or the admin token.
-fn handshake(shared: &Shared, frame: &Frame) -> Result<(Role, Frame), Frame> {
+/// supported version and the client or the admin token, and answers it;
+/// on success, also says what the token allows and which protocol version
+/// the connection speaks.
+fn handshake(shared: &Shared, frame: &Frame) -> Result<(Role, u16, Frame), Frame> {
     let id = frame.request_id;
     if frame.opcode != inbox_wire::Op::Hello as u8 {
         return Err(error_frame(
@@ -576,13 +651,14 @@ fn handshake(shared: &Shared, frame: &Frame) -> Result<(Role, Frame), Frame> {
             return Err(error_frame(id, ErrorCode::BadRequest, 0, "malformed HELLO"));
         }
     };
-    if hello.version != PROTOCOL_VERSION {
+    if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&hello.version) {
         return Err(error_frame(
             id,
             ErrorCode::Unsupported,
             u64::from(PROTOCOL_VERSION),
             format!(
-                "protocol version {} is not supported; this server speaks {PROTOCOL_VERSION}",
+                "protocol version {} is not supported; this server speaks \
+                 {PROTOCOL_VERSION_MIN} to {PROTOCOL_VERSION}",
                 hello.version
             ),
         ));
@@ -603,15 +679,54 @@ fn handshake(shared: &Shared, frame: &Frame) -> Result<(Role, Frame), Frame> {
             ));
         }
     };
-    tracing::debug!(client = %hello.client_name, ?role, "client authenticated");
-    let reply = Response::Hello(HelloOk {
+    tracing::debug!(client = %hello.client_name, version = hello.version, ?role, "client authenticated");
+    let reply = Response::Hello(hello_ok(shared));
+    Ok((role, hello.version, reply_frame(hello.version, &reply, id)))
+}
+
+/// Everything `HELLO_OK` announces: the connection's limits and the
+/// engine's.
+fn hello_ok(shared: &Shared) -> HelloOk {
+    let engine = shared.inbox.config();
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    HelloOk {
         version: PROTOCOL_VERSION,
         server_name: format!("inboxd/{}", env!("CARGO_PKG_VERSION")),
         frame_bytes_max: shared.limits.frame_bytes_max,
         in_flight_max: shared.limits.in_flight_max,
-    })
-    .to_frame(id);
-    Ok((role, reply))
+        reply_frame_bytes_max: shared.limits.reply_frame_bytes_max,
+        payload_bytes_max: u32::try_from(shared.inbox.payload_limit()).unwrap_or(u32::MAX),
+        summary_bytes_max: u32::try_from(inbox_engine::SUMMARY_BYTES_MAX).unwrap_or(u32::MAX),
+        sync_page_default: engine.sync_page_default,
+        sync_page_max: engine.sync_page_max,
+        pull_per_conv_default: engine.pull_per_conv_default,
+        pull_per_conv_max: engine.pull_per_conv_max,
+        history_limit_max: engine.pull_per_conv_max,
+        conv_list_limit_max: engine.sync_page_max,
+        devices_per_user_max: engine.devices_per_user_max,
+        rate_per_s: shared.limits.rate_per_s,
+        rate_burst: shared.limits.rate_burst,
+        idle_timeout_ms: ms(shared.limits.idle_timeout),
+        batch_token_ttl_ms: ms(engine.batch_token_ttl),
+        recovery_lease_ttl_ms: ms(engine.recovery_lease_ttl),
+        snapshot_ttl_ms: ms(engine.snapshot_ttl),
+    }
+}
+
+/// `response` as a frame in the layout of protocol `version`.
+fn reply_frame(version: u16, response: &Response, request_id: u64) -> Frame {
+    if version == inbox_wire::v1::VERSION {
+        inbox_wire::v1::reply_frame(response, request_id)
+    } else {
+        response.to_frame(request_id)
+    }
+}
+
+/// Waits until a write (and so every write before it) has completed. A
+/// dropped sender means its task ended without flipping it: nothing left
+/// to wait for.
+async fn wait_done(mut done: watch::Receiver<bool>) {
+    let _ = done.wait_for(|done| *done).await;
 }
 
 /// Refuses a connection over the connection limit with one error frame.

@@ -4,7 +4,15 @@
 //! (see [`crate::convert`]), call the engine, translate the answer. It
 //! holds no state and makes no decision; connection-level requests
 //! (`HELLO`, `PING`, `SUBSCRIBE`) are handled by the connection itself.
+//!
+//! [`start`] is split in two on purpose: the engine call happens when
+//! `start` returns (a write is queued on the sequencer then, a read has been
+//! answered), and the returned future only waits for the reply. The
+//! connection calls `start` in the order requests arrived, which is what
+//! makes pipelined requests take effect in order (see [`crate::conn`]).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use inbox_engine::{ConvFlags, Error, Inbox};
@@ -13,121 +21,204 @@ use inbox_wire::{Empty, Request, Response};
 use crate::convert;
 use crate::metrics::Metrics;
 
-/// Runs `request` against the engine. Reads are synchronous and fast and
-/// run in place; compaction and checkpoints can take a while and run on
-/// the blocking pool.
-pub async fn execute(inbox: &Arc<Inbox>, metrics: &Metrics, request: Request) -> Response {
-    match call(inbox, metrics, request).await {
-        Ok(response) => response,
-        Err(err) => Response::Error(convert::error_reply(&err)),
+/// The rest of a started request: waits for the engine's reply.
+pub type Started = Pin<Box<dyn Future<Output = Response> + Send>>;
+
+/// How a request is ordered against the others of its connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// Goes to the sequencer: queued in arrival order, its reply comes once
+    /// it is durable. Later reads wait for it.
+    Write,
+    /// Reads state: runs once every earlier write of the connection is
+    /// durable, and before any later write is queued.
+    Read,
+    /// `SYNC`: decided against state like a read, and may bump the
+    /// device's generation like a write.
+    ReadWrite,
+}
+
+/// Which [`Order`] `request` follows.
+pub fn order_of(request: &Request) -> Order {
+    match request {
+        Request::Join(_)
+        | Request::Leave(_)
+        | Request::Send(_)
+        | Request::Recall(_)
+        | Request::Edit(_)
+        | Request::RegisterDevice(_)
+        | Request::RevokeDevice(_)
+        | Request::Ack(_)
+        | Request::FinishLease(_)
+        | Request::MarkRead(_)
+        | Request::SetConvFlags(_)
+        | Request::BeginSnapshot(_)
+        | Request::AckSnapshot(_) => Order::Write,
+        Request::Sync(_) => Order::ReadWrite,
+        Request::Devices(_)
+        | Request::Pull(_)
+        | Request::History(_)
+        | Request::ConvList(_)
+        | Request::SnapshotInfo(_)
+        | Request::SnapshotPage(_)
+        | Request::Stats(_)
+        | Request::Explain(_)
+        | Request::ExplainSegment(_)
+        | Request::Compact(_)
+        | Request::Checkpoint(_)
+        | Request::Hello(_)
+        | Request::Ping(_)
+        | Request::Subscribe(_)
+        | Request::Unsubscribe(_) => Order::Read,
     }
 }
 
-async fn blocking<T: Send + 'static>(
-    inbox: &Arc<Inbox>,
-    f: impl FnOnce(&Inbox) -> Result<T, Error> + Send + 'static,
-) -> Result<T, Error> {
-    let inbox = Arc::clone(inbox);
-    tokio::task::spawn_blocking(move || f(&inbox))
-        .await
-        .unwrap_or_else(|join| Err(Error::Internal(format!("task failed: {join}"))))
+/// Makes the engine call for `request` now and returns what waits for its
+/// reply. Reads are synchronous and fast and are answered here; compaction
+/// and checkpoints can take a while and run on the blocking pool.
+pub fn start(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Started {
+    match call(inbox, metrics, request) {
+        Ok(Call::Ready(response)) => Box::pin(std::future::ready(response)),
+        Ok(Call::Later(later)) => Box::pin(async move {
+            later
+                .await
+                .unwrap_or_else(|err| Response::Error(convert::error_reply(&err)))
+        }),
+        Err(err) => Box::pin(std::future::ready(Response::Error(convert::error_reply(
+            &err,
+        )))),
+    }
 }
 
-async fn call(inbox: &Arc<Inbox>, metrics: &Metrics, request: Request) -> Result<Response, Error> {
+type Later = Pin<Box<dyn Future<Output = Result<Response, Error>> + Send>>;
+
+enum Call {
+    Ready(Response),
+    Later(Later),
+}
+
+/// Wraps a queued engine call: `pending` is already submitted.
+fn later<T: Send + 'static>(
+    pending: impl Future<Output = Result<T, Error>> + Send + 'static,
+    reply: impl FnOnce(T) -> Response + Send + 'static,
+) -> Call {
+    Call::Later(Box::pin(async move { pending.await.map(reply) }))
+}
+
+fn blocking<T: Send + 'static>(
+    inbox: &Arc<Inbox>,
+    f: impl FnOnce(&Inbox) -> Result<T, Error> + Send + 'static,
+    reply: impl FnOnce(T) -> Response + Send + 'static,
+) -> Call {
+    let inbox = Arc::clone(inbox);
+    let task = tokio::task::spawn_blocking(move || f(&inbox));
+    later(
+        async move {
+            task.await
+                .unwrap_or_else(|join| Err(Error::Internal(format!("task failed: {join}"))))
+        },
+        reply,
+    )
+}
+
+fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<Call, Error> {
     Ok(match request {
-        Request::Join(r) => Response::Join(convert::membership(inbox.join(r.conv, r.uid).await?)),
-        Request::Leave(r) => {
-            Response::Leave(convert::membership(inbox.leave(r.conv, r.uid).await?))
-        }
-        Request::Send(r) => {
-            Response::Send(convert::send_reply(inbox.send(convert::send_req(r)).await?))
-        }
-        Request::Recall(r) => Response::Recall(convert::send_reply(
-            inbox.recall(convert::recall_req(r)).await?,
-        )),
-        Request::Edit(r) => {
-            Response::Edit(convert::send_reply(inbox.edit(convert::edit_req(r)).await?))
-        }
-        Request::RegisterDevice(r) => Response::RegisterDevice(convert::register_reply(
-            inbox.register_device(r.uid, r.device).await?,
-        )),
-        Request::RevokeDevice(r) => Response::RevokeDevice(convert::device_info(
-            inbox.revoke_device(r.uid, r.device).await?,
-        )),
-        Request::Devices(r) => Response::Devices(inbox_wire::DeviceList {
+        Request::Join(r) => later(inbox.join(r.conv, r.uid), |m| {
+            Response::Join(convert::membership(m))
+        }),
+        Request::Leave(r) => later(inbox.leave(r.conv, r.uid), |m| {
+            Response::Leave(convert::membership(m))
+        }),
+        Request::Send(r) => later(inbox.send(convert::send_req(r)), |s| {
+            Response::Send(convert::send_reply(s))
+        }),
+        Request::Recall(r) => later(inbox.recall(convert::recall_req(r)), |s| {
+            Response::Recall(convert::send_reply(s))
+        }),
+        Request::Edit(r) => later(inbox.edit(convert::edit_req(r)), |s| {
+            Response::Edit(convert::send_reply(s))
+        }),
+        Request::RegisterDevice(r) => later(inbox.register_device(r.uid, r.device), |d| {
+            Response::RegisterDevice(convert::register_reply(d))
+        }),
+        Request::RevokeDevice(r) => later(inbox.revoke_device(r.uid, r.device), |d| {
+            Response::RevokeDevice(convert::device_info(d))
+        }),
+        Request::Devices(r) => Call::Ready(Response::Devices(inbox_wire::DeviceList {
             devices: inbox
                 .devices(r.uid)?
                 .into_iter()
                 .map(convert::device_info)
                 .collect(),
-        }),
+        })),
         Request::Sync(r) => {
-            let page = inbox.sync(convert::sync_req(r)).await?;
-            metrics.observe_sync_page(&page);
-            Response::Sync(convert::sync_page(page))
+            let metrics = Arc::clone(metrics);
+            later(inbox.sync(convert::sync_req(r)), move |page| {
+                metrics.observe_sync_page(&page);
+                Response::Sync(convert::sync_page(page))
+            })
         }
-        Request::Ack(r) => Response::Ack(inbox_wire::AckReply {
-            acked_sync_seq: inbox.ack(convert::ack_req(r)).await?.acked_sync_seq,
+        Request::Ack(r) => later(inbox.ack(convert::ack_req(r)), |a| {
+            Response::Ack(inbox_wire::AckReply {
+                acked_sync_seq: a.acked_sync_seq,
+            })
         }),
-        Request::FinishLease(r) => Response::FinishLease(convert::device_info(
-            inbox
-                .finish_lease(r.uid, r.device, r.lease_id, r.generation)
-                .await?,
-        )),
+        Request::FinishLease(r) => later(
+            inbox.finish_lease(r.uid, r.device, r.lease_id, r.generation),
+            |d| Response::FinishLease(convert::device_info(d)),
+        ),
         Request::Pull(r) => {
             let cursors: Vec<_> = r.cursors.iter().map(|c| (c.conv, c.after_seq)).collect();
             let pulled = inbox.pull(r.uid, &cursors, r.per_conv_limit)?;
             metrics.observe_pull(&pulled);
-            Response::Pull(inbox_wire::PullReply {
+            Call::Ready(Response::Pull(inbox_wire::PullReply {
                 convs: pulled.into_iter().map(convert::conv_pull).collect(),
-            })
+            }))
         }
-        Request::History(r) => Response::History(convert::history_page(inbox.history(
-            r.uid,
-            r.conv,
-            r.before_seq,
-            r.limit,
-        )?)),
-        Request::MarkRead(r) => Response::MarkRead(convert::read_reply(
-            inbox.mark_read(r.uid, r.conv, r.read_to_seq).await?,
-        )),
+        Request::History(r) => Call::Ready(Response::History(convert::history_page(
+            inbox.history(r.uid, r.conv, r.before_seq, r.limit)?,
+        ))),
+        Request::MarkRead(r) => later(inbox.mark_read(r.uid, r.conv, r.read_to_seq), |m| {
+            Response::MarkRead(convert::read_reply(m))
+        }),
         Request::SetConvFlags(r) => {
             let flags = ConvFlags {
                 muted: r.muted,
                 pinned: r.pinned,
             };
-            inbox.set_conv_flags(r.uid, r.conv, flags).await?;
-            Response::SetConvFlags(Empty {})
+            later(inbox.set_conv_flags(r.uid, r.conv, flags), |()| {
+                Response::SetConvFlags(Empty {})
+            })
         }
-        Request::ConvList(r) => Response::ConvList(convert::conv_list_page(
+        Request::ConvList(r) => Call::Ready(Response::ConvList(convert::conv_list_page(
             inbox.conv_list(r.uid, r.limit, r.cursor)?,
-        )),
-        Request::BeginSnapshot(r) => Response::BeginSnapshot(convert::snapshot_info(
-            inbox.begin_snapshot(r.uid, r.device).await?,
-        )),
-        Request::SnapshotInfo(r) => Response::SnapshotInfo(convert::snapshot_info(
+        ))),
+        Request::BeginSnapshot(r) => later(inbox.begin_snapshot(r.uid, r.device), |s| {
+            Response::BeginSnapshot(convert::snapshot_info(s))
+        }),
+        Request::SnapshotInfo(r) => Call::Ready(Response::SnapshotInfo(convert::snapshot_info(
             inbox.snapshot_info(r.uid, r.snapshot_id)?,
-        )),
-        Request::SnapshotPage(r) => Response::SnapshotPage(convert::snapshot_page(
+        ))),
+        Request::SnapshotPage(r) => Call::Ready(Response::SnapshotPage(convert::snapshot_page(
             inbox.snapshot_page(r.uid, r.snapshot_id, r.page)?,
+        ))),
+        Request::AckSnapshot(r) => later(
+            inbox.ack_snapshot(r.uid, r.device, r.snapshot_id, r.generation),
+            |d| Response::AckSnapshot(convert::device_info(d)),
+        ),
+        Request::Stats(_) => Call::Ready(Response::Stats(convert::stats(&inbox.stats()))),
+        Request::Explain(r) => Call::Ready(Response::Explain(convert::user_explain(
+            inbox.explain(r.uid)?,
+        ))),
+        Request::ExplainSegment(r) => Call::Ready(Response::ExplainSegment(
+            convert::segment_explain(inbox.explain_segment(&r.stream, r.segment)?),
         )),
-        Request::AckSnapshot(r) => Response::AckSnapshot(convert::device_info(
-            inbox
-                .ack_snapshot(r.uid, r.device, r.snapshot_id, r.generation)
-                .await?,
-        )),
-        Request::Stats(_) => Response::Stats(convert::stats(&inbox.stats())),
-        Request::Explain(r) => Response::Explain(convert::user_explain(inbox.explain(r.uid)?)),
-        Request::ExplainSegment(r) => Response::ExplainSegment(convert::segment_explain(
-            inbox.explain_segment(&r.stream, r.segment)?,
-        )),
-        Request::Compact(_) => {
-            Response::Compact(convert::compaction(blocking(inbox, Inbox::compact).await?))
-        }
-        Request::Checkpoint(_) => {
-            blocking(inbox, Inbox::checkpoint).await?;
+        Request::Compact(_) => blocking(inbox, Inbox::compact, |c| {
+            Response::Compact(convert::compaction(c))
+        }),
+        Request::Checkpoint(_) => blocking(inbox, Inbox::checkpoint, |()| {
             Response::Checkpoint(Empty {})
-        }
+        }),
         Request::Hello(_) | Request::Ping(_) | Request::Subscribe(_) | Request::Unsubscribe(_) => {
             return Err(Error::Internal(
                 "connection-level request reached the engine dispatcher".into(),

@@ -309,6 +309,16 @@ fn expect_from_stream(stream: &[u8], frame_bytes_max: u32) -> Expected {
         match codec.decode(&mut buf) {
             Ok(Some(frame)) => {
                 frames_decoded += 1;
+                if frame.request_id == 0 {
+                    // Id 0 is the server's own: refused (its error, with id
+                    // 0, is the stream error) and the connection closes.
+                    return Expected {
+                        reply_ids,
+                        end: End::StreamError(ErrorCode::BadRequest),
+                        send_len: stream.len() - buf.len(),
+                        frames_decoded,
+                    };
+                }
                 reply_ids.push(frame.request_id);
                 if !authenticated {
                     if !handshake_accepted(&frame) {

@@ -10,8 +10,12 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::field::{wire_enum, wire_struct, Field, Reader};
 use crate::{ErrorCode, WireError};
 
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The protocol version this build speaks. Version 2 added the limits to
+/// `HELLO_OK` and a length to each `Fence`; a server still serves version
+/// 1 clients in the version 1 layouts (see [`crate::v1`]).
+pub const PROTOCOL_VERSION: u16 = 2;
+/// The oldest protocol version a server of this build still serves.
+pub const PROTOCOL_VERSION_MIN: u16 = 1;
 
 wire_struct! {
     /// `HELLO`: the first frame on a connection. Combines the version
@@ -27,6 +31,9 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// Reply to `HELLO`: the version the connection speaks and every limit
+    /// a client must respect. A request over a limit is refused, never
+    /// clamped.
     pub struct HelloOk {
         pub version: u16,
         pub server_name: String,
@@ -35,6 +42,36 @@ wire_struct! {
         /// Requests the server reads ahead on one connection before it
         /// stops reading (backpressure).
         pub in_flight_max: u32,
+        /// Largest `frame_len` of a reply; a larger reply is `TOO_LARGE`.
+        pub reply_frame_bytes_max: u32,
+        /// Largest `payload` of `SEND` and `EDIT`.
+        pub payload_bytes_max: u32,
+        /// Longest `summary` of an event or a conversation summary.
+        pub summary_bytes_max: u32,
+        /// `SYNC` page size when `limit` is 0, and the largest allowed.
+        pub sync_page_default: u32,
+        pub sync_page_max: u32,
+        /// `PULL` messages per conversation when `per_conv_limit` is 0, and
+        /// the largest allowed.
+        pub pull_per_conv_default: u32,
+        pub pull_per_conv_max: u32,
+        /// Largest `limit` of `HISTORY` (0 means `pull_per_conv_default`).
+        pub history_limit_max: u32,
+        /// Largest `limit` of `CONV_LIST` (0 means `sync_page_default`).
+        pub conv_list_limit_max: u32,
+        /// Devices per user; registering one more evicts the least recently
+        /// seen.
+        pub devices_per_user_max: u32,
+        /// Sustained requests per second on one connection, and the burst.
+        pub rate_per_s: u32,
+        pub rate_burst: u32,
+        /// A connection idle this long is closed.
+        pub idle_timeout_ms: u64,
+        /// Lifetime of a `batch_token`, a recovery lease and a READY
+        /// snapshot.
+        pub batch_token_ttl_ms: u64,
+        pub recovery_lease_ttl_ms: u64,
+        pub snapshot_ttl_ms: u64,
     }
 }
 
@@ -566,8 +603,16 @@ wire_struct! {
     }
 }
 
-/// What holds a user's events back from compaction (R19). Tag byte, then
-/// the variant's fields.
+/// What holds a user's events back from compaction (R19). Like an
+/// [`Event`], tag-length-value so that a client can skip a kind it does not
+/// know:
+///
+/// ```text
+/// tag u8 | body_len u32 | body (body_len bytes)
+/// ```
+///
+/// For a known tag the body is exactly the variant's fields. (Protocol
+/// version 1 had no `body_len`; see [`crate::v1`].)
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(
     feature = "serde",
@@ -590,17 +635,33 @@ pub enum Fence {
     },
     /// Tag 4.
     SafetyWindow { oldest_kept: u64 },
+    /// A tag this build does not know (never 1..=4); its body is kept raw.
+    Unknown {
+        tag: u8,
+        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::hex"))]
+        body: Bytes,
+    },
 }
 
-impl Field for Fence {
-    const MIN_BYTES: usize = 9;
-    fn put(&self, out: &mut BytesMut) {
+impl Fence {
+    /// The tag byte.
+    pub fn tag(&self) -> u8 {
+        match self {
+            Self::DeviceAck { .. } => 1,
+            Self::RecoveryLease { .. } => 2,
+            Self::Snapshot { .. } => 3,
+            Self::SafetyWindow { .. } => 4,
+            Self::Unknown { tag, .. } => *tag,
+        }
+    }
+
+    /// The fields of the fence, without tag or length.
+    pub(crate) fn put_fields(&self, out: &mut BytesMut) {
         match self {
             Self::DeviceAck {
                 device,
                 acked_sync_seq,
             } => {
-                out.put_u8(1);
                 out.put_u64_le(*device);
                 out.put_u64_le(*acked_sync_seq);
             }
@@ -609,7 +670,6 @@ impl Field for Fence {
                 lease_id,
                 resume_from,
             } => {
-                out.put_u8(2);
                 out.put_u64_le(*device);
                 out.put_u64_le(*lease_id);
                 out.put_u64_le(*resume_from);
@@ -618,18 +678,18 @@ impl Field for Fence {
                 snapshot_id,
                 base_sync_seq,
             } => {
-                out.put_u8(3);
                 out.put_u64_le(*snapshot_id);
                 out.put_u64_le(*base_sync_seq);
             }
-            Self::SafetyWindow { oldest_kept } => {
-                out.put_u8(4);
-                out.put_u64_le(*oldest_kept);
-            }
+            Self::SafetyWindow { oldest_kept } => out.put_u64_le(*oldest_kept),
+            Self::Unknown { body, .. } => out.put_slice(body),
         }
     }
-    fn get(r: &mut Reader) -> Result<Self, WireError> {
-        Ok(match r.u8()? {
+
+    /// The fields of a known tag, or `None` for a tag this build does not
+    /// know.
+    pub(crate) fn get_fields(tag: u8, r: &mut Reader) -> Result<Option<Self>, WireError> {
+        Ok(Some(match tag {
             1 => Self::DeviceAck {
                 device: r.u64()?,
                 acked_sync_seq: r.u64()?,
@@ -646,12 +706,30 @@ impl Field for Fence {
             4 => Self::SafetyWindow {
                 oldest_kept: r.u64()?,
             },
-            other => {
-                return Err(WireError::Malformed(format!(
-                    "fence tag {other} is unknown"
-                )))
+            _ => return Ok(None),
+        }))
+    }
+}
+
+impl Field for Fence {
+    const MIN_BYTES: usize = 1 + 4;
+    fn put(&self, out: &mut BytesMut) {
+        out.put_u8(self.tag());
+        let mut fields = BytesMut::new();
+        self.put_fields(&mut fields);
+        Field::put(&fields.freeze(), out);
+    }
+    fn get(r: &mut Reader) -> Result<Self, WireError> {
+        let tag = r.u8()?;
+        let body = Bytes::get(r)?;
+        let mut inner = Reader::new(body.clone());
+        match Self::get_fields(tag, &mut inner)? {
+            Some(fence) => {
+                inner.finish()?;
+                Ok(fence)
             }
-        })
+            None => Ok(Self::Unknown { tag, body }),
+        }
     }
 }
 
@@ -737,7 +815,11 @@ mod sample_impls {
 
     impl Sample for Fence {
         fn sample(g: &mut Gen) -> Self {
-            match g.below(4) {
+            match g.below(5) {
+                4 => Fence::Unknown {
+                    tag: 5 + (g.next() % 251) as u8,
+                    body: Bytes::sample(g),
+                },
                 0 => Fence::DeviceAck {
                     device: g.next(),
                     acked_sync_seq: g.next(),

@@ -16,6 +16,7 @@ mod error_code;
 pub mod field;
 pub mod frame;
 pub mod op;
+pub mod v1;
 
 pub use body::*;
 pub use error_code::ErrorCode;

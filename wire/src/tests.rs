@@ -17,12 +17,6 @@ fn hex(bytes: &[u8]) -> String {
         .join(" ")
 }
 
-fn unhex(text: &str) -> Vec<u8> {
-    text.split_whitespace()
-        .map(|pair| u8::from_str_radix(pair, 16).expect("test hex is valid"))
-        .collect()
-}
-
 fn frame_bytes(frame: &Frame) -> BytesMut {
     let mut out = BytesMut::new();
     encode(frame, &mut out).expect("frame fits");
@@ -232,21 +226,116 @@ fn encoder_refuses_a_frame_over_its_limit() {
     assert!(out.is_empty());
 }
 
-// The worked examples of docs/PROTOCOL.md, pinned byte for byte.
+// The worked examples of docs/PROTOCOL.md, read from the document itself
+// and pinned byte for byte: each must be exactly what this codec encodes,
+// and decode back to the same value.
+
+const PROTOCOL_MD: &str = include_str!("../../docs/PROTOCOL.md");
+
+/// The bytes of the example marked `<!-- example: NAME -->` in
+/// PROTOCOL.md: the code block after the marker, each line read up to its
+/// first word that is not a two-digit hex byte.
+fn doc_example(name: &str) -> Vec<u8> {
+    let marker = format!("<!-- example: {name} -->");
+    let at = PROTOCOL_MD
+        .find(&marker)
+        .unwrap_or_else(|| panic!("PROTOCOL.md has no example {name}"));
+    let block = PROTOCOL_MD[at..]
+        .split("```")
+        .nth(1)
+        .expect("a code block follows the marker");
+    let mut bytes = Vec::new();
+    for line in block.lines().skip(1) {
+        for word in line.split_whitespace() {
+            if word.len() != 2 {
+                break;
+            }
+            match u8::from_str_radix(word, 16) {
+                Ok(byte) => bytes.push(byte),
+                Err(_) => break,
+            }
+        }
+    }
+    bytes
+}
+
+/// `frame` encodes to example `name`, and the example decodes to `frame`.
+fn assert_doc_frame(name: &str, frame: &Frame) {
+    let doc = doc_example(name);
+    assert_eq!(
+        hex(&frame_bytes(frame)),
+        hex(&doc),
+        "example {name} in PROTOCOL.md"
+    );
+    let mut buf = BytesMut::from(&doc[..]);
+    let decoded = decode(&mut buf).unwrap().expect("a whole frame");
+    assert!(buf.is_empty(), "example {name} is one frame");
+    assert_eq!(&decoded, frame);
+}
+
+fn assert_doc_request(name: &str, request: &Request, request_id: u64) {
+    let frame = request.to_frame(request_id);
+    assert_doc_frame(name, &frame);
+    assert_eq!(&Request::decode(frame.opcode, frame.body).unwrap(), request);
+}
+
+fn assert_doc_response(name: &str, response: &Response, request_id: u64) {
+    let frame = response.to_frame(request_id);
+    assert_doc_frame(name, &frame);
+    assert_eq!(
+        &Response::decode(frame.opcode, frame.body).unwrap(),
+        response
+    );
+}
 
 #[test]
 fn protocol_doc_example_hello() {
-    let frame = Request::Hello(Hello {
-        version: 1,
+    let hello = Request::Hello(Hello {
+        version: 2,
         client_name: "ctl".into(),
         token: Bytes::from_static(b"s3cr3t"),
-    })
-    .to_frame(1);
-    assert_eq!(
-        hex(&frame_bytes(&frame)),
-        "1c 00 00 00 01 01 00 00 00 00 00 00 00 01 00 03 00 00 00 63 74 6c \
-         06 00 00 00 73 33 63 72 33 74"
-    );
+    });
+    assert_doc_request("hello", &hello, 1);
+}
+
+/// The limits of a server started with the defaults.
+fn default_hello_ok() -> HelloOk {
+    HelloOk {
+        version: 2,
+        server_name: "inboxd".into(),
+        frame_bytes_max: 1 << 20,
+        in_flight_max: 256,
+        reply_frame_bytes_max: 64 << 20,
+        payload_bytes_max: 65_536,
+        summary_bytes_max: 64,
+        sync_page_default: 100,
+        sync_page_max: 500,
+        pull_per_conv_default: 50,
+        pull_per_conv_max: 500,
+        history_limit_max: 500,
+        conv_list_limit_max: 500,
+        devices_per_user_max: 5,
+        rate_per_s: 20_000,
+        rate_burst: 2_000,
+        idle_timeout_ms: 300_000,
+        batch_token_ttl_ms: 600_000,
+        recovery_lease_ttl_ms: 600_000,
+        snapshot_ttl_ms: 3_600_000,
+    }
+}
+
+#[test]
+fn protocol_doc_example_hello_ok_announces_every_limit() {
+    assert_doc_response("hello-ok", &Response::Hello(default_hello_ok()), 1);
+}
+
+#[test]
+fn protocol_doc_example_hello_ok_for_a_version_1_client_stops_after_in_flight_max() {
+    let frame = v1::reply_frame(&Response::Hello(default_hello_ok()), 1);
+    assert_doc_frame("hello-ok-v1", &frame);
+    let ok = v1::decode_hello_ok(frame.body).unwrap();
+    assert_eq!(ok.version, 1);
+    assert_eq!(ok.in_flight_max, 256);
 }
 
 #[test]
@@ -257,26 +346,14 @@ fn protocol_doc_example_send_and_reply() {
         client_msg_id: 0x1122,
         msg_type: 1,
         payload: Bytes::from_static(b"hi"),
-    })
-    .to_frame(2);
-    assert_eq!(
-        hex(&frame_bytes(&send)),
-        "31 00 00 00 12 02 00 00 00 00 00 00 00 \
-         64 00 00 00 00 00 00 00 01 00 00 00 00 00 00 00 \
-         22 11 00 00 00 00 00 00 00 00 00 00 00 00 00 00 \
-         01 00 02 00 00 00 68 69"
-    );
+    });
+    assert_doc_request("send", &send, 2);
     let reply = Response::Send(SendReply {
         msg_id: 0x0400,
         msg_seq: 3,
         duplicate: false,
-    })
-    .to_frame(2);
-    assert_eq!(
-        hex(&frame_bytes(&reply)),
-        "1a 00 00 00 92 02 00 00 00 00 00 00 00 \
-         00 04 00 00 00 00 00 00 03 00 00 00 00 00 00 00 00"
-    );
+    });
+    assert_doc_response("send-reply", &reply, 2);
 }
 
 #[test]
@@ -285,13 +362,8 @@ fn protocol_doc_example_rate_limited_error() {
         code: ErrorCode::RateLimited,
         detail: 250,
         message: "slow down".into(),
-    })
-    .to_frame(9);
-    assert_eq!(
-        hex(&frame_bytes(&reply)),
-        "20 00 00 00 ff 09 00 00 00 00 00 00 00 07 00 fa 00 00 00 00 00 00 00 \
-         09 00 00 00 73 6c 6f 77 20 64 6f 77 6e"
-    );
+    });
+    assert_doc_response("rate-limited", &reply, 9);
 }
 
 #[test]
@@ -301,24 +373,8 @@ fn protocol_doc_example_hint_push() {
             uid: 1,
             committed_sync_seq: 12,
         }],
-    })
-    .to_frame(0);
-    let bytes = frame_bytes(&push);
-    assert_eq!(
-        hex(&bytes),
-        "1d 00 00 00 f0 00 00 00 00 00 00 00 00 01 00 00 00 \
-         01 00 00 00 00 00 00 00 0c 00 00 00 00 00 00 00"
-    );
-    let mut buf = BytesMut::from(&unhex(&hex(&bytes))[..]);
-    let frame = decode(&mut buf).unwrap().unwrap();
-    assert_eq!(Response::decode(frame.opcode, frame.body).unwrap(), {
-        Response::Hint(Hints {
-            hints: vec![Hint {
-                uid: 1,
-                committed_sync_seq: 12,
-            }],
-        })
     });
+    assert_doc_response("hint", &push, 0);
 }
 
 #[test]
@@ -342,20 +398,72 @@ fn protocol_doc_example_sync_page_with_one_event() {
         batch_token: Bytes::from_static(&[0xaa, 0xbb]),
         generation: 1,
         lease: None,
-    })
-    .to_frame(4);
+    });
+    assert_doc_response("sync-reply", &page, 4);
+}
+
+#[test]
+fn protocol_doc_example_explain_with_a_fence_of_an_unknown_kind_skips_it() {
+    let explain = Response::Explain(UserExplain {
+        uid: 1,
+        oldest_retained: 5,
+        committed_sync_seq: 9,
+        floor: 4,
+        fences: vec![
+            Fence::DeviceAck {
+                device: 7,
+                acked_sync_seq: 4,
+            },
+            Fence::Unknown {
+                tag: 9,
+                body: Bytes::from_static(&[0xee, 0xee]),
+            },
+        ],
+    });
+    assert_doc_response("explain-reply", &explain, 5);
+}
+
+#[test]
+fn version_1_explain_keeps_the_untagged_fence_layout_and_drops_unknown_fences() {
+    let explain = UserExplain {
+        uid: 1,
+        oldest_retained: 5,
+        committed_sync_seq: 9,
+        floor: 5,
+        fences: vec![
+            Fence::SafetyWindow { oldest_kept: 5 },
+            Fence::Unknown {
+                tag: 9,
+                body: Bytes::new(),
+            },
+        ],
+    };
+    let frame = v1::reply_frame(&Response::Explain(explain), 5);
+    assert_eq!(frame.opcode, v1::EXPLAIN_OK);
+    // uid, oldest, committed, floor, one fence: tag 4 then oldest_kept.
     assert_eq!(
-        hex(&frame_bytes(&page)),
-        "68 00 00 00 a3 04 00 00 00 00 00 00 00 \
-         01 00 00 00 \
-         01 00 00 00 00 00 00 00 01 26 00 00 00 \
-         64 00 00 00 00 00 00 00 03 00 00 00 00 00 00 00 \
-         00 04 00 00 00 00 00 00 00 00 00 00 00 00 00 00 \
-         02 00 00 00 68 69 \
-         01 00 00 00 00 00 00 00 00 \
-         00 00 00 00 00 00 00 00 01 00 00 00 00 00 00 00 \
-         02 00 00 00 aa bb 01 00 00 00 00 00 00 00 00"
+        hex(&frame.body[32..]),
+        "01 00 00 00 04 05 00 00 00 00 00 00 00"
     );
+    let decoded = v1::decode_explain(frame.body).unwrap();
+    assert_eq!(
+        decoded.fences,
+        vec![v1::Fence1(Fence::SafetyWindow { oldest_kept: 5 })]
+    );
+}
+
+#[test]
+fn a_known_fence_whose_length_does_not_match_its_fields_is_refused() {
+    let mut body = BytesMut::new();
+    body.put_u64_le(1);
+    body.put_u64_le(0);
+    body.put_u64_le(0);
+    body.put_u64_le(0);
+    body.put_u32_le(1);
+    body.put_u8(4);
+    body.put_u32_le(9);
+    body.put_slice(&[0; 9]);
+    assert!(Response::decode(v1::EXPLAIN_OK, body.freeze()).is_err());
 }
 
 proptest! {

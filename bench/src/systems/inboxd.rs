@@ -26,6 +26,7 @@ use inbox_wire::{
 
 use super::process::{find_binary, ChildGuard};
 use super::{dir_bytes, Conn, DeviceCursor, Page, Result, Screen, System};
+use crate::procfs::{self, Measured};
 use crate::workload::{Outgoing, Setup, Uid};
 
 /// Application message type of the harness's sends.
@@ -38,6 +39,8 @@ pub struct Inboxd {
     dir: tempfile::TempDir,
     binary: PathBuf,
     token: String,
+    /// Flags added to `inboxd serve` (kept for restarts).
+    extra_args: Vec<String>,
     addr: SocketAddr,
     server: ChildGuard,
 }
@@ -76,7 +79,13 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 impl Inboxd {
-    pub fn start(base: &Path, explicit: Option<&Path>) -> Result<Box<dyn System>> {
+    /// Starts inboxd on a fresh data directory under `base`, with
+    /// `extra_args` added to its command line.
+    pub fn start(
+        base: &Path,
+        explicit: Option<&Path>,
+        extra_args: &[&str],
+    ) -> Result<Box<dyn System>> {
         let Some(binary) = binary(explicit) else {
             return Err(
                 "no inboxd binary (cargo build --release -p inbox-server, or --inboxd PATH)".into(),
@@ -86,11 +95,13 @@ impl Inboxd {
             .prefix("inboxd-")
             .tempdir_in(base)?;
         let token = format!("bench-{:016x}", rand::random::<u64>());
-        let (server, addr) = Self::spawn(&binary, dir.path(), &token)?;
+        let extra_args: Vec<String> = extra_args.iter().map(|a| (*a).to_string()).collect();
+        let (server, addr) = Self::spawn(&binary, dir.path(), &token, &extra_args)?;
         let inboxd = Self {
             dir,
             binary,
             token,
+            extra_args,
             addr,
             server,
         };
@@ -100,7 +111,12 @@ impl Inboxd {
 
     /// Starts `inboxd serve` and reads the address it listens on from its
     /// first line of stdout.
-    fn spawn(binary: &Path, dir: &Path, token: &str) -> Result<(ChildGuard, SocketAddr)> {
+    fn spawn(
+        binary: &Path,
+        dir: &Path,
+        token: &str,
+        extra_args: &[String],
+    ) -> Result<(ChildGuard, SocketAddr)> {
         let mut command = Command::new(binary);
         command
             .arg("serve")
@@ -111,6 +127,7 @@ impl Inboxd {
             .args(["--admin-token", &admin_token(token)])
             .args(["--rate-per-s", "100000000", "--rate-burst", "100000000"])
             .args(["--max-connections", "4096"])
+            .args(extra_args)
             .env("RUST_LOG", "warn");
         let (mut guard, stdout) = ChildGuard::spawn_with_stdout("inboxd", &mut command)?;
         let mut line = String::new();
@@ -244,7 +261,8 @@ impl System for Inboxd {
     fn crash_and_restart(&mut self) -> Result<Duration> {
         self.server.kill_hard()?;
         let start = Instant::now();
-        let (server, addr) = Self::spawn(&self.binary, self.dir.path(), &self.token)?;
+        let (server, addr) =
+            Self::spawn(&self.binary, self.dir.path(), &self.token, &self.extra_args)?;
         self.server = server;
         self.addr = addr;
         self.wait_serving(Duration::from_secs(600))?;
@@ -269,6 +287,20 @@ impl System for Inboxd {
         })
     }
 
+    fn measured(&self) -> Option<Measured> {
+        procfs::server_pid(Some(self.addr.port()), None, self.server.pid()).map(Measured::Server)
+    }
+
+    fn holdings(&self) -> Option<super::Holdings> {
+        let rt = runtime().ok()?;
+        let client = self.client_on(&rt).ok()?;
+        let stats = rt.block_on(client.stats(Empty {})).ok()?;
+        Some(super::Holdings {
+            messages: stats.messages,
+            events_live: stats.events_live,
+        })
+    }
+
     fn data_bytes(&self) -> u64 {
         dir_bytes(&self.dir.path().join("data"))
     }
@@ -280,7 +312,15 @@ impl System for Inboxd {
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .unwrap_or_default();
-        format!("inboxd: {version} ({}, sync always)", self.binary.display())
+        let extra = if self.extra_args.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", self.extra_args.join(" "))
+        };
+        format!(
+            "inboxd: {version} ({}, sync always{extra})",
+            self.binary.display()
+        )
     }
 }
 

@@ -19,7 +19,7 @@
 //! returns, without its extra round trip. Counter rows are locked in a
 //! fixed order (the conversation, then recipients by uid) so concurrent
 //! sends do not deadlock; a deadlock or lock timeout that happens anyway is
-//! retried, as an application would.
+//! retried after a random pause, as an application would.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -32,6 +32,7 @@ use mysql::{Conn as MyConn, OptsBuilder, TxOpts};
 
 use super::process::{find_binary, free_port, wait_until, ChildGuard};
 use super::{dir_bytes, Conn, DeviceCursor, Page, Result, Screen, System};
+use crate::procfs::{self, Measured};
 use crate::workload::{Outgoing, Setup, Uid};
 
 const OFFLINE_SHARDS: u64 = 16;
@@ -39,9 +40,11 @@ const EVENT_TYPE_MSG: u8 = 1;
 /// Bytes of one sync event row as returned: sync_seq, type, conv_id, seq.
 const EVENT_ROW_BYTES: u64 = 8 + 1 + 8 + 8;
 const TX_RETRIES_MAX: u32 = 20;
+/// Tries of a whole batch before it is sent one send per transaction.
+const BATCH_RETRIES_MAX: u32 = 3;
 
 pub struct MariaDb {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     datadir: PathBuf,
     server_bin: PathBuf,
     server_args: Vec<String>,
@@ -130,7 +133,7 @@ impl MariaDb {
             conn.query_drop(sql)?;
         }
         Ok(Self {
-            _dir: dir,
+            dir,
             datadir,
             server_bin: server_bin.to_path_buf(),
             server_args,
@@ -249,6 +252,15 @@ impl System for MariaDb {
         Ok(start.elapsed())
     }
 
+    fn measured(&self) -> Option<Measured> {
+        procfs::server_pid(
+            Some(self.port),
+            Some(&self.dir.path().join("mysqld.pid")),
+            self.server.pid(),
+        )
+        .map(Measured::Server)
+    }
+
     fn data_bytes(&self) -> u64 {
         dir_bytes(&self.datadir)
     }
@@ -341,16 +353,26 @@ impl MariaConn<'_> {
         tx.commit()
     }
 
-    fn send_with_retry(&mut self, sends: &[Outgoing<'_>]) -> Result<()> {
+    /// The sends in one transaction, retried after a deadlock or lock
+    /// timeout at most `retries` times.
+    fn send_with_retry(
+        &mut self,
+        sends: &[Outgoing<'_>],
+        retries: u32,
+    ) -> std::result::Result<(), mysql::Error> {
         let mut attempt = 0;
         loop {
             match self.send_tx(sends) {
                 Ok(()) => return Ok(()),
-                Err(e) if is_retryable(&e) && attempt < TX_RETRIES_MAX => {
+                Err(e) if is_retryable(&e) && attempt < retries => {
                     attempt += 1;
                     self.retries += 1;
+                    // A random pause, so the same transactions do not meet
+                    // again in the same order.
+                    let pause_ms = rand::random::<u64>() % (u64::from(attempt.min(8)) * 5 + 1);
+                    std::thread::sleep(Duration::from_millis(pause_ms));
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         }
     }
@@ -358,11 +380,26 @@ impl MariaConn<'_> {
 
 impl Conn for MariaConn<'_> {
     fn send(&mut self, send: &Outgoing<'_>) -> Result<()> {
-        self.send_with_retry(std::slice::from_ref(send))
+        Ok(self.send_with_retry(std::slice::from_ref(send), TX_RETRIES_MAX)?)
     }
 
+    /// One transaction for the batch. A batch locks the rows of many sends
+    /// in send order, so batches of threads whose conversations share users
+    /// (a ring) can deadlock in a cycle, and InnoDB keeps picking the same
+    /// victim (the one that has written least: the one just retried). After
+    /// a few tries the batch goes one send per transaction, whose rows are
+    /// locked in one global order and cannot deadlock with each other.
     fn send_batch(&mut self, sends: &[Outgoing<'_>]) -> Result<()> {
-        self.send_with_retry(sends)
+        match self.send_with_retry(sends, BATCH_RETRIES_MAX) {
+            Ok(()) => Ok(()),
+            Err(e) if is_retryable(&e) => {
+                for send in sends {
+                    self.send_with_retry(std::slice::from_ref(send), TX_RETRIES_MAX)?;
+                }
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn sync_page(&mut self, device: &mut DeviceCursor, limit: u32) -> Result<Page> {

@@ -19,6 +19,7 @@ pub mod rocksdb;
 
 use std::time::Duration;
 
+use crate::procfs::Measured;
 use crate::workload::{DeviceId, Outgoing, Setup, Uid};
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -75,6 +76,13 @@ pub struct WriteCounters {
     pub fsync_latency_us_sum: u64,
 }
 
+/// What a system says it holds (inboxd's `stats`), for the soak.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Holdings {
+    pub messages: u64,
+    pub events_live: u64,
+}
+
 /// One client connection.
 pub trait Conn {
     /// One send, acknowledged once durable: the message stored once, the
@@ -126,6 +134,17 @@ pub trait System: Sync {
     /// The system's own write counters, where it has them, to tell how
     /// many fsyncs a measured run paid.
     fn write_counters(&self) -> Option<WriteCounters> {
+        None
+    }
+
+    /// The process whose CPU time and memory are this system's: its server,
+    /// or the harness itself for an embedded system.
+    fn measured(&self) -> Option<Measured> {
+        None
+    }
+
+    /// Messages and live sync events the system holds, where it counts them.
+    fn holdings(&self) -> Option<Holdings> {
         None
     }
 

@@ -51,6 +51,11 @@ impl ChildGuard {
         ))
     }
 
+    /// The child's pid while the harness holds it.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Fails when the process has already exited (it could not start).
     pub fn check_alive(&mut self) -> Result<()> {
         if let Some(child) = self.child.as_mut() {

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use super::process::{find_binary, free_port, wait_until, ChildGuard};
 use super::{dir_bytes, Conn, DeviceCursor, Page, Result, System};
+use crate::procfs::{self, Measured};
 use crate::workload::{Outgoing, Setup};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,6 +139,10 @@ impl System for Redis {
         self.server.kill_hard()?;
         self.server = Self::spawn(&self.binary, self.dir.path(), self.port, self.fsync)?;
         self.wait_ready()
+    }
+
+    fn measured(&self) -> Option<Measured> {
+        procfs::server_pid(Some(self.port), None, self.server.pid()).map(Measured::Server)
     }
 
     fn data_bytes(&self) -> u64 {

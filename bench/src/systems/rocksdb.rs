@@ -21,6 +21,7 @@ use std::sync::Mutex;
 use rocksdb::{Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
 
 use super::{dir_bytes, Conn, DeviceCursor, Page, Result, Screen, System};
+use crate::procfs::Measured;
 use crate::workload::{Outgoing, Setup, Uid};
 
 const EVENT_TYPE_MSG: u8 = 1;
@@ -114,6 +115,11 @@ impl System for RocksDb {
 
     fn prepare(&self, _setup: &Setup) -> Result<()> {
         Ok(())
+    }
+
+    /// Embedded: its work is done by the harness's threads.
+    fn measured(&self) -> Option<Measured> {
+        Some(Measured::Harness)
     }
 
     fn data_bytes(&self) -> u64 {

@@ -99,7 +99,8 @@ pub(crate) fn kind_from_code(code: u8) -> DecodeResult<MessageKind> {
 
 /// A payload as stored: compressed with zstd when that is smaller (R8).
 /// Built on the caller's thread so compression never runs in the sequencer.
-#[derive(Clone, Debug)]
+/// Compression is deterministic: equal payloads store equal bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct StoredPayload {
     pub compressed: bool,
     pub raw_len: u32,

@@ -445,6 +445,12 @@ impl Inbox {
         self.shared.config.clock.now_ms()
     }
 
+    /// The configuration this store was opened with (the daemon announces
+    /// its limits to clients).
+    pub fn config(&self) -> &InboxConfig {
+        &self.shared.config
+    }
+
     /// The largest payload a send may carry: `payload_bytes_max`, or less
     /// when segments are so small that one message's records (its `msg`
     /// record and its `evt` record, at most [`MESSAGE_OVERHEAD_MAX`] besides

@@ -20,7 +20,7 @@ use std::ops::RangeInclusive;
 
 use bytes::Bytes;
 
-use super::command::{decode_msg_record, unpack, Effect, PackedLoc};
+use super::command::{decode_msg_record, unpack, Effect, PackedLoc, StoredPayload};
 use super::state::{Conv, MsgMeta, Period, OPEN};
 use super::sync::{self, info, SyncOutcome, SyncPlan};
 use super::token::TokenClaims;
@@ -176,6 +176,56 @@ fn reclaimed(shared: &Shared, conv: ConvId, seq: MsgSeq) -> bool {
         .is_some_and(|c| seq <= c.msgs_base)
 }
 
+/// What a retried send asked for, to compare with what the key first sent.
+pub(crate) struct Retry {
+    pub kind: MessageKind,
+    pub msg_type: MsgType,
+    pub target: MsgId,
+    pub payload: StoredPayload,
+}
+
+/// The reply to a send whose idempotency key was seen before: the original
+/// ids if the retry asks for the same message, else `CONFLICT`. Runs on
+/// the caller's thread once the round is durable (the sequencer never reads
+/// the log). An original no longer readable (reclaimed by history
+/// retention) cannot be compared and counts as the same.
+pub(crate) fn duplicate_reply(
+    shared: &Shared,
+    conv: ConvId,
+    original: SendReply,
+    retry: &Retry,
+) -> Result<SendReply> {
+    let loc = {
+        let st = shared.state.read();
+        st.convs
+            .get(&conv)
+            .and_then(|c| c.meta(original.msg_seq))
+            .map(|m| m.loc)
+    };
+    let Some(loc) = loc else {
+        return Ok(original);
+    };
+    let rec = match shared.msg_log.read(unpack(loc)) {
+        Ok(rec) => rec,
+        Err(_) if reclaimed(shared, conv, original.msg_seq) => return Ok(original),
+        Err(e) => return Err(e.into()),
+    };
+    let (h, payload) = decode_msg_record(&rec.payload, shared.config.payload_bytes_max)
+        .map_err(|e| corrupt("msg", &e))?;
+    let same = h.msg_id == original.msg_id
+        && h.kind == retry.kind
+        && h.msg_type == retry.msg_type
+        && h.target == retry.target
+        && StoredPayload::new(&payload) == retry.payload;
+    if !same {
+        return Err(Error::Conflict(format!(
+            "client_msg_id was already used for message {} with a different request",
+            original.msg_id
+        )));
+    }
+    Ok(original)
+}
+
 fn authorize(
     st: &super::state::State,
     uid: Uid,
@@ -315,10 +365,16 @@ pub(crate) fn history(
     before_seq: Option<MsgSeq>,
     limit: u32,
 ) -> Result<HistoryPage> {
+    // As everywhere: 0 means the default, above the cap is refused.
     let cap = shared.config.pull_per_conv_max;
-    if limit == 0 || limit > cap {
+    let limit = if limit == 0 {
+        shared.config.pull_per_conv_default
+    } else {
+        limit
+    };
+    if limit > cap {
         return Err(Error::BadRequest(format!(
-            "history limit must be 1..={cap}, got {limit}"
+            "history limit {limit} is above the cap of {cap}"
         )));
     }
     let (metas, has_more) = {
@@ -381,10 +437,16 @@ pub(crate) fn conv_list(
     limit: u32,
     cursor: Option<Bytes>,
 ) -> Result<ConvListPage> {
+    // As everywhere: 0 means the default, above the cap is refused.
     let cap = shared.config.sync_page_max;
-    if limit == 0 || limit > cap {
+    let limit = if limit == 0 {
+        shared.config.sync_page_default
+    } else {
+        limit
+    };
+    if limit > cap {
         return Err(Error::BadRequest(format!(
-            "conversation list limit must be 1..={cap}, got {limit}"
+            "conversation list limit {limit} is above the cap of {cap}"
         )));
     }
     let after = cursor.as_deref().map(decode_cursor).transpose()?;
@@ -414,7 +476,7 @@ pub(crate) fn conv_list(
                 .convs
                 .get(&conv)
                 .and_then(|c| c.meta(uc.last_msg_seq))
-                .is_some_and(MsgMeta::tombstone);
+                .is_some_and(MsgMeta::hides_summary);
             convs.push(uc.summary(conv, tombstoned));
             last = Some(*key);
         }

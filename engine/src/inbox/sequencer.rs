@@ -447,7 +447,27 @@ impl Sequencer {
                 let result = decide_send(st, now, kind, conv, sender, client_msg_id, target);
                 match result {
                     Err(e) => r.replies.push(reply_with(tx, Err(e))),
-                    Ok(Decision::Duplicate(reply)) => r.replies.push(reply_with(tx, Ok(reply))),
+                    Ok(Decision::Duplicate(original)) => {
+                        // Same key: the same request gets the original ids,
+                        // a different one CONFLICT. Comparing reads the
+                        // original, so it happens on the caller's thread.
+                        let shared = Arc::clone(&self.shared);
+                        let retry = read::Retry {
+                            kind,
+                            msg_type,
+                            target,
+                            payload,
+                        };
+                        r.replies.push(Box::new(move |fail| {
+                            let reply = match fail {
+                                Some(f) => Reply::Done(Err(f.to_error())),
+                                None => Reply::Later(Box::new(move || {
+                                    read::duplicate_reply(&shared, conv, original, &retry)
+                                })),
+                            };
+                            let _ = tx.send(reply);
+                        }));
+                    }
                     Ok(Decision::New { target_seq }) => {
                         let (msg_id, msg_seq) = self.push_message(
                             st,

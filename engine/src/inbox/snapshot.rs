@@ -275,7 +275,7 @@ pub(crate) fn decide_begin(
         let c = st.convs.get(&conv);
         let last_tomb = c
             .and_then(|c| c.meta(uc.last_msg_seq))
-            .is_some_and(MsgMeta::tombstone);
+            .is_some_and(MsgMeta::hides_summary);
         convs.push(uc.summary(conv, last_tomb));
         let mut last = Vec::new();
         if let Some(c) = c {
@@ -622,8 +622,9 @@ pub(crate) fn page_of(shared: &Shared, uid: Uid, id: u64, page: u32) -> Result<S
     let bytes = content.pages.get(page as usize).ok_or_else(|| {
         Error::BadRequest(format!("snapshot {id} has {pages} pages, no page {page}"))
     })?;
-    let (convs, messages) = decode_page(bytes)
+    let (mut convs, mut messages) = decode_page(bytes)
         .map_err(|e| Error::Internal(format!("corrupt snapshot page: {}", e.0)))?;
+    hide_recalled(shared, &mut convs, &mut messages);
     Ok(SnapshotPage {
         snapshot_id: id,
         page,
@@ -635,6 +636,31 @@ pub(crate) fn page_of(shared: &Shared, uid: Uid, id: u64, page: u32) -> Result<S
 
 /// `ack_snapshot`: the device becomes ACTIVE at `acked = S`, only in the
 /// snapshot's generation and while RESETTING.
+/// Pages are built once, at `BEGIN_SNAPSHOT`; a message recalled (or
+/// edited) since then is served as a tombstone, and a summary whose last
+/// message it was loses its body summary, so no page carries a body whose
+/// recall is already applied (R6).
+fn hide_recalled(shared: &Shared, convs: &mut [ConvSummary], messages: &mut [Message]) {
+    let st = shared.state.read();
+    let tombstoned = |conv: ConvId, seq: MsgSeq| {
+        st.convs
+            .get(&conv)
+            .and_then(|c| c.meta(seq))
+            .is_some_and(MsgMeta::tombstone)
+    };
+    for m in messages.iter_mut() {
+        if m.tombstone || tombstoned(m.conv, m.msg_seq) {
+            m.tombstone = true;
+            m.payload = Bytes::new();
+        }
+    }
+    for c in convs.iter_mut() {
+        if tombstoned(c.conv, c.last_msg_seq) {
+            c.last_summary = Bytes::new();
+        }
+    }
+}
+
 pub(crate) fn decide_ack(
     shared: &Shared,
     st: &State,

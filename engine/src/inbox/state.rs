@@ -50,6 +50,13 @@ impl MsgMeta {
     pub fn tombstone(&self) -> bool {
         self.flags != 0
     }
+
+    /// True when a conversation summary whose last entry is this one shows
+    /// no body: the entry was recalled or edited, or it is a control entry
+    /// (a recall's or a join's summary is an id, not text for a UI).
+    pub fn hides_summary(&self) -> bool {
+        self.tombstone() || !matches!(self.kind, MessageKind::Normal | MessageKind::Edit)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,15 +148,15 @@ impl UserConv {
         (self.last_activity_ms, self.last_msg_id, conv)
     }
 
-    /// The row served by the conversation list and snapshots. A recalled
-    /// last message shows no summary (R6).
-    pub fn summary(&self, conv: ConvId, last_recalled: bool) -> ConvSummary {
+    /// The row served by the conversation list and snapshots. A last entry
+    /// that [`MsgMeta::hides_summary`] shows no summary (R6).
+    pub fn summary(&self, conv: ConvId, hide_body: bool) -> ConvSummary {
         ConvSummary {
             conv,
             last_msg_seq: self.last_msg_seq,
             last_msg_id: self.last_msg_id,
             last_sender: self.last_sender,
-            last_summary: if last_recalled {
+            last_summary: if hide_body {
                 Bytes::new()
             } else {
                 self.last_summary.clone()

@@ -276,7 +276,9 @@ pub(crate) fn decide_sync(
             // snapshot can bring the device back without a gap.
             return Ok(reset(row));
         }
-        if req.generation == Some(row.generation) {
+        // A device that lost data again, below where its lease resumes,
+        // falls through to a rollback like any other (R10).
+        if req.generation == Some(row.generation) && req.local_applied_seq >= lease.resume_from {
             let token = sign(
                 row.generation,
                 lease.resume_from,

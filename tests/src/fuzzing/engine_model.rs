@@ -298,8 +298,11 @@ pub fn check(data: &[u8]) {
                 }
             }
             Op::Send(conv, sender, client_msg_id) => {
-                let payload =
-                    Bytes::from(format!("m{i}-{sender}-{client_msg_id}").repeat(1 + i % 5));
+                // One body per key, so that a retry is the same request (a
+                // different body under a used key is CONFLICT).
+                let payload = Bytes::from(
+                    format!("m-{sender}-{client_msg_id}").repeat(1 + (client_msg_id % 5) as usize),
+                );
                 let reply = inbox
                     .send(SendRequest {
                         conv,

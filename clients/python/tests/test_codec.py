@@ -1,0 +1,152 @@
+"""The worked examples of docs/PROTOCOL.md, read out of the document and
+checked byte for byte in both directions, and codec edge cases."""
+
+from __future__ import annotations
+
+import re
+import unittest
+
+from inboxd_client import codec as c
+from inboxd_client.errors import ProtocolError
+
+from .daemon import REPO
+
+PROTOCOL_MD = (REPO / "docs" / "PROTOCOL.md").read_text()
+
+
+def doc_example(name: str) -> bytes:
+    """The bytes of the block after ``<!-- example: NAME -->``: each line
+    up to its first word that is not two hex digits."""
+    at = PROTOCOL_MD.index(f"<!-- example: {name} -->")
+    block = PROTOCOL_MD[at:].split("```")[1]
+    out = bytearray()
+    for line in block.splitlines()[1:]:
+        for word in line.split():
+            if not re.fullmatch(r"[0-9a-f]{2}", word):
+                break
+            out.append(int(word, 16))
+    return bytes(out)
+
+
+def one_frame(data: bytes) -> c.Frame:
+    buf = bytearray(data)
+    frame = c.decode_frame(buf)
+    assert frame is not None and not buf, "one whole frame"
+    return frame
+
+
+DEFAULT_HELLO_OK = c.HelloOk(
+    version=2,
+    server_name="inboxd",
+    frame_bytes_max=1 << 20,
+    in_flight_max=256,
+    reply_frame_bytes_max=64 << 20,
+    payload_bytes_max=65536,
+    summary_bytes_max=64,
+    sync_page_default=100,
+    sync_page_max=500,
+    pull_per_conv_default=50,
+    pull_per_conv_max=500,
+    history_limit_max=500,
+    conv_list_limit_max=500,
+    devices_per_user_max=5,
+    rate_per_s=20000,
+    rate_burst=2000,
+    idle_timeout_ms=300_000,
+    batch_token_ttl_ms=600_000,
+    recovery_lease_ttl_ms=600_000,
+    snapshot_ttl_ms=3_600_000,
+)
+
+
+class ProtocolDocExamples(unittest.TestCase):
+    def check_request(self, name: str, op: c.Op, request_id: int, body: object) -> None:
+        frame = c.request_frame(op, request_id, body)
+        self.assertEqual(frame.encode().hex(" "), doc_example(name).hex(" "), name)
+        decoded = one_frame(doc_example(name))
+        self.assertEqual(decoded, frame)
+        self.assertEqual(c.decode_request(decoded), body)
+
+    def check_reply(self, name: str, frame: c.Frame, body: object) -> None:
+        self.assertEqual(frame.encode().hex(" "), doc_example(name).hex(" "), name)
+        self.assertEqual(c.decode_reply(one_frame(doc_example(name))), body)
+
+    def test_hello(self) -> None:
+        self.check_request("hello", c.Op.HELLO, 1, c.Hello(2, "ctl", b"s3cr3t"))
+
+    def test_hello_ok_announces_every_limit(self) -> None:
+        self.check_reply("hello-ok", c.reply_frame(c.Op.HELLO, 1, DEFAULT_HELLO_OK), DEFAULT_HELLO_OK)
+
+    def test_hello_ok_for_a_version_1_client_is_a_prefix_of_fewer_fields(self) -> None:
+        v1 = one_frame(doc_example("hello-ok-v1"))
+        r = c.Reader(v1.body)
+        self.assertEqual(r.unpack("H"), 1)
+        self.assertEqual(c.STRING.get(r), "inboxd")
+        self.assertEqual((r.unpack("I"), r.unpack("I")), (1 << 20, 256))
+        r.finish()
+
+    def test_send_and_reply(self) -> None:
+        self.check_request("send", c.Op.SEND, 2, c.SendReq(100, 1, 0x1122, 1, b"hi"))
+        reply = c.SendReply(0x400, 3, False)
+        self.check_reply("send-reply", c.reply_frame(c.Op.SEND, 2, reply), reply)
+
+    def test_rate_limited_error(self) -> None:
+        err = c.ErrorReply(7, 250, "slow down")
+        self.check_reply("rate-limited", c.Frame(c.OP_ERROR, 9, c.encode_body(err)), err)
+
+    def test_hint_push(self) -> None:
+        hints = c.Hints([c.Hint(1, 12)])
+        self.check_reply("hint", c.Frame(c.OP_HINT, 0, c.encode_body(hints)), hints)
+
+    def test_sync_page_with_one_event(self) -> None:
+        page = c.SyncPage(
+            events=[c.Event(1, c.EventKind.MSG, 100, 3, 0x400, 0, b"hi")],
+            next_cursor=1,
+            has_more=False,
+            acked_sync_seq=0,
+            batch_hwm=1,
+            batch_token=b"\xaa\xbb",
+            generation=1,
+            lease=None,
+        )
+        self.check_reply("sync-reply", c.reply_frame(c.Op.SYNC, 4, page), page)
+
+    def test_explain_skips_a_fence_of_an_unknown_kind(self) -> None:
+        explain = c.UserExplain(
+            uid=1,
+            oldest_retained=5,
+            committed_sync_seq=9,
+            floor=4,
+            fences=[c.Fence(1, (7, 4)), c.Fence(9, known=False, raw=b"\xee\xee")],
+        )
+        self.check_reply("explain-reply", c.reply_frame(c.Op.EXPLAIN, 5, explain), explain)
+        self.assertEqual(explain.fences[0].as_dict(), {"device": 7, "acked_sync_seq": 4})
+
+
+class Codec(unittest.TestCase):
+    def test_an_event_of_an_unknown_kind_is_kept_raw_and_re_encodes(self) -> None:
+        event = c.Event(sync_seq=5, kind=42, known=False, raw=b"\x01\x02\x03")
+        data = c.EVENT.put(event)
+        self.assertEqual(c.EVENT.get(c.Reader(data)), event)
+
+    def test_trailing_bytes_and_bad_bools_are_refused(self) -> None:
+        body = c.encode_body(c.SendReply(1, 2, True))
+        with self.assertRaises(ProtocolError):
+            c.decode_body(c.SendReply, body + b"\x00")
+        with self.assertRaises(ProtocolError):
+            c.decode_body(c.SendReply, body[:-1] + b"\x02")
+
+    def test_a_frame_shorter_than_a_header_is_a_corrupt_stream(self) -> None:
+        with self.assertRaises(ProtocolError):
+            c.decode_frame(bytearray(b"\x03\x00\x00\x00\xde\xad\xbe"))
+
+    def test_a_partial_frame_waits_for_more_bytes(self) -> None:
+        data = c.request_frame(c.Op.PING, 7, c.Empty()).encode()
+        buf = bytearray(data[:-1])
+        self.assertIsNone(c.decode_frame(buf))
+        buf += data[-1:]
+        self.assertEqual(c.decode_frame(buf), c.Frame(c.Op.PING, 7, b""))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,269 @@
+"""The client against a real inboxd: the whole protocol, flow by flow."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import unittest
+
+from inboxd_client import (
+    BadRequestError,
+    Client,
+    ConflictError,
+    ConnectionClosed,
+    DeviceRevokedError,
+    DeviceState,
+    EventKind,
+    ForbiddenError,
+    MessageKind,
+    NotFoundError,
+    ResetRequiredError,
+    SnapshotState,
+    TooLargeError,
+    UnauthenticatedError,
+    UnsupportedError,
+    codec as c,
+    read_token_file,
+)
+
+from .daemon import Daemon
+
+
+class AgainstTheDaemon(unittest.TestCase):
+    daemon: Daemon
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.daemon = Daemon()
+        cls.token = read_token_file(cls.daemon.token_file)
+        cls.admin_token = read_token_file(cls.daemon.admin_token_file)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.daemon.stop()
+
+    def connect(self, **kwargs: object) -> Client:
+        return Client(self.daemon.host, self.daemon.port, self.token, **kwargs)  # type: ignore[arg-type]
+
+    def connect_admin(self) -> Client:
+        """STATS, EXPLAIN*, COMPACT and CHECKPOINT need the admin token."""
+        return Client(self.daemon.host, self.daemon.port, self.admin_token)
+
+    def test_the_token_file_newline_is_not_part_of_the_token(self) -> None:
+        self.assertEqual(self.token, b"py-test-token")
+        with self.connect() as inbox:
+            inbox.ping()
+        with self.assertRaises(UnauthenticatedError):
+            Client(self.daemon.host, self.daemon.port, self.token + b"\n")
+
+    def test_hello_ok_announces_the_limits_that_are_enforced(self) -> None:
+        with self.connect() as inbox:
+            limits = inbox.server
+            self.assertEqual(limits.version, 2)
+            self.assertEqual(limits.payload_bytes_max, 65536)
+            inbox.join(conv=10, uid=1)
+            inbox.send(10, 1, 1, b"x" * limits.payload_bytes_max)
+            with self.assertRaises(TooLargeError) as caught:
+                inbox.send(10, 1, 2, b"x" * (limits.payload_bytes_max + 1))
+            self.assertEqual(caught.exception.detail, limits.payload_bytes_max)
+            self.assertEqual(len(inbox.history(1, 10, limit=0).messages), 2, "0 = the default")
+            with self.assertRaises(BadRequestError):
+                inbox.history(1, 10, limit=limits.history_limit_max + 1)
+            with self.assertRaises(BadRequestError):
+                inbox.sync(1, 1, None, 0, limit=limits.sync_page_max + 1)
+
+    def test_an_unsupported_version_is_refused_with_the_newest_spoken(self) -> None:
+        with self.assertRaises(UnsupportedError) as caught:
+            self.connect(version=99)
+        self.assertEqual(caught.exception.detail, 2)
+
+    def test_messages_recall_and_edit(self) -> None:
+        with self.connect() as inbox:
+            inbox.join(conv=20, uid=1)
+            inbox.join(conv=20, uid=2)
+            first = inbox.send(20, 1, 100, b"hello")
+            again = inbox.send(20, 1, 100, b"hello")
+            self.assertTrue(again.duplicate)
+            self.assertEqual((again.msg_id, again.msg_seq), (first.msg_id, first.msg_seq))
+            with self.assertRaises(ConflictError):
+                inbox.send(20, 1, 100, b"a different body")
+            second = inbox.send(20, 1, 101, b"to be recalled")
+            edit = inbox.edit(20, 1, 102, first.msg_id, b"hello, edited")
+            with self.assertRaises(ForbiddenError):
+                inbox.recall(20, 2, 103, second.msg_id)
+            recall = inbox.recall(20, 1, 104, second.msg_id)
+            with self.assertRaises(ConflictError):
+                inbox.recall(20, 1, 105, second.msg_id)
+
+            page = inbox.history(2, 20, limit=50)
+            by_seq = {m.msg_seq: m for m in page.messages}
+            original = by_seq[first.msg_seq]
+            self.assertEqual(original.kind, MessageKind.NORMAL)
+            self.assertTrue(original.tombstone, "an edited original reads as a tombstone")
+            self.assertEqual(original.payload, b"")
+            self.assertEqual(by_seq[edit.msg_seq].kind, MessageKind.EDIT)
+            self.assertEqual(by_seq[edit.msg_seq].target, first.msg_id)
+            self.assertEqual(by_seq[edit.msg_seq].payload, b"hello, edited")
+            self.assertTrue(by_seq[second.msg_seq].tombstone)
+            self.assertEqual(by_seq[second.msg_seq].payload, b"")
+            self.assertEqual(by_seq[recall.msg_seq].kind, MessageKind.RECALL)
+
+            pulled = inbox.pull(2, [(20, 0)])
+            self.assertEqual(pulled[0].conv, 20)
+            self.assertFalse(any(m.payload == b"to be recalled" for m in pulled[0].messages))
+
+            convs = inbox.conv_list(2, limit=10).convs
+            summary = next(s for s in convs if s.conv == 20)
+            self.assertEqual(summary.last_msg_seq, recall.msg_seq)
+            self.assertEqual(summary.last_summary, b"", "a recall has no body to show")
+
+            read = inbox.mark_read(2, 20, recall.msg_seq)
+            self.assertEqual((read.read_seq, read.unread), (recall.msg_seq, 0))
+            inbox.join(conv=20, uid=3)
+            left = inbox.leave(conv=20, uid=3)
+            self.assertGreater(left.msg_seq, recall.msg_seq)
+            with self.assertRaises(ForbiddenError):
+                inbox.send(20, 3, 106, b"not a member any more")
+            inbox.set_conv_flags(2, 20, muted=True, pinned=False)
+            summary = next(s for s in inbox.conv_list(2, limit=10).convs if s.conv == 20)
+            self.assertTrue(summary.muted)
+
+    def test_pipelined_sends_take_effect_in_the_order_written(self) -> None:
+        with self.connect() as inbox:
+            inbox.join(conv=30, uid=1)
+            ids = [
+                inbox.submit(c.Op.SEND, c.SendReq(30, 1, 1000 + i, 1, f"p{i}".encode()))
+                for i in range(200)
+            ]
+            seqs = [inbox.result(i).msg_seq for i in reversed(ids)][::-1]
+            self.assertEqual(seqs, sorted(seqs))
+            self.assertEqual(len(set(seqs)), 200)
+
+    def test_devices_sync_ack_and_explain(self) -> None:
+        with self.connect() as inbox:
+            reg = inbox.register_device(uid=40, device=1)
+            self.assertEqual(reg.device.state, DeviceState.ACTIVE)
+            inbox.join(conv=40, uid=40)
+            sent = [inbox.send(40, 40, 4000 + i, f"s{i}".encode()) for i in range(5)]
+            run = inbox.sync_to_end(40, 1, reg.device.generation, 0, limit=2)
+            self.assertGreaterEqual(run.pages, 3)
+            msgs = [e for e in run.events if e.kind == EventKind.MSG]
+            self.assertEqual([e.msg_seq for e in msgs], [s.msg_seq for s in sent])
+            self.assertEqual(msgs[0].summary, b"s0")
+            self.assertEqual(run.acked_sync_seq, run.events[-1].sync_seq)
+
+            # Local store lost: a lease from the local position.
+            lost = inbox.sync(40, 1, run.generation, 1)
+            self.assertEqual(lost.generation, run.generation + 1)
+            self.assertIsNotNone(lost.lease)
+            assert lost.lease is not None
+            self.assertEqual(lost.lease.resume_from, 1)
+            recovered = inbox.sync_to_end(40, 1, lost.generation, 1)
+            self.assertEqual(recovered.generation, lost.generation)
+            devices = {d.device: d for d in inbox.devices(40)}
+            self.assertEqual(devices[1].state, DeviceState.ACTIVE)
+
+        with self.connect_admin() as admin:
+            explain = admin.explain(40)
+            self.assertTrue(
+                any(f.tag == 1 and f.as_dict()["device"] == 1 for f in explain.fences), explain
+            )
+            self.assertLessEqual(explain.oldest_retained, explain.committed_sync_seq)
+
+        with self.connect() as inbox:
+            inbox.revoke_device(40, 1)
+            with self.assertRaises(DeviceRevokedError):
+                inbox.sync(40, 1, recovered.generation, recovered.acked_sync_seq)
+
+    def test_the_device_cap_evicts_the_least_recently_seen(self) -> None:
+        with self.connect() as inbox:
+            cap = inbox.server.devices_per_user_max
+            for device in range(1, cap + 1):
+                inbox.register_device(uid=45, device=device)
+            reg = inbox.register_device(uid=45, device=cap + 1)
+            self.assertEqual(reg.evicted, 1)
+            states = {d.device: d.state for d in inbox.devices(45)}
+            self.assertEqual(states[1], DeviceState.REVOKED)
+            again = inbox.register_device(uid=45, device=1)
+            self.assertEqual(again.device.state, DeviceState.ACTIVE)
+
+    def test_snapshot_install(self) -> None:
+        with self.connect() as inbox:
+            reg = inbox.register_device(uid=50, device=1)
+            inbox.join(conv=50, uid=50)
+            inbox.send(50, 50, 5000, b"in the snapshot")
+            info, pages, device = inbox.install_snapshot(50, 1)
+            self.assertEqual(info.state, SnapshotState.READY)
+            self.assertEqual(info.generation, reg.device.generation + 1)
+            self.assertEqual(len(pages), info.pages)
+            self.assertTrue(
+                any(m.payload == b"in the snapshot" for p in pages for m in p.messages)
+            )
+            self.assertEqual(device.state, DeviceState.ACTIVE)
+            self.assertEqual(device.acked_sync_seq, info.base_sync_seq)
+            run = inbox.sync_to_end(50, 1, info.generation, info.base_sync_seq)
+            self.assertEqual(run.events, [])
+
+    def test_a_resetting_device_gets_reset_required_from_sync(self) -> None:
+        with self.connect() as inbox:
+            inbox.register_device(uid=55, device=1)
+            info = inbox.begin_snapshot(55, 1)
+            with self.assertRaises(ResetRequiredError) as caught:
+                inbox.sync(55, 1, info.generation, 0)
+            self.assertEqual(caught.exception.detail, info.generation)
+
+    def test_hints_after_subscribe(self) -> None:
+        with self.connect() as watcher, self.connect() as writer:
+            watcher.subscribe([60])
+            writer.join(conv=60, uid=60)
+            writer.send(60, 60, 6000, b"ping")
+            hints = watcher.hints(wait_s=5.0)
+            self.assertTrue(any(h.uid == 60 and h.committed_sync_seq >= 1 for h in hints), hints)
+            watcher.unsubscribe([60])
+
+    def test_operations(self) -> None:
+        with self.connect_admin() as inbox:
+            stats = inbox.stats()
+            self.assertGreaterEqual(stats.users, 0)
+            inbox.compact()
+            inbox.checkpoint()
+            segment = inbox.explain_segment("evt", 1)
+            self.assertEqual((segment.stream, segment.segment), ("evt", 1))
+            with self.assertRaises(NotFoundError):
+                inbox.explain_segment("evt", 0)
+
+    def test_request_id_0_is_refused_and_the_connection_closes(self) -> None:
+        inbox = self.connect()
+        inbox.send_frame(c.request_frame(c.Op.PING, 0, c.Empty()))
+        with self.assertRaises(BadRequestError):
+            inbox.result(inbox.submit(c.Op.PING, c.Empty()))
+        inbox.close()
+
+    def test_a_request_before_hello_is_unauthenticated(self) -> None:
+        with socket.create_connection((self.daemon.host, self.daemon.port), timeout=10) as s:
+            s.sendall(c.request_frame(c.Op.PING, 1, c.Empty()).encode())
+            data = b""
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        buf = bytearray(data)
+        frame = c.decode_frame(buf)
+        assert frame is not None
+        reply = c.decode_reply(frame)
+        self.assertEqual(reply.code, UnauthenticatedError.code)
+
+    def test_a_frame_over_the_limit_is_too_large_and_closes(self) -> None:
+        inbox = self.connect()
+        inbox._sock.sendall(struct.pack("<IBQ", 0xFFFFFFFF, 0x12, 5))
+        with self.assertRaises(TooLargeError) as caught:
+            inbox.result(5)
+        self.assertEqual(caught.exception.detail, inbox.server.frame_bytes_max)
+        with self.assertRaises((ConnectionClosed, TooLargeError)):
+            inbox.ping()
+        inbox.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
