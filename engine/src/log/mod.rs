@@ -431,7 +431,11 @@ impl std::fmt::Debug for Log {
     }
 }
 
-fn lock_dir(dir: &Path) -> Result<File, LogError> {
+/// Takes the exclusive lock on a log directory (`DIR/LOCK`, created if
+/// missing), without waiting. A running daemon holds it for as long as
+/// the log is open; offline tools take it too, so that they never read
+/// files a daemon is writing. Released when the returned file closes.
+pub fn lock_dir(dir: &Path) -> Result<File, LogError> {
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
