@@ -262,3 +262,45 @@ fn interval_policy_makes_every_acknowledged_append_durable_within_the_interval()
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A poisoned log's owner decided its last steps on writes that may not
+/// have reached the disk (compaction relocated events with a record whose
+/// fsync failed, then judged the old segment empty): the segment those
+/// events still point at in the durable log must stay on disk.
+#[test]
+fn a_poisoned_log_refuses_to_delete_a_segment_and_keeps_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, io) = open_faulty(dir.path());
+    let mut tag = 0;
+    while log.segments().len() < 3 {
+        log.append(batch(tag, 4)).unwrap();
+        tag += 1;
+    }
+    let sealed = log.segments()[0].clone();
+    assert!(sealed.sealed);
+    io.fail_nth_sync(1);
+    assert!(matches!(
+        log.append(batch(tag, 1)),
+        Err(LogError::Poisoned(_))
+    ));
+    let files_before = segment_names(dir.path());
+    assert!(matches!(
+        log.delete_segment(sealed.id),
+        Err(LogError::Poisoned(_))
+    ));
+    assert_eq!(segment_names(dir.path()), files_before);
+    drop(log);
+    let log = Log::open(opts(dir.path())).unwrap();
+    assert_eq!(log.segments()[0].id, sealed.id);
+}
+
+fn segment_names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".seg"))
+        .collect();
+    names.sort();
+    names
+}

@@ -64,7 +64,7 @@ use super::{checkpoint, InboxConfig, Pending, Shared};
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::log::format::RECORD_HEADER_LEN;
-use crate::log::{Batch, RecordLoc, SegmentId, SegmentInfo};
+use crate::log::{Batch, LogError, RecordLoc, SegmentId, SegmentInfo};
 
 /// A point between two steps of a pass, for crash tests: the hook set
 /// with [`crate::Inbox::set_compaction_hook`] is called at each.
@@ -252,6 +252,11 @@ pub(crate) fn run_background(
 pub(crate) fn pass(shared: &Shared, submit: Submit<'_>) -> Result<CompactionReport> {
     let rt = &shared.compaction;
     let _one_at_a_time = rt.pass_lock.lock();
+    // After a failed write the state may hold effects that are not on
+    // disk (a relocation, a trim): a pass would delete files by them.
+    if let Some(why) = shared.poisoned() {
+        return Err(Error::Log(LogError::Poisoned(why)));
+    }
     let mut report = CompactionReport::default();
     let result = (|| {
         reclaim_snapshots(shared, submit)?;

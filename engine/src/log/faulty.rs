@@ -159,7 +159,11 @@ impl FaultyIo {
             *x ^= *x << 17;
             (*x % (bound as u64 + 1)) as usize
         };
-        for (path, ino) in &model.durable_names {
+        // By path, so a seed draws the same cut points for the same files
+        // whatever order the map holds them in.
+        let mut durable_names: Vec<_> = model.durable_names.iter().collect();
+        durable_names.sort();
+        for (path, ino) in durable_names {
             let Some(f) = model.files.get(ino) else {
                 continue;
             };

@@ -681,7 +681,15 @@ impl Log {
     /// Deletes a sealed segment and fsyncs the directory. O(1): the file
     /// is unlinked whole. Reads already holding the segment finish
     /// normally; later reads of its locations get `BadLocation`.
+    ///
+    /// A poisoned log deletes nothing: the caller decided the segment was
+    /// unneeded from writes that may not be on disk (a relocation whose
+    /// fsync failed), and recovery reads only what is, so the file stays
+    /// for whatever the durable log still points into it.
     pub fn delete_segment(&self, id: SegmentId) -> Result<(), LogError> {
+        if self.shared.is_poisoned() {
+            return Err(self.shared.poison_error());
+        }
         let seg = self
             .shared
             .segments
