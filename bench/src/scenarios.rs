@@ -1180,13 +1180,14 @@ mod tests {
         // Each message is one event for each of the two users, read by
         // each of their two devices.
         assert_eq!(out.pages.events, 1_001 * 2 * 2);
+        // How many samples fall inside the run depends on how the sampler
+        // is scheduled against the senders; the first and last do not.
         assert_eq!(sampled.first(), Some(&0));
         assert_eq!(sampled.last(), Some(&1_001));
         assert!(
             sampled.windows(2).all(|w| w[0] < w[1]),
             "no message count sampled twice: {sampled:?}"
         );
-        assert!(sampled.len() >= 3, "{sampled:?}");
         assert!(out.compaction_passes.expect("the model compacts") > 0);
     }
 

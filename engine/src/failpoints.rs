@@ -10,6 +10,7 @@
 //! | `fsync_eio_after=N` | the first N data syncs succeed, the next one fails with EIO, and later ones succeed again (a disk that "recovers" after losing dirty pages: the engine must not carry on as if the failed sync had worked) |
 //! | `enospc_marker=NAME` | while the file `DATA_DIR/NAME` exists, preallocating or extending a segment fails with ENOSPC (the only place a full disk can show up: segments are written only inside preallocated space); deleting the file frees the space |
 //! | `torn_write_after=N` | the first N data writes succeed; the next one writes only the first half of its bytes and fails with EIO (a torn write in the middle of a group-committed batch); later writes succeed |
+//! | `panic_on_write_after=N` | the first N data writes succeed; the next one panics on the thread that makes it (the log writer): a bug in an engine thread, for the daemon's fatal-panic path |
 //!
 //! Counts are shared by the `msg` and `evt` logs. Directory syncs, renames
 //! and removals are passed through untouched.
@@ -36,6 +37,7 @@ pub struct Plan {
     /// Absolute path of the marker file.
     pub enospc_marker: Option<PathBuf>,
     pub torn_write_after: Option<u64>,
+    pub panic_on_write_after: Option<u64>,
 }
 
 impl Plan {
@@ -53,6 +55,7 @@ impl Plan {
             match name {
                 "fsync_eio_after" => plan.fsync_eio_after = Some(count()?),
                 "torn_write_after" => plan.torn_write_after = Some(count()?),
+                "panic_on_write_after" => plan.panic_on_write_after = Some(count()?),
                 "enospc_marker" if !value.is_empty() => {
                     plan.enospc_marker = Some(data_dir.join(value));
                 }
@@ -149,6 +152,9 @@ impl LogIo for FailpointIo {
 
     fn write_at(&self, file: &File, offset: u64, buf: &[u8], sync: bool) -> io::Result<()> {
         let n = self.writes.fetch_add(1, Ordering::SeqCst);
+        if self.plan.panic_on_write_after == Some(n) {
+            panic!("failpoint: panic_on_write_after={n}");
+        }
         if self.plan.torn_write_after == Some(n) {
             let half = buf.len() / 2;
             tracing::warn!(
@@ -207,6 +213,7 @@ mod tests {
                 fsync_eio_after: Some(3),
                 enospc_marker: Some(PathBuf::from("/data/FULL")),
                 torn_write_after: Some(7),
+                panic_on_write_after: None,
             }
         );
         assert!(Plan::parse("", dir).unwrap().is_empty());
@@ -225,6 +232,7 @@ mod tests {
                 fsync_eio_after: Some(1),
                 enospc_marker: Some(marker.clone()),
                 torn_write_after: None,
+                panic_on_write_after: None,
             },
         );
         let file = io.create_preallocated(&dir.path().join("a"), 4096).unwrap();

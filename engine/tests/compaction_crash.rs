@@ -2,7 +2,10 @@
 //! every two steps of a pass (trim, checkpoint, copy, relocate, delete).
 //! Each kill is modelled by an image of the data directory taken while the
 //! pass is stopped at that step (everything written so far, as after a
-//! process kill), which is then opened as a fresh engine.
+//! process kill), which is then opened as a fresh engine. That engine
+//! compacts again and is itself killed (its directory imaged while it
+//! runs, so no shutdown checkpoint), and the second image must answer the
+//! same: recovery after a kill during recovery's own compaction.
 
 mod inbox_common;
 
@@ -112,6 +115,7 @@ fn kill_between_each_step_of_a_rewrite_loses_nothing_and_resurrects_nothing() {
     let steps: Vec<CompactionStep> = images.lock().iter().map(|(s, _)| *s).collect();
     for want in [
         CompactionStep::Trimmed,
+        CompactionStep::Checkpointed,
         CompactionStep::Copied,
         CompactionStep::Relocated,
         CompactionStep::SegmentDeleted,
@@ -127,11 +131,18 @@ fn kill_between_each_step_of_a_rewrite_loses_nothing_and_resurrects_nothing() {
     println!("compaction steps imaged: {steps:?}; {report:?}");
 
     let images = std::mem::take(&mut *images.lock());
+    let mut replays_after_checkpoint = 0;
     for (step, img) in images {
+        let mut next_image = img;
         for pass in 0..2 {
+            let img = next_image;
             let mut c = config(img.path(), &h.clock);
             tune(&mut c);
             let ib = Inbox::open(c).unwrap();
+            let recovery = ib.recovery_report();
+            if recovery.checkpoint_lsn > 0 && recovery.records_replayed > 0 {
+                replays_after_checkpoint += 1;
+            }
             // Nothing live is lost, byte for byte.
             assert_eq!(
                 events_from(&ib, 6, g6, 0),
@@ -161,7 +172,18 @@ fn kill_between_each_step_of_a_rewrite_loses_nothing_and_resurrects_nothing() {
             // A later pass finishes the job and changes no answer.
             ib.compact().unwrap();
             assert_eq!(events_from(&ib, 6, g6, 0), reference);
+            // Killed now: the next pass opens what this one left, without
+            // the checkpoint a clean shutdown would add.
+            next_image = tempfile::tempdir().unwrap();
+            copy_dir(img.path(), next_image.path());
             drop(ib);
         }
     }
+    // Kills after the pass's checkpoint leave trim and relocation records
+    // after it, which recovery must replay.
+    println!("kill images recovered by replay after a checkpoint: {replays_after_checkpoint}");
+    assert!(
+        replays_after_checkpoint > 0,
+        "no kill image was recovered by replaying records after a checkpoint"
+    );
 }

@@ -38,10 +38,16 @@ impl GatedIo {
         self.cv.notify_all();
     }
     /// Waits until at least one sync is held at the gate.
+    /// Waits until a sync is held at the gate; fails (never hangs) when
+    /// none arrives within a deadline far beyond any scheduling delay.
     fn wait_for_held_sync(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         let mut g = self.gate.lock();
         while g.1 == 0 {
-            self.cv.wait(&mut g);
+            assert!(
+                !self.cv.wait_until(&mut g, deadline).timed_out() || g.1 > 0,
+                "no sync reached the closed gate within 60 s: the send never got to its fsync"
+            );
         }
     }
     fn pass(&self) {

@@ -184,8 +184,7 @@ fn a_power_cut_image_of_the_data_dir_keeps_its_checkpoint_and_every_acknowledged
         acked.push(send(&ib, 10, 1, i + 1, Bytes::from(format!("after {i}"))).unwrap());
     }
     let img = tempfile::tempdir().unwrap();
-    io.crash_image_of_tree(dir.path(), img.path(), None)
-        .unwrap();
+    io.crash_image_tree(dir.path(), img.path(), None).unwrap();
     drop(ib);
 
     let ib = open(img.path(), &Arc::new(FaultyIo::new()));

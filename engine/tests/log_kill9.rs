@@ -35,7 +35,7 @@ fn kill9_child_appender() {
             std::thread::spawn(move || {
                 for i in 0.. {
                     let tag = round * 10_000_000 + t * 1_000_000 + i;
-                    let a = log.append(batch(tag, 1 + (i % 3) as usize)).unwrap();
+                    let a = log.append(batch(tag, records_of(tag))).unwrap();
                     let mut o = out.lock();
                     writeln!(o, "ACK {} {}", a.lsn, tag).unwrap();
                     o.flush().unwrap();
@@ -46,6 +46,12 @@ fn kill9_child_appender() {
     for t in threads {
         t.join().unwrap();
     }
+}
+
+/// Records in the batch with `tag` (the child's append counter is its low
+/// six digits).
+fn records_of(tag: u64) -> usize {
+    1 + (tag % 1_000_000 % 3) as usize
 }
 
 #[test]
@@ -101,9 +107,9 @@ fn every_acked_append_survives_kill_9() {
         }
 
         let log = Log::open(opts(dir.path())).unwrap();
-        let mut got: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
-        for (lsn, _, _, p) in replay_all(&log) {
-            got.entry(lsn).or_insert(p);
+        let mut got: BTreeMap<u64, Vec<(u8, Vec<u8>)>> = BTreeMap::new();
+        for (lsn, _, kind, p) in replay_all(&log) {
+            got.entry(lsn).or_default().push((kind, p));
         }
         let lsns: Vec<u64> = got.keys().copied().collect();
         assert_eq!(
@@ -115,7 +121,10 @@ fn every_acked_append_survives_kill_9() {
             let p = got
                 .get(lsn)
                 .unwrap_or_else(|| panic!("round {round}: acked LSN {lsn} lost"));
-            assert_eq!(*p, payload(*tag, 0), "round {round}: LSN {lsn}");
+            let want: Vec<(u8, Vec<u8>)> = (0..records_of(*tag))
+                .map(|i| ((i % 5) as u8 + 1, payload(*tag, i)))
+                .collect();
+            assert_eq!(*p, want, "round {round}: every record of LSN {lsn}");
         }
     }
 }

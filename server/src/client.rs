@@ -16,10 +16,11 @@ use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 use inbox_wire::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
+pub use crate::tls::ClientTls;
 pub use inbox_wire;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -77,13 +78,44 @@ pub struct Client {
 const HINT_BUFFER: usize = 1024;
 
 impl Client {
-    /// Connects, says HELLO with `token`, and waits for the server's answer.
+    /// Connects over plain TCP, says HELLO with `token`, and waits for the
+    /// server's answer.
     pub async fn connect(addr: SocketAddr, token: impl Into<Bytes>) -> Result<Client, ClientError> {
+        Self::connect_with(addr, token, None).await
+    }
+
+    /// Connects, over TLS when `tls` is given, says HELLO with `token`, and
+    /// waits for the server's answer.
+    pub async fn connect_with(
+        addr: SocketAddr,
+        token: impl Into<Bytes>,
+        tls: Option<&ClientTls>,
+    ) -> Result<Client, ClientError> {
         let stream = TcpStream::connect(addr)
             .await
             .map_err(|e| ClientError::Io(format!("connect {addr}: {e}")))?;
         let _ = stream.set_nodelay(true);
-        let (mut reader, mut writer) = stream.into_split();
+        match tls {
+            None => {
+                let (reader, writer) = stream.into_split();
+                Self::start(reader, writer, token.into()).await
+            }
+            Some(tls) => {
+                let stream = tls
+                    .connect(stream)
+                    .await
+                    .map_err(|e| ClientError::Io(format!("TLS handshake with {addr}: {e}")))?;
+                let (reader, writer) = tokio::io::split(stream);
+                Self::start(reader, writer, token.into()).await
+            }
+        }
+    }
+
+    async fn start<R, W>(mut reader: R, mut writer: W, token: Bytes) -> Result<Client, ClientError>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let (outgoing, mut outgoing_rx) = mpsc::channel::<Frame>(1024);
         let pending: PendingMap = Arc::new(Mutex::new(Some(HashMap::new())));
         let (hint_tx, hint_rx) = mpsc::channel(HINT_BUFFER);
@@ -161,7 +193,7 @@ impl Client {
         let hello = Request::Hello(Hello {
             version: PROTOCOL_VERSION,
             client_name: format!("inbox-client/{}", env!("CARGO_PKG_VERSION")),
-            token: token.into(),
+            token,
         });
         match client.call(hello).await? {
             Response::Hello(ok) => client.server = ok,

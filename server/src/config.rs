@@ -1,107 +1,151 @@
 //! Daemon configuration: flags, then `INBOXD_*` environment variables,
 //! then a TOML file, then the embedded defaults, in that order of
-//! precedence. Flags and environment are parsed by clap (each flag names
-//! its variable); the file fills what both left unset.
+//! precedence.
+//!
+//! Each setting is one field of [`ServeArgs`]: clap reads its flag and
+//! environment variable, serde its TOML key, and figment layers the two
+//! (what clap left unset is not serialized, so the file shows through).
+//! [`Config::resolve`] then applies the defaults and checks the values.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
+use figment::providers::{Format as _, Serialized, Toml};
+use figment::Figment;
 use inbox_engine::log::SyncPolicy;
-use serde::Deserialize;
+use inbox_engine::InboxConfig;
+use serde::{Deserialize, Serialize};
 
-/// `inboxd serve` options. Every one is optional so that "unset" can fall
-/// through to the file and then the default.
-#[derive(Clone, Debug, Default, clap::Args)]
+use crate::tls::ServerTls;
+
+/// Every setting of `inboxd serve` (and of the offline tools, which read
+/// the same), defined once: the flag, its environment variable and its
+/// TOML key (the field's name) all come from the field. Every one is
+/// optional so that "unset" can fall through to the next layer and then
+/// to the default.
+#[derive(Clone, Debug, Default, clap::Args, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct ServeArgs {
     /// TOML file with the same keys as these flags (snake_case).
     #[arg(long, env = "INBOXD_CONFIG")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Data directory [default: ./data].
     #[arg(long, env = "INBOXD_DATA_DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub data_dir: Option<PathBuf>,
     /// Protocol listen address [default: 127.0.0.1:7070].
     #[arg(long, env = "INBOXD_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
     /// Prometheus metrics listen address [default: 127.0.0.1:7071].
     #[arg(long, env = "INBOXD_METRICS_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<SocketAddr>,
     /// Shared secret clients present in HELLO. Prefer --token-file.
     #[arg(long, env = "INBOXD_TOKEN", hide_env_values = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
     /// File holding the shared secret [default: DATA_DIR/token, generated
     /// with mode 0600 when missing].
     #[arg(long, env = "INBOXD_TOKEN_FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
+    /// Secret for admin requests (COMPACT, CHECKPOINT, EXPLAIN,
+    /// EXPLAIN_SEGMENT, STATS). Prefer --admin-token-file.
+    #[arg(long, env = "INBOXD_ADMIN_TOKEN", hide_env_values = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_token: Option<String>,
+    /// File holding the admin secret [default: DATA_DIR/admin_token,
+    /// generated with mode 0600 when missing].
+    #[arg(long, env = "INBOXD_ADMIN_TOKEN_FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_token_file: Option<PathBuf>,
+    /// PEM certificate chain (leaf first): serve TLS on every listener.
+    #[arg(long, env = "INBOXD_TLS_CERT", requires = "tls_key")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "INBOXD_TLS_KEY", requires = "tls_cert")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s): require client certificates that chain to
+    /// them (mutual TLS). Needs --tls-cert.
+    #[arg(long, env = "INBOXD_TLS_CLIENT_CA")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_client_ca: Option<PathBuf>,
     /// Concurrent client connections [default: 1024].
     #[arg(long, env = "INBOXD_MAX_CONNECTIONS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u32>,
     /// Largest request frame accepted, bytes [default: 1048576].
     #[arg(long, env = "INBOXD_FRAME_BYTES_MAX")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub frame_bytes_max: Option<u32>,
     /// Largest reply frame sent, bytes [default: 67108864].
     #[arg(long, env = "INBOXD_REPLY_FRAME_BYTES_MAX")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub reply_frame_bytes_max: Option<u32>,
     /// Requests read ahead per connection before reading stops [default: 256].
     #[arg(long, env = "INBOXD_IN_FLIGHT_MAX")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub in_flight_max: Option<u32>,
     /// Close a connection that completed no frame for this long, seconds
     /// (the HELLO is due within at most 10) [default: 300].
     #[arg(long, env = "INBOXD_IDLE_TIMEOUT_S")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub idle_timeout_s: Option<u64>,
     /// Sustained requests per second per connection [default: 20000].
     #[arg(long, env = "INBOXD_RATE_PER_S")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_per_s: Option<u32>,
     /// Burst of requests per connection above the rate [default: 2000].
     #[arg(long, env = "INBOXD_RATE_BURST")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_burst: Option<u32>,
+    /// Uids one connection may be subscribed to at once [default: 100000].
+    #[arg(long, env = "INBOXD_SUBSCRIBE_UIDS_MAX")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscribe_uids_max: Option<u32>,
+    /// Subscriptions held by all connections together [default: 1000000].
+    #[arg(long, env = "INBOXD_SUBSCRIPTIONS_MAX")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscriptions_max: Option<u64>,
     /// `always` (fdatasync before reply), `none`, or `interval:MS` [default: always].
     #[arg(long, env = "INBOXD_SYNC")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub sync: Option<String>,
     /// Seconds to wait for in-flight requests at shutdown [default: 30].
     #[arg(long, env = "INBOXD_SHUTDOWN_GRACE_S")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub shutdown_grace_s: Option<u64>,
     /// Lifetime of a sync batch token, seconds [default: the engine's, 600].
     #[arg(long, env = "INBOXD_BATCH_TOKEN_TTL_S")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub batch_token_ttl_s: Option<u64>,
     /// Size of each preallocated log segment, bytes [default: the
     /// engine's, 134217728]. Below about 129 KiB it also caps payloads
     /// (a message must fit half a segment), under the 64 KiB default.
     #[arg(long, env = "INBOXD_SEGMENT_BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub segment_bytes: Option<u64>,
     /// Events younger than this are never reclaimed, seconds [default: the
     /// engine's, 7 days].
     #[arg(long, env = "INBOXD_SAFETY_WINDOW_S")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub safety_window_s: Option<u64>,
     /// Seconds between background compaction passes; 0 turns them off
     /// [default: the engine's, 60].
     #[arg(long, env = "INBOXD_COMPACTION_INTERVAL_S")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub compaction_interval_s: Option<u64>,
-}
-
-/// The same keys as [`ServeArgs`], read from TOML.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    data_dir: Option<PathBuf>,
-    listen: Option<SocketAddr>,
-    metrics_listen: Option<SocketAddr>,
-    token: Option<String>,
-    token_file: Option<PathBuf>,
-    max_connections: Option<u32>,
-    frame_bytes_max: Option<u32>,
-    reply_frame_bytes_max: Option<u32>,
-    in_flight_max: Option<u32>,
-    idle_timeout_s: Option<u64>,
-    rate_per_s: Option<u32>,
-    rate_burst: Option<u32>,
-    sync: Option<String>,
-    shutdown_grace_s: Option<u64>,
-    batch_token_ttl_s: Option<u64>,
-    segment_bytes: Option<u64>,
-    safety_window_s: Option<u64>,
-    compaction_interval_s: Option<u64>,
+    /// Messages older than this are reclaimed, seconds; unset keeps
+    /// history forever [default: unset].
+    #[arg(long, env = "INBOXD_HISTORY_RETENTION_S")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history_retention_s: Option<u64>,
 }
 
 /// Where the token comes from, resolved at startup.
@@ -123,6 +167,12 @@ pub struct Limits {
     pub idle_timeout: Duration,
     pub rate_per_s: u32,
     pub rate_burst: u32,
+    /// Uids one connection may be subscribed to at once.
+    pub subscribe_uids_max: u32,
+    /// Subscriptions held by all connections together: with about 40
+    /// bytes per entry (a `u64` in a hash set at its worst load factor),
+    /// the default bounds hint state to about 40 MB.
+    pub subscriptions_max: u64,
 }
 
 impl Default for Limits {
@@ -135,6 +185,8 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             rate_per_s: 20_000,
             rate_burst: 2_000,
+            subscribe_uids_max: 100_000,
+            subscriptions_max: 1_000_000,
         }
     }
 }
@@ -146,6 +198,9 @@ pub struct Config {
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
     pub token: TokenSource,
+    pub admin_token: TokenSource,
+    /// `None` serves plain TCP.
+    pub tls: Option<ServerTls>,
     pub limits: Limits,
     pub sync: SyncPolicy,
     pub shutdown_grace: Duration,
@@ -158,6 +213,32 @@ pub struct Config {
     /// `None` keeps the engine's default; `Some(ZERO)` turns background
     /// compaction off.
     pub compaction_interval: Option<Duration>,
+    /// `None` keeps history forever.
+    pub history_retention: Option<Duration>,
+}
+
+impl Config {
+    /// The engine's configuration: what `serve` opens the store with, and
+    /// what the offline tools open it with, so both see the same store.
+    pub fn engine_config(&self, token_key: [u8; 32]) -> InboxConfig {
+        let mut engine = InboxConfig::new(&self.data_dir);
+        engine.sync = self.sync;
+        engine.token_key = token_key;
+        if let Some(ttl) = self.batch_token_ttl {
+            engine.batch_token_ttl = ttl;
+        }
+        if let Some(bytes) = self.segment_bytes {
+            engine.segment_bytes = bytes;
+        }
+        if let Some(window) = self.safety_window {
+            engine.safety_window = window;
+        }
+        if let Some(interval) = self.compaction_interval {
+            engine.compaction_interval = (!interval.is_zero()).then_some(interval);
+        }
+        engine.history_retention = self.history_retention;
+        engine
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -170,7 +251,7 @@ pub enum ConfigError {
     #[error("config file {path}: {source}")]
     Parse {
         path: PathBuf,
-        source: toml::de::Error,
+        source: Box<figment::Error>,
     },
     #[error("bad value for {key}: {reason}")]
     Invalid { key: &'static str, reason: String },
@@ -193,66 +274,101 @@ fn parse_sync(text: &str) -> Result<SyncPolicy, ConfigError> {
 }
 
 impl Config {
-    /// Resolves flags/env (already merged by clap) over the file over the
-    /// defaults.
+    /// Layers flags and environment (`args`, merged by clap) over the TOML
+    /// file named by `--config`, then applies the defaults and checks the
+    /// values.
     pub fn resolve(args: &ServeArgs) -> Result<Config, ConfigError> {
         let file = match &args.config {
-            None => FileConfig::default(),
+            None => ServeArgs::default(),
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                // figment treats a missing file as empty; a named one must exist.
+                std::fs::metadata(path).map_err(|source| ConfigError::Read {
                     path: path.clone(),
                     source,
                 })?;
-                toml::from_str(&text).map_err(|source| ConfigError::Parse {
-                    path: path.clone(),
-                    source,
-                })?
+                Figment::from(Toml::file_exact(path))
+                    .extract()
+                    .map_err(|source| ConfigError::Parse {
+                        path: path.clone(),
+                        source: Box::new(source),
+                    })?
             }
         };
+        let merged: ServeArgs = Figment::from(Serialized::defaults(&file))
+            .merge(Serialized::defaults(args))
+            .extract()
+            .map_err(|source| ConfigError::Parse {
+                path: args.config.clone().unwrap_or_default(),
+                source: Box::new(source),
+            })?;
+        Self::from_settings(merged, args, &file)
+    }
+
+    /// Applies the defaults to merged settings. `args` and `file` are the
+    /// two layers, for the settings that are chosen as a whole (a token is
+    /// inline or a file: a flag for one replaces the file's other).
+    fn from_settings(
+        s: ServeArgs,
+        args: &ServeArgs,
+        file: &ServeArgs,
+    ) -> Result<Config, ConfigError> {
         let defaults = Limits::default();
-        let data_dir = args
-            .data_dir
-            .clone()
-            .or(file.data_dir)
-            .unwrap_or_else(|| PathBuf::from("./data"));
+        let data_dir = s.data_dir.unwrap_or_else(|| PathBuf::from("./data"));
         let token = match (args.token.clone(), args.token_file.clone()) {
             (Some(token), _) => TokenSource::Inline(token),
             (None, Some(path)) => TokenSource::File(path),
-            (None, None) => match (file.token, file.token_file) {
+            (None, None) => match (file.token.clone(), file.token_file.clone()) {
                 (Some(token), _) => TokenSource::Inline(token),
                 (None, Some(path)) => TokenSource::File(path),
                 (None, None) => TokenSource::Generated(data_dir.join("token")),
             },
         };
+        let admin_token = match (args.admin_token.clone(), args.admin_token_file.clone()) {
+            (Some(token), _) => TokenSource::Inline(token),
+            (None, Some(path)) => TokenSource::File(path),
+            (None, None) => match (file.admin_token.clone(), file.admin_token_file.clone()) {
+                (Some(token), _) => TokenSource::Inline(token),
+                (None, Some(path)) => TokenSource::File(path),
+                (None, None) => TokenSource::Generated(data_dir.join("admin_token")),
+            },
+        };
+        let tls_cert = s.tls_cert;
+        let tls_key = s.tls_key;
+        let tls_client_ca = s.tls_client_ca;
+        let tls = match (tls_cert, tls_key) {
+            (Some(cert), Some(key)) => Some(ServerTls {
+                cert,
+                key,
+                client_ca: tls_client_ca,
+            }),
+            (None, None) if tls_client_ca.is_none() => None,
+            (None, None) => {
+                return Err(ConfigError::Invalid {
+                    key: "tls_client_ca",
+                    reason: "needs tls_cert and tls_key".into(),
+                })
+            }
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    key: "tls_cert",
+                    reason: "tls_cert and tls_key go together".into(),
+                })
+            }
+        };
         let limits = Limits {
-            max_connections: args
-                .max_connections
-                .or(file.max_connections)
-                .unwrap_or(defaults.max_connections),
-            frame_bytes_max: args
-                .frame_bytes_max
-                .or(file.frame_bytes_max)
-                .unwrap_or(defaults.frame_bytes_max),
-            reply_frame_bytes_max: args
+            max_connections: s.max_connections.unwrap_or(defaults.max_connections),
+            frame_bytes_max: s.frame_bytes_max.unwrap_or(defaults.frame_bytes_max),
+            reply_frame_bytes_max: s
                 .reply_frame_bytes_max
-                .or(file.reply_frame_bytes_max)
                 .unwrap_or(defaults.reply_frame_bytes_max),
-            in_flight_max: args
-                .in_flight_max
-                .or(file.in_flight_max)
-                .unwrap_or(defaults.in_flight_max),
-            idle_timeout: args
+            in_flight_max: s.in_flight_max.unwrap_or(defaults.in_flight_max),
+            idle_timeout: s
                 .idle_timeout_s
-                .or(file.idle_timeout_s)
                 .map_or(defaults.idle_timeout, Duration::from_secs),
-            rate_per_s: args
-                .rate_per_s
-                .or(file.rate_per_s)
-                .unwrap_or(defaults.rate_per_s),
-            rate_burst: args
-                .rate_burst
-                .or(file.rate_burst)
-                .unwrap_or(defaults.rate_burst),
+            rate_per_s: s.rate_per_s.unwrap_or(defaults.rate_per_s),
+            rate_burst: s.rate_burst.unwrap_or(defaults.rate_burst),
+            subscribe_uids_max: s.subscribe_uids_max.unwrap_or(defaults.subscribe_uids_max),
+            subscriptions_max: s.subscriptions_max.unwrap_or(defaults.subscriptions_max),
         };
         for (key, value) in [
             ("max_connections", limits.max_connections),
@@ -273,41 +389,29 @@ impl Config {
                 reason: "must be at least 1024".into(),
             });
         }
-        let sync = match args.sync.clone().or(file.sync) {
+        let sync = match s.sync {
             Some(text) => parse_sync(&text)?,
             None => SyncPolicy::Always,
         };
         Ok(Config {
             data_dir,
-            listen: args
+            listen: s
                 .listen
-                .or(file.listen)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7070))),
-            metrics_listen: args
+            metrics_listen: s
                 .metrics_listen
-                .or(file.metrics_listen)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7071))),
             token,
+            admin_token,
+            tls,
             limits,
             sync,
-            shutdown_grace: Duration::from_secs(
-                args.shutdown_grace_s
-                    .or(file.shutdown_grace_s)
-                    .unwrap_or(30),
-            ),
-            batch_token_ttl: args
-                .batch_token_ttl_s
-                .or(file.batch_token_ttl_s)
-                .map(Duration::from_secs),
-            segment_bytes: args.segment_bytes.or(file.segment_bytes),
-            safety_window: args
-                .safety_window_s
-                .or(file.safety_window_s)
-                .map(Duration::from_secs),
-            compaction_interval: args
-                .compaction_interval_s
-                .or(file.compaction_interval_s)
-                .map(Duration::from_secs),
+            shutdown_grace: Duration::from_secs(s.shutdown_grace_s.unwrap_or(30)),
+            batch_token_ttl: s.batch_token_ttl_s.map(Duration::from_secs),
+            segment_bytes: s.segment_bytes,
+            safety_window: s.safety_window_s.map(Duration::from_secs),
+            compaction_interval: s.compaction_interval_s.map(Duration::from_secs),
+            history_retention: s.history_retention_s.map(Duration::from_secs),
         })
     }
 }
@@ -329,15 +433,42 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Loads the client token, generating `DATA_DIR/token` (mode 0600) when
-/// none is configured. Returns the token and, when a file was generated,
+/// Refuses a secret file that group or others can read or write: a token
+/// anyone on the host can read authenticates anyone on the host.
+pub fn check_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is accessible by group or others (mode {:03o}); it holds a secret: run `chmod 600 {}`",
+                path.display(),
+                mode & 0o777,
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Loads a token for the server, generating the default file (mode 0600)
+/// when none is configured. A token file must be private to its owner
+/// ([`check_private`]). Returns the token and, when a file was generated,
 /// its path (for the log; the token itself is never logged).
 pub fn load_token(source: &TokenSource) -> std::io::Result<(Bytes, Option<PathBuf>)> {
     match source {
         TokenSource::Inline(token) => Ok((Bytes::from(token.clone().into_bytes()), None)),
-        TokenSource::File(path) => Ok((read_token(path)?, None)),
+        TokenSource::File(path) => {
+            check_private(path)?;
+            Ok((read_token(path)?, None))
+        }
         TokenSource::Generated(path) => {
             if path.exists() {
+                check_private(path)?;
                 return Ok((read_token(path)?, None));
             }
             let token = hex(&rand::random::<[u8; 32]>());
@@ -349,7 +480,8 @@ pub fn load_token(source: &TokenSource) -> std::io::Result<(Bytes, Option<PathBu
 
 /// A token file holds the token; surrounding whitespace is not part of it.
 pub fn read_token(path: &Path) -> std::io::Result<Bytes> {
-    let text = std::fs::read_to_string(path)?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     let token = text.trim();
     if token.is_empty() {
         return Err(std::io::Error::new(
@@ -365,12 +497,15 @@ pub fn read_token(path: &Path) -> std::io::Result<Bytes> {
 pub fn load_batch_token_key(data_dir: &Path) -> std::io::Result<[u8; 32]> {
     let path = data_dir.join("batch_token.key");
     match std::fs::read(&path) {
-        Ok(bytes) => <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("{} must hold exactly 32 bytes", path.display()),
-            )
-        }),
+        Ok(bytes) => {
+            check_private(&path)?;
+            <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{} must hold exactly 32 bytes", path.display()),
+                )
+            })
+        }
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             let key = rand::random::<[u8; 32]>();
             write_private(&path, &key)?;
@@ -412,6 +547,51 @@ mod tests {
             config.token,
             TokenSource::Generated(PathBuf::from("./data/token"))
         );
+    }
+
+    #[test]
+    fn flags_win_over_env_and_env_over_the_file() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inboxd.toml");
+        std::fs::write(
+            &path,
+            "rate_burst = 5\nin_flight_max = 7\nhistory_retention_s = 3600\ntoken = \"from-file\"\n",
+        )
+        .unwrap();
+        // Only this test reads INBOXD_RATE_BURST.
+        std::env::set_var("INBOXD_RATE_BURST", "6");
+        let cli = Cli::try_parse_from([
+            "inboxd".as_ref(),
+            "--config".as_ref(),
+            path.as_os_str(),
+            "--in-flight-max".as_ref(),
+            "3".as_ref(),
+            "--token-file".as_ref(),
+            dir.path().join("token").as_os_str(),
+        ])
+        .unwrap();
+        std::env::remove_var("INBOXD_RATE_BURST");
+        let config = Config::resolve(&cli.serve).unwrap();
+        assert_eq!(config.limits.in_flight_max, 3, "flag beats file");
+        assert_eq!(config.limits.rate_burst, 6, "env beats file");
+        assert_eq!(
+            config.history_retention,
+            Some(Duration::from_secs(3600)),
+            "file beats default"
+        );
+        assert_eq!(
+            config.token,
+            TokenSource::File(dir.path().join("token")),
+            "a token flag replaces the file's token, whichever form"
+        );
+        let engine = config.engine_config([0; 32]);
+        assert_eq!(engine.history_retention, Some(Duration::from_secs(3600)));
     }
 
     #[test]

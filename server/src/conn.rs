@@ -8,6 +8,14 @@
 //!   and the connection closes;
 //! - a version 1 connection gets version 1 layouts ([`inbox_wire::v1`]); anything else first is answered
 //!   `UNAUTHENTICATED` and the connection closes;
+//! - admin requests (`COMPACT`, `CHECKPOINT`, `EXPLAIN*`, `STATS`) run only
+//!   on a connection that said `HELLO` with the admin token; with the
+//!   client token they are answered `FORBIDDEN`. The admin token may make
+//!   every other request too;
+//! - a connection holds at most `subscribe_uids_max` subscriptions and all
+//!   connections together at most `subscriptions_max`: a `SUBSCRIBE` over
+//!   the first is answered `TOO_LARGE`, over the second `RATE_LIMITED`, and
+//!   adds nothing;
 //! - a frame that breaks the framing (over the size limit, too short) is
 //!   answered (request id 0) and the connection closes: the next frame
 //!   boundary cannot be found. A well-framed bad body or unknown opcode is
@@ -32,6 +40,8 @@
 //!   its reply is written, then the socket closes.
 
 use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,9 +51,8 @@ use inbox_wire::{
     Empty, ErrorCode, ErrorReply, Frame, FrameCodec, Hello, HelloOk, Hint, Hints, Request,
     Response, WireError, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::TcpStream;
+use subtle::ConstantTimeEq as _;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::config::Limits;
@@ -53,7 +62,7 @@ use crate::service;
 /// Longest wait for a complete `HELLO` on a new connection (or the idle
 /// timeout, when that is shorter): a connection that has not authenticated
 /// holds a slot without doing anything useful.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every connection shares.
 pub struct Shared {
@@ -61,6 +70,49 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
     pub token: Bytes,
+    pub admin_token: Bytes,
+}
+
+/// What the token presented in `HELLO` allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Client,
+    Admin,
+}
+
+/// Requests that inspect or steer the whole store rather than one user's
+/// data: they need the admin token.
+fn is_admin(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Stats(_)
+            | Request::Explain(_)
+            | Request::ExplainSegment(_)
+            | Request::Compact(_)
+            | Request::Checkpoint(_)
+    )
+}
+
+/// Gives back a connection's subscriptions to the shared budget when the
+/// connection ends, however it ends.
+struct SubscriptionGuard {
+    shared: Arc<Shared>,
+    subscribed: Arc<Mutex<HashSet<u64>>>,
+}
+
+impl Drop for SubscriptionGuard {
+    fn drop(&mut self) {
+        let held = self
+            .subscribed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len() as u64;
+        self.shared
+            .metrics
+            .subscriptions
+            .inner()
+            .fetch_sub(held, Ordering::Relaxed);
+    }
 }
 
 /// A token bucket: `rate_per_s` sustained, `burst` at once.
@@ -97,16 +149,10 @@ impl RateLimiter {
     }
 }
 
-/// Compares tokens in time independent of where they differ.
+/// Compares tokens in time independent of where they differ (only the
+/// length, which is not secret, ends the comparison early).
 fn token_matches(expected: &[u8], presented: &[u8]) -> bool {
-    if expected.len() != presented.len() {
-        return false;
-    }
-    expected
-        .iter()
-        .zip(presented)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-        == 0
+    bool::from(expected.ct_eq(presented))
 }
 
 fn error_frame(request_id: u64, code: ErrorCode, detail: u64, message: impl Into<String>) -> Frame {
@@ -119,7 +165,7 @@ fn error_frame(request_id: u64, code: ErrorCode, detail: u64, message: impl Into
 }
 
 /// Writes queued frames, batching whatever is ready into one write.
-async fn write_loop(mut socket: OwnedWriteHalf, mut rx: mpsc::Receiver<Frame>) {
+async fn write_loop<W: AsyncWrite + Unpin>(mut socket: W, mut rx: mpsc::Receiver<Frame>) {
     let codec = FrameCodec::new(u32::MAX);
     let mut out = BytesMut::with_capacity(64 << 10);
     while let Some(frame) = rx.recv().await {
@@ -166,9 +212,7 @@ async fn hint_loop(
                 }
             }
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                metrics
-                    .hints_dropped
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics.hints_dropped.inc();
                 continue;
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
@@ -188,9 +232,7 @@ async fn hint_loop(
         match tx.try_send(Response::Hint(Hints { hints: list }).to_frame(0)) {
             Ok(()) => {
                 pending.clear();
-                metrics
-                    .hints_sent
-                    .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+                metrics.hints_sent.inc_by(count);
             }
             Err(mpsc::error::TrySendError::Full(_)) => {}
             Err(mpsc::error::TrySendError::Closed(_)) => return,
@@ -206,12 +248,19 @@ enum Close {
     WithError,
 }
 
-/// Serves one connection until the peer leaves, the stream breaks, or
-/// `shutdown` flips.
-pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let peer = stream.peer_addr().ok();
-    let _ = stream.set_nodelay(true);
-    let (mut reader, writer) = stream.into_split();
+/// Serves one connection, given as its two halves (a TCP socket's or a
+/// TLS stream's), until the peer leaves, the stream breaks, or `shutdown`
+/// flips.
+pub async fn serve<R, W>(
+    mut reader: R,
+    writer: W,
+    peer: Option<SocketAddr>,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let in_flight_max = shared.limits.in_flight_max as usize;
     let (tx, rx) = mpsc::channel::<Frame>(in_flight_max + 64);
     let writer_task = tokio::spawn(write_loop(writer, rx));
@@ -219,9 +268,13 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
     let codec = FrameCodec::new(shared.limits.frame_bytes_max);
     let mut rate = RateLimiter::new(shared.limits.rate_per_s, shared.limits.rate_burst);
     let subscribed = Arc::new(Mutex::new(HashSet::new()));
+    let _subscriptions = SubscriptionGuard {
+        shared: Arc::clone(&shared),
+        subscribed: Arc::clone(&subscribed),
+    };
     let (closed_tx, closed_rx) = watch::channel(false);
     let mut hint_task = None;
-    let mut authenticated = false;
+    let mut role = None;
     // The protocol version the handshake settled on.
     let mut version = PROTOCOL_VERSION;
     let mut buf = BytesMut::with_capacity(8 << 10);
@@ -283,7 +336,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
                                 .await;
                             break Close::WithError;
                         }
-                        tracing::debug!(?peer, authenticated, "closing idle connection");
+                        tracing::debug!(?peer, ?role, "closing idle connection");
                         break Close::Quietly;
                     }
                 }
@@ -316,10 +369,10 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
             break Close::WithError;
         }
 
-        if !authenticated {
+        let Some(role) = role else {
             match handshake(&shared, &frame) {
-                Ok((negotiated, reply)) => {
-                    authenticated = true;
+                Ok((granted, negotiated, reply)) => {
+                    role = Some(granted);
                     version = negotiated;
                     let _ = tx.send(reply).await;
                     continue;
@@ -330,7 +383,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
                     break Close::WithError;
                 }
             }
-        }
+        };
 
         let request_id = frame.request_id;
         let request = match Request::decode(frame.opcode, frame.body) {
@@ -364,6 +417,22 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
             continue;
         }
 
+        if is_admin(&request) && role != Role::Admin {
+            let op = request.op();
+            shared
+                .metrics
+                .observe_refused(op.name(), ErrorCode::Forbidden);
+            let _ = tx
+                .send(error_frame(
+                    request_id,
+                    ErrorCode::Forbidden,
+                    0,
+                    format!("{} needs the admin token", op.name()),
+                ))
+                .await;
+            continue;
+        }
+
         match request {
             Request::Hello(_) => {
                 let _ = tx
@@ -379,10 +448,18 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
                 let _ = tx.send(Response::Ping(Empty {}).to_frame(request_id)).await;
             }
             Request::Subscribe(list) => {
-                subscribed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .extend(list.uids.iter().copied());
+                if let Err(refusal) = subscribe(&shared, &subscribed, &list.uids) {
+                    shared.metrics.observe_refused("SUBSCRIBE", refusal.code);
+                    let _ = tx
+                        .send(error_frame(
+                            request_id,
+                            refusal.code,
+                            refusal.detail,
+                            refusal.message,
+                        ))
+                        .await;
+                    continue;
+                }
                 if hint_task.is_none() {
                     hint_task = Some(tokio::spawn(hint_loop(
                         shared.inbox.subscribe_hints(),
@@ -399,9 +476,16 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
             Request::Unsubscribe(list) => {
                 {
                     let mut set = subscribed.lock().unwrap_or_else(|p| p.into_inner());
+                    let before = set.len();
                     for uid in &list.uids {
                         set.remove(uid);
                     }
+                    let removed = (before - set.len()) as u64;
+                    shared
+                        .metrics
+                        .subscriptions
+                        .inner()
+                        .fetch_sub(removed, Ordering::Relaxed);
                 }
                 let _ = tx
                     .send(Response::Unsubscribe(Empty {}).to_frame(request_id))
@@ -485,10 +569,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
     };
 
     if matches!(close, Close::WithError) {
-        shared
-            .metrics
-            .frames_rejected
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared.metrics.frames_rejected.inc();
     }
     // Finish what was read: wait until every running request has replied.
     let _ = in_flight.acquire_many(in_flight_max as u32).await;
@@ -500,11 +581,61 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut shutdown: watch::
     let _ = writer_task.await;
 }
 
+/// Adds `uids` to a connection's subscriptions, all or nothing, within the
+/// per-connection and the total caps.
+fn subscribe(
+    shared: &Shared,
+    subscribed: &Mutex<HashSet<u64>>,
+    uids: &[u64],
+) -> Result<(), ErrorReply> {
+    let mut set = subscribed.lock().unwrap_or_else(|p| p.into_inner());
+    let mut fresh: Vec<u64> = uids
+        .iter()
+        .copied()
+        .filter(|uid| !set.contains(uid))
+        .collect();
+    fresh.sort_unstable();
+    fresh.dedup();
+    let per_connection = u64::from(shared.limits.subscribe_uids_max);
+    let wanted = fresh.len() as u64;
+    if set.len() as u64 + wanted > per_connection {
+        return Err(ErrorReply {
+            code: ErrorCode::TooLarge,
+            detail: per_connection,
+            message: format!(
+                "a connection may subscribe to at most {per_connection} uids ({} held, {wanted} new)",
+                set.len()
+            ),
+        });
+    }
+    let total_max = shared.limits.subscriptions_max;
+    let reserved = shared.metrics.subscriptions.inner().fetch_update(
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+        |held| held.checked_add(wanted).filter(|total| *total <= total_max),
+    );
+    if reserved.is_err() {
+        return Err(ErrorReply {
+            code: ErrorCode::RateLimited,
+            detail: SUBSCRIBE_RETRY_MS,
+            message: format!(
+                "the server holds its maximum of {total_max} subscriptions; retry later"
+            ),
+        });
+    }
+    set.extend(fresh);
+    Ok(())
+}
+
+/// Retry-after for a `SUBSCRIBE` refused at the server-wide cap: room comes
+/// back as other connections unsubscribe or close, not on a clock.
+const SUBSCRIBE_RETRY_MS: u64 = 1_000;
+
 /// Checks the first frame: it must be a well-formed `HELLO` with a
-/// supported version and the right token.
-/// Checks the first frame and answers it; on success, also says which
-/// protocol version the connection speaks.
-fn handshake(shared: &Shared, frame: &Frame) -> Result<(u16, Frame), Frame> {
+/// supported version and the client or the admin token, and answers it;
+/// on success, also says what the token allows and which protocol version
+/// the connection speaks.
+fn handshake(shared: &Shared, frame: &Frame) -> Result<(Role, u16, Frame), Frame> {
     let id = frame.request_id;
     if frame.opcode != inbox_wire::Op::Hello as u8 {
         return Err(error_frame(
@@ -532,17 +663,25 @@ fn handshake(shared: &Shared, frame: &Frame) -> Result<(u16, Frame), Frame> {
             ),
         ));
     }
-    if !token_matches(&shared.token, &hello.token) {
-        return Err(error_frame(
-            id,
-            ErrorCode::Unauthenticated,
-            0,
-            "wrong token",
-        ));
-    }
-    tracing::debug!(client = %hello.client_name, version = hello.version, "client authenticated");
+    // Both comparisons always run, so the time taken does not say which
+    // token came close.
+    let client = token_matches(&shared.token, &hello.token);
+    let admin = token_matches(&shared.admin_token, &hello.token);
+    let role = match (admin, client) {
+        (true, _) => Role::Admin,
+        (false, true) => Role::Client,
+        (false, false) => {
+            return Err(error_frame(
+                id,
+                ErrorCode::Unauthenticated,
+                0,
+                "wrong token",
+            ));
+        }
+    };
+    tracing::debug!(client = %hello.client_name, version = hello.version, ?role, "client authenticated");
     let reply = Response::Hello(hello_ok(shared));
-    Ok((hello.version, reply_frame(hello.version, &reply, id)))
+    Ok((role, hello.version, reply_frame(hello.version, &reply, id)))
 }
 
 /// Everything `HELLO_OK` announces: the connection's limits and the
@@ -591,7 +730,7 @@ async fn wait_done(mut done: watch::Receiver<bool>) {
 }
 
 /// Refuses a connection over the connection limit with one error frame.
-pub async fn refuse(mut stream: TcpStream, reason: &str) {
+pub async fn refuse<W: AsyncWrite + Unpin>(mut stream: W, reason: &str) {
     let mut out = BytesMut::new();
     let _ = FrameCodec::new(u32::MAX)
         .encode(&error_frame(0, ErrorCode::Unavailable, 0, reason), &mut out);

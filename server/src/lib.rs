@@ -6,12 +6,16 @@
 //!   field-for-field translation in [`convert`]. No inbox logic lives here;
 //! - [`metrics`]: Prometheus text exposition;
 //! - [`config`]: flags > `INBOXD_*` env > TOML file > defaults;
-//! - [`client`]: the pipelined async client used by inboxctl and the tests.
+//! - [`client`]: the pipelined async client used by inboxctl and the tests;
+//! - [`tls`]: rustls setup for every listener and for the client;
+//! - [`dump`]: the records of a data directory in readable form.
 
 pub mod client;
 pub mod config;
 pub mod conn;
 pub mod convert;
+pub mod dump;
 pub mod metrics;
 pub mod server;
 pub mod service;
+pub mod tls;

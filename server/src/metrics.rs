@@ -1,20 +1,46 @@
-//! Prometheus text metrics (R26) and the tiny HTTP responder that serves
-//! them.
+//! Prometheus metrics (R26) on `prometheus-client`, served by hyper with
+//! `/healthz` and `/readyz` beside `/metrics`.
 //!
-//! Counters and histograms are lock-free atomics updated on the request
-//! path; the engine's own counters come from [`Inbox::stats`] at scrape
-//! time. Nothing here ever sees a message body or a token.
+//! What a scrape costs: the server's own figures (requests, latencies,
+//! connections, hints, subscriptions) are counters and histograms updated
+//! on the request path, so encoding them is O(number of series) and takes
+//! no lock the request path waits on. The engine's figures come from
+//! [`Inbox::stats`], which walks every user and conversation under the
+//! state's read lock (counts of devices, messages and live events are
+//! sums, not counters, in the engine today). That walk does not run per
+//! scrape: [`refresh_engine_stats`] runs it every
+//! [`ENGINE_STATS_INTERVAL`] on the blocking pool and scrapes encode the
+//! latest copy, so however often and however many scrapers come, the
+//! engine is walked at a fixed rate. `inboxd_engine_stats_age_seconds`
+//! says how old the copy is.
+//!
+//! Nothing here ever sees a message body or a token.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use inbox_engine::{ConvPull, Inbox, SyncPage};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode};
+use inbox_engine::{ConvPull, Inbox, Stats, SyncPage};
 use inbox_wire::{ErrorCode, Op};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+
+use crate::tls::TlsAcceptor;
+
+/// How often the engine's figures are refreshed for scrapes.
+pub const ENGINE_STATS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Latency buckets, seconds: 50 µs to 5 s.
 const LATENCY_BUCKETS_S: &[f64] = &[
@@ -26,96 +52,142 @@ const COUNT_BUCKETS: &[f64] = &[
     0.0, 1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 10_000.0, 100_000.0,
 ];
 
-/// A fixed-bucket histogram of non-negative values.
-#[derive(Debug)]
-pub struct Histogram {
-    bounds: &'static [f64],
-    buckets: Vec<AtomicU64>,
-    count: AtomicU64,
-    /// Sum in millionths, so that it can be an integer atomic.
-    sum_micro: AtomicU64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: &'static str,
 }
 
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Self {
-            bounds,
-            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
-            count: AtomicU64::new(0),
-            sum_micro: AtomicU64::new(0),
-        }
-    }
-
-    pub fn observe(&self, value: f64) {
-        if let Some(i) = self.bounds.iter().position(|bound| value <= *bound) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            reason = "metrics values are small and non-negative; saturation is fine"
-        )]
-        let micro = (value * 1e6) as u64;
-        self.sum_micro.fetch_add(micro, Ordering::Relaxed);
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        let mut cumulative = 0;
-        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
-            cumulative += bucket.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
-            );
-        }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
-        let sum = self.sum_micro.load(Ordering::Relaxed) as f64 / 1e6;
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let _ = writeln!(out, "{name}_sum{braces} {sum}");
-        let _ = writeln!(out, "{name}_count{braces} {count}");
-    }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    op: &'static str,
+    result: &'static str,
 }
 
-/// Every metric the daemon exports besides the engine's stats.
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS_S.iter().copied())
+}
+
+/// Every metric the daemon exports, and the registry that encodes them.
 #[derive(Debug)]
 pub struct Metrics {
-    latency_by_op: Vec<Histogram>,
-    results: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    registry: Registry,
+    request_seconds: Family<OpLabel, Histogram, fn() -> Histogram>,
+    requests: Family<ResultLabels, Counter>,
     sync_page_events: Histogram,
     pull_messages_per_conv: Histogram,
     device_cursor_lag: Histogram,
-    pub connections_open: AtomicU64,
-    pub connections_total: AtomicU64,
-    pub connections_refused: AtomicU64,
-    pub frames_rejected: AtomicU64,
-    pub hints_sent: AtomicU64,
-    pub hints_dropped: AtomicU64,
+    pub connections_open: Gauge,
+    pub connections: Counter,
+    pub connections_refused: Counter,
+    pub frames_rejected: Counter,
+    pub hints_sent: Counter,
+    pub hints_dropped: Counter,
+    /// Subscriptions held by all connections; its atomic is also what the
+    /// server-wide subscription cap is checked and reserved against.
+    pub subscriptions: Gauge<u64, AtomicU64>,
+    pub tls_handshakes_failed: Counter,
+    engine: Arc<EngineFigures>,
+    /// False once shutdown began: `/readyz` answers 503.
+    ready: Arc<AtomicBool>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
+        let mut registry = Registry::default();
+        let request_seconds = Family::<OpLabel, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        registry.register(
+            "inboxd_request_seconds",
+            "Request latency by opcode, from frame decoded to reply queued",
+            request_seconds.clone(),
+        );
+        let requests = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "inboxd_requests",
+            "Requests by opcode and result code",
+            requests.clone(),
+        );
+        let histogram = |registry: &mut Registry, name: &str, help: &str| {
+            let metric = Histogram::new(COUNT_BUCKETS.iter().copied());
+            registry.register(name, help, metric.clone());
+            metric
+        };
+        let sync_page_events = histogram(
+            &mut registry,
+            "inboxd_sync_page_events",
+            "Events per sync page",
+        );
+        let pull_messages_per_conv = histogram(
+            &mut registry,
+            "inboxd_pull_messages_per_conv",
+            "Messages per conversation in a pull reply",
+        );
+        let device_cursor_lag = histogram(
+            &mut registry,
+            "inboxd_device_cursor_lag_events",
+            "Batch high watermark minus the device's ACK, per sync page",
+        );
+        let counter = |registry: &mut Registry, name: &str, help: &str| {
+            let metric = Counter::default();
+            registry.register(name, help, metric.clone());
+            metric
+        };
+        let connections_open = Gauge::default();
+        registry.register(
+            "inboxd_connections_open",
+            "Open client connections",
+            connections_open.clone(),
+        );
+        let subscriptions = Gauge::<u64, AtomicU64>::default();
+        registry.register(
+            "inboxd_subscriptions",
+            "Uids subscribed to hints, over all connections",
+            subscriptions.clone(),
+        );
+        let engine = Arc::new(EngineFigures::default());
+        registry.register_collector(Box::new(EngineCollector(Arc::clone(&engine))));
         Self {
-            latency_by_op: Op::ALL
-                .iter()
-                .map(|_| Histogram::new(LATENCY_BUCKETS_S))
-                .collect(),
-            results: Mutex::new(BTreeMap::new()),
-            sync_page_events: Histogram::new(COUNT_BUCKETS),
-            pull_messages_per_conv: Histogram::new(COUNT_BUCKETS),
-            device_cursor_lag: Histogram::new(COUNT_BUCKETS),
-            connections_open: AtomicU64::new(0),
-            connections_total: AtomicU64::new(0),
-            connections_refused: AtomicU64::new(0),
-            frames_rejected: AtomicU64::new(0),
-            hints_sent: AtomicU64::new(0),
-            hints_dropped: AtomicU64::new(0),
+            connections: counter(
+                &mut registry,
+                "inboxd_connections",
+                "Accepted client connections",
+            ),
+            connections_refused: counter(
+                &mut registry,
+                "inboxd_connections_refused",
+                "Connections refused by the connection limit",
+            ),
+            frames_rejected: counter(
+                &mut registry,
+                "inboxd_frames_rejected",
+                "Frames that closed their connection (oversized, corrupt, unauthenticated)",
+            ),
+            hints_sent: counter(
+                &mut registry,
+                "inboxd_hints_sent",
+                "Hints pushed to subscribers",
+            ),
+            hints_dropped: counter(
+                &mut registry,
+                "inboxd_hints_dropped",
+                "Hint rounds dropped because a subscriber was slow",
+            ),
+            tls_handshakes_failed: counter(
+                &mut registry,
+                "inboxd_tls_handshakes_failed",
+                "TLS handshakes that failed or timed out (protocol and metrics ports)",
+            ),
+            registry,
+            request_seconds,
+            requests,
+            sync_page_events,
+            pull_messages_per_conv,
+            device_cursor_lag,
+            connections_open,
+            subscriptions,
+            engine,
+            ready: Arc::new(AtomicBool::new(true)),
         }
     }
 }
@@ -123,19 +195,28 @@ impl Default for Metrics {
 impl Metrics {
     /// Counts one request of `op` that ended with `code` (`None` = ok).
     pub fn observe_request(&self, op: Op, code: Option<ErrorCode>, elapsed: Duration) {
-        if let Some(i) = Op::ALL.iter().position(|known| *known == op) {
-            self.latency_by_op[i].observe(elapsed.as_secs_f64());
-        }
+        self.request_seconds
+            .get_or_create(&OpLabel { op: op.name() })
+            .observe(elapsed.as_secs_f64());
         let result = code.map_or("OK", ErrorCode::name);
-        let mut results = self.results.lock().unwrap_or_else(|p| p.into_inner());
-        *results.entry((op.name(), result)).or_insert(0) += 1;
+        self.requests
+            .get_or_create(&ResultLabels {
+                op: op.name(),
+                result,
+            })
+            .inc();
     }
 
     /// Counts a request that was refused before it reached the engine
-    /// (rate limit, bad body, unknown opcode).
+    /// (rate limit, bad body, unknown opcode, admin request without the
+    /// admin token, subscription cap).
     pub fn observe_refused(&self, op_name: &'static str, code: ErrorCode) {
-        let mut results = self.results.lock().unwrap_or_else(|p| p.into_inner());
-        *results.entry((op_name, code.name())).or_insert(0) += 1;
+        self.requests
+            .get_or_create(&ResultLabels {
+                op: op_name,
+                result: code.name(),
+            })
+            .inc();
     }
 
     pub fn observe_sync_page(&self, page: &SyncPage) {
@@ -151,241 +232,257 @@ impl Metrics {
         }
     }
 
-    /// The whole exposition, engine stats included.
-    pub fn render(&self, inbox: &Inbox) -> String {
+    /// Says the daemon is draining: `/readyz` answers 503 from now on.
+    pub fn set_not_ready(&self) {
+        self.ready.store(false, Ordering::Relaxed);
+    }
+
+    /// The OpenMetrics text of every metric. Encodes what is already
+    /// counted; never walks the engine.
+    pub fn render(&self) -> String {
         let mut out = String::with_capacity(16 << 10);
-        out.push_str("# HELP inboxd_request_seconds Request latency by opcode, from frame decoded to reply queued.\n");
-        out.push_str("# TYPE inboxd_request_seconds histogram\n");
-        for (op, histogram) in Op::ALL.iter().zip(&self.latency_by_op) {
-            if histogram.count.load(Ordering::Relaxed) > 0 {
-                histogram.render(
-                    &mut out,
-                    "inboxd_request_seconds",
-                    &format!("op=\"{}\"", op.name()),
-                );
-            }
-        }
-        out.push_str("# HELP inboxd_requests_total Requests by opcode and result code.\n");
-        out.push_str("# TYPE inboxd_requests_total counter\n");
-        {
-            let results = self.results.lock().unwrap_or_else(|p| p.into_inner());
-            for ((op, result), count) in results.iter() {
-                let _ = writeln!(
-                    out,
-                    "inboxd_requests_total{{op=\"{op}\",result=\"{result}\"}} {count}"
-                );
-            }
-        }
-        for (name, help, histogram) in [
-            (
-                "inboxd_sync_page_events",
-                "Events per sync page.",
-                &self.sync_page_events,
-            ),
-            (
-                "inboxd_pull_messages_per_conv",
-                "Messages per conversation in a pull reply.",
-                &self.pull_messages_per_conv,
-            ),
-            (
-                "inboxd_device_cursor_lag_events",
-                "Batch high watermark minus the device's ACK, per sync page.",
-                &self.device_cursor_lag,
-            ),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-            histogram.render(&mut out, name, "");
-        }
-        let gauges = [
-            (
-                "inboxd_connections_open",
-                "gauge",
-                "Open client connections.",
-                self.connections_open.load(Ordering::Relaxed),
-            ),
-            (
-                "inboxd_connections_total",
-                "counter",
-                "Accepted client connections.",
-                self.connections_total.load(Ordering::Relaxed),
-            ),
-            (
-                "inboxd_connections_refused_total",
-                "counter",
-                "Connections refused by the connection limit.",
-                self.connections_refused.load(Ordering::Relaxed),
-            ),
-            (
-                "inboxd_frames_rejected_total",
-                "counter",
-                "Frames that closed their connection (oversized, corrupt, unauthenticated).",
-                self.frames_rejected.load(Ordering::Relaxed),
-            ),
-            (
-                "inboxd_hints_sent_total",
-                "counter",
-                "Hints pushed to subscribers.",
-                self.hints_sent.load(Ordering::Relaxed),
-            ),
-            (
-                "inboxd_hints_dropped_total",
-                "counter",
-                "Hint rounds dropped because a subscriber was slow.",
-                self.hints_dropped.load(Ordering::Relaxed),
-            ),
-        ];
-        let stats = inbox.stats();
-        let fsync_latency_s_sum = stats.fsync_latency_us_sum as f64 / 1e6;
-        let engine = [
-            (
-                "inboxd_users",
-                "gauge",
-                "Users known to the store.",
-                stats.users,
-            ),
-            (
-                "inboxd_conversations",
-                "gauge",
-                "Conversations.",
-                stats.conversations,
-            ),
-            (
-                "inboxd_devices",
-                "gauge",
-                "Registered devices.",
-                stats.devices,
-            ),
-            (
-                "inboxd_messages",
-                "gauge",
-                "Messages retained (not yet reclaimed by history retention).",
-                stats.messages,
-            ),
-            (
-                "inboxd_events_live",
-                "gauge",
-                "User sync events not yet reclaimed.",
-                stats.events_live,
-            ),
-            (
-                "inboxd_write_batches_total",
-                "counter",
-                "Durable write batches (group commits).",
-                stats.write_batches,
-            ),
-            (
-                "inboxd_fsyncs_total",
-                "counter",
-                "fdatasync calls.",
-                stats.fsyncs,
-            ),
-            (
-                "inboxd_bytes_on_disk",
-                "gauge",
-                "Bytes of segment and checkpoint files.",
-                stats.bytes_on_disk,
-            ),
-            (
-                "inboxd_index_bytes",
-                "gauge",
-                "Bytes of in-memory indexes.",
-                stats.index_bytes,
-            ),
-            (
-                "inboxd_compaction_events_reclaimed_total",
-                "counter",
-                "Sync events reclaimed by compaction.",
-                stats.compaction.events_reclaimed,
-            ),
-            (
-                "inboxd_compaction_bytes_reclaimed_total",
-                "counter",
-                "Bytes reclaimed by compaction.",
-                stats.compaction.bytes_reclaimed,
-            ),
-            (
-                "inboxd_compaction_bytes_rewritten_total",
-                "counter",
-                "Bytes rewritten by compaction.",
-                stats.compaction.bytes_rewritten,
-            ),
-            (
-                "inboxd_compaction_segments_dropped_total",
-                "counter",
-                "Whole segments dropped.",
-                stats.compaction.segments_dropped,
-            ),
-            (
-                "inboxd_compaction_segments_rewritten_total",
-                "counter",
-                "Sparse segments rewritten.",
-                stats.compaction.segments_rewritten,
-            ),
-        ];
-        for (name, kind, help, value) in gauges.into_iter().chain(engine) {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP inboxd_fsync_seconds fdatasync latency.\n# TYPE inboxd_fsync_seconds summary\ninboxd_fsync_seconds_sum {fsync_latency_s_sum}\ninboxd_fsync_seconds_count {}",
-            stats.fsyncs
-        );
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown` flips. Anything
-/// else gets a 404; a request head over 8 KiB or slower than 5 s is
-/// dropped.
-pub async fn serve(
-    listener: TcpListener,
+/// The engine's figures as of the last refresh.
+#[derive(Debug, Default)]
+struct EngineFigures {
+    latest: Mutex<Option<(Stats, Instant)>>,
+}
+
+/// Encodes [`EngineFigures`] at scrape time (a copy under a mutex held
+/// for the encoding only).
+#[derive(Debug)]
+struct EngineCollector(Arc<EngineFigures>);
+
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> std::fmt::Result {
+    let metric = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> std::fmt::Result {
+    let metric = ConstCounter::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+impl Collector for EngineCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let latest = self.0.latest.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((stats, at)) = latest.as_ref() else {
+            return Ok(());
+        };
+        let e = &mut encoder;
+        gauge(
+            e,
+            "inboxd_engine_stats_age_seconds",
+            "Seconds since the engine figures below were taken",
+            at.elapsed().as_secs(),
+        )?;
+        gauge(e, "inboxd_users", "Users known to the store", stats.users)?;
+        gauge(
+            e,
+            "inboxd_conversations",
+            "Conversations",
+            stats.conversations,
+        )?;
+        gauge(e, "inboxd_devices", "Registered devices", stats.devices)?;
+        gauge(
+            e,
+            "inboxd_messages",
+            "Messages retained (not yet reclaimed by history retention)",
+            stats.messages,
+        )?;
+        gauge(
+            e,
+            "inboxd_events_live",
+            "User sync events not yet reclaimed",
+            stats.events_live,
+        )?;
+        gauge(
+            e,
+            "inboxd_bytes_on_disk",
+            "Bytes of segment and checkpoint files",
+            stats.bytes_on_disk,
+        )?;
+        gauge(
+            e,
+            "inboxd_index_bytes",
+            "Bytes of in-memory indexes",
+            stats.index_bytes,
+        )?;
+        counter(
+            e,
+            "inboxd_write_batches",
+            "Durable write batches (group commits)",
+            stats.write_batches,
+        )?;
+        counter(e, "inboxd_fsyncs", "fdatasync calls", stats.fsyncs)?;
+        let c = &stats.compaction;
+        counter(
+            e,
+            "inboxd_compaction_events_reclaimed",
+            "Sync events reclaimed by compaction",
+            c.events_reclaimed,
+        )?;
+        counter(
+            e,
+            "inboxd_compaction_bytes_reclaimed",
+            "Bytes reclaimed by compaction",
+            c.bytes_reclaimed,
+        )?;
+        counter(
+            e,
+            "inboxd_compaction_bytes_rewritten",
+            "Bytes rewritten by compaction",
+            c.bytes_rewritten,
+        )?;
+        counter(
+            e,
+            "inboxd_compaction_segments_dropped",
+            "Whole segments dropped",
+            c.segments_dropped,
+        )?;
+        counter(
+            e,
+            "inboxd_compaction_segments_rewritten",
+            "Sparse segments rewritten",
+            c.segments_rewritten,
+        )?;
+        // The engine keeps the sum and count of commit times, not their
+        // distribution: a histogram with the +Inf bucket only.
+        let mut fsync = e.encode_descriptor(
+            "inboxd_fsync_seconds",
+            "Group commit (write + fdatasync) latency",
+            None,
+            MetricType::Histogram,
+        )?;
+        fsync.encode_histogram::<NoLabelSet>(
+            stats.fsync_latency_us_sum as f64 / 1e6,
+            stats.fsyncs,
+            &[(f64::MAX, stats.fsyncs)],
+            None,
+        )
+    }
+}
+
+/// Takes the engine's figures once, on the blocking pool.
+pub async fn take_engine_stats(inbox: &Arc<Inbox>, metrics: &Metrics) {
+    let inbox = Arc::clone(inbox);
+    if let Ok(stats) = tokio::task::spawn_blocking(move || inbox.stats()).await {
+        *metrics
+            .engine
+            .latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some((stats, Instant::now()));
+    }
+}
+
+/// Takes the engine's figures every [`ENGINE_STATS_INTERVAL`] until
+/// `shutdown` flips: one walk per interval, however many scrapes.
+pub async fn refresh_engine_stats(
     inbox: Arc<Inbox>,
     metrics: Arc<Metrics>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
+    let start = tokio::time::Instant::now() + ENGINE_STATS_INTERVAL;
+    let mut every = tokio::time::interval_at(start, ENGINE_STATS_INTERVAL);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+        tokio::select! {
+            _ = every.tick() => {}
             _ = shutdown.changed() => return,
-        };
-        let Ok((mut stream, _)) = accepted else {
+        }
+        take_engine_stats(&inbox, &metrics).await;
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` (over TLS
+/// when `tls` is set) until the task is aborted: it goes on through the
+/// shutdown drain, so `/readyz` can say 503 meanwhile. HTTP/1.1 only; a
+/// request head must arrive within 5 s.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, tls: Option<TlsAcceptor>) {
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else {
             continue;
         };
-        let inbox = Arc::clone(&inbox);
         let metrics = Arc::clone(&metrics);
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let mut head = Vec::with_capacity(1024);
-            let mut chunk = [0u8; 1024];
-            let read_head = async {
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-                    match stream.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return false,
-                        Ok(n) => head.extend_from_slice(&chunk[..n]),
+            match tls {
+                None => http(stream, metrics).await,
+                Some(acceptor) => match crate::server::tls_accept(&acceptor, stream, peer).await {
+                    Some(stream) => http(stream, metrics).await,
+                    None => {
+                        metrics.tls_handshakes_failed.inc();
                     }
-                }
-                true
-            };
-            if !matches!(
-                tokio::time::timeout(Duration::from_secs(5), read_head).await,
-                Ok(true)
-            ) {
-                return;
+                },
             }
-            let (status, body) =
-                if head.starts_with(b"GET /metrics ") || head.starts_with(b"GET / ") {
-                    ("200 OK", metrics.render(&inbox))
-                } else {
-                    ("404 Not Found", "not found; try /metrics\n".to_string())
-                };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
-            let _ = stream.shutdown().await;
         });
+    }
+}
+
+async fn http<S>(stream: S, metrics: Arc<Metrics>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+        let metrics = Arc::clone(&metrics);
+        async move { Ok::<_, Infallible>(route(&metrics, &request)) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(5))
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .await;
+}
+
+fn route<B>(metrics: &Metrics, request: &Request<B>) -> Response<Full<Bytes>> {
+    let text = |status: StatusCode, content_type: &'static str, body: String| {
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static(content_type),
+        );
+        response
+    };
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "GET only\n".into(),
+        );
+    }
+    match request.uri().path() {
+        "/metrics" | "/" => text(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.render(),
+        ),
+        // Alive: the process answers. A supervisor restarts it otherwise.
+        "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
+        // Ready: the store is open (this listener starts only after it
+        // is) and the daemon is not draining for shutdown.
+        "/readyz" if metrics.ready.load(Ordering::Relaxed) => {
+            text(StatusCode::OK, "text/plain", "ready\n".into())
+        }
+        "/readyz" => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "shutting down\n".into(),
+        ),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found; try /metrics, /healthz or /readyz\n".into(),
+        ),
     }
 }

@@ -5,10 +5,9 @@
 //! wire it to SIGTERM and tests can drive it directly.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use inbox_engine::{Inbox, InboxConfig};
+use inbox_engine::Inbox;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -16,6 +15,7 @@ use tokio::task::JoinSet;
 use crate::config::{self, Config};
 use crate::conn::{self, Shared};
 use crate::metrics::{self, Metrics};
+use crate::tls::{ServerTls, TlsAcceptor};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -26,6 +26,12 @@ pub enum ServeError {
     },
     #[error("token: {0}")]
     Token(std::io::Error),
+    #[error("admin token: {0}")]
+    AdminToken(std::io::Error),
+    #[error("the admin token must differ from the client token")]
+    SameTokens,
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsError),
     #[error("cannot open the store: {0}")]
     Open(inbox_engine::Error),
     #[error("cannot listen on {addr}: {source}")]
@@ -59,32 +65,30 @@ pub async fn run(
     if let Some(path) = generated {
         tracing::info!(path = %path.display(), "no token configured: generated one (mode 0600); clients read it from this file");
     }
+    let (admin_token, generated) =
+        config::load_token(&config.admin_token).map_err(ServeError::AdminToken)?;
+    if let Some(path) = generated {
+        tracing::info!(path = %path.display(), "no admin token configured: generated one (mode 0600); admin tools read it from this file");
+    }
+    if admin_token == token {
+        return Err(ServeError::SameTokens);
+    }
+    let tls = config.tls.as_ref().map(ServerTls::acceptor).transpose()?;
     let token_key =
         config::load_batch_token_key(&config.data_dir).map_err(|source| ServeError::DataDir {
             path: config.data_dir.clone(),
             source,
         })?;
 
-    let mut engine_config = InboxConfig::new(&config.data_dir);
-    engine_config.sync = config.sync;
-    engine_config.token_key = token_key;
-    if let Some(ttl) = config.batch_token_ttl {
-        engine_config.batch_token_ttl = ttl;
-    }
-    if let Some(bytes) = config.segment_bytes {
-        engine_config.segment_bytes = bytes;
-    }
-    if let Some(window) = config.safety_window {
-        engine_config.safety_window = window;
-    }
-    if let Some(interval) = config.compaction_interval {
-        engine_config.compaction_interval = (!interval.is_zero()).then_some(interval);
-    }
+    let engine_config = config.engine_config(token_key);
     let inbox = tokio::task::spawn_blocking(move || Inbox::open(engine_config))
         .await
         .unwrap_or_else(|join| Err(inbox_engine::Error::Internal(join.to_string())))
         .map_err(ServeError::Open)?;
     let inbox = Arc::new(inbox);
+    // The engine's figures are there from the first scrape on.
+    let metrics = Arc::new(Metrics::default());
+    metrics::take_engine_stats(&inbox, &metrics).await;
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -104,12 +108,15 @@ pub async fn run(
             .local_addr()
             .unwrap_or(config.metrics_listen),
     };
-    tracing::info!(listen = %bound.listen, metrics = %bound.metrics, data_dir = %config.data_dir.display(), "inboxd serving");
+    tracing::info!(listen = %bound.listen, metrics = %bound.metrics, data_dir = %config.data_dir.display(), tls = tls.is_some(), mutual_tls = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some()), "inboxd serving");
     on_bound(bound);
 
-    let metrics = Arc::new(Metrics::default());
     let metrics_task = tokio::spawn(metrics::serve(
         metrics_listener,
+        Arc::clone(&metrics),
+        tls.clone(),
+    ));
+    let engine_stats_task = tokio::spawn(metrics::refresh_engine_stats(
         Arc::clone(&inbox),
         Arc::clone(&metrics),
         shutdown.clone(),
@@ -119,6 +126,7 @@ pub async fn run(
         metrics: Arc::clone(&metrics),
         limits: config.limits.clone(),
         token,
+        admin_token,
     });
     let slots = Arc::new(Semaphore::new(config.limits.max_connections as usize));
     let mut connections = JoinSet::new();
@@ -138,25 +146,53 @@ pub async fn run(
                 continue;
             }
         };
+        let _ = stream.set_nodelay(true);
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
+            metrics.connections_refused.inc();
             tracing::warn!(%peer, "connection refused: at the connection limit");
-            tokio::spawn(conn::refuse(stream, "too many connections"));
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                match tls {
+                    None => conn::refuse(stream, "too many connections").await,
+                    Some(acceptor) => {
+                        if let Some(stream) = tls_accept(&acceptor, stream, peer).await {
+                            conn::refuse(stream, "too many connections").await;
+                        }
+                    }
+                }
+            });
             continue;
         };
-        metrics.connections_total.fetch_add(1, Ordering::Relaxed);
-        metrics.connections_open.fetch_add(1, Ordering::Relaxed);
+        metrics.connections.inc();
+        metrics.connections_open.inc();
         let shared = Arc::clone(&shared);
         let shutdown = shutdown.clone();
         let metrics = Arc::clone(&metrics);
+        let tls = tls.clone();
         connections.spawn(async move {
-            conn::serve(stream, shared, shutdown).await;
-            metrics.connections_open.fetch_sub(1, Ordering::Relaxed);
+            match tls {
+                None => {
+                    let (reader, writer) = stream.into_split();
+                    conn::serve(reader, writer, Some(peer), shared, shutdown).await;
+                }
+                Some(acceptor) => {
+                    // The handshake runs on the connection's task, so a slow
+                    // or silent peer never holds up the accept loop.
+                    if let Some(stream) = tls_accept(&acceptor, stream, peer).await {
+                        let (reader, writer) = tokio::io::split(stream);
+                        conn::serve(reader, writer, Some(peer), shared, shutdown).await;
+                    } else {
+                        metrics.tls_handshakes_failed.inc();
+                    }
+                }
+            }
+            metrics.connections_open.dec();
             drop(slot);
         });
     }
 
     drop(listener);
+    metrics.set_not_ready();
     tracing::info!(
         connections = connections.len(),
         "shutting down: no longer accepting; finishing in-flight requests"
@@ -170,6 +206,7 @@ pub async fn run(
         connections.abort_all();
     }
     metrics_task.abort();
+    engine_stats_task.abort();
     drop(shared);
     let engine = Arc::clone(&inbox);
     tokio::task::spawn_blocking(move || engine.shutdown())
@@ -178,4 +215,28 @@ pub async fn run(
         .map_err(ServeError::Shutdown)?;
     tracing::info!("shutdown complete: store synced");
     Ok(())
+}
+
+/// Runs the TLS handshake within [`conn::HANDSHAKE_TIMEOUT`]. A failure is
+/// the peer's (wrong CA, no client certificate under mutual TLS, plain TCP
+/// on a TLS port) and is logged at `info`, not answered.
+pub(crate) async fn tls_accept<S>(
+    acceptor: &TlsAcceptor,
+    stream: S,
+    peer: SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<S>>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(conn::HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(err)) => {
+            tracing::info!(%peer, error = %err, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::info!(%peer, "TLS handshake not completed in time");
+            None
+        }
+    }
 }

@@ -19,8 +19,10 @@ use inbox_wire::{Frame, FrameCodec, Hello, Request, Response, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// The token every test daemon is started with.
+/// The client token every test daemon is started with.
 pub const TOKEN: &str = "e2e-test-token";
+/// The admin token every test daemon is started with.
+pub const ADMIN_TOKEN: &str = "e2e-test-admin-token";
 
 /// Path of the `inboxd` binary built next to the running test executable
 /// (`target/<profile>/inboxd`; tests live in `target/<profile>/deps`).
@@ -68,7 +70,7 @@ impl Daemon {
             .arg("--data-dir")
             .arg(data_dir)
             .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-            .args(["--token", TOKEN])
+            .args(["--token", TOKEN, "--admin-token", ADMIN_TOKEN])
             .args(extra)
             .env("INBOXD_LOG", "warn")
             .envs(env.iter().copied())
@@ -146,7 +148,17 @@ impl Daemon {
         let _ = self.wait(Duration::from_secs(10));
     }
 
+    /// A client with the admin token, which may make every request
+    /// (admin requests included).
     pub async fn client(&self) -> Client {
+        Client::connect(self.addr, ADMIN_TOKEN)
+            .await
+            .expect("connect and authenticate")
+    }
+
+    /// A client with the ordinary client token: admin requests are
+    /// `FORBIDDEN` to it.
+    pub async fn user_client(&self) -> Client {
         Client::connect(self.addr, TOKEN)
             .await
             .expect("connect and authenticate")
@@ -158,7 +170,7 @@ impl Daemon {
             .await
             .expect("metrics port");
         stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             .await
             .expect("write");
         let mut text = String::new();

@@ -2,7 +2,7 @@
 //! announces, and request id 0.
 
 use bytes::{Bytes, BytesMut};
-use inbox_tests::{hello, Daemon, RawConn, TOKEN};
+use inbox_tests::{hello, Daemon, RawConn, ADMIN_TOKEN, TOKEN};
 use inbox_wire::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -25,7 +25,8 @@ impl V1Client {
         let hello = Request::Hello(Hello {
             version: 1,
             client_name: "v1-client".into(),
-            token: Bytes::from_static(TOKEN.as_bytes()),
+            // The admin token: the test reads EXPLAIN, an admin request.
+            token: Bytes::from_static(ADMIN_TOKEN.as_bytes()),
         });
         client.send(&hello.to_frame(1)).await;
         let frame = client.recv().await;

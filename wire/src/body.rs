@@ -25,6 +25,7 @@ wire_struct! {
         /// Free text for logs, e.g. "chat-api/2.3".
         pub client_name: String,
         /// The shared secret of the client service.
+        #[cfg_attr(feature = "serde", serde(skip))]
         pub token: Bytes,
     }
 }
@@ -100,6 +101,7 @@ wire_struct! {
         pub sender: u64,
         pub client_msg_id: u128,
         pub msg_type: u16,
+        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::text_or_hex"))]
         pub payload: Bytes,
     }
 }
@@ -128,6 +130,7 @@ wire_struct! {
         pub sender: u64,
         pub client_msg_id: u128,
         pub target: u64,
+        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::text_or_hex"))]
         pub payload: Bytes,
     }
 }
@@ -189,6 +192,7 @@ wire_struct! {
         /// 0 asks for the server's default page size.
         pub limit: u32,
         /// Present on every page after the first of a batch.
+        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::opt_hex"))]
         pub batch_token: Option<Bytes>,
     }
 }
@@ -239,6 +243,7 @@ wire_struct! {
         pub msg_seq: u64,
         pub msg_id: u64,
         pub at_ms: u64,
+        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::text_or_hex"))]
         pub summary: Bytes,
     }
 }
@@ -253,16 +258,19 @@ wire_struct! {
 /// For a known kind the body is an [`EventRef`] and must fill `body_len`
 /// exactly; any other kind keeps its body as raw bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize), serde(untagged))]
 pub enum Event {
     Known {
         sync_seq: u64,
         kind: EventKind,
+        #[cfg_attr(feature = "serde", serde(flatten))]
         body: EventRef,
     },
     /// A kind this build does not know (never 1..=7).
     Unknown {
         sync_seq: u64,
         kind: u8,
+        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::hex"))]
         body: Bytes,
     },
 }
@@ -341,6 +349,7 @@ wire_struct! {
         pub has_more: bool,
         pub acked_sync_seq: u64,
         pub batch_hwm: u64,
+        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::hex"))]
         pub batch_token: Bytes,
         pub generation: u64,
         pub lease: Option<LeaseInfo>,
@@ -353,6 +362,7 @@ wire_struct! {
         pub device: u64,
         pub generation: u64,
         pub seq: u64,
+        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::hex"))]
         pub batch_token: Bytes,
     }
 }
@@ -410,6 +420,7 @@ wire_struct! {
         pub sent_at_ms: u64,
         /// Recalled: `payload` is empty and never served again.
         pub tombstone: bool,
+        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::text_or_hex"))]
         pub payload: Bytes,
     }
 }
@@ -475,6 +486,7 @@ wire_struct! {
     pub struct ConvListReq {
         pub uid: u64,
         pub limit: u32,
+        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::opt_hex"))]
         pub cursor: Option<Bytes>,
     }
 }
@@ -485,6 +497,7 @@ wire_struct! {
         pub last_msg_seq: u64,
         pub last_msg_id: u64,
         pub last_sender: u64,
+        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::text_or_hex"))]
         pub last_summary: Bytes,
         pub unread: u32,
         pub read_seq: u64,
@@ -497,6 +510,7 @@ wire_struct! {
 wire_struct! {
     pub struct ConvListPage {
         pub convs: Vec<ConvSummary>,
+        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::opt_hex"))]
         pub next_cursor: Option<Bytes>,
     }
 }
@@ -517,6 +531,7 @@ wire_struct! {
         pub generation: u64,
         pub state: SnapshotState,
         pub pages: u32,
+        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::hex"))]
         pub manifest_digest: [u8; 32],
     }
 }
@@ -599,6 +614,11 @@ wire_struct! {
 /// For a known tag the body is exactly the variant's fields. (Protocol
 /// version 1 had no `body_len`; see [`crate::v1`].)
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(tag = "fence", rename_all = "snake_case")
+)]
 pub enum Fence {
     /// Tag 1.
     DeviceAck { device: u64, acked_sync_seq: u64 },
@@ -616,7 +636,11 @@ pub enum Fence {
     /// Tag 4.
     SafetyWindow { oldest_kept: u64 },
     /// A tag this build does not know (never 1..=4); its body is kept raw.
-    Unknown { tag: u8, body: Bytes },
+    Unknown {
+        tag: u8,
+        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::hex"))]
+        body: Bytes,
+    },
 }
 
 impl Fence {

@@ -95,6 +95,15 @@ impl crate::field::Field for ErrorCode {
     }
 }
 
+/// An error code serializes as its name (`"RATE_LIMITED"`, `"OTHER(99)"`
+/// style names included), as it prints.
+#[cfg(feature = "serde")]
+impl serde::Serialize for ErrorCode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

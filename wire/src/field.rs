@@ -232,6 +232,7 @@ macro_rules! wire_struct {
     ) => {
         $(#[$meta])*
         #[derive(Clone, Debug, PartialEq, Eq, Default)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize))]
         pub struct $name { $( $(#[$fmeta])* pub $field: $ty ),* }
 
         impl $crate::field::Field for $name {
@@ -265,6 +266,8 @@ macro_rules! wire_enum {
     ) => {
         $(#[$meta])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+        #[cfg_attr(feature = "serde", serde(rename_all = "SCREAMING_SNAKE_CASE"))]
         #[repr(u8)]
         pub enum $name {
             #[default]

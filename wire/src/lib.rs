@@ -20,6 +20,8 @@ pub mod v1;
 
 pub use body::*;
 pub use error_code::ErrorCode;
+#[cfg(feature = "serde")]
+pub mod serde_text;
 pub use frame::{decode, encode, Frame, FrameCodec};
 pub use op::{Op, Request, Response, OP_ERROR, OP_HINT, REPLY_BIT};
 

@@ -39,6 +39,7 @@ impl From<&HelloOk> for HelloOk1 {
 /// A `Fence` in version 1: tag byte, then the fields. A tag a version 1
 /// client does not know cannot be skipped, so none is ever sent to one.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Fence1(pub Fence);
 
 impl Field for Fence1 {

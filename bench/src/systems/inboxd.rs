@@ -124,6 +124,7 @@ impl Inboxd {
             .arg(dir.join("data"))
             .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
             .args(["--token", token])
+            .args(["--admin-token", &admin_token(token)])
             .args(["--rate-per-s", "100000000", "--rate-burst", "100000000"])
             .args(["--max-connections", "4096"])
             .args(extra_args)
@@ -166,6 +167,11 @@ impl Inboxd {
 
     fn client_on(&self, rt: &tokio::runtime::Runtime) -> Result<Client> {
         Ok(rt.block_on(Client::connect(self.addr, self.token.clone()))?)
+    }
+
+    /// A client allowed to make admin requests (compaction, stats).
+    fn admin_client_on(&self, rt: &tokio::runtime::Runtime) -> Result<Client> {
+        Ok(rt.block_on(Client::connect(self.addr, admin_token(&self.token)))?)
     }
 
     /// Runs `call` for every item, over several connections with a window
@@ -265,14 +271,14 @@ impl System for Inboxd {
 
     fn compact_now(&self) -> Result<()> {
         let rt = runtime()?;
-        let client = self.client_on(&rt)?;
+        let client = self.admin_client_on(&rt)?;
         rt.block_on(client.compact(Empty {}))?;
         Ok(())
     }
 
     fn write_counters(&self) -> Option<super::WriteCounters> {
         let rt = runtime().ok()?;
-        let client = self.client_on(&rt).ok()?;
+        let client = self.admin_client_on(&rt).ok()?;
         let stats = rt.block_on(client.stats(Empty {})).ok()?;
         Some(super::WriteCounters {
             write_batches: stats.write_batches,
@@ -494,4 +500,10 @@ impl Conn for InboxdConn {
             Ok(screen)
         })
     }
+}
+
+/// The admin token the bench's daemon is started with, beside its client
+/// token.
+fn admin_token(token: &str) -> String {
+    format!("{token}-admin")
 }

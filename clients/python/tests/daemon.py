@@ -1,5 +1,5 @@
 """Runs a real ``inboxd serve`` for the tests: a temp data dir, a free
-loopback port, a token file, stopped with SIGTERM."""
+loopback port, a client and an admin token file, stopped with SIGTERM."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import tempfile
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 TOKEN_TEXT = "py-test-token\n"  # the newline is not part of the token
+ADMIN_TOKEN_TEXT = "py-test-admin-token\n"
 
 
 def inboxd_binary() -> pathlib.Path:
@@ -26,6 +27,11 @@ class Daemon:
         data = pathlib.Path(self._dir.name) / "data"
         self.token_file = pathlib.Path(self._dir.name) / "token"
         self.token_file.write_text(TOKEN_TEXT)
+        # inboxd refuses a token file that group or others can read.
+        self.token_file.chmod(0o600)
+        self.admin_token_file = pathlib.Path(self._dir.name) / "admin_token"
+        self.admin_token_file.write_text(ADMIN_TOKEN_TEXT)
+        self.admin_token_file.chmod(0o600)
         self._proc = subprocess.Popen(
             [
                 str(inboxd_binary()),
@@ -38,6 +44,8 @@ class Daemon:
                 "127.0.0.1:0",
                 "--token-file",
                 str(self.token_file),
+                "--admin-token-file",
+                str(self.admin_token_file),
                 *extra,
             ],
             stdout=subprocess.PIPE,

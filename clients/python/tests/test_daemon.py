@@ -36,6 +36,7 @@ class AgainstTheDaemon(unittest.TestCase):
     def setUpClass(cls) -> None:
         cls.daemon = Daemon()
         cls.token = read_token_file(cls.daemon.token_file)
+        cls.admin_token = read_token_file(cls.daemon.admin_token_file)
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -43,6 +44,10 @@ class AgainstTheDaemon(unittest.TestCase):
 
     def connect(self, **kwargs: object) -> Client:
         return Client(self.daemon.host, self.daemon.port, self.token, **kwargs)  # type: ignore[arg-type]
+
+    def connect_admin(self) -> Client:
+        """STATS, EXPLAIN*, COMPACT and CHECKPOINT need the admin token."""
+        return Client(self.daemon.host, self.daemon.port, self.admin_token)
 
     def test_the_token_file_newline_is_not_part_of_the_token(self) -> None:
         self.assertEqual(self.token, b"py-test-token")
@@ -158,12 +163,14 @@ class AgainstTheDaemon(unittest.TestCase):
             devices = {d.device: d for d in inbox.devices(40)}
             self.assertEqual(devices[1].state, DeviceState.ACTIVE)
 
-            explain = inbox.explain(40)
+        with self.connect_admin() as admin:
+            explain = admin.explain(40)
             self.assertTrue(
                 any(f.tag == 1 and f.as_dict()["device"] == 1 for f in explain.fences), explain
             )
             self.assertLessEqual(explain.oldest_retained, explain.committed_sync_seq)
 
+        with self.connect() as inbox:
             inbox.revoke_device(40, 1)
             with self.assertRaises(DeviceRevokedError):
                 inbox.sync(40, 1, recovered.generation, recovered.acked_sync_seq)
@@ -215,7 +222,7 @@ class AgainstTheDaemon(unittest.TestCase):
             watcher.unsubscribe([60])
 
     def test_operations(self) -> None:
-        with self.connect() as inbox:
+        with self.connect_admin() as inbox:
             stats = inbox.stats()
             self.assertGreaterEqual(stats.users, 0)
             inbox.compact()

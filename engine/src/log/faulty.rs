@@ -61,6 +61,24 @@ struct Model {
     syncs_until_failure: Option<u64>,
     writes_until_failure: Option<u64>,
     syncs: u64,
+    /// Injected failures (EIO on a write or a sync) that have fired.
+    failures_fired: u64,
+    /// Those of them that hit a log segment (`*.seg`).
+    segment_failures_fired: u64,
+}
+
+impl Model {
+    fn fire(&mut self, file: &File) {
+        self.failures_fired += 1;
+        let on_segment = ino(file).is_ok_and(|ino| {
+            self.names
+                .iter()
+                .any(|(path, i)| *i == ino && path.extension().is_some_and(|e| e == "seg"))
+        });
+        if on_segment {
+            self.segment_failures_fired += 1;
+        }
+    }
 }
 
 fn countdown(c: &mut Option<u64>) -> bool {
@@ -115,45 +133,44 @@ impl FaultyIo {
         self.model.lock().syncs
     }
 
+    /// Injected write or sync failures that have fired so far, on any file
+    /// (log segments, checkpoints, snapshot files).
+    pub fn failures_fired(&self) -> u64 {
+        self.model.lock().failures_fired
+    }
+
+    /// Injected failures that hit a log segment: from the first one on, the
+    /// layer above must acknowledge nothing more. (A failed checkpoint or
+    /// snapshot file loses nothing: the log still holds what it covers.)
+    pub fn segment_failures_fired(&self) -> u64 {
+        self.model.lock().segment_failures_fired
+    }
+
     /// Writes what a power cut right now would leave of the files this
     /// backend has touched into `to` (an existing, empty directory).
     /// With `torn_seed`, each file also gets a pseudo-random prefix of its
     /// unsynced writes, the last of them cut at a pseudo-random byte.
     pub fn crash_image(&self, to: &Path, torn_seed: Option<u64>) -> io::Result<()> {
-        self.write_image(torn_seed, |path| {
-            let name = path
-                .file_name()
-                .ok_or_else(|| io::Error::other("no file name"))?;
-            Ok(Some(to.join(name)))
-        })
+        self.write_image(None, to, torn_seed)
     }
 
-    /// [`FaultyIo::crash_image`] of a whole directory tree: every durable
-    /// file under `root` (log segments, checkpoints, snapshot files) lands
-    /// at the same relative path under `to`. Files outside `root` are
-    /// left out.
-    pub fn crash_image_of_tree(
+    /// Like [`FaultyIo::crash_image`] for every file under `root` (several
+    /// logs sharing this backend): each lands at its path relative to
+    /// `root` under `to`, directories created as needed.
+    pub fn crash_image_tree(
         &self,
         root: &Path,
         to: &Path,
         torn_seed: Option<u64>,
     ) -> io::Result<()> {
-        self.write_image(torn_seed, |path| {
-            let Ok(rel) = path.strip_prefix(root) else {
-                return Ok(None);
-            };
-            let dest = to.join(rel);
-            if let Some(parent) = dest.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            Ok(Some(dest))
-        })
+        self.write_image(Some(root), to, torn_seed)
     }
 
     fn write_image(
         &self,
+        root: Option<&Path>,
+        to: &Path,
         torn_seed: Option<u64>,
-        mut dest_of: impl FnMut(&Path) -> io::Result<Option<PathBuf>>,
     ) -> io::Result<()> {
         let model = self.model.lock();
         let mut rng = torn_seed.map(|s| s | 1);
@@ -165,7 +182,11 @@ impl FaultyIo {
             *x ^= *x << 17;
             (*x % (bound as u64 + 1)) as usize
         };
-        for (path, ino) in &model.durable_names {
+        // By path, so a seed draws the same cut points for the same files
+        // whatever order the map holds them in.
+        let mut durable_names: Vec<_> = model.durable_names.iter().collect();
+        durable_names.sort();
+        for (path, ino) in durable_names {
             let Some(f) = model.files.get(ino) else {
                 continue;
             };
@@ -184,9 +205,22 @@ impl FaultyIo {
                     img.apply(*off, &data[..cut]);
                 }
             }
-            if let Some(dest) = dest_of(path)? {
-                std::fs::write(dest, &img.durable)?;
+            let target = match root {
+                Some(root) => {
+                    let Ok(relative) = path.strip_prefix(root) else {
+                        continue;
+                    };
+                    to.join(relative)
+                }
+                None => to.join(
+                    path.file_name()
+                        .ok_or_else(|| io::Error::other("no file name"))?,
+                ),
+            };
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent)?;
             }
+            std::fs::write(target, &img.durable)?;
         }
         Ok(())
     }
@@ -248,6 +282,7 @@ impl LogIo for FaultyIo {
     fn write_at(&self, file: &File, offset: u64, buf: &[u8], sync: bool) -> io::Result<()> {
         let mut m = self.model.lock();
         if countdown(&mut m.writes_until_failure) {
+            m.fire(file);
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.inner.write_at(file, offset, buf, false)?;
@@ -265,6 +300,7 @@ impl LogIo for FaultyIo {
     fn sync_data(&self, file: &File) -> io::Result<()> {
         let mut m = self.model.lock();
         if countdown(&mut m.syncs_until_failure) {
+            m.fire(file);
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.inner.sync_data(file)?;

@@ -431,7 +431,11 @@ impl std::fmt::Debug for Log {
     }
 }
 
-fn lock_dir(dir: &Path) -> Result<File, LogError> {
+/// Takes the exclusive lock on a log directory (`DIR/LOCK`, created if
+/// missing), without waiting. A running daemon holds it for as long as
+/// the log is open; offline tools take it too, so that they never read
+/// files a daemon is writing. Released when the returned file closes.
+pub fn lock_dir(dir: &Path) -> Result<File, LogError> {
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -695,7 +699,15 @@ impl Log {
     /// Deletes a sealed segment and fsyncs the directory. O(1): the file
     /// is unlinked whole. Reads already holding the segment finish
     /// normally; later reads of its locations get `BadLocation`.
+    ///
+    /// A poisoned log deletes nothing: the caller decided the segment was
+    /// unneeded from writes that may not be on disk (a relocation whose
+    /// fsync failed), and recovery reads only what is, so the file stays
+    /// for whatever the durable log still points into it.
     pub fn delete_segment(&self, id: SegmentId) -> Result<(), LogError> {
+        if self.shared.is_poisoned() {
+            return Err(self.shared.poison_error());
+        }
         let seg = self
             .shared
             .segments

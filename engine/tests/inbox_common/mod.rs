@@ -65,6 +65,21 @@ impl Harness {
         self.inbox = Some(Inbox::open(c).unwrap());
     }
 
+    /// Kills the engine: opens a copy of the data dir taken while the
+    /// engine runs (every write it made, as a killed process leaves them)
+    /// in a fresh directory, and abandons the old engine there, so no
+    /// shutdown checkpoint reaches the copy and recovery replays the log
+    /// after the last checkpoint written before the kill.
+    pub fn kill_restart(&mut self, tune: impl Fn(&mut InboxConfig)) {
+        let image = tempfile::tempdir().unwrap();
+        copy_running_dir(self.dir.path(), image.path());
+        drop(self.inbox.take());
+        self.dir = image;
+        let mut c = config(self.dir.path(), &self.clock);
+        tune(&mut c);
+        self.inbox = Some(Inbox::open(c).unwrap());
+    }
+
     pub fn advance(&self, d: Duration) {
         self.clock.advance(d);
     }
@@ -183,5 +198,28 @@ impl Harness {
             .unwrap()
             .acked_sync_seq;
         (events, gen, acked)
+    }
+}
+
+/// Copies a data dir an engine is running in. A file the checkpoint
+/// writer renames or removes during the copy is skipped: a kill at that
+/// moment could leave it either way.
+pub fn copy_running_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            copy_running_dir(&path, &to.join(entry.file_name()));
+        } else if let Err(e) = std::fs::copy(&path, to.join(entry.file_name())) {
+            assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::NotFound,
+                "{}: {e}",
+                path.display()
+            );
+        }
     }
 }

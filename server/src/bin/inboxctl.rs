@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
-use inbox_server::client::{Client, ClientError};
+use inbox_server::client::{Client, ClientError, ClientTls};
 use inbox_wire::*;
 use serde_json::{json, Map, Value};
 
@@ -29,9 +29,27 @@ struct Cli {
     /// Shared secret (prefer --token-file).
     #[arg(long, env = "INBOXCTL_TOKEN", hide_env_values = true, global = true)]
     token: Option<String>,
-    /// File holding the shared secret [default: ./data/token].
+    /// File holding the shared secret [default: ./data/token, or
+    /// ./data/admin_token for stats, explain, compact and checkpoint].
     #[arg(long, env = "INBOXCTL_TOKEN_FILE", global = true)]
     token_file: Option<PathBuf>,
+    /// PEM CA certificate(s) to trust: connect over TLS.
+    #[arg(long, env = "INBOXCTL_TLS_CA", global = true)]
+    tls_ca: Option<PathBuf>,
+    /// Name the server's certificate must carry [default: the address's IP].
+    #[arg(
+        long,
+        env = "INBOXCTL_TLS_SERVER_NAME",
+        global = true,
+        requires = "tls_ca"
+    )]
+    tls_server_name: Option<String>,
+    /// PEM client certificate, for servers that require mutual TLS.
+    #[arg(long, env = "INBOXCTL_TLS_CERT", global = true, requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "INBOXCTL_TLS_KEY", global = true, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     json: bool,
@@ -228,10 +246,6 @@ fn parse_cmid(text: Option<&str>) -> Result<u128, Failure> {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn unhex(text: &str) -> Result<Bytes, Failure> {
     if text.len() % 2 != 0 {
         return Err(Failure::Usage(
@@ -246,84 +260,9 @@ fn unhex(text: &str) -> Result<Bytes, Failure> {
         .map_err(|e| Failure::Usage(format!("bad hex: {e}")))
 }
 
-/// Bytes as text when they are printable UTF-8, else as `0x…` hex.
-fn text_or_hex(bytes: &[u8]) -> Value {
-    match std::str::from_utf8(bytes) {
-        Ok(text) if !text.chars().any(char::is_control) => json!(text),
-        _ => json!(format!("0x{}", hex(bytes))),
-    }
-}
-
-fn device_json(d: &DeviceInfo) -> Value {
-    json!({
-        "device": d.device,
-        "generation": d.generation,
-        "acked_sync_seq": d.acked_sync_seq,
-        "state": format!("{:?}", d.state).to_uppercase(),
-        "last_seen_ms": d.last_seen_ms,
-    })
-}
-
-fn event_json(e: &Event) -> Value {
-    match e {
-        Event::Known {
-            sync_seq,
-            kind,
-            body,
-        } => json!({
-            "sync_seq": sync_seq,
-            "kind": kind.name(),
-            "conv": body.conv,
-            "msg_seq": body.msg_seq,
-            "msg_id": body.msg_id,
-            "summary": text_or_hex(&body.summary),
-        }),
-        Event::Unknown { sync_seq, kind, .. } => {
-            json!({ "sync_seq": sync_seq, "kind": format!("unknown({kind})") })
-        }
-    }
-}
-
-fn message_json(m: &Message) -> Value {
-    let mut value = json!({
-        "msg_seq": m.msg_seq,
-        "msg_id": m.msg_id,
-        "from": m.sender,
-        "kind": format!("{:?}", m.kind).to_lowercase(),
-        "text": text_or_hex(&m.payload),
-    });
-    if let Some(target) = m.target {
-        value["target"] = json!(target);
-    }
-    if m.tombstone {
-        value["tombstone"] = json!(true);
-    }
-    value
-}
-
-fn conv_json(c: &ConvSummary) -> Value {
-    json!({
-        "conv": c.conv,
-        "unread": c.unread,
-        "read_seq": c.read_seq,
-        "last_msg_seq": c.last_msg_seq,
-        "last_from": c.last_sender,
-        "last": text_or_hex(&c.last_summary),
-        "last_activity_ms": c.last_activity_ms,
-        "muted": c.muted,
-        "pinned": c.pinned,
-    })
-}
-
-fn snapshot_json(s: &SnapshotInfo) -> Value {
-    json!({
-        "snapshot_id": s.snapshot_id,
-        "base_sync_seq": s.base_sync_seq,
-        "generation": s.generation,
-        "state": format!("{:?}", s.state).to_uppercase(),
-        "pages": s.pages,
-        "manifest_digest": hex(&s.manifest_digest),
-    })
+/// A reply as JSON, with the wire crate's field names.
+fn to_json<T: serde::Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
 }
 
 fn scalar(value: &Value) -> String {
@@ -372,7 +311,10 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                     uid: *uid,
                 })
                 .await?;
-            json!({ "conv": conv, "uid": uid, "msg_seq": r.msg_seq, "period_id": r.period_id })
+            let mut value = to_json(&r);
+            value["conv"] = json!(conv);
+            value["uid"] = json!(uid);
+            value
         }
         Command::Leave { conv, uid } => {
             let r = client
@@ -381,7 +323,10 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                     uid: *uid,
                 })
                 .await?;
-            json!({ "conv": conv, "uid": uid, "msg_seq": r.msg_seq, "period_id": r.period_id })
+            let mut value = to_json(&r);
+            value["conv"] = json!(conv);
+            value["uid"] = json!(uid);
+            value
         }
         Command::Send {
             conv,
@@ -399,7 +344,7 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                     payload: Bytes::from(text.clone().into_bytes()),
                 })
                 .await?;
-            json!({ "msg_id": r.msg_id, "msg_seq": r.msg_seq, "duplicate": r.duplicate })
+            to_json(&r)
         }
         Command::Recall {
             conv,
@@ -415,7 +360,7 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                     target: *msg_id,
                 })
                 .await?;
-            json!({ "msg_id": r.msg_id, "msg_seq": r.msg_seq, "duplicate": r.duplicate })
+            to_json(&r)
         }
         Command::Edit {
             conv,
@@ -433,7 +378,7 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                     payload: Bytes::from(text.clone().into_bytes()),
                 })
                 .await?;
-            json!({ "msg_id": r.msg_id, "msg_seq": r.msg_seq, "duplicate": r.duplicate })
+            to_json(&r)
         }
         Command::RegisterDevice { uid, device } => {
             let r = client
@@ -442,11 +387,9 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                     device: *device,
                 })
                 .await?;
-            let mut value = device_json(&r.device);
-            value["evicted"] = json!(r.evicted);
-            value
+            to_json(&r)
         }
-        Command::RevokeDevice { uid, device } => device_json(
+        Command::RevokeDevice { uid, device } => to_json(
             &client
                 .revoke_device(UserDevice {
                     uid: *uid,
@@ -456,7 +399,7 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
         ),
         Command::Devices { uid } => {
             let r = client.devices(UserReq { uid: *uid }).await?;
-            json!({ "devices": r.devices.iter().map(device_json).collect::<Vec<_>>() })
+            to_json(&r)
         }
         Command::Sync {
             uid,
@@ -479,19 +422,14 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                 .sync_to_end(*uid, *device, generation, local, *ack)
                 .await?;
             let mut value = json!({
-                "events": run.events.iter().map(event_json).collect::<Vec<_>>(),
+                "events": to_json(&run.events),
                 "pages": run.pages,
                 "generation": run.generation,
                 "batch_hwm": run.batch_hwm,
                 "acked_sync_seq": run.acked_sync_seq,
             });
             if let Some(lease) = run.lease {
-                value["lease"] = json!({
-                    "lease_id": lease.lease_id,
-                    "resume_from": lease.resume_from,
-                    "hwm": lease.hwm,
-                    "expires_at_ms": lease.expires_at_ms,
-                });
+                value["lease"] = to_json(&lease);
             }
             value
         }
@@ -511,7 +449,7 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                     batch_token: unhex(batch_token)?,
                 })
                 .await?;
-            json!({ "acked_sync_seq": r.acked_sync_seq })
+            to_json(&r)
         }
         Command::Pull { uid, convs, limit } => {
             let mut cursors = Vec::new();
@@ -533,12 +471,7 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                     cursors,
                 })
                 .await?;
-            json!({ "convs": r.convs.iter().map(|c| json!({
-                "conv": c.conv,
-                "max_seq": c.max_seq,
-                "has_more": c.has_more,
-                "messages": c.messages.iter().map(message_json).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>() })
+            to_json(&r)
         }
         Command::History {
             uid,
@@ -554,10 +487,7 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                     limit: *limit,
                 })
                 .await?;
-            json!({
-                "messages": r.messages.iter().map(message_json).collect::<Vec<_>>(),
-                "has_more": r.has_more,
-            })
+            to_json(&r)
         }
         Command::Read { uid, conv, to } => {
             let r = client
@@ -567,7 +497,9 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                     read_to_seq: *to,
                 })
                 .await?;
-            json!({ "conv": conv, "read_seq": r.read_seq, "unread": r.unread })
+            let mut value = to_json(&r);
+            value["conv"] = json!(conv);
+            value
         }
         Command::ConvList { uid, limit } => {
             let r = client
@@ -577,10 +509,7 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                     cursor: None,
                 })
                 .await?;
-            json!({
-                "convs": r.convs.iter().map(conv_json).collect::<Vec<_>>(),
-                "next_cursor": r.next_cursor.map(|c| hex(&c)),
-            })
+            to_json(&r)
         }
         Command::Snapshot { uid, device, ack } => {
             let info = client
@@ -589,7 +518,7 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                     device: *device,
                 })
                 .await?;
-            let mut value = snapshot_json(&info);
+            let mut value = to_json(&info);
             if info.state == SnapshotState::Ready {
                 let mut convs = Vec::new();
                 let mut messages = Vec::new();
@@ -601,8 +530,8 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                             page,
                         })
                         .await?;
-                    convs.extend(p.convs.iter().map(conv_json));
-                    messages.extend(p.messages.iter().map(message_json));
+                    convs.extend(p.convs.iter().map(to_json));
+                    messages.extend(p.messages.iter().map(to_json));
                 }
                 value["convs"] = json!(convs);
                 value["messages"] = json!(messages);
@@ -615,28 +544,12 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                             generation: info.generation,
                         })
                         .await?;
-                    value["device"] = device_json(&d);
+                    value["device"] = to_json(&d);
                 }
             }
             value
         }
-        Command::Stats => {
-            let s = client.stats(Empty {}).await?;
-            json!({
-                "users": s.users,
-                "conversations": s.conversations,
-                "devices": s.devices,
-                "messages": s.messages,
-                "events_live": s.events_live,
-                "write_batches": s.write_batches,
-                "fsyncs": s.fsyncs,
-                "fsync_latency_us_sum": s.fsync_latency_us_sum,
-                "bytes_on_disk": s.bytes_on_disk,
-                "index_bytes": s.index_bytes,
-                "compaction_bytes_reclaimed": s.compaction.bytes_reclaimed,
-                "compaction_events_reclaimed": s.compaction.events_reclaimed,
-            })
-        }
+        Command::Stats => to_json(&client.stats(Empty {}).await?),
         Command::Explain { uid, segment } => match (uid, segment) {
             (_, Some(text)) => {
                 let (stream, id) = text
@@ -651,43 +564,12 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                         segment: id,
                     })
                     .await?;
-                json!({
-                    "stream": r.stream, "segment": r.segment, "bytes": r.bytes,
-                    "live_bytes": r.live_bytes, "live_records": r.live_records,
-                    "held_by": r.held_by,
-                })
+                to_json(&r)
             }
-            (Some(uid), None) => {
-                let r = client.explain(UserReq { uid: *uid }).await?;
-                let fences: Vec<Value> = r
-                    .fences
-                    .iter()
-                    .map(|f| match f {
-                        Fence::DeviceAck { device, acked_sync_seq } => json!({"fence": "device_ack", "device": device, "acked_sync_seq": acked_sync_seq}),
-                        Fence::RecoveryLease { device, lease_id, resume_from } => json!({"fence": "recovery_lease", "device": device, "lease_id": lease_id, "resume_from": resume_from}),
-                        Fence::Snapshot { snapshot_id, base_sync_seq } => json!({"fence": "snapshot", "snapshot_id": snapshot_id, "base_sync_seq": base_sync_seq}),
-                        Fence::SafetyWindow { oldest_kept } => json!({"fence": "safety_window", "oldest_kept": oldest_kept}),
-                        Fence::Unknown { tag, body } => json!({"fence": "unknown", "tag": tag, "body_len": body.len()}),
-                    })
-                    .collect();
-                json!({
-                    "uid": r.uid, "oldest_retained": r.oldest_retained,
-                    "committed_sync_seq": r.committed_sync_seq, "floor": r.floor,
-                    "fences": fences,
-                })
-            }
+            (Some(uid), None) => to_json(&client.explain(UserReq { uid: *uid }).await?),
             (None, None) => return Err(Failure::Usage("give --uid or --segment".into())),
         },
-        Command::Compact => {
-            let r = client.compact(Empty {}).await?;
-            json!({
-                "events_reclaimed": r.events_reclaimed,
-                "bytes_reclaimed": r.bytes_reclaimed,
-                "bytes_rewritten": r.bytes_rewritten,
-                "segments_dropped": r.segments_dropped,
-                "segments_rewritten": r.segments_rewritten,
-            })
-        }
+        Command::Compact => to_json(&client.compact(Empty {}).await?),
         Command::Checkpoint => {
             client.checkpoint(Empty {}).await?;
             Value::Object(Map::from_iter([(
@@ -698,18 +580,46 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
     })
 }
 
+/// Commands the server runs only for the admin token.
+fn is_admin(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Stats | Command::Explain { .. } | Command::Compact | Command::Checkpoint
+    )
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let token = match (&cli.token, &cli.token_file) {
         (Some(token), _) => Bytes::from(token.clone().into_bytes()),
         (None, file) => {
-            let path = file
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("./data/token"));
+            let default = if is_admin(&cli.command) {
+                "./data/admin_token"
+            } else {
+                "./data/token"
+            };
+            let path = file.clone().unwrap_or_else(|| PathBuf::from(default));
             match inbox_server::config::read_token(&path) {
                 Ok(token) => token,
                 Err(err) => {
                     eprintln!("inboxctl: cannot read the token from {}: {err} (use --token or --token-file)", path.display());
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    };
+    let tls = match &cli.tls_ca {
+        None => None,
+        Some(ca) => {
+            let name = cli
+                .tls_server_name
+                .clone()
+                .unwrap_or_else(|| cli.addr.ip().to_string());
+            let identity = cli.tls_cert.as_deref().zip(cli.tls_key.as_deref());
+            match ClientTls::new(ca, &name, identity) {
+                Ok(tls) => Some(tls),
+                Err(err) => {
+                    eprintln!("inboxctl: {err}");
                     return ExitCode::from(2);
                 }
             }
@@ -726,7 +636,7 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        let client = Client::connect(cli.addr, token).await?;
+        let client = Client::connect_with(cli.addr, token, tls.as_ref()).await?;
         run(&cli, &client).await
     });
     match result {

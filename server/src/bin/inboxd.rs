@@ -5,7 +5,6 @@
 //! 0; everything else goes to the log on stderr.
 
 use std::io::Write as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -18,53 +17,134 @@ use inbox_server::config::{Config, ServeArgs};
     about = "The inboxd offline-message inbox and multi-device sync store"
 )]
 struct Cli {
+    /// Log format on stderr: `text` (coloured only on a terminal) or
+    /// `json` (one object per line).
+    #[arg(long, env = "INBOXD_LOG_FORMAT", default_value = "text", global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Serve the binary protocol and the metrics endpoint.
     Serve(Box<ServeArgs>),
-    /// Check every record of a data directory offline (the daemon must not
-    /// be running on it).
-    Verify {
-        #[arg(long, env = "INBOXD_DATA_DIR", default_value = "./data")]
-        data_dir: PathBuf,
+    /// Check every record of a data directory offline. Takes the
+    /// directory's lock, so it refuses while a daemon serves it. Reads the
+    /// same configuration as `serve` (only the data directory matters).
+    Verify(Box<ServeArgs>),
+    /// Print every record of the logs in readable form (bodies as lengths
+    /// only). Takes the directory's lock, like `verify`.
+    Dump {
+        #[command(flatten)]
+        args: Box<ServeArgs>,
+        /// Only this log.
+        #[arg(long)]
+        stream: Option<inbox_server::dump::Stream>,
+        /// Only this segment id.
+        #[arg(long)]
+        segment: Option<u32>,
     },
-    /// Open a data directory offline, write an index checkpoint, and exit.
-    Checkpoint {
-        #[arg(long, env = "INBOXD_DATA_DIR", default_value = "./data")]
-        data_dir: PathBuf,
-    },
-    /// Open a data directory offline, run one compaction pass, and exit.
-    Compact {
-        #[arg(long, env = "INBOXD_DATA_DIR", default_value = "./data")]
-        data_dir: PathBuf,
-    },
+    /// Open the store offline with `serve`'s configuration, write an index
+    /// checkpoint, and exit.
+    Checkpoint(Box<ServeArgs>),
+    /// Open the store offline with `serve`'s configuration, run one
+    /// compaction pass, and exit.
+    Compact(Box<ServeArgs>),
 }
 
-fn init_logs() {
+fn init_logs(format: LogFormat) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("INBOXD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        // Colour codes only help a human at a terminal; in journald or a
+        // file they are noise that breaks grep.
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().with_ansi(false).init(),
+    }
+}
+
+/// Threads whose panic leaves the engine unable to go on: the sequencer's
+/// state may be half-applied, or a round may never be written. The engine
+/// names them; see `Inbox::open` and `Log::open`.
+fn is_engine_thread(name: &str) -> bool {
+    name.starts_with("inbox-") || name == "log-writer"
+}
+
+/// Makes a panic on an engine thread fatal, after saying why.
+///
+/// Why a hook that aborts rather than `panic = "abort"` or a poison:
+/// a panic on a connection's task is contained by tokio (that client's
+/// connection drops, the rest are served), and the profile setting would
+/// turn every such bug into an outage. A panic on an engine thread is
+/// different: the thread is gone, requests queued to it would wait
+/// forever, and state it was applying may be half-changed in memory, so
+/// no reply could be trusted. Recovery from the log on disk is the only
+/// safe way on, and a restart is that recovery. Aborting (SIGABRT, a
+/// non-zero exit that a supervisor restarts) is simpler and safer than a
+/// poison flag that every caller would have to check.
+fn install_engine_panic_hook() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("");
+        if !is_engine_thread(name) {
+            return;
+        }
+        let reason = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown".to_string());
+        let location = info
+            .location()
+            .map_or_else(String::new, |l| format!(" at {}:{}", l.file(), l.line()));
+        tracing::error!(thread = name, reason = %reason, location = %location, "engine thread panicked: exiting; a restart recovers from the log");
+        eprintln!(
+            "inboxd: engine thread {name:?} panicked{location}: {reason}; \
+             the in-memory state can no longer be trusted, so inboxd exits now. \
+             Everything acknowledged is in the log; a restart recovers it."
+        );
+        std::process::abort();
+    }));
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logs();
+    init_logs(cli.log_format);
+    install_engine_panic_hook();
     match cli.command {
         Command::Serve(args) => serve(&args),
-        Command::Verify { data_dir } => verify(&data_dir),
-        Command::Checkpoint { data_dir } => offline(&data_dir, |inbox| {
+        Command::Verify(args) => match resolve(&args) {
+            Ok(config) => verify(&config.data_dir),
+            Err(code) => code,
+        },
+        Command::Dump {
+            args,
+            stream,
+            segment,
+        } => match resolve(&args) {
+            Ok(config) => dump(&config.data_dir, stream, segment),
+            Err(code) => code,
+        },
+        Command::Checkpoint(args) => offline(&args, |inbox| {
             inbox.checkpoint()?;
             println!("checkpoint written");
             Ok(())
         }),
-        Command::Compact { data_dir } => offline(&data_dir, |inbox| {
+        Command::Compact(args) => offline(&args, |inbox| {
             let report = inbox.compact()?;
             println!(
                 "events reclaimed {}, bytes reclaimed {}, bytes rewritten {}, segments dropped {}, segments rewritten {}",
@@ -79,13 +159,17 @@ fn main() -> ExitCode {
     }
 }
 
+fn resolve(args: &ServeArgs) -> Result<Config, ExitCode> {
+    Config::resolve(args).map_err(|err| {
+        eprintln!("inboxd: {err}");
+        ExitCode::from(2)
+    })
+}
+
 fn serve(args: &ServeArgs) -> ExitCode {
-    let config = match Config::resolve(args) {
+    let config = match resolve(args) {
         Ok(config) => config,
-        Err(err) => {
-            eprintln!("inboxd: {err}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -143,17 +227,20 @@ fn serve(args: &ServeArgs) -> ExitCode {
 }
 
 fn offline(
-    data_dir: &std::path::Path,
+    args: &ServeArgs,
     f: impl FnOnce(&inbox_engine::Inbox) -> inbox_engine::Result<()>,
 ) -> ExitCode {
-    let mut config = inbox_engine::InboxConfig::new(data_dir);
-    match inbox_server::config::load_batch_token_key(data_dir) {
-        Ok(key) => config.token_key = key,
+    let config = match resolve(args) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    let config = match inbox_server::config::load_batch_token_key(&config.data_dir) {
+        Ok(key) => config.engine_config(key),
         Err(err) => {
             eprintln!("inboxd: {err}");
             return ExitCode::FAILURE;
         }
-    }
+    };
     let result = inbox_engine::Inbox::open(config).and_then(|inbox| {
         f(&inbox)?;
         inbox.shutdown()
@@ -172,6 +259,11 @@ fn offline(
 /// acknowledged write. Corruption is a failure (exit 1).
 fn verify(data_dir: &std::path::Path) -> ExitCode {
     let mut corrupt = false;
+    // Both locks are held until the end, so no daemon starts halfway.
+    let _locks = match lock_logs(data_dir, "verify") {
+        Ok(locks) => locks,
+        Err(code) => return code,
+    };
     for stream in ["msg", "evt"] {
         let dir = data_dir.join(stream);
         if !dir.exists() {
@@ -216,6 +308,79 @@ fn verify(data_dir: &std::path::Path) -> ExitCode {
         ExitCode::FAILURE
     } else {
         println!("verify: ok");
+        ExitCode::SUCCESS
+    }
+}
+
+/// Takes the lock of each log directory that exists, or says why not.
+fn lock_logs(data_dir: &std::path::Path, what: &str) -> Result<Vec<std::fs::File>, ExitCode> {
+    let mut locks = Vec::new();
+    for stream in ["msg", "evt"] {
+        let dir = data_dir.join(stream);
+        if !dir.exists() {
+            continue;
+        }
+        match inbox_engine::log::lock_dir(&dir) {
+            Ok(lock) => locks.push(lock),
+            Err(err) => {
+                eprintln!(
+                    "inboxd: {err}\ninboxd: {what} reads the segments a running daemon writes; stop the daemon, or {what} a copy taken as docs/OPERATIONS.md describes"
+                );
+                return Err(ExitCode::from(2));
+            }
+        }
+    }
+    Ok(locks)
+}
+
+fn dump(
+    data_dir: &std::path::Path,
+    only: Option<inbox_server::dump::Stream>,
+    segment: Option<u32>,
+) -> ExitCode {
+    use inbox_server::dump::{dump_stream, Stream};
+    let _locks = match lock_logs(data_dir, "dump") {
+        Ok(locks) => locks,
+        Err(code) => return code,
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut damaged = false;
+    for stream in [Stream::Msg, Stream::Evt] {
+        if only.is_some_and(|o| o != stream) {
+            continue;
+        }
+        let dir = data_dir.join(stream.name());
+        if !dir.exists() {
+            let _ = writeln!(out, "{}: no log at {}", stream.name(), dir.display());
+            continue;
+        }
+        match dump_stream(&dir, stream, segment, &mut out) {
+            Ok(summary) => {
+                damaged |= summary.damaged > 0;
+                let _ = writeln!(
+                    out,
+                    "{}: {} segments, {} batches, {} records, {} segments stop early",
+                    stream.name(),
+                    summary.segments,
+                    summary.batches,
+                    summary.records,
+                    summary.damaged
+                );
+            }
+            // A closed pipe (`| head`) ends the dump quietly.
+            Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => return ExitCode::SUCCESS,
+            Err(err) => {
+                let _ = out.flush();
+                eprintln!("inboxd: {}: {err}", stream.name());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let _ = out.flush();
+    if damaged {
+        ExitCode::FAILURE
+    } else {
         ExitCode::SUCCESS
     }
 }

@@ -4,25 +4,50 @@
 //!
 //! The input is read 4 bytes per operation: join, leave, send (with small
 //! idempotency keys, so retries happen), recall, mark-read, register,
-//! sync-and-ACK, restart, an fsync failure after a countdown, compaction
-//! (with no safety window, so it reclaims whatever the fences allow) and
-//! checkpoint. The model keeps what was acknowledged and the rules
-//! every answer must follow:
+//! sync-and-ACK (pages of 1 to 8 events), restart, an fsync failure after a
+//! countdown, compaction (with no safety window, so it reclaims whatever
+//! the fences allow) and checkpoint. A restart is one of three:
+//!
+//! - a clean shutdown (the engine writes its final checkpoint);
+//! - a process kill: the data directory as it stands, copied while the
+//!   engine runs, is opened by a new engine and the old one is discarded,
+//!   so no shutdown checkpoint is written and recovery replays the `evt`
+//!   log after the last periodic or requested checkpoint;
+//! - a power cut: the logs as `FaultyIo::crash_image_tree` models them
+//!   (what was synced, plus a seeded prefix of the unsynced writes with the
+//!   last one torn) and the checkpoint files that were renamed into place
+//!   (the checkpoint writer fsyncs each file and its directory before the
+//!   rename is reported, so a renamed file is durable).
+//!
+//! Segments are 4 KiB and a checkpoint is written every 8 KiB of log, so a
+//! few dozen operations seal segments, compaction drops and rewrites them,
+//! and restarts replay after a checkpoint.
+//!
+//! The model keeps what was acknowledged and the rules every answer must
+//! follow:
 //!
 //! - no operation fails with an IO error unless a fault was injected, and
-//!   after an fsync failure nothing is acknowledged any more (fail-stop);
+//!   once an injected failure has fired nothing is acknowledged any more
+//!   (fail-stop; read from the IO layer, so checking costs no write);
 //! - a retried `(sender, client_msg_id)` returns the original ids with
-//!   `duplicate`, and a new message gets the next `msg_seq` of its
-//!   conversation;
+//!   `duplicate`, and a new message gets exactly the next `msg_seq` of its
+//!   conversation (one above the last acknowledged, unless an operation on
+//!   that conversation failed under a fault and may have reached the disk);
 //! - after every restart, every acknowledged send is served at its seq
 //!   with its body (a tombstone once its recall was acknowledged), every
-//!   acknowledged read cursor and device ACK is still in place, and
-//!   `msg_seq`s have no gap;
+//!   acknowledged read cursor and device ACK is still in place, and each
+//!   conversation's history holds `msg_seq` 1, 2, 3… with no gap;
 //! - after every operation, the per-segment reference counts compaction
 //!   decides by equal a recount of the index.
+//!
+//! Every case adds what it reached to process-wide [`Coverage`] counters;
+//! the corpus replay and `engine_model_reach` fail when a case these rules
+//! are about never happened.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::Path;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -32,18 +57,29 @@ use inbox_engine::*;
 const CONVS: u64 = 3;
 const USERS: u64 = 4;
 const DEVICES: u64 = 2;
-const OPS_MAX: usize = 64;
+/// 1,024 operations: `fuzz/run.sh` caps inputs at 4,096 bytes.
+const OPS_MAX: usize = 1024;
+const SEGMENT_BYTES: u64 = 4 << 10;
+const CHECKPOINT_EVERY_BYTES: u64 = 8 << 10;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Restart {
+    Clean,
+    Kill,
+    /// A power cut; the seed picks how much of the unsynced tail survives.
+    PowerCut(u64),
+}
 
 #[derive(Clone, Copy, Debug)]
 enum Op {
     Join(ConvId, Uid),
     Leave(ConvId, Uid),
-    Send(ConvId, Uid, ClientMsgId),
+    Send(ConvId, Uid, ClientMsgId, usize),
     Recall(ConvId, Uid, usize),
     MarkRead(Uid, ConvId),
     Register(Uid, DeviceId),
-    SyncAck(Uid, DeviceId),
-    Restart,
+    SyncAck(Uid, DeviceId, u32),
+    Restart(Restart),
     FailSyncAfter(u64),
     Compact,
     Checkpoint,
@@ -59,18 +95,160 @@ fn decode(data: &[u8]) -> Vec<Op> {
             match c[0] % 16 {
                 0 | 1 => Op::Join(conv, uid),
                 2 => Op::Leave(conv, uid),
-                3..=6 => Op::Send(conv, uid, ClientMsgId::from(c[3] % 8)),
+                3..=6 => Op::Send(
+                    conv,
+                    uid,
+                    ClientMsgId::from(c[3] % 8),
+                    usize::from(c[3] >> 3),
+                ),
                 7 => Op::Recall(conv, uid, usize::from(c[3])),
                 8 => Op::MarkRead(uid, conv),
                 9 => Op::Register(uid, device),
-                10 | 11 => Op::SyncAck(uid, device),
-                12 => Op::Restart,
+                10 | 11 => Op::SyncAck(uid, device, 1 + u32::from(c[1] >> 5)),
+                12 => Op::Restart(match c[1] % 3 {
+                    0 => Restart::Clean,
+                    1 => Restart::Kill,
+                    _ => Restart::PowerCut(u64::from(u16::from_le_bytes([c[2], c[3]]))),
+                }),
                 13 => Op::FailSyncAfter(1 + u64::from(c[1] % 4)),
                 14 => Op::Compact,
                 _ => Op::Checkpoint,
             }
         })
         .collect()
+}
+
+/// What the cases run so far in this process reached. A rule checked only
+/// on paths no case took proves nothing, so the tests that drive
+/// [`check`] fail when one of these stays at zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Coverage {
+    pub cases: u64,
+    pub operations: u64,
+    pub acknowledged_sends: u64,
+    pub clean_restarts: u64,
+    pub kill_restarts: u64,
+    pub power_cut_restarts: u64,
+    /// Restarts that loaded a checkpoint and then replayed records after it.
+    pub replays_after_checkpoint: u64,
+    /// `evt` and `msg` segments sealed (filled and followed by another).
+    pub segments_sealed: u64,
+    pub segments_dropped: u64,
+    pub segments_rewritten: u64,
+    pub events_reclaimed: u64,
+    /// Sync batches of more than one page.
+    pub multi_page_syncs: u64,
+    pub acks: u64,
+    pub recalls: u64,
+    pub retries_answered_duplicate: u64,
+    pub injected_failures_fired: u64,
+    /// Operations attempted after an injected failure fired, each of
+    /// which had to be refused if it wrote.
+    pub operations_after_failure: u64,
+}
+
+impl fmt::Display for Coverage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cases {} operations {} sends {} restarts clean/kill/power-cut {}/{}/{} \
+             replays-after-checkpoint {} segments sealed {} dropped {} rewritten {} \
+             events reclaimed {} multi-page syncs {} acks {} recalls {} duplicate retries {} \
+             injected failures fired {} operations after a failure {}",
+            self.cases,
+            self.operations,
+            self.acknowledged_sends,
+            self.clean_restarts,
+            self.kill_restarts,
+            self.power_cut_restarts,
+            self.replays_after_checkpoint,
+            self.segments_sealed,
+            self.segments_dropped,
+            self.segments_rewritten,
+            self.events_reclaimed,
+            self.multi_page_syncs,
+            self.acks,
+            self.recalls,
+            self.retries_answered_duplicate,
+            self.injected_failures_fired,
+            self.operations_after_failure,
+        )
+    }
+}
+
+impl Coverage {
+    fn fields(&self) -> [(&'static str, u64); 17] {
+        [
+            ("cases", self.cases),
+            ("operations", self.operations),
+            ("acknowledged sends", self.acknowledged_sends),
+            ("clean restarts", self.clean_restarts),
+            ("kill restarts", self.kill_restarts),
+            ("power-cut restarts", self.power_cut_restarts),
+            ("replays after a checkpoint", self.replays_after_checkpoint),
+            ("segments sealed", self.segments_sealed),
+            ("segments dropped", self.segments_dropped),
+            ("segments rewritten", self.segments_rewritten),
+            ("events reclaimed", self.events_reclaimed),
+            ("multi-page syncs", self.multi_page_syncs),
+            ("acks", self.acks),
+            ("recalls", self.recalls),
+            (
+                "retries answered duplicate",
+                self.retries_answered_duplicate,
+            ),
+            ("injected failures fired", self.injected_failures_fired),
+            ("operations after a failure", self.operations_after_failure),
+        ]
+    }
+
+    /// Panics naming every case that never happened.
+    pub fn assert_reached_everything(&self) {
+        let missing: Vec<&str> = self
+            .fields()
+            .iter()
+            .filter(|(_, n)| *n == 0)
+            .map(|(name, _)| *name)
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "engine_model never reached: {} (in {} cases: {self})",
+            missing.join(", "),
+            self.cases
+        );
+    }
+
+    fn add_to_totals(&self) {
+        for (total, (_, n)) in TOTALS.iter().zip(self.fields()) {
+            total.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+static TOTALS: [AtomicU64; 17] = [const { AtomicU64::new(0) }; 17];
+
+/// The coverage summed over every case run in this process.
+pub fn coverage() -> Coverage {
+    let n: Vec<u64> = TOTALS.iter().map(|t| t.load(Ordering::Relaxed)).collect();
+    Coverage {
+        cases: n[0],
+        operations: n[1],
+        acknowledged_sends: n[2],
+        clean_restarts: n[3],
+        kill_restarts: n[4],
+        power_cut_restarts: n[5],
+        replays_after_checkpoint: n[6],
+        segments_sealed: n[7],
+        segments_dropped: n[8],
+        segments_rewritten: n[9],
+        events_reclaimed: n[10],
+        multi_page_syncs: n[11],
+        acks: n[12],
+        recalls: n[13],
+        retries_answered_duplicate: n[14],
+        injected_failures_fired: n[15],
+        operations_after_failure: n[16],
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -92,10 +270,15 @@ struct Ledger {
     /// Highest acknowledged `msg_seq` per conversation (sends, joins,
     /// leaves and recalls all take one).
     head: BTreeMap<ConvId, MsgSeq>,
+    /// Conversations where an operation failed under a fault: it may have
+    /// reached the disk and taken a seq nobody acknowledged.
+    head_unsure: HashSet<ConvId>,
     recalled: HashSet<MsgId>,
     reads: HashMap<(Uid, ConvId), MsgSeq>,
     acks: HashMap<(Uid, DeviceId), SyncSeq>,
     generations: HashMap<(Uid, DeviceId), Generation>,
+    /// The body size each key was first sent with.
+    body_size: HashMap<(Uid, ClientMsgId), usize>,
 }
 
 impl Ledger {
@@ -118,32 +301,133 @@ impl Ledger {
         });
     }
 
+    /// A new record of `conv` was acknowledged at `seq`: exactly the next
+    /// one, unless an unacknowledged one may have landed in between.
     fn took_seq(&mut self, conv: ConvId, seq: MsgSeq) {
         let head = self.head.entry(conv).or_default();
-        assert!(
-            seq > *head,
-            "conv {conv}: acknowledged msg_seq {seq} is not above the previous {head}"
-        );
+        if self.head_unsure.remove(&conv) {
+            assert!(
+                seq > *head,
+                "conv {conv}: acknowledged msg_seq {seq} is not above the previous {head}"
+            );
+        } else {
+            assert_eq!(
+                seq,
+                *head + 1,
+                "conv {conv}: acknowledged msg_seq {seq} does not follow {head}"
+            );
+        }
         *head = seq;
+    }
+
+    /// An operation on `conv` failed under a fault.
+    fn may_have_landed(&mut self, conv: ConvId) {
+        self.head_unsure.insert(conv);
     }
 }
 
 fn config(dir: &Path) -> InboxConfig {
     let mut config = InboxConfig::new(dir);
-    config.segment_bytes = 16 << 10;
+    config.segment_bytes = SEGMENT_BYTES;
+    config.checkpoint_every_bytes = CHECKPOINT_EVERY_BYTES;
     // Events go as soon as every fence allows, so compaction trims, drops
-    // and rewrites segments within a short input.
+    // and rewrites segments within a short input; compaction runs only
+    // when an operation asks, so each case is reproducible.
     config.safety_window = std::time::Duration::ZERO;
+    config.compaction_interval = None;
     config.sync = SyncPolicy::Always;
     config.token_key = [7; 32];
     config
 }
 
-fn open(dir: &Path) -> (Inbox, Arc<FaultyIo>) {
+fn open(dir: &Path, after: &str) -> (Inbox, Arc<FaultyIo>) {
     let io = Arc::new(FaultyIo::new());
     let inbox = Inbox::open_with_io(config(dir), io.clone())
-        .unwrap_or_else(|e| panic!("reopening after acknowledged writes failed: {e}"));
+        .unwrap_or_else(|e| panic!("opening after {after} failed: {e}\n{}", describe_dir(dir)));
     (inbox, io)
+}
+
+/// Copies the files under `from` as a killed process leaves them: every
+/// write made so far, synced or not. A file that a background thread
+/// renames or removes while the copy runs is skipped, as a kill at that
+/// moment could see it either way.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create an image directory");
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let target = to.join(entry.file_name());
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else if let Err(e) = std::fs::copy(&path, &target) {
+            assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::NotFound,
+                "copy {}: {e}",
+                path.display()
+            );
+        }
+    }
+}
+
+/// The checkpoint files in place (not a writer's tmp file) under `from`.
+fn copy_renamed_checkpoints(from: &Path, to: &Path) {
+    let (from, to) = (from.join("checkpoint"), to.join("checkpoint"));
+    let Ok(entries) = std::fs::read_dir(&from) else {
+        return;
+    };
+    std::fs::create_dir_all(&to).expect("create the image's checkpoint directory");
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name.to_string_lossy().ends_with(".bin") {
+            let copied = std::fs::copy(entry.path(), to.join(&name));
+            if let Err(e) = copied {
+                assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "copy {name:?}: {e}");
+            }
+        }
+    }
+}
+
+/// The files of a data directory, for a failure message.
+fn describe_dir(dir: &Path) -> String {
+    let mut names = Vec::new();
+    for sub in ["checkpoint", "evt", "msg"] {
+        if let Ok(entries) = std::fs::read_dir(dir.join(sub)) {
+            let mut here: Vec<String> = entries
+                .flatten()
+                .map(|e| format!("{sub}/{}", e.file_name().to_string_lossy()))
+                .collect();
+            here.sort();
+            names.extend(here);
+        }
+    }
+    names.join(" ")
+}
+
+/// Segment files of both logs, relative to the data directory.
+fn segment_paths(dir: &Path) -> Vec<PathBuf> {
+    ["evt", "msg"]
+        .iter()
+        .filter_map(|log| Some((log, std::fs::read_dir(dir.join(log)).ok()?)))
+        .flat_map(|(log, entries)| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".seg"))
+                .map(move |e| Path::new(log).join(e.file_name()))
+        })
+        .collect()
+}
+
+/// Segment files across both logs.
+fn segment_files(dir: &Path) -> u64 {
+    ["evt", "msg"]
+        .iter()
+        .filter_map(|log| std::fs::read_dir(dir.join(log)).ok())
+        .flat_map(|entries| entries.flatten())
+        .filter(|e| e.path().is_file())
+        .count() as u64
 }
 
 /// An error a healthy engine may answer with: the request was refused by
@@ -160,45 +444,202 @@ fn refused_by_rules(error: &Error) -> bool {
     )
 }
 
+/// The state of the armed fault around one operation.
+#[derive(Clone, Copy)]
+struct Faults {
+    /// A failure is armed (or has fired) since the last restart.
+    armed: bool,
+    /// A failure had fired before this operation began.
+    fired_before: bool,
+}
+
 /// Checks a result: with no fault armed, only rule refusals are allowed.
-fn allowed<T>(result: &Result<T>, faulted: bool, what: &str) {
+fn allowed<T>(result: &Result<T>, faults: Faults, what: &str) {
     if let Err(error) = result {
+        if std::env::var_os("ENGINE_MODEL_TRACE").is_some() {
+            eprintln!("  {what}: {error}");
+        }
         assert!(
-            faulted || refused_by_rules(error),
+            faults.armed || refused_by_rules(error),
             "{what} failed with a storage error while no fault was injected: {error}"
         );
     }
 }
 
-fn sync_and_ack(inbox: &Inbox, ledger: &mut Ledger, uid: Uid, device: DeviceId, faulted: bool) {
+struct Run {
+    root: tempfile::TempDir,
+    /// The data directory of the current engine (each crash restart opens
+    /// its image in a fresh directory under `root`).
+    dir: PathBuf,
+    images: u32,
+    /// `None` only while a restart swaps engines.
+    inbox: Option<Inbox>,
+    io: Arc<FaultyIo>,
+    ledger: Ledger,
+    armed: bool,
+    coverage: Coverage,
+    /// Segment files created since the last restart, to count seals.
+    segments_at_open: u64,
+    /// Segment files (relative to the data directory) present when the
+    /// engine opened: every one but each log's last is sealed.
+    sealed_at_open: Vec<PathBuf>,
+}
+
+impl Run {
+    fn new() -> Self {
+        let root = super::scratch_dir();
+        let dir = root.path().join("data-0");
+        let (inbox, io) = open(&dir, "nothing");
+        Run {
+            root,
+            dir,
+            images: 0,
+            inbox: Some(inbox),
+            io,
+            ledger: Ledger::default(),
+            armed: false,
+            coverage: Coverage {
+                cases: 1,
+                ..Coverage::default()
+            },
+            segments_at_open: 0,
+            sealed_at_open: Vec::new(),
+        }
+    }
+
+    fn faults(&self) -> Faults {
+        Faults {
+            armed: self.armed,
+            fired_before: self.io.failures_fired() > 0,
+        }
+    }
+
+    /// A write was acknowledged: no injected failure may have fired before
+    /// or while it was made.
+    fn acknowledged(&self, what: &str) {
+        assert!(
+            self.io.segment_failures_fired() == 0,
+            "{what} acknowledged after an injected IO failure fired on a log segment"
+        );
+    }
+
+    fn count_seals(&mut self) {
+        let files = segment_files(&self.dir);
+        // Each log starts with one active segment; every one after it
+        // sealed the one before (compaction's drops only lower the count,
+        // so this undercounts, never overcounts).
+        self.coverage.segments_sealed += files.saturating_sub(self.segments_at_open.max(2));
+        self.segments_at_open = files.max(2);
+    }
+
+    fn restart(&mut self, how: Restart) {
+        self.count_seals();
+        self.coverage.injected_failures_fired += self.io.failures_fired();
+        let next = match how {
+            Restart::Clean => None,
+            Restart::Kill | Restart::PowerCut(_) => {
+                self.images += 1;
+                Some(self.root.path().join(format!("data-{}", self.images)))
+            }
+        };
+        match (how, &next) {
+            (Restart::Clean, _) | (_, None) => self.coverage.clean_restarts += 1,
+            (Restart::Kill, Some(image)) => {
+                copy_tree(&self.dir, image);
+                self.coverage.kill_restarts += 1;
+            }
+            (Restart::PowerCut(seed), Some(image)) => {
+                std::fs::create_dir_all(image).expect("create an image directory");
+                // Segments sealed before this engine opened are read
+                // without the IO layer, which therefore does not track
+                // them; they were durable then and are never written again.
+                for relative in &self.sealed_at_open {
+                    let from = self.dir.join(relative);
+                    if from.exists() {
+                        let to = image.join(relative);
+                        std::fs::create_dir_all(to.parent().expect("a log directory"))
+                            .expect("create an image log directory");
+                        std::fs::copy(&from, &to).expect("copy a sealed segment");
+                    }
+                }
+                self.io
+                    .crash_image_tree(&self.dir, image, Some(seed))
+                    .expect("write a power-cut image");
+                copy_renamed_checkpoints(&self.dir, image);
+                self.coverage.power_cut_restarts += 1;
+            }
+        }
+        // The old engine shuts down cleanly into its own directory; after
+        // a crash nothing reads that directory again.
+        drop(self.inbox.take());
+        if let Some(image) = next {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            self.dir = image;
+        }
+        let (inbox, io) = open(&self.dir, &format!("a {how:?} restart"));
+        self.inbox = Some(inbox);
+        self.io = io;
+        self.armed = false;
+        let report = self.inbox().recovery_report();
+        if report.checkpoint_lsn > 0 && report.records_replayed > 0 {
+            self.coverage.replays_after_checkpoint += 1;
+        }
+        self.segments_at_open = segment_files(&self.dir);
+        self.sealed_at_open = segment_paths(&self.dir);
+        check_durable(self.inbox(), &self.ledger);
+    }
+
+    fn inbox(&self) -> &Inbox {
+        self.inbox.as_ref().expect("an open engine")
+    }
+
+    /// Ends a case with a kill, so every case checks recovery without a
+    /// shutdown checkpoint at least once (clean restarts come from the
+    /// input).
+    fn finish(mut self) -> Coverage {
+        self.restart(Restart::Kill);
+        self.coverage.acknowledged_sends = self.ledger.sends.len() as u64;
+        self.coverage.recalls = self.ledger.recalled.len() as u64;
+        self.coverage
+    }
+}
+
+fn sync_and_ack(run: &mut Run, uid: Uid, device: DeviceId, limit: u32) {
     let key = (uid, device);
-    let Some(&generation) = ledger.generations.get(&key) else {
+    let Some(&generation) = run.ledger.generations.get(&key) else {
         return;
     };
-    let acked = ledger.acks.get(&key).copied().unwrap_or(0);
+    let faults = run.faults();
+    let acked = run.ledger.acks.get(&key).copied().unwrap_or(0);
     let mut request = SyncRequest {
         uid,
         device,
         generation: Some(generation),
         local_applied_seq: acked,
-        limit: 7,
+        limit,
         batch_token: None,
     };
+    let mut pages = 0;
     loop {
-        let page = inbox.sync(request.clone()).wait();
-        allowed(&page, faulted, "sync");
+        let page = run.inbox().sync(request.clone()).wait();
+        allowed(&page, faults, "sync");
         let Ok(page) = page else {
             return;
         };
-        ledger.generations.insert(key, page.generation);
+        pages += 1;
+        run.ledger.generations.insert(key, page.generation);
         if page.has_more {
             request.generation = Some(page.generation);
             request.local_applied_seq = page.next_cursor;
             request.batch_token = Some(page.batch_token);
             continue;
         }
+        if pages > 1 {
+            run.coverage.multi_page_syncs += 1;
+        }
         if page.next_cursor > page.acked_sync_seq {
-            let reply = inbox
+            let reply = run
+                .inbox()
                 .ack(AckRequest {
                     uid,
                     device,
@@ -207,23 +648,45 @@ fn sync_and_ack(inbox: &Inbox, ledger: &mut Ledger, uid: Uid, device: DeviceId, 
                     batch_token: page.batch_token.clone(),
                 })
                 .wait();
-            allowed(&reply, faulted, "ack");
+            allowed(&reply, faults, "ack");
             if let Ok(reply) = reply {
                 assert!(
                     reply.acked_sync_seq >= acked,
                     "ack moved device {key:?} back from {acked} to {}",
                     reply.acked_sync_seq
                 );
-                ledger.acks.insert(key, reply.acked_sync_seq);
+                if reply.acked_sync_seq > acked {
+                    run.acknowledged("ack");
+                    run.coverage.acks += 1;
+                }
+                run.ledger.acks.insert(key, reply.acked_sync_seq);
             }
         }
         if let Some(lease) = page.lease {
-            let finished = inbox
+            let finished = run
+                .inbox()
                 .finish_lease(uid, device, lease.lease_id, page.generation)
                 .wait();
-            allowed(&finished, faulted, "finish_lease");
+            allowed(&finished, faults, "finish_lease");
         }
         return;
+    }
+}
+
+/// Every `msg_seq` of `conv` that `uid` may read (its membership periods),
+/// paging back to the start; empty when `uid` was never a member.
+fn history_seqs(inbox: &Inbox, uid: Uid, conv: ConvId) -> Vec<MsgSeq> {
+    let mut seqs = Vec::new();
+    let mut before = None;
+    loop {
+        let Ok(page) = inbox.history(uid, conv, before, 100) else {
+            return seqs;
+        };
+        seqs.extend(page.messages.iter().map(|m| m.msg_seq));
+        match page.messages.last() {
+            Some(last) if page.has_more => before = Some(last.msg_seq),
+            _ => return seqs,
+        }
     }
 }
 
@@ -250,6 +713,21 @@ fn check_durable(inbox: &Inbox, ledger: &Ledger) {
             assert_eq!(message.payload, send.payload, "body of {send:?} changed");
         }
     }
+    // Each member reads only its own periods; together they cover every
+    // record from the first join on.
+    for (&conv, &head) in &ledger.head {
+        let seqs: std::collections::BTreeSet<MsgSeq> = (1..=USERS)
+            .flat_map(|uid| history_seqs(inbox, uid, conv))
+            .collect();
+        let top = seqs.last().copied().unwrap_or(0);
+        assert!(
+            top >= head,
+            "conv {conv}: history ends at {top}, below the acknowledged {head}"
+        );
+        let seqs: Vec<MsgSeq> = seqs.into_iter().collect();
+        let expected: Vec<MsgSeq> = (1..=top).collect();
+        assert_eq!(seqs, expected, "conv {conv}: msg_seqs are not 1..={top}");
+    }
     for (&(uid, conv), &read_seq) in &ledger.reads {
         let list = inbox.conv_list(uid, 100, None).expect("conv_list");
         let row = list.convs.iter().find(|c| c.conv == conv);
@@ -272,167 +750,208 @@ fn check_durable(inbox: &Inbox, ledger: &Ledger) {
     }
 }
 
+fn membership(run: &mut Run, op: Op, conv: ConvId, uid: Uid) {
+    let faults = run.faults();
+    let syncs_before = run.io.syncs();
+    let reply = if matches!(op, Op::Join(..)) {
+        run.inbox().join(conv, uid).wait()
+    } else {
+        run.inbox().leave(conv, uid).wait()
+    };
+    allowed(&reply, faults, "join/leave");
+    match reply {
+        Ok(reply) => {
+            // Joining as a member answers with the open period's join seq
+            // (idempotent); only a new record takes a seq.
+            let head = run.ledger.head.get(&conv).copied().unwrap_or(0);
+            let wrote = run.io.syncs() > syncs_before;
+            if reply.msg_seq > head && !wrote && run.ledger.head_unsure.contains(&conv) {
+                // The open period of a join that failed under a fault but
+                // reached the disk: answered without a write, which a
+                // stopped engine may do. Other failed operations may have
+                // landed after it, so the head stays unsure.
+                run.ledger.head.insert(conv, reply.msg_seq);
+            } else if reply.msg_seq > head {
+                run.acknowledged("join/leave");
+                run.ledger.took_seq(conv, reply.msg_seq);
+            }
+        }
+        Err(_) if faults.armed => run.ledger.may_have_landed(conv),
+        Err(_) => {}
+    }
+}
+
+fn send(run: &mut Run, conv: ConvId, sender: Uid, client_msg_id: ClientMsgId, size: usize) {
+    let faults = run.faults();
+    // Bodies of 12 to 400 bytes: enough to seal 4 KiB segments within a
+    // few dozen operations. The first send of a key fixes its body, so that
+    // a retry is the same request (a different body under a used key is
+    // CONFLICT).
+    let size = *run
+        .ledger
+        .body_size
+        .entry((sender, client_msg_id))
+        .or_insert(size);
+    let payload = Bytes::from(format!("m-{sender}-{client_msg_id}-").repeat(1 + size % 32));
+    let reply = run
+        .inbox()
+        .send(SendRequest {
+            conv,
+            sender,
+            client_msg_id,
+            msg_type: 1,
+            payload: payload.clone(),
+        })
+        .wait();
+    allowed(&reply, faults, "send");
+    let reply = match reply {
+        Ok(reply) => reply,
+        Err(_) => {
+            if faults.armed {
+                run.ledger.uncertain.insert((sender, client_msg_id));
+                run.ledger.may_have_landed(conv);
+            }
+            return;
+        }
+    };
+    let earlier = run.ledger.by_key.get(&(sender, client_msg_id)).copied();
+    match earlier {
+        Some(ids) => {
+            assert!(reply.duplicate, "a retried send made a second message");
+            assert_eq!((reply.msg_id, reply.msg_seq), ids, "retry changed ids");
+            run.coverage.retries_answered_duplicate += 1;
+        }
+        None if reply.duplicate => {
+            // Only a first attempt that failed under a fault may have
+            // reached the disk unacknowledged; this reply acknowledges it.
+            assert!(
+                run.ledger.uncertain.contains(&(sender, client_msg_id)),
+                "duplicate reported for a key never sent"
+            );
+            let head = run.ledger.head.entry(conv).or_default();
+            *head = (*head).max(reply.msg_seq);
+            // Its body is unknown to the ledger: empty means "any".
+            run.ledger
+                .acknowledge_send(conv, sender, client_msg_id, reply, Bytes::new());
+        }
+        None => {
+            run.acknowledged("send");
+            run.ledger.took_seq(conv, reply.msg_seq);
+            run.ledger
+                .acknowledge_send(conv, sender, client_msg_id, reply, payload);
+        }
+    }
+}
+
+fn recall(run: &mut Run, i: usize, conv: ConvId, sender: Uid, pick: usize) {
+    let own: Vec<MsgId> = run
+        .ledger
+        .sends
+        .iter()
+        .filter(|s| s.conv == conv && s.sender == sender)
+        .map(|s| s.msg_id)
+        .collect();
+    if own.is_empty() {
+        return;
+    }
+    let faults = run.faults();
+    let target = own[pick % own.len()];
+    let reply = run
+        .inbox()
+        .recall(RecallRequest {
+            conv,
+            sender,
+            client_msg_id: 1_000_000 + i as u128,
+            target,
+        })
+        .wait();
+    allowed(&reply, faults, "recall");
+    match reply {
+        Ok(reply) => {
+            run.acknowledged("recall");
+            run.ledger.took_seq(conv, reply.msg_seq);
+            run.ledger.recalled.insert(target);
+        }
+        Err(_) if faults.armed => run.ledger.may_have_landed(conv),
+        Err(_) => {}
+    }
+}
+
 /// Runs one fuzz case; panics on any disagreement.
 pub fn check(data: &[u8]) {
     let ops = decode(data);
-    let dir = super::scratch_dir();
-    let (mut inbox, mut io) = open(dir.path());
-    let mut ledger = Ledger::default();
-    // Set once an injected fsync failure may have fired: from then on
-    // storage errors are expected, and the engine must be fail-stop.
-    let mut faulted = false;
-    let mut poisoned = false;
-
+    // `ENGINE_MODEL_TRACE=1` prints each operation, to read a finding.
+    let trace = std::env::var_os("ENGINE_MODEL_TRACE").is_some();
+    let mut run = Run::new();
     for (i, op) in ops.iter().enumerate() {
+        let faults = run.faults();
+        if trace {
+            eprintln!(
+                "op {i}: {op:?} (failures fired {})",
+                run.io.failures_fired()
+            );
+        }
         match *op {
-            Op::Join(conv, uid) | Op::Leave(conv, uid) => {
-                let reply = if matches!(op, Op::Join(..)) {
-                    inbox.join(conv, uid).wait()
-                } else {
-                    inbox.leave(conv, uid).wait()
-                };
-                allowed(&reply, faulted, "join/leave");
-                if let Ok(reply) = reply {
-                    // Joining as a member answers with the open period's
-                    // join seq (idempotent); only a new record takes a seq.
-                    let head = ledger.head.get(&conv).copied().unwrap_or(0);
-                    if reply.msg_seq > head {
-                        assert!(!poisoned, "join/leave acknowledged after an fsync failure");
-                        ledger.took_seq(conv, reply.msg_seq);
-                    }
-                }
+            Op::Join(conv, uid) | Op::Leave(conv, uid) => membership(&mut run, *op, conv, uid),
+            Op::Send(conv, sender, client_msg_id, size) => {
+                send(&mut run, conv, sender, client_msg_id, size);
             }
-            Op::Send(conv, sender, client_msg_id) => {
-                // One body per key, so that a retry is the same request (a
-                // different body under a used key is CONFLICT).
-                let payload = Bytes::from(
-                    format!("m-{sender}-{client_msg_id}").repeat(1 + (client_msg_id % 5) as usize),
-                );
-                let reply = inbox
-                    .send(SendRequest {
-                        conv,
-                        sender,
-                        client_msg_id,
-                        msg_type: 1,
-                        payload: payload.clone(),
-                    })
-                    .wait();
-                allowed(&reply, faulted, "send");
-                if reply.is_err() && faulted {
-                    ledger.uncertain.insert((sender, client_msg_id));
-                }
-                if let Ok(reply) = reply {
-                    let earlier = ledger.by_key.get(&(sender, client_msg_id)).copied();
-                    match earlier {
-                        Some(ids) => {
-                            assert!(reply.duplicate, "a retried send made a second message");
-                            assert_eq!((reply.msg_id, reply.msg_seq), ids, "retry changed ids");
-                        }
-                        None if reply.duplicate => {
-                            // Only a first attempt that failed under a
-                            // fault may have reached the disk unacknowledged;
-                            // this reply acknowledges it now.
-                            assert!(
-                                faulted || ledger.uncertain.contains(&(sender, client_msg_id)),
-                                "duplicate reported for a key never sent"
-                            );
-                            // Its body is unknown to the ledger: empty
-                            // means "any".
-                            ledger.acknowledge_send(
-                                conv,
-                                sender,
-                                client_msg_id,
-                                reply,
-                                Bytes::new(),
-                            );
-                        }
-                        None => {
-                            assert!(!poisoned, "send acknowledged after an fsync failure");
-                            ledger.took_seq(conv, reply.msg_seq);
-                            ledger.acknowledge_send(conv, sender, client_msg_id, reply, payload);
-                        }
-                    }
-                }
-            }
-            Op::Recall(conv, sender, pick) => {
-                let own: Vec<MsgId> = ledger
-                    .sends
-                    .iter()
-                    .filter(|s| s.conv == conv && s.sender == sender)
-                    .map(|s| s.msg_id)
-                    .collect();
-                if own.is_empty() {
-                    continue;
-                }
-                let target = own[pick % own.len()];
-                let reply = inbox
-                    .recall(RecallRequest {
-                        conv,
-                        sender,
-                        client_msg_id: 1_000_000 + i as u128,
-                        target,
-                    })
-                    .wait();
-                allowed(&reply, faulted, "recall");
-                if let Ok(reply) = reply {
-                    assert!(!poisoned, "recall acknowledged after an fsync failure");
-                    ledger.took_seq(conv, reply.msg_seq);
-                    ledger.recalled.insert(target);
-                }
-            }
+            Op::Recall(conv, sender, pick) => recall(&mut run, i, conv, sender, pick),
             Op::MarkRead(uid, conv) => {
-                let head = ledger.head.get(&conv).copied().unwrap_or(0);
-                let reply = inbox.mark_read(uid, conv, head).wait();
-                allowed(&reply, faulted, "mark_read");
+                let head = run.ledger.head.get(&conv).copied().unwrap_or(0);
+                let reply = run.inbox().mark_read(uid, conv, head).wait();
+                allowed(&reply, faults, "mark_read");
                 if let Ok(reply) = reply {
-                    let before = ledger.reads.get(&(uid, conv)).copied().unwrap_or(0);
+                    let before = run.ledger.reads.get(&(uid, conv)).copied().unwrap_or(0);
                     assert!(reply.read_seq >= before, "read cursor moved back");
-                    ledger.reads.insert((uid, conv), reply.read_seq);
+                    if reply.read_seq > before {
+                        run.acknowledged("mark_read");
+                    }
+                    run.ledger.reads.insert((uid, conv), reply.read_seq);
                 }
             }
             Op::Register(uid, device) => {
-                let reply = inbox.register_device(uid, device).wait();
-                allowed(&reply, faulted, "register");
+                let reply = run.inbox().register_device(uid, device).wait();
+                allowed(&reply, faults, "register");
                 if let Ok(reply) = reply {
-                    ledger
+                    run.ledger
                         .generations
                         .insert((uid, device), reply.device.generation);
                     if let Some(evicted) = reply.evicted {
-                        ledger.generations.remove(&(uid, evicted));
+                        run.ledger.generations.remove(&(uid, evicted));
                     }
                 }
             }
-            Op::SyncAck(uid, device) => sync_and_ack(&inbox, &mut ledger, uid, device, faulted),
+            Op::SyncAck(uid, device, limit) => sync_and_ack(&mut run, uid, device, limit),
             Op::FailSyncAfter(n) => {
-                io.fail_nth_sync(n);
-                faulted = true;
+                run.io.fail_nth_sync(n);
+                run.armed = true;
             }
             Op::Compact => {
-                let report = inbox.compact();
-                allowed(&report, faulted, "compact");
+                let report = run.inbox().compact();
+                allowed(&report, faults, "compact");
+                if let Ok(report) = report {
+                    run.coverage.segments_dropped += report.segments_dropped;
+                    run.coverage.segments_rewritten += report.segments_rewritten;
+                    run.coverage.events_reclaimed += report.events_reclaimed;
+                }
             }
             Op::Checkpoint => {
-                let done = inbox.checkpoint();
-                allowed(&done, faulted, "checkpoint");
+                let done = run.inbox().checkpoint();
+                allowed(&done, faults, "checkpoint");
             }
-            Op::Restart => {
-                drop(inbox);
-                (inbox, io) = open(dir.path());
-                faulted = false;
-                poisoned = false;
-                check_durable(&inbox, &ledger);
-            }
+            Op::Restart(how) => run.restart(how),
         }
-        // Once the armed sync has fired, the engine must stay stopped.
-        if faulted && inbox.join(CONVS + 1, 1).wait().is_err() {
-            poisoned = true;
+        run.coverage.operations += 1;
+        // Once an injected failure has fired, the engine stays stopped: an
+        // acknowledged write after it already failed `Run::acknowledged`.
+        if faults.fired_before && !matches!(op, Op::Restart(_)) {
+            run.coverage.operations_after_failure += 1;
         }
         // The per-segment counts compaction decides by match the index.
-        if let Err(e) = inbox.check_segment_refs() {
+        if let Err(e) = run.inbox().check_segment_refs() {
             panic!("segment reference counts drifted: {e}");
         }
     }
-    drop(inbox);
-    let (inbox, _io) = open(dir.path());
-    check_durable(&inbox, &ledger);
+    run.finish().add_to_totals();
 }

@@ -4,12 +4,15 @@
 //! some are sealed), then the fuzz input is read as a list of damage
 //! operations applied to the segment files: bit flips, byte overwrites,
 //! truncations and garbage appended. Recovery must never panic. It either
-//! fails with a clear error, or returns a log whose records are exactly a
-//! prefix of the batches that were written, every one intact: a CRC-framed
-//! log can lose a torn tail, never invent or reorder a record.
+//! fails with a clear error, or returns exactly the longest prefix of the
+//! batches that were written whose bytes are intact, every record equal to
+//! what was written: a CRC-framed log can lose a torn tail, never invent or
+//! reorder a record, and never stop short at damage it did not report (a
+//! log cut silently at damage in its middle loses acknowledged data).
 
 use std::path::{Path, PathBuf};
 
+use inbox_engine::log::format::{BatchEncoder, BATCH_HEADER_LEN, SEGMENT_HEADER_LEN};
 use inbox_engine::log::{Batch, Log, LogOptions, SyncPolicy};
 
 const SEGMENT_BYTES: u64 = 16 << 10;
@@ -37,28 +40,76 @@ fn options(dir: &Path) -> LogOptions {
     options
 }
 
-fn write_reference_log(dir: &Path) {
-    let log = Log::open(options(dir)).expect("a fresh log opens");
-    for i in 0..BATCHES {
-        let mut batch = Batch::new();
-        for (kind, payload) in reference_batch(i) {
-            batch.push(kind, &payload);
-        }
-        log.append(batch)
-            .expect("appending to a fresh log succeeds");
-    }
-    log.flush().expect("flush succeeds");
+/// Where one batch of the reference log lies: its segment file's name and
+/// the byte range of its frame.
+#[derive(Clone, Debug)]
+struct Placement {
+    file: std::ffi::OsString,
+    start: usize,
+    end: usize,
 }
 
-/// The files of the reference log, written once per process: each case
-/// starts from a copy, so the fuzzer spends its time in recovery.
-fn reference_image() -> &'static [(std::ffi::OsString, Vec<u8>)] {
-    static IMAGE: std::sync::OnceLock<Vec<(std::ffi::OsString, Vec<u8>)>> =
-        std::sync::OnceLock::new();
-    IMAGE.get_or_init(|| {
+fn write_reference_log(dir: &Path) -> Vec<Placement> {
+    let log = Log::open(options(dir)).expect("a fresh log opens");
+    let mut placements = Vec::with_capacity(BATCHES);
+    for i in 0..BATCHES {
+        let records = reference_batch(i);
+        let mut batch = Batch::new();
+        for (kind, payload) in &records {
+            batch.push(*kind, payload);
+        }
+        let appended = log
+            .append(batch)
+            .expect("appending to a fresh log succeeds");
+        let first = appended.locs[0];
+        let start = first.offset as usize - BATCH_HEADER_LEN;
+        let len = BatchEncoder::frame_len(&records).expect("a small batch") as usize;
+        placements.push(Placement {
+            file: format!("{:010}.seg", first.segment).into(),
+            start,
+            end: start + len,
+        });
+    }
+    log.flush().expect("flush succeeds");
+    placements
+}
+
+/// The number of leading batches whose frames and segment headers are
+/// byte-for-byte as written: the longest prefix recovery can return.
+fn intact_prefix(dir: &Path) -> usize {
+    let (image, placements) = reference();
+    let original = |file: &std::ffi::OsString| {
+        image
+            .iter()
+            .find(|(name, _)| name == file)
+            .map(|(_, bytes)| bytes.as_slice())
+            .expect("every batch lies in a reference file")
+    };
+    placements
+        .iter()
+        .take_while(|p| {
+            let Ok(now) = std::fs::read(dir.join(&p.file)) else {
+                return false;
+            };
+            let was = original(&p.file);
+            now.len() >= p.end
+                && now[..SEGMENT_HEADER_LEN] == was[..SEGMENT_HEADER_LEN]
+                && now[p.start..p.end] == was[p.start..p.end]
+        })
+        .count()
+}
+
+type Image = Vec<(std::ffi::OsString, Vec<u8>)>;
+
+/// The files of the reference log and where each batch lies, written once
+/// per process: each case starts from a copy, so the fuzzer spends its
+/// time in recovery.
+fn reference() -> &'static (Image, Vec<Placement>) {
+    static REFERENCE: std::sync::OnceLock<(Image, Vec<Placement>)> = std::sync::OnceLock::new();
+    REFERENCE.get_or_init(|| {
         let dir = tempfile::tempdir().expect("a temp dir");
-        write_reference_log(dir.path());
-        files_under(dir.path())
+        let placements = write_reference_log(dir.path());
+        let image = files_under(dir.path())
             .into_iter()
             .map(|path| {
                 let name = path
@@ -69,7 +120,8 @@ fn reference_image() -> &'static [(std::ffi::OsString, Vec<u8>)] {
                 let bytes = std::fs::read(&path).expect("read a reference file");
                 (name, bytes)
             })
-            .collect()
+            .collect();
+        (image, placements)
     })
 }
 
@@ -130,11 +182,46 @@ fn apply_damage(files: &[PathBuf], op: &[u8]) {
     let _ = std::fs::write(path, bytes);
 }
 
+/// What the cases run so far in this process ended in: the prefix rule is
+/// only proved by cases that recovered a cut log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcomes {
+    pub cases: u64,
+    /// Refused with an error.
+    pub refused: u64,
+    /// Recovered every batch.
+    pub whole: u64,
+    /// Recovered a proper, non-empty prefix (a cut tail).
+    pub cut: u64,
+    /// Recovered nothing of a damaged first batch.
+    pub empty: u64,
+}
+
+static OUTCOMES: [std::sync::atomic::AtomicU64; 5] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 5];
+
+fn count(which: usize) {
+    OUTCOMES[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    OUTCOMES[which].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The outcomes of every case run in this process.
+pub fn outcomes() -> Outcomes {
+    let n = |i: usize| OUTCOMES[i].load(std::sync::atomic::Ordering::Relaxed);
+    Outcomes {
+        cases: n(0),
+        refused: n(1),
+        whole: n(2),
+        cut: n(3),
+        empty: n(4),
+    }
+}
+
 /// Runs one fuzz case. Panics (the fuzzer's finding) when recovery panics
 /// or when it returns records that are not a prefix of what was written.
 pub fn check(data: &[u8]) {
     let dir = super::scratch_dir();
-    for (name, bytes) in reference_image() {
+    for (name, bytes) in &reference().0 {
         let path = dir.path().join(name);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).expect("create the image's folders");
@@ -146,8 +233,10 @@ pub fn check(data: &[u8]) {
         apply_damage(&files, op);
     }
 
+    let intact = intact_prefix(dir.path());
     let Ok(log) = Log::open(options(dir.path())) else {
         // A clear error is an allowed outcome for damaged data.
+        count(1);
         return;
     };
     let mut recovered: Vec<(u64, u8, Vec<u8>)> = Vec::new();
@@ -156,6 +245,7 @@ pub fn check(data: &[u8]) {
         Ok(())
     });
     if replayed.is_err() {
+        count(1);
         return;
     }
 
@@ -178,6 +268,18 @@ pub fn check(data: &[u8]) {
             "recovered record {i} differs from what was written"
         );
     }
+    // The longest intact prefix, no shorter: every batch before the first
+    // damaged byte is recovered.
+    let batches = recovered.last().map_or(0, |(lsn, _, _)| *lsn as usize);
+    assert_eq!(
+        batches, intact,
+        "recovery returned {batches} batches; the first {intact} are intact"
+    );
+    count(match batches {
+        BATCHES => 2,
+        0 => 4,
+        _ => 3,
+    });
     // Whole batches only: the last recovered record closes its batch.
     if let Some((lsn, _, _)) = recovered.last() {
         let records_of_lsn = expected.iter().filter(|(l, _, _)| l == lsn).count();

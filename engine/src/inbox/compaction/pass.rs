@@ -12,12 +12,13 @@ use super::runtime::CompactionStep;
 use super::submit::*;
 use super::Command;
 use crate::api::*;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::inbox::effect::Effect;
 use crate::inbox::messaging::record::decode_msg_record;
 use crate::inbox::sequencer::Command as SeqCommand;
 use crate::inbox::shared::Shared;
 use crate::inbox::state::{unpack, PENDING_LOC};
+use crate::log::LogError;
 
 /// The background thread: one pass every `interval` until stopped.
 pub(crate) fn run_background(
@@ -50,6 +51,11 @@ pub(crate) fn run_background(
 pub(crate) fn pass(shared: &Shared, submit: Submit<'_>) -> Result<CompactionReport> {
     let rt = &shared.compaction;
     let _one_at_a_time = rt.pass_lock.lock();
+    // After a failed write the state may hold effects that are not on
+    // disk (a relocation, a trim): a pass would delete files by them.
+    if let Some(why) = shared.poisoned() {
+        return Err(Error::Log(LogError::Poisoned(why)));
+    }
     let mut report = CompactionReport::default();
     let result = (|| {
         reclaim_snapshots(shared, submit)?;

@@ -1,0 +1,79 @@
+//! The metrics port: OpenMetrics text from `prometheus-client` over HTTP,
+//! `/healthz` and `/readyz`, and scrapes that do not walk the store.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use inbox_tests::Daemon;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One HTTP/1.1 GET; returns the status line and the body.
+async fn get(daemon: &Daemon, path: &str) -> (String, String) {
+    let mut stream = tokio::net::TcpStream::connect(daemon.metrics_addr)
+        .await
+        .expect("metrics port");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.expect("read");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a full response");
+    let status = head.lines().next().unwrap_or_default().to_string();
+    (status, body.to_string())
+}
+
+#[tokio::test]
+async fn health_readiness_and_not_found() {
+    let data = inbox_tests::data_dir();
+    let daemon = Daemon::start(data.path());
+    assert!(get(&daemon, "/healthz").await.0.contains("200"));
+    let (status, body) = get(&daemon, "/readyz").await;
+    assert!(status.contains("200"), "{status}");
+    assert_eq!(body, "ready\n");
+    assert!(get(&daemon, "/nothing").await.0.contains("404"));
+}
+
+#[tokio::test]
+async fn engine_figures_are_exported_with_their_age() {
+    let data = inbox_tests::data_dir();
+    let daemon = Daemon::start(data.path());
+    let (status, text) = get(&daemon, "/metrics").await;
+    assert!(status.contains("200"), "{status}");
+    for line in [
+        "# TYPE inboxd_users gauge",
+        "# TYPE inboxd_write_batches counter",
+        "inboxd_write_batches_total ",
+        "inboxd_fsync_seconds_count ",
+        "inboxd_engine_stats_age_seconds ",
+        "inboxd_connections_open 0",
+        "# EOF",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from {text}");
+    }
+}
+
+/// Prints what a scrape costs on a store with many users and devices; the
+/// figure belongs in docs/OPERATIONS.md, not in an assertion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prints_what_a_scrape_costs_on_a_populated_store() {
+    const USERS: u64 = 2_000;
+    const SCRAPES: u32 = 200;
+    let data = inbox_tests::data_dir();
+    let daemon = Daemon::start_with(data.path(), &["--sync", "none"]);
+    let client = Arc::new(daemon.client().await);
+    let mut tasks = tokio::task::JoinSet::new();
+    for uid in 1..=USERS {
+        let client = Arc::clone(&client);
+        tasks.spawn(async move { inbox_tests::register(&client, uid, 1).await });
+    }
+    while tasks.join_next().await.is_some() {}
+    let started = Instant::now();
+    let mut bytes = 0;
+    for _ in 0..SCRAPES {
+        bytes += get(&daemon, "/metrics").await.1.len();
+    }
+    let per_scrape = started.elapsed() / SCRAPES;
+    eprintln!(
+        "scrape: {USERS} users, {SCRAPES} scrapes, {per_scrape:?} each (connect included), {} bytes each",
+        bytes / SCRAPES as usize
+    );
+}
