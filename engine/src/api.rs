@@ -1,6 +1,6 @@
 //! Request and reply types of the embedded [`crate::Inbox`] API.
 //!
-//! The vocabulary is SPEC.md's: `msg_seq` orders a conversation, `sync_seq`
+//! The vocabulary is that of `docs/SEMANTICS.md`: `msg_seq` orders a conversation, `sync_seq`
 //! orders a user's event stream, a device has a `generation` and an
 //! `acked_sync_seq`. The daemon translates wire frames into exactly these
 //! types and nothing more.

@@ -38,8 +38,21 @@ pub enum Error {
     Conflict(String),
     #[error("storage is full: {0}")]
     NoSpace(String),
+    /// The engine is shutting down or has shut down: nothing was done.
+    /// Clients may retry elsewhere or later (`UNAVAILABLE`).
+    #[error("the engine is shut down")]
+    ShuttingDown,
+    /// Stored data that passed its CRC does not decode: a bug or a disk
+    /// that lies. `what` names the record or file.
+    #[error("corrupt {what}: {reason}")]
+    Corruption { what: &'static str, reason: String },
+    /// The state machine found one of its own invariants broken; the
+    /// message says which. Never an expected condition.
+    #[error("broken invariant: {0}")]
+    Invariant(String),
     #[error(transparent)]
     Log(#[from] LogError),
+    /// Anything else unexpected (a panicked task, a thread that died).
     #[error("internal error: {0}")]
     Internal(String),
 }

@@ -305,6 +305,8 @@ fn run(ops: Vec<Op>) {
         }
         // What compaction counts per segment matches the index.
         h.ib().check_segment_refs().unwrap();
+        // So do the state machine's other invariants.
+        h.ib().check_invariants().unwrap();
         // Fences hold, and reclaimed events stay reclaimed.
         for uid in 1..=USERS {
             let x = h.ib().explain(uid).unwrap();

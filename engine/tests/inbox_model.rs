@@ -485,6 +485,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 );
             }
         }
+        // The state machine's own invariants hold after every step.
+        if let Err(e) = h.ib().check_invariants() {
+            return Err(TestCaseError::fail(format!("broken invariant: {e}")));
+        }
     }
     Ok(())
 }

@@ -25,7 +25,7 @@
 //! lock (so the copy is exactly the state at one LSN; users and
 //! conversations are `Arc`s, so the copy shares them and a later change
 //! clones what it touches). It hands the copy to the one checkpoint-writer
-//! thread ([`run_writer`]) and goes on at once; the writer encodes it
+//! thread (`run_writer`) and goes on at once; the writer encodes it
 //! straight into the file image ([`Image`]: header and body in one buffer
 //! sized from the previous checkpoint), drops it, and writes the file. Invariants:
 //! - one FIFO writer: checkpoints become durable strictly in LSN order, and
@@ -34,17 +34,21 @@
 //!   directory fsynced, or with the write error;
 //! - a write error is never fatal: a checkpoint is an optimisation, recovery
 //!   uses the older one or replays, so the logs are not poisoned.
-use std::fs;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+//!
+//! The writer thread itself is `sequencer/checkpoints.rs`.
 
-use super::codec::{DecodeError, DecodeResult, Reader, Writer};
-use super::command::{get_device_row, kind_code, kind_from_code, put_device_row};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::codec::{sorted, DecodeError, DecodeResult, Reader, Writer};
+use super::compaction::record as compaction;
+use super::devices::record as devices;
+use super::messaging::checkpoint as messaging;
+use super::snapshots::record as snapshots;
 use super::state::*;
-use crate::api::MsgSeq;
 use crate::error::{Error, Result};
+use crate::log::{write_file_durably, LogIo};
 
 const MAGIC: &[u8; 8] = b"INBXCKP1";
 /// Magic, LSN, body length.
@@ -54,23 +58,6 @@ pub(crate) const KEEP: usize = 2;
 
 pub(crate) fn dir(data_dir: &Path) -> PathBuf {
     data_dir.join("checkpoint")
-}
-
-fn sorted<K: Ord + Copy, V>(m: &std::collections::HashMap<K, V>) -> Vec<(K, &V)> {
-    let mut v: Vec<(K, &V)> = m.iter().map(|(k, v)| (*k, v)).collect();
-    v.sort_unstable_by_key(|(k, _)| *k);
-    v
-}
-
-fn convs_sorted_bases(st: &State) -> Vec<(u64, MsgSeq)> {
-    let mut v: Vec<(u64, MsgSeq)> = st
-        .convs
-        .iter()
-        .filter(|(_, c)| c.msgs_base > 0)
-        .map(|(id, c)| (*id, c.msgs_base))
-        .collect();
-    v.sort_unstable();
-    v
 }
 
 /// The canonical state encoding alone (the checkpoint body).
@@ -111,88 +98,34 @@ pub(crate) fn encode_image(st: &State, capacity: usize) -> Image {
     }
 }
 
+/// The body, section by section in a fixed order; each subsystem encodes
+/// the tables it owns (layout in `docs/FORMAT.md`, "Checkpoint file").
 fn encode_body(w: &mut Writer, st: &State) {
     w.u64(st.idem_ttl_ms);
     w.u64(st.next_msg_counter);
     w.u64(st.evt_lsn);
-    let convs = sorted(&st.convs);
-    w.u64(convs.len() as u64);
-    for (id, c) in convs {
-        w.u64(id);
-        w.u64(c.msgs.len() as u64);
-        for m in &c.msgs {
-            w.u64(m.loc);
-            w.u64(m.msg_id);
-            w.u64(m.sender);
-            w.u8(kind_code(m.kind));
-            w.u8(m.flags);
-        }
-        w.u64(c.members.len() as u64);
-        for (uid, periods) in &c.members {
-            w.u64(*uid);
-            w.u64(periods.len() as u64);
-            for p in periods {
-                w.u32(p.period_id);
-                w.u64(p.join_seq);
-                w.u64(p.leave_seq);
-            }
-        }
-    }
+    messaging::put_convs(w, st);
     let users = sorted(&st.users);
     w.u64(users.len() as u64);
     for (uid, u) in users {
         w.u64(uid);
+        // The user's event index: shared by every subsystem that appends
+        // events, so it stays here.
         w.u64(u.events_base);
         w.u64(u.events.len() as u64);
         for loc in &u.events {
             w.u64(*loc);
         }
-        w.u64(u.next_lease_id);
-        w.u64(u.devices.len() as u64);
-        for d in &u.devices {
-            put_device_row(w, &d.row);
-        }
-        let convs = sorted(&u.convs);
-        w.u64(convs.len() as u64);
-        for (conv, uc) in convs {
-            w.u64(conv);
-            w.u64(uc.read_seq);
-            w.u32(uc.unread);
-            w.u64(uc.last_msg_seq);
-            w.u64(uc.last_msg_id);
-            w.u64(uc.last_sender);
-            w.short_bytes(&uc.last_summary);
-            w.u64(uc.last_activity_ms);
-            w.bool(uc.muted);
-            w.bool(uc.pinned);
-        }
+        devices::put_user_devices(w, u);
+        messaging::put_user_convs(w, u);
     }
-    let idem = sorted(&st.idem);
-    w.u64(idem.len() as u64);
-    for ((uid, cmid), e) in idem {
-        w.u64(uid);
-        w.u128(cmid);
-        w.u64(e.conv);
-        w.u64(e.msg_id);
-        w.u64(e.msg_seq);
-        w.u64(e.at_ms);
-    }
-    w.u64(st.idem_order.len() as u64);
-    for (at, uid, cmid) in &st.idem_order {
-        w.u64(*at);
-        w.u64(*uid);
-        w.u128(*cmid);
-    }
-    super::fence::encode_checkpoint_section(w, st);
-    // Conversations whose history retention moved their base: the
-    // message list above holds only the retained messages. Last, so that
-    // a checkpoint written before retention existed still decodes.
-    let bases: Vec<(u64, MsgSeq)> = convs_sorted_bases(st);
-    w.u64(bases.len() as u64);
-    for (conv, base) in bases {
-        w.u64(conv);
-        w.u64(base);
-    }
+    messaging::put_idempotency(w, st);
+    snapshots::encode_checkpoint_section(w, st);
+    // Last and optional, so that a checkpoint written before history
+    // retention existed still decodes.
+    compaction::put_msg_bases(w, st);
+    // Optional too, after the bases: links of edits to their targets.
+    messaging::put_edit_links(w, st);
 }
 
 pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
@@ -200,34 +133,7 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
     let mut st = State::new(r.u64()?);
     st.next_msg_counter = r.u64()?;
     st.evt_lsn = r.u64()?;
-    for _ in 0..r.count(16)? {
-        let id = r.u64()?;
-        let mut c = Conv::default();
-        let n = r.count(26)?;
-        c.msgs.reserve_exact(n);
-        for _ in 0..n {
-            c.msgs.push(MsgMeta {
-                loc: r.u64()?,
-                msg_id: r.u64()?,
-                sender: r.u64()?,
-                kind: kind_from_code(r.u8()?)?,
-                flags: r.u8()?,
-            });
-        }
-        for _ in 0..r.count(16)? {
-            let uid = r.u64()?;
-            let mut periods = Vec::new();
-            for _ in 0..r.count(20)? {
-                periods.push(Period {
-                    period_id: r.u32()?,
-                    join_seq: r.u64()?,
-                    leave_seq: r.u64()?,
-                });
-            }
-            c.members.insert(uid, periods);
-        }
-        st.convs.insert(id, Arc::new(c));
-    }
+    messaging::get_convs(&mut r, &mut st)?;
     for _ in 0..r.count(40)? {
         let uid = r.u64()?;
         let mut u = User {
@@ -239,58 +145,17 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
         for _ in 0..n {
             u.events.push(r.u64()?);
         }
-        u.next_lease_id = r.u64()?;
-        for _ in 0..r.count(34)? {
-            u.devices.push(Device {
-                row: get_device_row(&mut r)?,
-                stamp: 0,
-            });
-        }
-        for _ in 0..r.count(60)? {
-            let conv = r.u64()?;
-            let uc = UserConv {
-                read_seq: r.u64()?,
-                unread: r.u32()?,
-                last_msg_seq: r.u64()?,
-                last_msg_id: r.u64()?,
-                last_sender: r.u64()?,
-                last_summary: r.short_bytes()?,
-                last_activity_ms: r.u64()?,
-                muted: r.bool()?,
-                pinned: r.bool()?,
-                stamp: 0,
-            };
-            u.order.insert(uc.key(conv));
-            u.convs.insert(conv, uc);
-        }
+        devices::get_user_devices(&mut r, &mut u)?;
+        messaging::get_user_convs(&mut r, &mut u)?;
         st.users.insert(uid, Arc::new(u));
     }
-    for _ in 0..r.count(56)? {
-        let key = (r.u64()?, r.u128()?);
-        st.idem.insert(
-            key,
-            IdemEntry {
-                conv: r.u64()?,
-                msg_id: r.u64()?,
-                msg_seq: r.u64()?,
-                at_ms: r.u64()?,
-            },
-        );
-    }
-    for _ in 0..r.count(32)? {
-        st.idem_order.push_back((r.u64()?, r.u64()?, r.u128()?));
-    }
-    super::fence::decode_checkpoint_section(&mut r, &mut st)?;
+    messaging::get_idempotency(&mut r, &mut st)?;
+    snapshots::decode_checkpoint_section(&mut r, &mut st)?;
     if !r.is_empty() {
-        for _ in 0..r.count(16)? {
-            let conv = r.u64()?;
-            let base = r.u64()?;
-            st.convs
-                .get_mut(&conv)
-                .map(Arc::make_mut)
-                .ok_or(DecodeError("message base of an unknown conv"))?
-                .msgs_base = base;
-        }
+        compaction::get_msg_bases(&mut r, &mut st)?;
+    }
+    if !r.is_empty() {
+        messaging::get_edit_links(&mut r, &mut st)?;
     }
     if !r.is_empty() {
         return Err(DecodeError("trailing bytes in checkpoint"));
@@ -352,7 +217,7 @@ fn io_err(e: std::io::Error) -> Error {
 
 /// The LSNs of the checkpoints on disk, newest first, made durable first
 /// (a rename a crash left unsynced is synced here), for
-/// [`super::Shared::checkpoints`] at open.
+/// [`Shared::checkpoints`] at open.
 pub(crate) fn durable_lsns(data_dir: &Path) -> Result<Vec<u64>> {
     let d = dir(data_dir);
     if d.is_dir() {
@@ -365,10 +230,11 @@ fn fsync_dir(d: &Path) -> Result<()> {
     fs::File::open(d).and_then(|f| f.sync_all()).map_err(io_err)
 }
 
-/// Writes a checkpoint image durably, then prunes all but the newest
-/// [`KEEP`]. On error the tmp file is removed (best effort; a leftover one
-/// is never listed) and older checkpoints are untouched.
-pub(crate) fn write(data_dir: &Path, image: Image) -> Result<()> {
+/// Writes a checkpoint image durably through `io` (the logs' IO layer, so
+/// fault injection and the power-cut model cover it), then prunes all but
+/// the newest [`KEEP`]. On error the tmp file is removed (best effort; a
+/// leftover one is never listed) and older checkpoints are untouched.
+pub(crate) fn write(io: &dyn LogIo, data_dir: &Path, image: Image) -> Result<()> {
     let Image { lsn, mut buf } = image;
     let crc = crc32fast::hash(&buf);
     buf.extend_from_slice(&crc.to_le_bytes());
@@ -380,27 +246,17 @@ pub(crate) fn write(data_dir: &Path, image: Image) -> Result<()> {
     // segments below it.
     let name = file_name(lsn, d.join(file_name(lsn, false)).exists());
     let tmp = d.join(format!("{name}.tmp"));
-    let written = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(&buf)?;
-        f.sync_all()?;
-        fs::rename(&tmp, d.join(&name))
-    })();
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(io_err(e));
-    }
-    fsync_dir(&d)?;
+    write_file_durably(io, &tmp, &d.join(&name), &buf).map_err(io_err)?;
     for (_, path) in list(data_dir)?.into_iter().skip(KEEP) {
-        fs::remove_file(&path).map_err(io_err)?;
+        io.remove(&path).map_err(io_err)?;
     }
-    remove_stale_tmp(&d);
-    fsync_dir(&d)
+    remove_stale_tmp(io, &d);
+    io.sync_dir(&d).map_err(io_err)
 }
 
 /// Removes tmp files left by a write cut short by a crash. Only the one
 /// writer thread makes tmp files, and it has none in progress here.
-fn remove_stale_tmp(d: &Path) {
+fn remove_stale_tmp(io: &dyn LogIo, d: &Path) {
     let Ok(entries) = fs::read_dir(d) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name();
@@ -409,80 +265,8 @@ fn remove_stale_tmp(d: &Path) {
             .is_some_and(|n| n.starts_with("ckpt-") && n.ends_with(".bin.tmp"));
         if stale && entry.file_type().is_ok_and(|t| t.is_file()) {
             // Best effort: a leftover tmp file is never listed anyway.
-            let _ = fs::remove_file(entry.path());
+            let _ = io.remove(&entry.path());
         }
-    }
-}
-
-/// Who is told when a checkpoint job is done.
-pub(crate) enum Done {
-    /// A `Checkpoint` command or shutdown: gets the write's result.
-    Caller(mpsc::Sender<Result<()>>),
-    /// A periodic checkpoint: an error is logged; the flag is cleared so
-    /// the sequencer may hand off the next one.
-    Periodic(Arc<AtomicBool>),
-}
-
-impl Done {
-    pub fn finish(self, lsn: u64, result: Result<()>) {
-        match self {
-            // A caller that stopped listening needs no answer.
-            Done::Caller(tx) => drop(tx.send(result)),
-            Done::Periodic(busy) => {
-                if let Err(e) = result {
-                    tracing::warn!(lsn, error = %e, "periodic checkpoint failed; recovery uses the previous one or replays, and another is taken later");
-                }
-                busy.store(false, Ordering::Release);
-            }
-        }
-    }
-}
-
-pub(crate) enum Job {
-    /// A copy of the state at one LSN (taken in O(users + conversations):
-    /// see [`State`]), encoded and written by the writer thread.
-    Write { state: Box<State>, done: Done },
-    /// Answered once every job queued before it is finished.
-    Barrier(mpsc::Sender<()>),
-}
-
-/// Called on the writer thread with the LSN of each checkpoint before its
-/// file is written (tests hold the writer there).
-pub(crate) type Hook = Arc<dyn Fn(u64) + Send + Sync>;
-
-/// The checkpoint-writer thread: writes images in the order received until
-/// every sender is gone (the sequencer's, dropped when it stops after the
-/// final checkpoint).
-pub(crate) fn run_writer(shared: Arc<super::Shared>, rx: mpsc::Receiver<Job>) {
-    // Buffer size for the next image: the last one's, with room to grow.
-    let mut capacity = 0;
-    while let Ok(job) = rx.recv() {
-        let (state, done) = match job {
-            Job::Write { state, done } => (state, done),
-            Job::Barrier(tx) => {
-                let _ = tx.send(());
-                continue;
-            }
-        };
-        let hook = shared.checkpoint_hook.lock().clone();
-        if let Some(h) = hook {
-            h(state.evt_lsn);
-        }
-        let image = encode_image(&state, capacity);
-        // The copy shares entries with the live state: drop it at once, so
-        // that changes made from now on no longer clone what they touch.
-        drop(state);
-        capacity = image.file_len() + image.file_len() / 8;
-        let lsn = image.lsn;
-        let result = write(&shared.config.data_dir, image);
-        if result.is_ok() {
-            // Every file listed now is durable: the new one's rename was
-            // fsynced, and the others were before.
-            if let Ok(files) = list(&shared.config.data_dir) {
-                *shared.checkpoints.lock() = files.iter().map(|(lsn, _)| *lsn).collect();
-            }
-        }
-        done.finish(lsn, result);
     }
 }
 
@@ -515,6 +299,7 @@ pub(crate) fn read(path: &Path) -> std::result::Result<(u64, State), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log::PwriteIo;
 
     #[test]
     fn a_second_checkpoint_at_the_same_lsn_is_kept_as_a_separate_copy() {
@@ -524,22 +309,37 @@ mod tests {
             st.evt_lsn = lsn;
             encode_image(&st, 0)
         };
-        write(tmp.path(), image(5)).unwrap();
-        write(tmp.path(), image(5)).unwrap();
+        write(&PwriteIo, tmp.path(), image(5)).unwrap();
+        write(&PwriteIo, tmp.path(), image(5)).unwrap();
         let lsns: Vec<u64> = list(tmp.path()).unwrap().iter().map(|(l, _)| *l).collect();
         assert_eq!(lsns, [5, 5], "both retained checkpoints cover LSN 5");
         for (_, path) in list(tmp.path()).unwrap() {
             assert_eq!(read(&path).unwrap().0, 5);
         }
-        write(tmp.path(), image(5)).unwrap();
+        write(&PwriteIo, tmp.path(), image(5)).unwrap();
         assert_eq!(
             list(tmp.path()).unwrap().len(),
             2,
             "a third copy replaces the second"
         );
-        write(tmp.path(), image(7)).unwrap();
+        write(&PwriteIo, tmp.path(), image(7)).unwrap();
         let lsns: Vec<u64> = list(tmp.path()).unwrap().iter().map(|(l, _)| *l).collect();
         assert_eq!(lsns, [7, 5], "the newest two are kept");
+    }
+
+    #[test]
+    fn a_checkpoint_written_before_edit_links_decodes_with_none() {
+        let mut st = State::new(0);
+        let conv = Arc::make_mut(st.convs.entry(7).or_default());
+        conv.edits.insert(1, vec![2]);
+        let body = encode_state(&st);
+        assert_eq!(decode_state(&body).unwrap(), st, "links round-trip");
+        // The same state as an older writer encoded it: no links section.
+        let mut old = st.clone();
+        Arc::make_mut(old.convs.get_mut(&7).unwrap()).edits.clear();
+        let mut older = encode_state(&old);
+        older.truncate(older.len() - 8);
+        assert_eq!(decode_state(&older).unwrap(), old);
     }
 
     #[test]

@@ -13,314 +13,60 @@
 //! stops taking commands, lets the sequencer hand off the final checkpoint
 //! and joins them all once it is durable.
 //!
-//! Submodules:
-//! - [`command`]: the records written to the `msg` and `evt` logs;
-//! - [`state`]: the tables and the one deterministic `apply`;
-//! - [`sequencer`]: rounds, group commit across both logs, completion;
-//! - [`sync`]: devices, sync batches, ACKs, recovery leases;
-//! - [`token`]: HMAC batch tokens;
-//! - [`read`]: sync pages, pull, history, conversation list;
-//! - [`checkpoint`], [`recover`]: R22;
-//! - [`fence`], [`snapshot`], [`compaction`]: fences and the reclaim
-//!   floor, snapshots for reset devices, compaction (R18, R19).
+//! The floor plan, top down (a file only uses files below it):
+//! - this file: the [`Inbox`] API; it turns calls into commands, and reads
+//!   into the subsystems' read functions;
+//! - [`sequencer`]: the generic round-and-commit engine, and its
+//!   completion stage; [`round`]: what a decision hands it;
+//! - the subsystems, each owning its commands, decide functions, records
+//!   (codec and `apply`) and reads: [`messaging`], [`devices`],
+//!   [`snapshots`], [`compaction`] (whose pass is a client of the
+//!   sequencer, like this API);
+//! - [`effect`]: the list of every `evt` record kind and the one `apply`;
+//! - [`checkpoint`], [`recover`]: checkpoints and replay (R22);
+//! - [`shared`], [`state`]: the tables, with their invariants; [`codec`],
+//!   [`token`]: byte helpers and batch tokens;
+//! - `crate::log`: the segment logs, which know nothing of the inbox.
+//!
+//! `docs/ARCHITECTURE.md` draws the same plan with the path of one send.
 
 mod checkpoint;
 mod codec;
-mod command;
 mod compaction;
-mod fence;
-mod read;
+mod config;
+mod devices;
+mod effect;
+mod messaging;
+mod pending;
 mod recover;
-pub use recover::RecoveryReport;
-mod seg_refs;
+mod round;
 mod sequencer;
-mod snapshot;
+mod shared;
+mod snapshots;
 mod state;
-mod sync;
 mod token;
 
 pub use compaction::{CompactionStep, SpaceUsage};
+pub use config::{Clock, InboxConfig, ManualClock, SystemClock};
+pub use pending::Pending;
+pub use recover::RecoveryReport;
+pub use shared::Hint;
 
-use std::future::Future;
-use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
-use std::task::{Context, Poll};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::api::*;
 use crate::error::{Error, Result};
-use crate::log::{IoBackend, Log, LogError, LogOptions, SyncPolicy};
-use command::{summary_for, StoredPayload};
+use crate::log::{Log, LogError, LogOptions, SyncPolicy};
+use messaging::record::{summary_for, StoredPayload, MESSAGE_OVERHEAD_MAX};
+use pending::Reply;
+use round::Tx;
 use sequencer::Command;
-use state::State;
-
-/// A source of wall-clock time. The sequencer stamps every command with it,
-/// and the stamp is logged, so replay never reads the clock.
-pub trait Clock: Send + Sync + std::fmt::Debug {
-    fn now_ms(&self) -> TimestampMs;
-}
-
-#[derive(Debug, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_ms(&self) -> TimestampMs {
-        let since_epoch = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX)
-    }
-}
-
-/// A clock tests move by hand.
-#[derive(Debug, Default)]
-pub struct ManualClock(std::sync::atomic::AtomicU64);
-
-impl ManualClock {
-    pub fn new(now_ms: TimestampMs) -> Self {
-        Self(std::sync::atomic::AtomicU64::new(now_ms))
-    }
-    pub fn advance(&self, by: Duration) {
-        let by_ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
-        self.0.fetch_add(by_ms, std::sync::atomic::Ordering::SeqCst);
-    }
-    pub fn set(&self, now_ms: TimestampMs) {
-        self.0.store(now_ms, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-impl Clock for ManualClock {
-    fn now_ms(&self) -> TimestampMs {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-/// Everything the engine can be configured with. [`InboxConfig::new`] gives
-/// the SPEC.md defaults.
-#[derive(Clone, Debug)]
-pub struct InboxConfig {
-    pub data_dir: PathBuf,
-    pub segment_bytes: u64,
-    pub sync: SyncPolicy,
-    pub io: IoBackend,
-    /// Server key for `batch_token` HMACs.
-    pub token_key: [u8; 32],
-    pub batch_token_ttl: Duration,
-    pub payload_bytes_max: u32,
-    pub devices_per_user_max: u32,
-    pub device_ttl: Duration,
-    pub recovery_lease_ttl: Duration,
-    /// A gap (server ACK minus local position) up to this many events gets a
-    /// recovery lease; a larger one gets `RESET_REQUIRED`.
-    pub recovery_lease_events_max: u64,
-    pub sync_page_default: u32,
-    pub sync_page_max: u32,
-    pub pull_per_conv_default: u32,
-    pub pull_per_conv_max: u32,
-    pub snapshot_messages_per_conv: u32,
-    pub snapshot_ttl: Duration,
-    pub safety_window: Duration,
-    pub hard_ttl: Duration,
-    /// `None` keeps messages forever (the default).
-    pub history_retention: Option<Duration>,
-    /// A sealed segment whose live fraction falls below this is rewritten.
-    /// Dead bytes in sealed segments are then at most `1 / fraction - 1` of
-    /// the live ones: 0.7 keeps space amplification under 1.5x.
-    pub rewrite_live_fraction: f64,
-    /// Compaction rewrite budget, bytes per second.
-    pub compaction_bytes_per_s: u64,
-    /// How often the background compaction pass runs; `None` runs none
-    /// (then only [`Inbox::compact`] compacts).
-    pub compaction_interval: Option<Duration>,
-    /// Write an index checkpoint after this many log bytes (R22).
-    pub checkpoint_every_bytes: u64,
-    pub idempotency_ttl: Duration,
-    pub clock: Arc<dyn Clock>,
-}
-
-impl InboxConfig {
-    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        const DAY: Duration = Duration::from_secs(24 * 3600);
-        Self {
-            data_dir: data_dir.into(),
-            segment_bytes: 128 << 20,
-            sync: SyncPolicy::Always,
-            io: IoBackend::default(),
-            token_key: [0; 32],
-            batch_token_ttl: Duration::from_secs(600),
-            payload_bytes_max: 64 << 10,
-            devices_per_user_max: 5,
-            device_ttl: 30 * DAY,
-            recovery_lease_ttl: Duration::from_secs(600),
-            recovery_lease_events_max: 10_000,
-            sync_page_default: 100,
-            sync_page_max: 500,
-            pull_per_conv_default: 50,
-            pull_per_conv_max: 500,
-            snapshot_messages_per_conv: 20,
-            snapshot_ttl: Duration::from_secs(3600),
-            safety_window: 7 * DAY,
-            hard_ttl: 30 * DAY,
-            history_retention: None,
-            rewrite_live_fraction: 0.7,
-            compaction_bytes_per_s: 64 << 20,
-            compaction_interval: Some(Duration::from_secs(60)),
-            checkpoint_every_bytes: 256 << 20,
-            idempotency_ttl: 7 * DAY,
-            clock: Arc::new(SystemClock),
-        }
-    }
-}
-
-/// How a reply is delivered: a finished result, or a closure that builds
-/// it on the caller's thread (sync pages read their events there, so the
-/// sequencer never reads the log).
-pub(crate) enum Reply<T> {
-    Done(Result<T>),
-    Later(Box<dyn FnOnce() -> Result<T> + Send>),
-}
-
-impl<T> Reply<T> {
-    fn finish(self) -> Result<T> {
-        match self {
-            Reply::Done(r) => r,
-            Reply::Later(f) => f(),
-        }
-    }
-}
-
-/// A reply that is released once the command behind it is durable.
-///
-/// Await it from async code, or call [`Pending::wait`] from a plain thread.
-pub struct Pending<T>(tokio::sync::oneshot::Receiver<Reply<T>>);
-
-impl<T> Pending<T> {
-    /// A pending reply and the sender that completes it.
-    pub(crate) fn channel() -> (tokio::sync::oneshot::Sender<Reply<T>>, Self) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        (tx, Self(rx))
-    }
-
-    pub(crate) fn ready(result: Result<T>) -> Self {
-        let (tx, pending) = Self::channel();
-        // The receiver is alive in `pending`, so the send cannot fail.
-        let _ = tx.send(Reply::Done(result));
-        pending
-    }
-
-    /// Blocks until the reply is ready. Must not be called from inside an
-    /// async runtime; await the `Pending` there instead.
-    pub fn wait(self) -> Result<T> {
-        match self.0.blocking_recv() {
-            Ok(reply) => reply.finish(),
-            Err(_) => Err(stopped()),
-        }
-    }
-}
-
-fn stopped() -> Error {
-    Error::Internal("engine stopped before replying".into())
-}
-
-impl<T> Future for Pending<T> {
-    type Output = Result<T>;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0)
-            .poll(cx)
-            .map(|received| match received {
-                Ok(reply) => reply.finish(),
-                Err(_) => Err(stopped()),
-            })
-    }
-}
-
-/// A committed-high-watermark hint for push subscribers (R16): the user's
-/// events up to `committed_sync_seq` are durable and can be synced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Hint {
-    pub uid: Uid,
-    pub committed_sync_seq: SyncSeq,
-}
-
-#[derive(Default)]
-struct Progress {
-    /// Every round up to this one is finished (durable or failed).
-    settled: u64,
-    /// Set on the first write/fsync failure: the first round that may not
-    /// be durable, and why.
-    poisoned: Option<(u64, String)>,
-}
-
-/// What the sequencer, the completion stage and readers share.
-pub(crate) struct Shared {
-    config: InboxConfig,
-    state: RwLock<State>,
-    msg_log: Log,
-    evt_log: Log,
-    progress: Mutex<Progress>,
-    progress_cv: Condvar,
-    hints: tokio::sync::broadcast::Sender<Vec<Hint>>,
-    rounds_written: AtomicU64,
-    recovery: RecoveryReport,
-    snapshots: snapshot::Store,
-    compaction: compaction::Runtime,
-    checkpoint_hook: Mutex<Option<checkpoint::Hook>>,
-    /// LSNs of the retained checkpoints known to be durable (renamed and
-    /// the directory fsynced), newest first: compaction counts coverage by
-    /// these, never by a file that a crash could still take back.
-    checkpoints: Mutex<Vec<u64>>,
-}
-
-impl Shared {
-    fn settle(&self, round: u64) {
-        let mut p = self.progress.lock();
-        p.settled = p.settled.max(round);
-        self.progress_cv.notify_all();
-    }
-
-    fn wait_settled(&self, round: u64) {
-        let mut p = self.progress.lock();
-        while p.settled < round {
-            self.progress_cv.wait(&mut p);
-        }
-    }
-
-    /// Whether a change made in `round` may be revealed; an error if it
-    /// never will be because the engine is poisoned.
-    fn is_settled(&self, round: u64) -> Result<bool> {
-        let p = self.progress.lock();
-        if let Some((first_bad, why)) = &p.poisoned {
-            if round >= *first_bad {
-                return Err(Error::Log(LogError::Poisoned(why.clone())));
-            }
-        }
-        Ok(p.settled >= round)
-    }
-
-    fn poison(&self, why: String) {
-        let mut p = self.progress.lock();
-        if p.poisoned.is_none() {
-            tracing::error!(reason = %why, "inbox engine poisoned: refusing every mutation until restart");
-            let first_bad = p.settled + 1;
-            p.poisoned = Some((first_bad, why));
-        }
-        self.progress_cv.notify_all();
-    }
-
-    fn poisoned(&self) -> Option<String> {
-        self.progress
-            .lock()
-            .poisoned
-            .as_ref()
-            .map(|(_, why)| why.clone())
-    }
-}
+use shared::{Progress, Shared};
 
 /// The embedded inbox. Cheap to share: wrap it in an `Arc`.
 pub struct Inbox {
@@ -374,8 +120,8 @@ impl Inbox {
             hints,
             rounds_written: AtomicU64::new(0),
             recovery,
-            snapshots: snapshot::Store::default(),
-            compaction: compaction::Runtime::default(),
+            snapshots: snapshots::store::Store::default(),
+            compaction: compaction::runtime::Runtime::default(),
             checkpoint_hook: Mutex::new(None),
             checkpoints: Mutex::new(checkpoints),
         });
@@ -396,13 +142,13 @@ impl Inbox {
             // the final checkpoint is written.
             std::thread::Builder::new()
                 .name("inbox-checkpoint".into())
-                .spawn(move || checkpoint::run_writer(writer_shared, ckpt_rx))
+                .spawn(move || sequencer::checkpoints::run_writer(writer_shared, ckpt_rx))
                 .map_err(LogError::Io)?,
             // Exits once the sequencer and the completion stage (whose
             // begin-snapshot replies hold its queue) have stopped.
             std::thread::Builder::new()
                 .name("inbox-snapshot".into())
-                .spawn(move || snapshot::run_builder(builder_shared, snap_rx))
+                .spawn(move || snapshots::build::run_builder(builder_shared, snap_rx))
                 .map_err(LogError::Io)?,
             std::thread::Builder::new()
                 .name("inbox-sequencer".into())
@@ -410,14 +156,14 @@ impl Inbox {
                 .map_err(LogError::Io)?,
             std::thread::Builder::new()
                 .name("inbox-completion".into())
-                .spawn(move || sequencer::run_completion(completion_shared, done_rx))
+                .spawn(move || sequencer::completion::run_completion(completion_shared, done_rx))
                 .map_err(LogError::Io)?,
         ];
         if let Some((shared, tx, every)) = compaction {
             threads.push(
                 std::thread::Builder::new()
                     .name("inbox-compaction".into())
-                    .spawn(move || compaction::run_background(shared, tx, every))
+                    .spawn(move || compaction::pass::run_background(shared, tx, every))
                     .map_err(LogError::Io)?,
             );
         }
@@ -428,16 +174,16 @@ impl Inbox {
         })
     }
 
-    fn submit<T>(&self, make: impl FnOnce(sequencer::Tx<T>) -> Command) -> Pending<T> {
+    fn submit<T, C: Into<Command>>(&self, make: impl FnOnce(Tx<T>) -> C) -> Pending<T> {
         let (tx, pending) = Pending::channel();
         let sent = match &*self.tx.lock() {
-            Some(s) => s.send(make(tx)).is_ok(),
+            Some(s) => s.send(make(tx).into()).is_ok(),
             None => false,
         };
         if sent {
             pending
         } else {
-            Pending::ready(Err(Error::Internal("engine is shut down".into())))
+            Pending::ready(Err(Error::ShuttingDown))
         }
     }
 
@@ -458,16 +204,16 @@ impl Inbox {
     pub fn payload_limit(&self) -> u64 {
         let round = sequencer::round_bytes_max(self.shared.config.segment_bytes);
         u64::from(self.shared.config.payload_bytes_max)
-            .min(round.saturating_sub(command::MESSAGE_OVERHEAD_MAX))
+            .min(round.saturating_sub(MESSAGE_OVERHEAD_MAX))
     }
 
     /// Joins `uid` to `conv` (creating the conversation on its first
     /// join). Joining while already a member returns the open period.
     pub fn join(&self, conv: ConvId, uid: Uid) -> Pending<MembershipReply> {
-        self.submit(|tx| Command::Join { conv, uid, tx })
+        self.submit(|tx| messaging::Command::Join { conv, uid, tx })
     }
     pub fn leave(&self, conv: ConvId, uid: Uid) -> Pending<MembershipReply> {
-        self.submit(|tx| Command::Leave { conv, uid, tx })
+        self.submit(|tx| messaging::Command::Leave { conv, uid, tx })
     }
 
     #[expect(
@@ -495,7 +241,7 @@ impl Inbox {
         // thread, so the sequencer only copies bytes.
         let stored = StoredPayload::new(payload);
         let summary = summary_for(kind, payload, target, sender);
-        self.submit(|tx| Command::Send {
+        self.submit(|tx| messaging::Command::Send {
             kind,
             conv,
             sender,
@@ -542,14 +288,14 @@ impl Inbox {
         )
     }
     pub fn register_device(&self, uid: Uid, device: DeviceId) -> Pending<RegisterReply> {
-        self.submit(|tx| Command::Register { uid, device, tx })
+        self.submit(|tx| devices::Command::Register { uid, device, tx })
     }
     pub fn revoke_device(&self, uid: Uid, device: DeviceId) -> Pending<DeviceInfo> {
-        self.submit(|tx| Command::Revoke { uid, device, tx })
+        self.submit(|tx| devices::Command::Revoke { uid, device, tx })
     }
     /// Every registered device of `uid`, revoked ones included.
     pub fn devices(&self, uid: Uid) -> Result<Vec<DeviceInfo>> {
-        read::devices(&self.shared, uid)
+        devices::read::devices(&self.shared, uid)
     }
     /// R9/R10. A `limit` of 0 means the default page size.
     ///
@@ -568,21 +314,21 @@ impl Inbox {
         };
         // After shutdown every sync gets the sequencer's "shut down" answer.
         if self.tx.lock().is_some() {
-            match read::sync_unchanged(&self.shared, now, &req, claims.as_ref()) {
+            match devices::read::sync_unchanged(&self.shared, now, &req, claims.as_ref()) {
                 Some(Err(e)) => return Pending::ready(Err(e)),
                 Some(Ok(plan)) => {
                     let (tx, pending) = Pending::channel();
                     let shared = Arc::clone(&self.shared);
                     // The receiver is alive in `pending`, so this cannot fail.
                     let _ = tx.send(Reply::Later(Box::new(move || {
-                        read::sync_page(&shared, &plan)
+                        devices::read::sync_page(&shared, &plan)
                     })));
                     return pending;
                 }
                 None => {}
             }
         }
-        self.submit(|tx| Command::Sync { req, claims, tx })
+        self.submit(|tx| devices::Command::Sync { req, claims, tx })
     }
     pub fn ack(&self, req: AckRequest) -> Pending<AckReply> {
         let claims = match token::verify(
@@ -593,7 +339,7 @@ impl Inbox {
             Ok(c) => c,
             Err(e) => return Pending::ready(Err(e)),
         };
-        self.submit(|tx| Command::Ack { req, claims, tx })
+        self.submit(|tx| devices::Command::Ack { req, claims, tx })
     }
     pub fn finish_lease(
         &self,
@@ -602,7 +348,7 @@ impl Inbox {
         lease_id: u64,
         generation: Generation,
     ) -> Pending<DeviceInfo> {
-        self.submit(|tx| Command::FinishLease {
+        self.submit(|tx| devices::Command::FinishLease {
             uid,
             device,
             lease_id,
@@ -617,7 +363,7 @@ impl Inbox {
         cursors: &[(ConvId, MsgSeq)],
         per_conv_limit: u32,
     ) -> Result<Vec<ConvPull>> {
-        read::pull(&self.shared, uid, cursors, per_conv_limit)
+        messaging::read::pull(&self.shared, uid, cursors, per_conv_limit)
     }
     /// Pages backwards from `before_seq` (exclusive; `None` = from the head).
     pub fn history(
@@ -627,10 +373,10 @@ impl Inbox {
         before_seq: Option<MsgSeq>,
         limit: u32,
     ) -> Result<HistoryPage> {
-        read::history(&self.shared, uid, conv, before_seq, limit)
+        messaging::read::history(&self.shared, uid, conv, before_seq, limit)
     }
     pub fn mark_read(&self, uid: Uid, conv: ConvId, read_to_seq: MsgSeq) -> Pending<ReadReply> {
-        self.submit(|tx| Command::MarkRead {
+        self.submit(|tx| messaging::Command::MarkRead {
             uid,
             conv,
             read_to_seq,
@@ -638,7 +384,7 @@ impl Inbox {
         })
     }
     pub fn set_conv_flags(&self, uid: Uid, conv: ConvId, flags: ConvFlags) -> Pending<()> {
-        self.submit(|tx| Command::Flags {
+        self.submit(|tx| messaging::Command::Flags {
             uid,
             conv,
             flags,
@@ -646,22 +392,22 @@ impl Inbox {
         })
     }
     pub fn conv_list(&self, uid: Uid, limit: u32, cursor: Option<Bytes>) -> Result<ConvListPage> {
-        read::conv_list(&self.shared, uid, limit, cursor)
+        messaging::read::conv_list(&self.shared, uid, limit, cursor)
     }
     /// R18: in one step, bumps the device's generation, sets it RESETTING
     /// and freezes `base_sync_seq` at the user's sync head; the reply comes
     /// once the snapshot is built and READY. The build runs on the
     /// snapshot-builder thread: dropping the `Pending` does not stop it.
     pub fn begin_snapshot(&self, uid: Uid, device: DeviceId) -> Pending<SnapshotInfo> {
-        self.submit(|tx| Command::BeginSnapshot { uid, device, tx })
+        self.submit(|tx| snapshots::Command::Begin { uid, device, tx })
     }
     pub fn snapshot_info(&self, uid: Uid, snapshot_id: u64) -> Result<SnapshotInfo> {
-        snapshot::info_of(&self.shared, uid, snapshot_id)
+        snapshots::build::info_of(&self.shared, uid, snapshot_id)
     }
     /// One page of a READY snapshot; pages never change, so an interrupted
     /// install fetches the same bytes again.
     pub fn snapshot_page(&self, uid: Uid, snapshot_id: u64, page: u32) -> Result<SnapshotPage> {
-        snapshot::page_of(&self.shared, uid, snapshot_id, page)
+        snapshots::build::page_of(&self.shared, uid, snapshot_id, page)
     }
     /// Finishes an install: the device becomes ACTIVE at `acked = S`, only
     /// if it is still RESETTING in the snapshot's generation.
@@ -672,7 +418,7 @@ impl Inbox {
         snapshot_id: u64,
         generation: Generation,
     ) -> Pending<DeviceInfo> {
-        self.submit(|tx| Command::AckSnapshot {
+        self.submit(|tx| snapshots::Command::Ack {
             uid,
             device,
             snapshot_id,
@@ -688,20 +434,20 @@ impl Inbox {
             Some(s) => s.send(c).is_ok(),
             None => false,
         };
-        compaction::pass(&self.shared, &submit)
+        compaction::pass::pass(&self.shared, &submit)
     }
     /// What holds `uid`'s events back from compaction (R19).
     pub fn explain(&self, uid: Uid) -> Result<UserExplain> {
-        compaction::explain(&self.shared, uid)
+        compaction::explain::explain(&self.shared, uid)
     }
     /// What holds a segment (`"evt"` or `"msg"`) back from being dropped.
     pub fn explain_segment(&self, stream: &str, segment: u32) -> Result<SegmentExplain> {
-        compaction::explain_segment(&self.shared, stream, segment)
+        compaction::explain::explain_segment(&self.shared, stream, segment)
     }
     /// Bytes on disk and bytes still needed per stream.
     #[doc(hidden)]
     pub fn space_usage(&self) -> Result<SpaceUsage> {
-        compaction::space_usage(&self.shared)
+        compaction::explain::space_usage(&self.shared)
     }
     /// Calls `hook` between the steps of every compaction pass (crash
     /// tests take an image of the data directory there).
@@ -726,9 +472,9 @@ impl Inbox {
             None => false,
         };
         if !sent {
-            return Err(Error::Internal("engine is shut down".into()));
+            return Err(Error::ShuttingDown);
         }
-        rx.recv().unwrap_or_else(|_| Err(stopped()))
+        rx.recv().unwrap_or(Err(Error::ShuttingDown))
     }
     pub fn stats(&self) -> Stats {
         let st = self.shared.state.read();
@@ -778,9 +524,9 @@ impl Inbox {
         };
         let (tx, rx) = mpsc::channel();
         let result = if sender.send(Command::Shutdown { tx }).is_ok() {
-            rx.recv().unwrap_or_else(|_| Err(stopped()))
+            rx.recv().unwrap_or(Err(Error::ShuttingDown))
         } else {
-            Err(stopped())
+            Err(Error::ShuttingDown)
         };
         drop(sender);
         for t in self.threads.lock().drain(..) {
@@ -809,6 +555,14 @@ impl Inbox {
     #[doc(hidden)]
     pub fn check_segment_refs(&self) -> std::result::Result<(), String> {
         self.shared.state.read().check_seg_refs()
+    }
+
+    /// Checks every invariant of the state machine (watermark order,
+    /// cursors, membership periods, unread recounts, segment reference
+    /// counts); says which one is broken. O(state): for tests.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.shared.state.read().check_invariants()
     }
     /// Bytes of the event index (packed locations) and of the message
     /// index (per-message metadata), for BENCHMARKS.md.

@@ -1,5 +1,5 @@
 //! Recovery (R22): the newest valid checkpoint, then the `evt` log after
-//! its LSN, applied with the same [`State::apply`] the sequencer uses.
+//! its LSN, applied with the same `Effect::apply` the sequencer uses.
 //!
 //! A checkpoint that fails its checks is skipped with a warning and an
 //! older one (or a full replay) is used instead: the log still holds every
@@ -8,9 +8,10 @@
 //! startup fails rather than silently serving less.
 
 use super::checkpoint;
-use super::command::{pack, Effect};
-use super::state::{State, Touched};
-use super::InboxConfig;
+use super::config::InboxConfig;
+use super::effect::Effect;
+use super::state::record::Touched;
+use super::state::{pack, State};
 use crate::error::{Error, Result};
 use crate::log::{Log, LogError};
 
@@ -36,10 +37,13 @@ pub(crate) fn load_state_reporting(
     let mut state = None;
     for (lsn, path) in checkpoint::list(&cfg.data_dir)? {
         if lsn > durable {
-            return Err(Error::Internal(format!(
-                "checkpoint {} covers evt LSN {lsn} but the log ends at {durable}: log data is missing",
-                path.display()
-            )));
+            return Err(Error::Corruption {
+                what: "data directory",
+                reason: format!(
+                    "checkpoint {} covers evt LSN {lsn} but the log ends at {durable}: log data is missing",
+                    path.display()
+                ),
+            });
         }
         match checkpoint::read(&path) {
             Ok((_, st)) => {
@@ -58,11 +62,14 @@ pub(crate) fn load_state_reporting(
     // that starts after the state's LSN has lost records this replay needs.
     if let Some(first) = evt.segments().first() {
         if first.first_lsn > after + 1 && durable > after {
-            return Err(Error::Internal(format!(
-                "evt log starts at LSN {} but the newest usable checkpoint covers only LSN {after}: \
-                 log data is missing",
-                first.first_lsn
-            )));
+            return Err(Error::Corruption {
+                what: "data directory",
+                reason: format!(
+                    "evt log starts at LSN {} but the newest usable checkpoint covers only LSN \
+                     {after}: log data is missing",
+                    first.first_lsn
+                ),
+            });
         }
     }
     let mut replayed = 0u64;
@@ -74,8 +81,8 @@ pub(crate) fn load_state_reporting(
         };
         let effect =
             Effect::decode(kind, payload).map_err(|e| corrupt(format!("evt record: {}", e.0)))?;
-        state
-            .apply(&effect, pack(loc), 0, &mut Touched::default())
+        effect
+            .apply(&mut state, pack(loc), 0, &mut Touched::default())
             .map_err(|e| corrupt(format!("evt record does not apply: {}", e.0)))?;
         state.evt_lsn = lsn;
         replayed += 1;
@@ -87,6 +94,11 @@ pub(crate) fn load_state_reporting(
         "inbox state recovered"
     );
     state.commit_all();
+    if cfg!(debug_assertions) {
+        state
+            .check_invariants()
+            .map_err(|e| Error::Invariant(format!("after recovery: {e}")))?;
+    }
     // The compactor has not looked at any segment yet in this process.
     state.evt_refs.mark_all_dirty();
     state.msg_refs.mark_all_dirty();

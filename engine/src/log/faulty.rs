@@ -63,6 +63,22 @@ struct Model {
     syncs: u64,
     /// Injected failures (EIO on a write or a sync) that have fired.
     failures_fired: u64,
+    /// Those of them that hit a log segment (`*.seg`).
+    segment_failures_fired: u64,
+}
+
+impl Model {
+    fn fire(&mut self, file: &File) {
+        self.failures_fired += 1;
+        let on_segment = ino(file).is_ok_and(|ino| {
+            self.names
+                .iter()
+                .any(|(path, i)| *i == ino && path.extension().is_some_and(|e| e == "seg"))
+        });
+        if on_segment {
+            self.segment_failures_fired += 1;
+        }
+    }
 }
 
 fn countdown(c: &mut Option<u64>) -> bool {
@@ -117,10 +133,17 @@ impl FaultyIo {
         self.model.lock().syncs
     }
 
-    /// Injected write or sync failures that have fired so far: from the
-    /// first one on, the layer above must acknowledge nothing more.
+    /// Injected write or sync failures that have fired so far, on any file
+    /// (log segments, checkpoints, snapshot files).
     pub fn failures_fired(&self) -> u64 {
         self.model.lock().failures_fired
+    }
+
+    /// Injected failures that hit a log segment: from the first one on, the
+    /// layer above must acknowledge nothing more. (A failed checkpoint or
+    /// snapshot file loses nothing: the log still holds what it covers.)
+    pub fn segment_failures_fired(&self) -> u64 {
+        self.model.lock().segment_failures_fired
     }
 
     /// Writes what a power cut right now would leave of the files this
@@ -259,7 +282,7 @@ impl LogIo for FaultyIo {
     fn write_at(&self, file: &File, offset: u64, buf: &[u8], sync: bool) -> io::Result<()> {
         let mut m = self.model.lock();
         if countdown(&mut m.writes_until_failure) {
-            m.failures_fired += 1;
+            m.fire(file);
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.inner.write_at(file, offset, buf, false)?;
@@ -277,7 +300,7 @@ impl LogIo for FaultyIo {
     fn sync_data(&self, file: &File) -> io::Result<()> {
         let mut m = self.model.lock();
         if countdown(&mut m.syncs_until_failure) {
-            m.failures_fired += 1;
+            m.fire(file);
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.inner.sync_data(file)?;

@@ -43,6 +43,41 @@ pub trait LogIo: Send + Sync + std::fmt::Debug {
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
 }
 
+/// Writes `buf` as the file `path`, durably, through `io`: `tmp` is
+/// created at exactly `buf`'s length (preallocated, so a full disk fails
+/// here), written and synced, renamed to `path`, and the directory synced.
+/// A `tmp` left by an earlier crash is replaced. On error `tmp` is removed
+/// (best effort) and `path` is untouched, so a reader sees the old file or
+/// the new one, whole. Used for the files beside the logs (checkpoints,
+/// snapshots), so fault injection and the power-cut model cover them too.
+pub fn write_file_durably(io: &dyn LogIo, tmp: &Path, path: &Path, buf: &[u8]) -> io::Result<()> {
+    if buf.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a durable file needs at least one byte",
+        ));
+    }
+    let dir = path
+        .parent()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no directory"))?;
+    if tmp.exists() {
+        io.remove(tmp)?;
+    }
+    let written = (|| {
+        let f = io.create_preallocated(tmp, buf.len() as u64)?;
+        io.write_at(&f, 0, buf, true)?;
+        drop(f);
+        io.rename(tmp, path)
+    })();
+    if let Err(e) = written {
+        if tmp.exists() {
+            let _ = io.remove(tmp);
+        }
+        return Err(e);
+    }
+    io.sync_dir(dir)
+}
+
 /// Whether an IO error means the disk (or quota) is full.
 pub fn is_no_space(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))

@@ -42,7 +42,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 pub use faulty::FaultyIo;
-pub use io::{LogIo, PwriteIo};
+pub use io::{write_file_durably, LogIo, PwriteIo};
 pub use recovery::{RecoveryReport, TruncatedTail};
 pub use uring::UringIo;
 pub use verify::{verify, verify_with_progress, Problem, ProblemKind, SegmentReport, VerifyReport};
@@ -458,6 +458,24 @@ pub fn lock_dir(dir: &Path) -> Result<File, LogError> {
 }
 
 impl Log {
+    /// Bytes a record costs in a batch besides its payload (its header).
+    /// Callers that size batches count with this instead of the layout.
+    pub const RECORD_OVERHEAD_BYTES: u64 = format::RECORD_HEADER_LEN as u64;
+
+    /// The most record bytes (payloads plus [`Log::RECORD_OVERHEAD_BYTES`]
+    /// each) one batch may hold: a batch is one frame, and a frame must
+    /// fit a segment after the segment's header. [`Log::submit`] refuses a
+    /// larger batch with [`LogError::TooLarge`].
+    pub fn batch_records_bytes_max(&self) -> u64 {
+        Self::batch_records_bytes_max_for(self.shared.segment_bytes)
+    }
+
+    /// [`Log::batch_records_bytes_max`] for a log of `segment_bytes`
+    /// segments, before one is open.
+    pub fn batch_records_bytes_max_for(segment_bytes: u64) -> u64 {
+        segment_bytes.saturating_sub((SEGMENT_HEADER_LEN + format::BATCH_HEADER_LEN) as u64)
+    }
+
     /// Opens the log in `opts.dir`, recovering it (see [`RecoveryMode`]).
     pub fn open(opts: LogOptions) -> Result<Log, LogError> {
         let io: Arc<dyn LogIo> = match opts.io {
@@ -753,6 +771,12 @@ impl Log {
     }
 
     /// The directory of the log.
+    /// The IO backend this log writes through, for files kept beside it
+    /// (see [`write_file_durably`]).
+    pub fn io(&self) -> &Arc<dyn LogIo> {
+        &self.shared.io
+    }
+
     pub fn dir(&self) -> &Path {
         &self.shared.dir
     }

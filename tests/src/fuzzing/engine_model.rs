@@ -435,7 +435,12 @@ fn segment_files(dir: &Path) -> u64 {
 fn refused_by_rules(error: &Error) -> bool {
     !matches!(
         error,
-        Error::Log(_) | Error::Internal(_) | Error::NoSpace(_)
+        Error::Log(_)
+            | Error::Internal(_)
+            | Error::NoSpace(_)
+            | Error::Corruption { .. }
+            | Error::Invariant(_)
+            | Error::ShuttingDown
     )
 }
 
@@ -513,8 +518,8 @@ impl Run {
     /// or while it was made.
     fn acknowledged(&self, what: &str) {
         assert!(
-            self.io.failures_fired() == 0,
-            "{what} acknowledged after an injected IO failure fired"
+            self.io.segment_failures_fired() == 0,
+            "{what} acknowledged after an injected IO failure fired on a log segment"
         );
     }
 

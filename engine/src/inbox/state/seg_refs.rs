@@ -1,5 +1,5 @@
 //! Per-segment reference counts: how many retained index entries point
-//! into each segment of a log, kept up to date by [`super::state::State`]
+//! into each segment of a log, kept up to date by [`super::State`]
 //! as entries are added, patched, trimmed and relocated, so that
 //! compaction never has to walk the whole index to find what died.
 //!
@@ -17,7 +17,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::command::{unpack, PackedLoc, PENDING_LOC};
+use super::loc::{unpack, PackedLoc, PENDING_LOC};
 use crate::log::SegmentId;
 
 #[derive(Clone, Debug, Default)]
@@ -98,7 +98,7 @@ impl SegRefs {
 
 #[cfg(test)]
 mod tests {
-    use super::super::command::pack;
+    use super::super::loc::pack;
     use super::*;
     use crate::log::RecordLoc;
 

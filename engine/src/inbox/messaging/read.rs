@@ -1,9 +1,5 @@
-//! Reads: sync pages, pull, history, the conversation list and devices.
-//! None of them goes through the sequencer.
-//!
-//! A sync that changes nothing (see [`sync_unchanged`]) is decided here
-//! too, by the sequencer's own `decide_sync`, so it never waits behind a
-//! round's fsync; one that needs a change still goes through the sequencer.
+//! Messaging reads: pull, history and the conversation list (R12, R13,
+//! R15). None of them goes through the sequencer.
 //!
 //! Invariant: a read never reveals a change that is not durable. Event and
 //! message ranges are clamped to the committed watermarks (which the
@@ -20,135 +16,22 @@ use std::ops::RangeInclusive;
 
 use bytes::Bytes;
 
-use super::command::{decode_msg_record, unpack, Effect, PackedLoc, StoredPayload};
-use super::state::{Conv, MsgMeta, Period, OPEN};
-use super::sync::{self, info, SyncOutcome, SyncPlan};
-use super::token::TokenClaims;
-use super::Shared;
+use super::record::{decode_msg_record, StoredPayload};
 use crate::api::*;
 use crate::error::{Error, Result};
+use crate::inbox::codec::DecodeError;
+use crate::inbox::shared::Shared;
+use crate::inbox::state::{unpack, ActivityKey, Conv, MsgMeta, Period, State, OPEN};
 
 /// At most this many conversations per pull.
 pub(crate) const PULL_CONVS_MAX: usize = 1024;
 
-fn corrupt(what: &str, e: &super::codec::DecodeError) -> Error {
-    Error::Internal(format!("corrupt {what} record: {}", e.0))
-}
-
-/// Decides a sync without the sequencer when it changes nothing: the
-/// sequencer's `decide_sync` on the current state yields no effect, the
-/// device row it was decided on is durable (its round has settled), and
-/// the batch ends at or below the user's committed watermark. The answer
-/// is then the one the sequencer would give, only earlier: no command of
-/// a later round can have been acknowledged to anyone yet.
-///
-/// `None` means the sync needs a state change (generation bump, lease,
-/// reset, `last_seen` refresh), depends on a change that is not durable
-/// yet, or the engine is poisoned: send it to the sequencer.
-pub(crate) fn sync_unchanged(
-    shared: &Shared,
-    now: TimestampMs,
-    req: &SyncRequest,
-    claims: Option<&TokenClaims>,
-) -> Option<Result<SyncPlan>> {
-    if shared.poisoned().is_some() {
-        return None;
+/// A record that fails to decode although its CRC verified.
+pub(crate) fn corrupt(what: &'static str, e: &DecodeError) -> Error {
+    Error::Corruption {
+        what,
+        reason: e.0.to_string(),
     }
-    let (stamp, decided) = {
-        let st = shared.state.read();
-        let user = st.users.get(&req.uid);
-        let stamp = user
-            .and_then(|u| u.device(req.device))
-            .map_or(0, |d| d.stamp);
-        let decided = match sync::decide_sync(&st, &shared.config, now, req, claims) {
-            Err(e) => Err(e),
-            Ok((effects, SyncOutcome::Page(plan))) if effects.is_empty() => {
-                let committed = user.map_or(0, |u| u.committed_seq);
-                if plan.hwm > committed {
-                    return None;
-                }
-                Ok(plan)
-            }
-            Ok(_) => return None,
-        };
-        (stamp, decided)
-    };
-    // Checked after the state lock is released, as the other reads do: the
-    // stamp only grows, so a settled stamp means the row decided on is
-    // durable.
-    match shared.is_settled(stamp) {
-        Ok(true) => Some(decided),
-        Ok(false) | Err(_) => None,
-    }
-}
-
-pub(crate) fn sync_page(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
-    // Compaction may move records (rewrite) or drop them (trim) between
-    // copying the locations and reading them: then look again, which
-    // either finds the moved records or answers RESET_REQUIRED.
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match sync_page_once(shared, plan) {
-            Err(Error::Log(crate::log::LogError::BadLocation { .. })) if attempt < 3 => continue,
-            other => return other,
-        }
-    }
-}
-
-fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
-    let locs: Vec<PackedLoc> = {
-        let st = shared.state.read();
-        let user = st
-            .users
-            .get(&plan.uid)
-            .ok_or_else(|| Error::Internal("user vanished".into()))?;
-        if plan.start < user.events_base {
-            return Err(Error::ResetRequired {
-                generation: plan.generation,
-            });
-        }
-        let lo = (plan.start - user.events_base) as usize;
-        let hi = (plan.end - user.events_base) as usize;
-        user.events
-            .get(lo..hi)
-            .ok_or_else(|| Error::Internal("sync range beyond the event index".into()))?
-            .to_vec()
-    };
-    let mut events = Vec::with_capacity(locs.len());
-    for (i, loc) in locs.iter().enumerate() {
-        let rec = shared.evt_log.read(unpack(*loc))?;
-        let effect = Effect::decode(rec.kind, &rec.payload).map_err(|e| corrupt("evt", &e))?;
-        let ev = effect
-            .to_event(plan.start + 1 + i as SyncSeq)
-            .ok_or_else(|| Error::Internal("event index points at a device record".into()))?;
-        events.push(ev);
-    }
-    // A tombstoned message's event never carries its body's summary.
-    {
-        let st = shared.state.read();
-        for ev in &mut events {
-            if matches!(ev.kind, EventKind::Msg | EventKind::Edit)
-                && st
-                    .convs
-                    .get(&ev.conv)
-                    .and_then(|c| c.meta(ev.msg_seq))
-                    .is_some_and(MsgMeta::tombstone)
-            {
-                ev.summary = Bytes::new();
-            }
-        }
-    }
-    Ok(SyncPage {
-        events,
-        next_cursor: plan.end,
-        has_more: plan.end < plan.hwm,
-        acked_sync_seq: plan.acked,
-        batch_hwm: plan.hwm,
-        batch_token: plan.token.clone(),
-        generation: plan.generation,
-        lease: plan.lease,
-    })
 }
 
 /// The user's periods in `conv` whose join is durable, clipped to the
@@ -226,11 +109,7 @@ pub(crate) fn duplicate_reply(
     Ok(original)
 }
 
-fn authorize(
-    st: &super::state::State,
-    uid: Uid,
-    conv: ConvId,
-) -> Result<(&Conv, Vec<RangeInclusive<MsgSeq>>)> {
+fn authorize(st: &State, uid: Uid, conv: ConvId) -> Result<(&Conv, Vec<RangeInclusive<MsgSeq>>)> {
     let forbidden = || Error::Forbidden(format!("uid {uid} was never a member of conv {conv}"));
     let c = st.convs.get(&conv).ok_or_else(forbidden)?;
     let periods = visible_periods(c, uid);
@@ -259,7 +138,7 @@ fn materialize(
         };
         let (h, payload) = decode_msg_record(&rec.payload, max).map_err(|e| corrupt("msg", &e))?;
         if h.conv != conv || h.msg_seq != *seq || h.msg_id != meta.msg_id {
-            return Err(Error::Internal(format!(
+            return Err(Error::Invariant(format!(
                 "message index of conv {conv} seq {seq} points at another record"
             )));
         }
@@ -410,7 +289,7 @@ pub(crate) fn history(
 
 const CURSOR_BYTES: usize = 24;
 
-fn encode_cursor(key: &super::state::ActivityKey) -> Bytes {
+fn encode_cursor(key: &ActivityKey) -> Bytes {
     let mut b = Vec::with_capacity(CURSOR_BYTES);
     b.extend_from_slice(&key.0.to_le_bytes());
     b.extend_from_slice(&key.1.to_le_bytes());
@@ -418,7 +297,7 @@ fn encode_cursor(key: &super::state::ActivityKey) -> Bytes {
     Bytes::from(b)
 }
 
-fn decode_cursor(b: &[u8]) -> Result<super::state::ActivityKey> {
+fn decode_cursor(b: &[u8]) -> Result<ActivityKey> {
     let bad = || Error::BadRequest("conversation list cursor is malformed".into());
     if b.len() != CURSOR_BYTES {
         return Err(bad());
@@ -494,22 +373,5 @@ pub(crate) fn conv_list(
                 None
             },
         });
-    }
-}
-
-pub(crate) fn devices(shared: &Shared, uid: Uid) -> Result<Vec<DeviceInfo>> {
-    loop {
-        let st = shared.state.read();
-        let Some(user) = st.users.get(&uid) else {
-            return Ok(Vec::new());
-        };
-        let stamp = user.devices.iter().map(|d| d.stamp).max().unwrap_or(0);
-        let out: Vec<DeviceInfo> = user.devices.iter().map(|d| info(&d.row)).collect();
-        drop(st);
-        if !shared.is_settled(stamp)? {
-            shared.wait_settled(stamp);
-            continue;
-        }
-        return Ok(out);
     }
 }

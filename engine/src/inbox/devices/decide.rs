@@ -16,12 +16,13 @@
 
 use bytes::Bytes;
 
-use super::command::{DeviceRow, Effect};
-use super::state::State;
-use super::token::{self, TokenClaims};
-use super::InboxConfig;
+use super::record::DeviceEffect;
 use crate::api::*;
 use crate::error::{Error, Result};
+use crate::inbox::config::InboxConfig;
+use crate::inbox::effect::Effect;
+use crate::inbox::state::{DeviceRow, State};
+use crate::inbox::token::{self, TokenClaims};
 
 /// A sync that only refreshes `last_seen` logs it at most this often, so
 /// that a busy device's syncs stay free of writes.
@@ -106,7 +107,7 @@ pub(crate) fn decide_register(
             ..row
         };
         return (
-            vec![Effect::Device { uid, row }],
+            vec![Effect::Device(DeviceEffect { uid, row })],
             RegisterReply {
                 device: info(&row),
                 evicted: None,
@@ -131,7 +132,7 @@ pub(crate) fn decide_register(
                     ..**victim
                 };
                 evicted = Some(row.device);
-                effects.push(Effect::Device { uid, row });
+                effects.push(Effect::Device(DeviceEffect { uid, row }));
             }
         }
     }
@@ -143,7 +144,7 @@ pub(crate) fn decide_register(
         last_seen_ms: now,
         lease: None,
     };
-    effects.push(Effect::Device { uid, row });
+    effects.push(Effect::Device(DeviceEffect { uid, row }));
     (
         effects,
         RegisterReply {
@@ -167,7 +168,7 @@ pub(crate) fn decide_revoke(
         lease: None,
         ..row
     };
-    Ok((vec![Effect::Device { uid, row }], info(&row)))
+    Ok((vec![Effect::Device(DeviceEffect { uid, row })], info(&row)))
 }
 
 pub(crate) fn decide_sync(
@@ -193,7 +194,7 @@ pub(crate) fn decide_sync(
     let user = st
         .users
         .get(&uid)
-        .ok_or_else(|| Error::Internal("user vanished".into()))?;
+        .ok_or_else(|| Error::Invariant(format!("uid {uid} has a device row but no user")))?;
     let base = user.events_base;
     let committed = user.committed_seq;
     if row.state == DeviceState::Revoked {
@@ -208,7 +209,7 @@ pub(crate) fn decide_sync(
             ..row
         };
         (
-            vec![Effect::Device { uid, row }],
+            vec![Effect::Device(DeviceEffect { uid, row })],
             SyncOutcome::Reset(row.generation),
         )
     };
@@ -303,7 +304,7 @@ pub(crate) fn decide_sync(
         let mut row = row;
         if now >= row.last_seen_ms.saturating_add(LAST_SEEN_GRANULARITY_MS) {
             row.last_seen_ms = now;
-            effects.push(Effect::Device { uid, row });
+            effects.push(Effect::Device(DeviceEffect { uid, row }));
         }
         let token = sign(
             row.generation,
@@ -344,7 +345,7 @@ pub(crate) fn decide_sync(
         lease.expires_at_ms,
     );
     Ok((
-        vec![Effect::Device { uid, row }],
+        vec![Effect::Device(DeviceEffect { uid, row })],
         page(lease.resume_from, lease.resume_from, lease.hwm, token, &row),
     ))
 }
@@ -382,7 +383,7 @@ pub(crate) fn decide_ack(
         ..row
     };
     Ok((
-        vec![Effect::Device { uid: req.uid, row }],
+        vec![Effect::Device(DeviceEffect { uid: req.uid, row })],
         AckReply {
             acked_sync_seq: req.seq,
         },
@@ -415,5 +416,5 @@ pub(crate) fn decide_finish_lease(
         last_seen_ms: now.max(row.last_seen_ms),
         ..row
     };
-    Ok((vec![Effect::Device { uid, row }], info(&row)))
+    Ok((vec![Effect::Device(DeviceEffect { uid, row })], info(&row)))
 }

@@ -1,0 +1,126 @@
+//! The engine's configuration and its clock.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::api::TimestampMs;
+use crate::log::{IoBackend, SyncPolicy};
+
+/// A source of wall-clock time. The sequencer stamps every command with it,
+/// and the stamp is logged, so replay never reads the clock.
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    fn now_ms(&self) -> TimestampMs;
+}
+
+#[derive(Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> TimestampMs {
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A clock tests move by hand.
+#[derive(Debug, Default)]
+pub struct ManualClock(std::sync::atomic::AtomicU64);
+
+impl ManualClock {
+    pub fn new(now_ms: TimestampMs) -> Self {
+        Self(std::sync::atomic::AtomicU64::new(now_ms))
+    }
+    pub fn advance(&self, by: Duration) {
+        let by_ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        self.0.fetch_add(by_ms, std::sync::atomic::Ordering::SeqCst);
+    }
+    pub fn set(&self, now_ms: TimestampMs) {
+        self.0.store(now_ms, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> TimestampMs {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Everything the engine can be configured with. [`InboxConfig::new`] gives
+/// the defaults named in `docs/SEMANTICS.md`.
+#[derive(Clone, Debug)]
+pub struct InboxConfig {
+    pub data_dir: PathBuf,
+    pub segment_bytes: u64,
+    pub sync: SyncPolicy,
+    pub io: IoBackend,
+    /// Server key for `batch_token` HMACs.
+    pub token_key: [u8; 32],
+    pub batch_token_ttl: Duration,
+    pub payload_bytes_max: u32,
+    pub devices_per_user_max: u32,
+    pub device_ttl: Duration,
+    pub recovery_lease_ttl: Duration,
+    /// A gap (server ACK minus local position) up to this many events gets a
+    /// recovery lease; a larger one gets `RESET_REQUIRED`.
+    pub recovery_lease_events_max: u64,
+    pub sync_page_default: u32,
+    pub sync_page_max: u32,
+    pub pull_per_conv_default: u32,
+    pub pull_per_conv_max: u32,
+    pub snapshot_messages_per_conv: u32,
+    pub snapshot_ttl: Duration,
+    pub safety_window: Duration,
+    pub hard_ttl: Duration,
+    /// `None` keeps messages forever (the default).
+    pub history_retention: Option<Duration>,
+    /// A sealed segment whose live fraction falls below this is rewritten.
+    /// Dead bytes in sealed segments are then at most `1 / fraction - 1` of
+    /// the live ones: 0.7 keeps space amplification under 1.5x.
+    pub rewrite_live_fraction: f64,
+    /// Compaction rewrite budget, bytes per second.
+    pub compaction_bytes_per_s: u64,
+    /// How often the background compaction pass runs; `None` runs none
+    /// (then only [`Inbox::compact`] compacts).
+    pub compaction_interval: Option<Duration>,
+    /// Write an index checkpoint after this many log bytes (R22).
+    pub checkpoint_every_bytes: u64,
+    pub idempotency_ttl: Duration,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl InboxConfig {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        const DAY: Duration = Duration::from_secs(24 * 3600);
+        Self {
+            data_dir: data_dir.into(),
+            segment_bytes: 128 << 20,
+            sync: SyncPolicy::Always,
+            io: IoBackend::default(),
+            token_key: [0; 32],
+            batch_token_ttl: Duration::from_secs(600),
+            payload_bytes_max: 64 << 10,
+            devices_per_user_max: 5,
+            device_ttl: 30 * DAY,
+            recovery_lease_ttl: Duration::from_secs(600),
+            recovery_lease_events_max: 10_000,
+            sync_page_default: 100,
+            sync_page_max: 500,
+            pull_per_conv_default: 50,
+            pull_per_conv_max: 500,
+            snapshot_messages_per_conv: 20,
+            snapshot_ttl: Duration::from_secs(3600),
+            safety_window: 7 * DAY,
+            hard_ttl: 30 * DAY,
+            history_retention: None,
+            rewrite_live_fraction: 0.7,
+            compaction_bytes_per_s: 64 << 20,
+            compaction_interval: Some(Duration::from_secs(60)),
+            checkpoint_every_bytes: 256 << 20,
+            idempotency_ttl: 7 * DAY,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Devices: the registry and its cap (R17), sync batches and tokens (R9,
+//! R10), ACKs (R11) and recovery leases.
+//!
+//! - [`Command`] and [`exec`]: the mutations, decided by [`decide`]'s
+//!   pure functions (state + request → effects + answer);
+//! - [`record`]: the device record (the row after the change) and `apply`;
+//! - [`read`]: sync pages and the device list, outside the sequencer.
+
+pub(crate) mod decide;
+pub(crate) mod read;
+pub(crate) mod record;
+
+use std::sync::Arc;
+
+use self::decide::SyncOutcome;
+use super::pending::Reply;
+use super::round::{fail_now, reply_with, Env, Fail, Sink, Tx};
+use super::state::State;
+use super::token::TokenClaims;
+use crate::api::*;
+use crate::error::{Error, Result};
+
+pub(crate) enum Command {
+    Register {
+        uid: Uid,
+        device: DeviceId,
+        tx: Tx<RegisterReply>,
+    },
+    Revoke {
+        uid: Uid,
+        device: DeviceId,
+        tx: Tx<DeviceInfo>,
+    },
+    Sync {
+        req: SyncRequest,
+        claims: Option<TokenClaims>,
+        tx: Tx<SyncPage>,
+    },
+    Ack {
+        req: AckRequest,
+        claims: TokenClaims,
+        tx: Tx<AckReply>,
+    },
+    FinishLease {
+        uid: Uid,
+        device: DeviceId,
+        lease_id: u64,
+        generation: Generation,
+        tx: Tx<DeviceInfo>,
+    },
+}
+
+/// Answers a command with a failure without running it.
+pub(crate) fn fail(cmd: Command, f: &Fail) {
+    match cmd {
+        Command::Register { tx, .. } => fail_now(tx, f),
+        Command::Revoke { tx, .. } | Command::FinishLease { tx, .. } => fail_now(tx, f),
+        Command::Sync { tx, .. } => fail_now(tx, f),
+        Command::Ack { tx, .. } => fail_now(tx, f),
+    }
+}
+
+/// Hands a decision's effects to the round and answers with `result`.
+fn finish<T: Send + 'static>(
+    st: &mut State,
+    sink: &mut dyn Sink,
+    tx: Tx<T>,
+    result: Result<(Vec<crate::inbox::effect::Effect>, T)>,
+) {
+    let result = result.map(|(effects, reply)| {
+        for e in effects {
+            sink.effect(st, e);
+        }
+        reply
+    });
+    sink.reply(reply_with(tx, result));
+}
+
+/// Decides one command against `st` and hands the outcome to `sink`.
+pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn Sink) {
+    let now = env.now;
+    let cfg = &env.shared.config;
+    match cmd {
+        Command::Register { uid, device, tx } => {
+            let decided = decide::decide_register(st, cfg, now, uid, device);
+            finish(st, sink, tx, Ok(decided));
+        }
+        Command::Revoke { uid, device, tx } => {
+            let decided = decide::decide_revoke(st, uid, device);
+            finish(st, sink, tx, decided);
+        }
+        Command::Sync { req, claims, tx } => {
+            match decide::decide_sync(st, cfg, now, &req, claims.as_ref()) {
+                Err(e) => sink.reply(reply_with(tx, Err(e))),
+                Ok((effects, outcome)) => {
+                    for e in effects {
+                        sink.effect(st, e);
+                    }
+                    match outcome {
+                        SyncOutcome::Reset(generation) => {
+                            sink.reply(reply_with(tx, Err(Error::ResetRequired { generation })));
+                        }
+                        SyncOutcome::Page(plan) => {
+                            let shared = Arc::clone(env.shared);
+                            // Same generation: the sync wrote at most its
+                            // last_seen refresh, whose loss is harmless, so
+                            // a full disk must not keep the page from the
+                            // device (the page reads durable events).
+                            let keeps_generation = req.generation == Some(plan.generation);
+                            sink.reply(Box::new(move |fail| {
+                                let reply = match fail {
+                                    Some(Fail::NoSpace(_)) if keeps_generation => {
+                                        Reply::Later(Box::new(move || {
+                                            read::sync_page(&shared, &plan)
+                                        }))
+                                    }
+                                    Some(f) => Reply::Done(Err(f.to_error())),
+                                    None => Reply::Later(Box::new(move || {
+                                        read::sync_page(&shared, &plan)
+                                    })),
+                                };
+                                let _ = tx.send(reply);
+                            }));
+                        }
+                    }
+                }
+            }
+        }
+        Command::Ack { req, claims, tx } => {
+            let decided = decide::decide_ack(st, now, &req, &claims);
+            finish(st, sink, tx, decided);
+        }
+        Command::FinishLease {
+            uid,
+            device,
+            lease_id,
+            generation,
+            tx,
+        } => {
+            let decided = decide::decide_finish_lease(st, now, uid, device, lease_id, generation);
+            finish(st, sink, tx, decided);
+        }
+    }
+}

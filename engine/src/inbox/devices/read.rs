@@ -1,0 +1,158 @@
+//! Device reads: sync pages and the device list (R9, R10).
+//!
+//! A sync that changes nothing (see [`sync_unchanged`]) is decided here
+//! too, by the sequencer's own `decide_sync`, so it never waits behind a
+//! round's fsync; one that needs a change still goes through the sequencer.
+//!
+//! Invariant: a read never reveals a change that is not durable. Events
+//! are clamped to the user's committed watermark; device rows are served
+//! only once the round that last changed them has settled. A tombstoned
+//! message's event never carries its body's summary (R6).
+
+use bytes::Bytes;
+
+use super::decide::{self as sync, info, SyncOutcome, SyncPlan};
+use crate::api::*;
+use crate::error::{Error, Result};
+use crate::inbox::effect::Effect;
+use crate::inbox::messaging::read::corrupt;
+use crate::inbox::shared::Shared;
+use crate::inbox::state::{unpack, MsgMeta, PackedLoc};
+use crate::inbox::token::TokenClaims;
+
+/// Decides a sync without the sequencer when it changes nothing: the
+/// sequencer's `decide_sync` on the current state yields no effect, the
+/// device row it was decided on is durable (its round has settled), and
+/// the batch ends at or below the user's committed watermark. The answer
+/// is then the one the sequencer would give, only earlier: no command of
+/// a later round can have been acknowledged to anyone yet.
+///
+/// `None` means the sync needs a state change (generation bump, lease,
+/// reset, `last_seen` refresh), depends on a change that is not durable
+/// yet, or the engine is poisoned: send it to the sequencer.
+pub(crate) fn sync_unchanged(
+    shared: &Shared,
+    now: TimestampMs,
+    req: &SyncRequest,
+    claims: Option<&TokenClaims>,
+) -> Option<Result<SyncPlan>> {
+    if shared.poisoned().is_some() {
+        return None;
+    }
+    let (stamp, decided) = {
+        let st = shared.state.read();
+        let user = st.users.get(&req.uid);
+        let stamp = user
+            .and_then(|u| u.device(req.device))
+            .map_or(0, |d| d.stamp);
+        let decided = match sync::decide_sync(&st, &shared.config, now, req, claims) {
+            Err(e) => Err(e),
+            Ok((effects, SyncOutcome::Page(plan))) if effects.is_empty() => {
+                let committed = user.map_or(0, |u| u.committed_seq);
+                if plan.hwm > committed {
+                    return None;
+                }
+                Ok(plan)
+            }
+            Ok(_) => return None,
+        };
+        (stamp, decided)
+    };
+    // Checked after the state lock is released, as the other reads do: the
+    // stamp only grows, so a settled stamp means the row decided on is
+    // durable.
+    match shared.is_settled(stamp) {
+        Ok(true) => Some(decided),
+        Ok(false) | Err(_) => None,
+    }
+}
+
+pub(crate) fn sync_page(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
+    // Compaction may move records (rewrite) or drop them (trim) between
+    // copying the locations and reading them: then look again, which
+    // either finds the moved records or answers RESET_REQUIRED.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match sync_page_once(shared, plan) {
+            Err(Error::Log(crate::log::LogError::BadLocation { .. })) if attempt < 3 => continue,
+            other => return other,
+        }
+    }
+}
+
+fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
+    let locs: Vec<PackedLoc> = {
+        let st = shared.state.read();
+        let user = st.users.get(&plan.uid).ok_or_else(|| {
+            Error::Invariant(format!(
+                "uid {} vanished while its sync was served",
+                plan.uid
+            ))
+        })?;
+        if plan.start < user.events_base {
+            return Err(Error::ResetRequired {
+                generation: plan.generation,
+            });
+        }
+        let lo = (plan.start - user.events_base) as usize;
+        let hi = (plan.end - user.events_base) as usize;
+        user.events
+            .get(lo..hi)
+            .ok_or_else(|| Error::Invariant("sync range beyond the event index".into()))?
+            .to_vec()
+    };
+    let mut events = Vec::with_capacity(locs.len());
+    for (i, loc) in locs.iter().enumerate() {
+        let rec = shared.evt_log.read(unpack(*loc))?;
+        let effect = Effect::decode(rec.kind, &rec.payload).map_err(|e| corrupt("evt", &e))?;
+        let ev = effect
+            .to_event(plan.start + 1 + i as SyncSeq)
+            .ok_or_else(|| {
+                Error::Invariant("event index points at a record that is no event".into())
+            })?;
+        events.push(ev);
+    }
+    // A tombstoned message's event never carries its body's summary.
+    {
+        let st = shared.state.read();
+        for ev in &mut events {
+            if matches!(ev.kind, EventKind::Msg | EventKind::Edit)
+                && st
+                    .convs
+                    .get(&ev.conv)
+                    .and_then(|c| c.meta(ev.msg_seq))
+                    .is_some_and(MsgMeta::tombstone)
+            {
+                ev.summary = Bytes::new();
+            }
+        }
+    }
+    Ok(SyncPage {
+        events,
+        next_cursor: plan.end,
+        has_more: plan.end < plan.hwm,
+        acked_sync_seq: plan.acked,
+        batch_hwm: plan.hwm,
+        batch_token: plan.token.clone(),
+        generation: plan.generation,
+        lease: plan.lease,
+    })
+}
+
+pub(crate) fn devices(shared: &Shared, uid: Uid) -> Result<Vec<DeviceInfo>> {
+    loop {
+        let st = shared.state.read();
+        let Some(user) = st.users.get(&uid) else {
+            return Ok(Vec::new());
+        };
+        let stamp = user.devices.iter().map(|d| d.stamp).max().unwrap_or(0);
+        let out: Vec<DeviceInfo> = user.devices.iter().map(|d| info(&d.row)).collect();
+        drop(st);
+        if !shared.is_settled(stamp)? {
+            shared.wait_settled(stamp);
+            continue;
+        }
+        return Ok(out);
+    }
+}

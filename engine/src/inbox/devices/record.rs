@@ -1,0 +1,151 @@
+//! The device record: a device row after a change (register, revoke,
+//! eviction by the device cap, sync generation bumps, leases, ACKs,
+//! `last_seen` refreshes). Replay upserts the row.
+//!
+//! ## `evt` record (kind 4, after the format byte, little-endian)
+//! ```text
+//! uid u64, device u64, generation u64, acked_sync_seq u64,
+//! state u8 (0 active, 1 recovering, 2 resetting, 3 revoked),
+//! last_seen_ms u64,
+//! lease tag u8 (0 none, 1 lease), then if 1:
+//!   lease_id u64, resume_from u64, hwm u64, expires_at_ms u64
+//! ```
+//! The same row layout (from `device` on) is used in checkpoints, where
+//! each user's entry carries `next_lease_id` u64, then its device rows
+//! (count u64, rows in registration order).
+
+use std::sync::Arc;
+
+use crate::api::*;
+use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
+use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
+use crate::inbox::state::{Device, DeviceRow, State, User};
+
+/// A device row after a change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DeviceEffect {
+    pub uid: Uid,
+    pub row: DeviceRow,
+}
+
+impl Record for DeviceEffect {
+    const KIND: u8 = 4;
+
+    fn encode_body(&self, w: &mut Writer) {
+        w.u64(self.uid);
+        put_device_row(w, &self.row);
+    }
+
+    fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
+        Ok(DeviceEffect {
+            uid: r.u64()?,
+            row: get_device_row(r)?,
+        })
+    }
+
+    fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {
+        let stamp = at.stamp;
+        let user = Arc::make_mut(st.users.entry(self.uid).or_default());
+        if let Some(lease) = &self.row.lease {
+            user.next_lease_id = user.next_lease_id.max(lease.lease_id + 1);
+        }
+        match user
+            .devices
+            .iter_mut()
+            .find(|d| d.row.device == self.row.device)
+        {
+            Some(d) => {
+                d.row = self.row;
+                d.stamp = stamp;
+            }
+            None => user.devices.push(Device {
+                row: self.row,
+                stamp,
+            }),
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn state_code(s: DeviceState) -> u8 {
+    match s {
+        DeviceState::Active => 0,
+        DeviceState::Recovering => 1,
+        DeviceState::Resetting => 2,
+        DeviceState::Revoked => 3,
+    }
+}
+
+pub(crate) fn state_from_code(c: u8) -> DecodeResult<DeviceState> {
+    Ok(match c {
+        0 => DeviceState::Active,
+        1 => DeviceState::Recovering,
+        2 => DeviceState::Resetting,
+        3 => DeviceState::Revoked,
+        _ => return Err(DecodeError("unknown device state")),
+    })
+}
+
+pub(crate) fn put_device_row(w: &mut Writer, row: &DeviceRow) {
+    w.u64(row.device);
+    w.u64(row.generation);
+    w.u64(row.acked_sync_seq);
+    w.u8(state_code(row.state));
+    w.u64(row.last_seen_ms);
+    match &row.lease {
+        None => w.u8(0),
+        Some(l) => {
+            w.u8(1);
+            w.u64(l.lease_id);
+            w.u64(l.resume_from);
+            w.u64(l.hwm);
+            w.u64(l.expires_at_ms);
+        }
+    }
+}
+
+pub(crate) fn get_device_row(r: &mut Reader<'_>) -> DecodeResult<DeviceRow> {
+    let device = r.u64()?;
+    let generation = r.u64()?;
+    let acked_sync_seq = r.u64()?;
+    let state = state_from_code(r.u8()?)?;
+    let last_seen_ms = r.u64()?;
+    let lease = match r.u8()? {
+        0 => None,
+        1 => Some(LeaseInfo {
+            lease_id: r.u64()?,
+            resume_from: r.u64()?,
+            hwm: r.u64()?,
+            expires_at_ms: r.u64()?,
+        }),
+        _ => return Err(DecodeError("bad lease tag")),
+    };
+    Ok(DeviceRow {
+        device,
+        generation,
+        acked_sync_seq,
+        state,
+        last_seen_ms,
+        lease,
+    })
+}
+
+/// A user's devices in a checkpoint: the lease counter, then the rows.
+pub(crate) fn put_user_devices(w: &mut Writer, u: &User) {
+    w.u64(u.next_lease_id);
+    w.u64(u.devices.len() as u64);
+    for d in &u.devices {
+        put_device_row(w, &d.row);
+    }
+}
+
+pub(crate) fn get_user_devices(r: &mut Reader<'_>, u: &mut User) -> DecodeResult<()> {
+    u.next_lease_id = r.u64()?;
+    for _ in 0..r.count(34)? {
+        u.devices.push(Device {
+            row: get_device_row(r)?,
+            stamp: 0,
+        });
+    }
+    Ok(())
+}

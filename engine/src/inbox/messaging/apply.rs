@@ -1,0 +1,233 @@
+//! `apply` of the messaging records: a message's fan-out, the recipients'
+//! conversation state and unread counts (R4, R5, R6, R14), and the
+//! idempotency keys (R4).
+//!
+//! Invariants kept here:
+//! - a conversation's messages are contiguous by `msg_seq` (R1);
+//! - recipients are the members whose period covers the message (R5);
+//! - a recall tombstones its target and, through the edit links, every
+//!   edit descending from it (R6);
+//! - `unread` counts exactly the normal, not recalled messages from others
+//!   inside the member's periods, retained and above its read cursor (R14).
+
+use std::sync::Arc;
+
+use super::record::MsgEffect;
+use crate::api::*;
+use crate::inbox::state::record::{ApplyError, Touched};
+use crate::inbox::state::{
+    msg_counter, Conv, IdemEntry, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED,
+    OPEN,
+};
+
+/// A recall of `target_seq` also recalls its edits, the edits of those,
+/// and so on: an edit carries the recalled message's new body. Edits never
+/// count as unread, so no count moves. The links of recalled messages are
+/// dropped: a recalled message cannot be edited or recalled again.
+fn recall_edits(conv: &mut Conv, target_seq: MsgSeq) {
+    let mut pending = conv.edits.remove(&target_seq).unwrap_or_default();
+    while let Some(seq) = pending.pop() {
+        if let Some(meta) = conv.meta_mut(seq) {
+            meta.flags |= FLAG_RECALLED;
+        }
+        if let Some(more) = conv.edits.remove(&seq) {
+            pending.extend(more);
+        }
+    }
+}
+
+impl State {
+    /// Messages in `(uid's read_seq, up_to]` of `conv` that count as unread
+    /// for `uid`.
+    pub(crate) fn countable_between(&self, uid: Uid, conv: ConvId, up_to: MsgSeq) -> u32 {
+        let (Some(c), Some(user)) = (self.convs.get(&conv), self.users.get(&uid)) else {
+            return 0;
+        };
+        let Some(uc) = user.convs.get(&conv) else {
+            return 0;
+        };
+        let Some(periods) = c.members.get(&uid) else {
+            return 0;
+        };
+        let mut n = 0u32;
+        for p in periods {
+            let lo = p.join_seq.max(uc.read_seq + 1).max(c.msgs_base + 1);
+            let hi = p.leave_seq.min(up_to).min(c.head());
+            for seq in lo..=hi {
+                if let Some(m) = c.meta(seq) {
+                    if m.kind == MessageKind::Normal
+                        && m.flags & FLAG_RECALLED == 0
+                        && m.sender != uid
+                    {
+                        n = n.saturating_add(1);
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    pub(crate) fn apply_msg(
+        &mut self,
+        m: &MsgEffect,
+        evt_loc: PackedLoc,
+        stamp: u64,
+        touched: &mut Touched,
+    ) -> Result<(), ApplyError> {
+        let conv = Arc::make_mut(self.convs.entry(m.conv).or_default());
+        if m.msg_seq != conv.head() + 1 {
+            return Err(ApplyError(format!(
+                "conv {} message seq {} does not follow head {}",
+                m.conv,
+                m.msg_seq,
+                conv.head()
+            )));
+        }
+        self.msg_refs.add(m.msg_loc, 1);
+        conv.msgs.push(MsgMeta {
+            loc: m.msg_loc,
+            msg_id: m.msg_id,
+            sender: m.sender,
+            kind: m.kind,
+            flags: 0,
+        });
+        self.next_msg_counter = self.next_msg_counter.max(msg_counter(m.msg_id) + 1);
+        match m.kind {
+            MessageKind::Join => {
+                let periods = conv.members.entry(m.sender).or_default();
+                if periods.last().is_some_and(|p| p.leave_seq == OPEN) {
+                    return Err(ApplyError(format!(
+                        "uid {} joins conv {} twice",
+                        m.sender, m.conv
+                    )));
+                }
+                let period_id = u32::try_from(periods.len()).unwrap_or(u32::MAX);
+                periods.push(Period {
+                    period_id,
+                    join_seq: m.msg_seq,
+                    leave_seq: OPEN,
+                });
+            }
+            MessageKind::Recall | MessageKind::Edit => {
+                let target_seq = m.target_seq;
+                let Some(target) = conv.meta(target_seq).copied() else {
+                    return Err(ApplyError(format!(
+                        "recall/edit of missing seq {target_seq}"
+                    )));
+                };
+                if m.kind == MessageKind::Recall
+                    && target.kind == MessageKind::Normal
+                    && target.flags & FLAG_RECALLED == 0
+                {
+                    // The recalled message stops counting as unread for
+                    // everyone who received it and has not read it.
+                    for uid in conv.members_at(target_seq) {
+                        if uid == target.sender {
+                            continue;
+                        }
+                        if let Some(uc) = self
+                            .users
+                            .get_mut(&uid)
+                            .map(Arc::make_mut)
+                            .and_then(|u| u.convs.get_mut(&m.conv))
+                        {
+                            if uc.read_seq < target_seq {
+                                uc.unread = uc.unread.saturating_sub(1);
+                                uc.stamp = stamp;
+                            }
+                        }
+                    }
+                }
+                let flag = if m.kind == MessageKind::Recall {
+                    FLAG_RECALLED
+                } else {
+                    FLAG_EDITED
+                };
+                let conv = self
+                    .convs
+                    .get_mut(&m.conv)
+                    .map(Arc::make_mut)
+                    .ok_or_else(|| ApplyError("conv vanished".into()))?;
+                if let Some(meta) = conv.meta_mut(target_seq) {
+                    meta.flags |= flag;
+                }
+                if m.kind == MessageKind::Edit {
+                    conv.edits.entry(target_seq).or_default().push(m.msg_seq);
+                } else {
+                    recall_edits(conv, target_seq);
+                }
+            }
+            MessageKind::Normal | MessageKind::Leave => {}
+        }
+        let conv = self
+            .convs
+            .get_mut(&m.conv)
+            .map(Arc::make_mut)
+            .ok_or_else(|| ApplyError("conv vanished".into()))?;
+        let recipients = conv.members_at(m.msg_seq);
+        if m.kind == MessageKind::Leave {
+            let closed = conv
+                .members
+                .get_mut(&m.sender)
+                .and_then(|ps| ps.last_mut())
+                .filter(|p| p.leave_seq == OPEN)
+                .map(|p| p.leave_seq = m.msg_seq);
+            if closed.is_none() {
+                return Err(ApplyError(format!(
+                    "uid {} leaves conv {} without being in it",
+                    m.sender, m.conv
+                )));
+            }
+        }
+        for uid in recipients {
+            let user = Arc::make_mut(self.users.entry(uid).or_default());
+            let seq = user.push_event(evt_loc);
+            touched.events.push((uid, seq));
+            let uc = user.convs.entry(m.conv).or_default();
+            let old_key = uc.key(m.conv);
+            uc.last_msg_seq = m.msg_seq;
+            uc.last_msg_id = m.msg_id;
+            uc.last_sender = m.sender;
+            uc.last_summary = m.summary.clone();
+            uc.last_activity_ms = m.at_ms;
+            if m.kind == MessageKind::Normal && m.sender != uid {
+                uc.unread = uc.unread.saturating_add(1);
+            }
+            uc.stamp = stamp;
+            let new_key = uc.key(m.conv);
+            user.order.remove(&old_key);
+            user.order.insert(new_key);
+        }
+        touched.conv = Some((m.conv, m.msg_seq));
+        if m.kind != MessageKind::Join && m.kind != MessageKind::Leave {
+            self.remember_idem(m);
+        }
+        Ok(())
+    }
+
+    fn remember_idem(&mut self, m: &MsgEffect) {
+        // Expire keys older than the TTL, judged by the stamped time of the
+        // message being applied, so replay expires exactly the same keys.
+        let horizon = m.at_ms.saturating_sub(self.idem_ttl_ms);
+        while let Some(&(at, uid, cmid)) = self.idem_order.front() {
+            if at >= horizon {
+                break;
+            }
+            self.idem_order.pop_front();
+            if self.idem.get(&(uid, cmid)).is_some_and(|e| e.at_ms == at) {
+                self.idem.remove(&(uid, cmid));
+            }
+        }
+        self.idem.insert(
+            (m.sender, m.client_msg_id),
+            IdemEntry {
+                conv: m.conv,
+                msg_id: m.msg_id,
+                msg_seq: m.msg_seq,
+                at_ms: m.at_ms,
+            },
+        );
+        self.idem_order
+            .push_back((m.at_ms, m.sender, m.client_msg_id));
+    }
+}

@@ -1,0 +1,191 @@
+//! The messaging tables in a checkpoint: conversations (messages and
+//! membership periods), each user's conversation state, the idempotency
+//! keys and the edit links. Layout in `docs/FORMAT.md`, "Checkpoint
+//! file"; the order of sections is `checkpoint.rs`'s.
+
+use std::sync::Arc;
+
+use super::record::{kind_code, kind_from_code};
+use crate::inbox::codec::{sorted, DecodeError, DecodeResult, Reader, Writer};
+use crate::inbox::state::{Conv, IdemEntry, MsgMeta, Period, State, User, UserConv};
+
+/// Conversations by id: messages, then membership periods.
+pub(crate) fn put_convs(w: &mut Writer, st: &State) {
+    let convs = sorted(&st.convs);
+    w.u64(convs.len() as u64);
+    for (id, c) in convs {
+        w.u64(id);
+        w.u64(c.msgs.len() as u64);
+        for m in &c.msgs {
+            w.u64(m.loc);
+            w.u64(m.msg_id);
+            w.u64(m.sender);
+            w.u8(kind_code(m.kind));
+            w.u8(m.flags);
+        }
+        w.u64(c.members.len() as u64);
+        for (uid, periods) in &c.members {
+            w.u64(*uid);
+            w.u64(periods.len() as u64);
+            for p in periods {
+                w.u32(p.period_id);
+                w.u64(p.join_seq);
+                w.u64(p.leave_seq);
+            }
+        }
+    }
+}
+
+pub(crate) fn get_convs(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
+    for _ in 0..r.count(16)? {
+        let id = r.u64()?;
+        let mut c = Conv::default();
+        let n = r.count(26)?;
+        c.msgs.reserve_exact(n);
+        for _ in 0..n {
+            c.msgs.push(MsgMeta {
+                loc: r.u64()?,
+                msg_id: r.u64()?,
+                sender: r.u64()?,
+                kind: kind_from_code(r.u8()?)?,
+                flags: r.u8()?,
+            });
+        }
+        for _ in 0..r.count(16)? {
+            let uid = r.u64()?;
+            let mut periods = Vec::new();
+            for _ in 0..r.count(20)? {
+                periods.push(Period {
+                    period_id: r.u32()?,
+                    join_seq: r.u64()?,
+                    leave_seq: r.u64()?,
+                });
+            }
+            c.members.insert(uid, periods);
+        }
+        st.convs.insert(id, Arc::new(c));
+    }
+    Ok(())
+}
+
+/// One user's conversation state, by conversation id.
+pub(crate) fn put_user_convs(w: &mut Writer, u: &User) {
+    let convs = sorted(&u.convs);
+    w.u64(convs.len() as u64);
+    for (conv, uc) in convs {
+        w.u64(conv);
+        w.u64(uc.read_seq);
+        w.u32(uc.unread);
+        w.u64(uc.last_msg_seq);
+        w.u64(uc.last_msg_id);
+        w.u64(uc.last_sender);
+        w.short_bytes(&uc.last_summary);
+        w.u64(uc.last_activity_ms);
+        w.bool(uc.muted);
+        w.bool(uc.pinned);
+    }
+}
+
+pub(crate) fn get_user_convs(r: &mut Reader<'_>, u: &mut User) -> DecodeResult<()> {
+    for _ in 0..r.count(60)? {
+        let conv = r.u64()?;
+        let uc = UserConv {
+            read_seq: r.u64()?,
+            unread: r.u32()?,
+            last_msg_seq: r.u64()?,
+            last_msg_id: r.u64()?,
+            last_sender: r.u64()?,
+            last_summary: r.short_bytes()?,
+            last_activity_ms: r.u64()?,
+            muted: r.bool()?,
+            pinned: r.bool()?,
+            stamp: 0,
+        };
+        u.order.insert(uc.key(conv));
+        u.convs.insert(conv, uc);
+    }
+    Ok(())
+}
+
+/// The idempotency keys by key, then their insertion order (for expiry).
+pub(crate) fn put_idempotency(w: &mut Writer, st: &State) {
+    let idem = sorted(&st.idem);
+    w.u64(idem.len() as u64);
+    for ((uid, cmid), e) in idem {
+        w.u64(uid);
+        w.u128(cmid);
+        w.u64(e.conv);
+        w.u64(e.msg_id);
+        w.u64(e.msg_seq);
+        w.u64(e.at_ms);
+    }
+    w.u64(st.idem_order.len() as u64);
+    for (at, uid, cmid) in &st.idem_order {
+        w.u64(*at);
+        w.u64(*uid);
+        w.u128(*cmid);
+    }
+}
+
+pub(crate) fn get_idempotency(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
+    for _ in 0..r.count(56)? {
+        let key = (r.u64()?, r.u128()?);
+        st.idem.insert(
+            key,
+            IdemEntry {
+                conv: r.u64()?,
+                msg_id: r.u64()?,
+                msg_seq: r.u64()?,
+                at_ms: r.u64()?,
+            },
+        );
+    }
+    for _ in 0..r.count(32)? {
+        st.idem_order.push_back((r.u64()?, r.u64()?, r.u128()?));
+    }
+    Ok(())
+}
+
+/// Edit links (optional, after the message bases): by conv id, the
+/// conversations with any, each as conv u64, then a u64 count of
+/// (target_seq u64, edit count u64, each edit's msg_seq u64). A checkpoint
+/// written before links existed has none: edits made before it are not
+/// recalled with their original.
+pub(crate) fn put_edit_links(w: &mut Writer, st: &State) {
+    let convs: Vec<_> = sorted(&st.convs)
+        .into_iter()
+        .filter(|(_, c)| !c.edits.is_empty())
+        .collect();
+    w.u64(convs.len() as u64);
+    for (id, c) in convs {
+        w.u64(id);
+        w.u64(c.edits.len() as u64);
+        for (target, edits) in &c.edits {
+            w.u64(*target);
+            w.u64(edits.len() as u64);
+            for seq in edits {
+                w.u64(*seq);
+            }
+        }
+    }
+}
+
+pub(crate) fn get_edit_links(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
+    for _ in 0..r.count(16)? {
+        let conv = r.u64()?;
+        let c = st
+            .convs
+            .get_mut(&conv)
+            .map(Arc::make_mut)
+            .ok_or(DecodeError("edit links of an unknown conv"))?;
+        for _ in 0..r.count(16)? {
+            let target = r.u64()?;
+            let mut edits = Vec::new();
+            for _ in 0..r.count(8)? {
+                edits.push(r.u64()?);
+            }
+            c.edits.insert(target, edits);
+        }
+    }
+    Ok(())
+}

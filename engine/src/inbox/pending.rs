@@ -1,0 +1,73 @@
+//! Replies: released once the command behind them is durable.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use crate::error::{Error, Result};
+
+/// The sending half of a [`Pending`] reply.
+pub(crate) type Tx<T> = tokio::sync::oneshot::Sender<Reply<T>>;
+
+/// How a reply is delivered: a finished result, or a closure that builds
+/// it on the caller's thread (sync pages read their events there, so the
+/// sequencer never reads the log).
+pub(crate) enum Reply<T> {
+    Done(Result<T>),
+    Later(Box<dyn FnOnce() -> Result<T> + Send>),
+}
+
+impl<T> Reply<T> {
+    pub(crate) fn finish(self) -> Result<T> {
+        match self {
+            Reply::Done(r) => r,
+            Reply::Later(f) => f(),
+        }
+    }
+}
+
+/// A reply that is released once the command behind it is durable.
+///
+/// Await it from async code, or call [`Pending::wait`] from a plain thread.
+pub struct Pending<T>(tokio::sync::oneshot::Receiver<Reply<T>>);
+
+impl<T> Pending<T> {
+    /// A pending reply and the sender that completes it.
+    pub(crate) fn channel() -> (tokio::sync::oneshot::Sender<Reply<T>>, Self) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (tx, Self(rx))
+    }
+
+    pub(crate) fn ready(result: Result<T>) -> Self {
+        let (tx, pending) = Self::channel();
+        // The receiver is alive in `pending`, so the send cannot fail.
+        let _ = tx.send(Reply::Done(result));
+        pending
+    }
+
+    /// Blocks until the reply is ready. Must not be called from inside an
+    /// async runtime; await the `Pending` there instead.
+    pub fn wait(self) -> Result<T> {
+        match self.0.blocking_recv() {
+            Ok(reply) => reply.finish(),
+            Err(_) => Err(stopped()),
+        }
+    }
+}
+
+/// The engine stopped (shut down, or its thread died) before replying.
+fn stopped() -> Error {
+    Error::ShuttingDown
+}
+
+impl<T> Future for Pending<T> {
+    type Output = Result<T>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|received| match received {
+                Ok(reply) => reply.finish(),
+                Err(_) => Err(stopped()),
+            })
+    }
+}

@@ -1,0 +1,89 @@
+//! What a subsystem's decision hands to the sequencer, and how replies
+//! travel: the interface between the generic round-and-commit engine
+//! (`sequencer/`) and the subsystems that own the commands.
+//!
+//! A subsystem's `exec` reads the state, decides, and hands the outcome to
+//! a [`Sink`]: effects (applied at once, so the next command of the round
+//! sees them, and logged in the round's `evt` batch), optionally with a
+//! body for the `msg` log, and one reply. It never writes, waits or
+//! answers by itself: the reply is released by the completion stage once
+//! the round is durable, or with the round's failure.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use super::effect::Effect;
+use super::pending::Reply;
+use super::shared::Shared;
+use super::snapshots::build::Job as SnapshotJob;
+use super::state::State;
+use crate::api::TimestampMs;
+use crate::error::{Error, Result};
+use crate::log::LogError;
+
+pub(crate) use super::pending::Tx;
+
+/// Why a round failed; turned into an [`Error`] per reply.
+#[derive(Clone, Debug)]
+pub(crate) enum Fail {
+    Poisoned(String),
+    NoSpace(String),
+}
+
+impl Fail {
+    pub fn from_log(e: &LogError) -> Fail {
+        match e {
+            LogError::NoSpace(m) => Fail::NoSpace(m.clone()),
+            other => Fail::Poisoned(other.to_string()),
+        }
+    }
+    pub fn to_error(&self) -> Error {
+        match self {
+            Fail::Poisoned(m) => Error::Log(LogError::Poisoned(m.clone())),
+            Fail::NoSpace(m) => Error::NoSpace(m.clone()),
+        }
+    }
+}
+
+/// A reply, released with the round's outcome (`None`: durable).
+pub(crate) type ReplyFn = Box<dyn FnOnce(Option<&Fail>) + Send>;
+
+/// The usual reply: `result` once durable, the failure otherwise.
+pub(crate) fn reply_with<T: Send + 'static>(tx: Tx<T>, result: Result<T>) -> ReplyFn {
+    Box::new(move |fail| {
+        let r = match fail {
+            Some(f) => Err(f.to_error()),
+            None => result,
+        };
+        let _ = tx.send(Reply::Done(r));
+    })
+}
+
+/// Answers a command with a failure without running it.
+pub(crate) fn fail_now<T>(tx: Tx<T>, fail: &Fail) {
+    let _ = tx.send(Reply::Done(Err(fail.to_error())));
+}
+
+/// Where a decision goes: the round being built.
+pub(crate) trait Sink {
+    /// Applies `effect` to `st` and queues its record for the round's
+    /// `evt` batch.
+    fn effect(&mut self, st: &mut State, effect: Effect);
+    /// Like [`Sink::effect`], and queues `body` for the round's `msg`
+    /// batch; once the body is placed, its location is written into the
+    /// effect's record and index ([`Effect::place_body`]). The `msg` batch
+    /// is durable before the `evt` batch is written, so a record never
+    /// points at a body that could vanish.
+    fn effect_with_body(&mut self, st: &mut State, effect: Effect, body: Vec<u8>);
+    /// Queues the command's reply.
+    fn reply(&mut self, reply: ReplyFn);
+}
+
+/// What a decision may read besides the state: the stamped time of the
+/// command (logged in its effects, so replay never reads the clock) and
+/// the engine's shared parts for replies that read later.
+pub(crate) struct Env<'a> {
+    pub now: TimestampMs,
+    pub shared: &'a Arc<Shared>,
+    pub snapshot_jobs: &'a mpsc::Sender<SnapshotJob>,
+}

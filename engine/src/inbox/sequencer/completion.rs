@@ -1,0 +1,83 @@
+//! The completion stage: finishes rounds strictly in order. It waits for
+//! durability, advances the committed watermarks, releases every reply of
+//! the round (errors too, so no answer ever reflects a change that is not
+//! durable) and publishes one coalesced hint per user.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use crate::api::*;
+use crate::inbox::round::{Fail, ReplyFn};
+use crate::inbox::shared::{Hint, Shared};
+use crate::log::AppendTicket;
+
+pub(crate) enum Outcome {
+    Ticket(AppendTicket),
+    Nothing,
+    Failed(Fail),
+}
+
+/// A round handed from the sequencer to the completion stage.
+pub(crate) struct RoundDone {
+    pub id: u64,
+    pub outcome: Outcome,
+    pub replies: Vec<ReplyFn>,
+    pub user_marks: BTreeMap<Uid, SyncSeq>,
+    pub conv_marks: BTreeMap<ConvId, MsgSeq>,
+}
+
+/// The completion stage's thread.
+pub(crate) fn run_completion(shared: Arc<Shared>, rx: mpsc::Receiver<RoundDone>) {
+    let mut poisoned: Option<Fail> = None;
+    while let Ok(done) = rx.recv() {
+        let result: std::result::Result<(), Fail> = match (&poisoned, done.outcome) {
+            (Some(f), _) => Err(f.clone()),
+            (None, Outcome::Ticket(t)) => t
+                .wait()
+                .map(|_| ())
+                .map_err(|e| Fail::Poisoned(e.to_string())),
+            (None, Outcome::Nothing) => Ok(()),
+            (None, Outcome::Failed(f)) => Err(f),
+        };
+        let mut hints = Vec::new();
+        match &result {
+            Ok(()) => {
+                let mut st = shared.state.write();
+                for (&uid, &seq) in &done.user_marks {
+                    if let Some(u) = st.users.get_mut(&uid).map(Arc::make_mut) {
+                        u.committed_seq = u.committed_seq.max(seq);
+                        hints.push(Hint {
+                            uid,
+                            committed_sync_seq: u.committed_seq,
+                        });
+                    }
+                }
+                for (&conv, &seq) in &done.conv_marks {
+                    if let Some(c) = st.convs.get_mut(&conv).map(Arc::make_mut) {
+                        c.committed_seq = c.committed_seq.max(seq);
+                    }
+                }
+            }
+            Err(f @ Fail::Poisoned(m)) => {
+                shared.poison(m.clone());
+                poisoned = Some(f.clone());
+            }
+            Err(Fail::NoSpace(_)) => {}
+        }
+        shared
+            .rounds_written
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared.settle(done.id);
+        // Hints go out before the replies, so a writer that got its reply
+        // knows its readers' subscribers have been told.
+        if !hints.is_empty() {
+            // No receiver is fine: hints are best effort (R16).
+            let _ = shared.hints.send(hints);
+        }
+        let fail = result.err();
+        for reply in done.replies {
+            reply(fail.as_ref());
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! The sequencer: a generic round-and-commit engine.
+//!
+//! It takes commands, hands each to the subsystem that owns it (which
+//! decides against the state and gives back effects and a reply through a
+//! [`Sink`]), applies the effects, batches their records, commits the
+//! batches and passes the round to the completion stage
+//! ([`completion`]), which releases the replies once the round is durable.
+//! It knows nothing of messages or devices: only of effects, optional
+//! bodies for the `msg` log, replies, rounds and checkpoints.
+//!
+//! The sequencer takes whatever commands are queued as one *round*: it
+//! decides and applies each in order (so the next one sees its effects),
+//! then writes the round's messages as one `msg` batch, waits for that to
+//! be durable, and writes the round's effects as one `evt` batch, so an
+//! `evt` record never points at a message that could vanish. It hands the
+//! `evt` ticket to the completion stage and goes on with the next round
+//! while that one syncs (pipelining).
+//!
+//! Checkpoints: the sequencer drains the pipeline and copies the state (so
+//! the copy is the state at one LSN; users and conversations are shared,
+//! copy on write), then hands the copy to the checkpoint-writer thread and
+//! goes on; the encoding, the file's write and its fsyncs never stall a
+//! round. At most one periodic checkpoint is queued or in flight;
+//! a `Checkpoint` command is answered by the writer once its file is
+//! durable; at shutdown the final one is handed off last and waited for.
+//!
+//! Failure rules:
+//! - A write or fsync failure poisons the engine: that round and every
+//!   later one fail, and no later mutation is accepted (fail-stop, R21).
+//! - `NoSpace` on submit: nothing of the round is durable; the sequencer
+//!   waits for earlier rounds, then reloads the state from the checkpoint
+//!   and the log, so the failed round leaves no trace in memory. A sync in
+//!   that round that kept its device's generation is still served (all it
+//!   loses is its `last_seen` refresh): a full disk stops writes, not syncs.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use super::effect::Effect;
+use super::round::{Env, Fail, ReplyFn, Sink};
+use super::shared::Shared;
+use super::snapshots::build::Job as SnapshotJob;
+use super::state::record::Touched;
+use super::state::{pack, State, PENDING_LOC};
+use super::{compaction, devices, messaging, recover, snapshots};
+use crate::api::*;
+use crate::error::{Error, Result};
+use crate::log::{AppendTicket, Batch, Log, LogError};
+
+pub(crate) mod checkpoints;
+pub(crate) mod completion;
+
+use completion::{Outcome, RoundDone};
+
+/// At most this many commands per round, to bound a round's latency.
+const ROUND_COMMANDS_MAX: usize = 4096;
+
+/// Bytes a record adds to a round besides its payload.
+const RECORD_HEADER_LEN: usize = Log::RECORD_OVERHEAD_BYTES as usize;
+
+/// Bytes of records a round may gather before it is closed: half of what
+/// one batch of the log may hold. Each round's `msg` batch and its `evt`
+/// batch go into one frame of their log, which must fit a segment; a round
+/// closes once it reaches this, and no single command adds more than this
+/// (payloads and compaction commands are bounded by it), so a batch never
+/// exceeds what the log takes. A batch that did would be refused by the
+/// log after the round's effects were applied.
+pub(crate) fn round_bytes_max(segment_bytes: u64) -> u64 {
+    Log::batch_records_bytes_max_for(segment_bytes) / 2
+}
+
+/// A command for the sequencer: one subsystem's, or a control command.
+pub(crate) enum Command {
+    Messaging(messaging::Command),
+    Devices(devices::Command),
+    Snapshots(snapshots::Command),
+    Compaction(compaction::Command),
+    /// Write a checkpoint now; answered once it is durable.
+    Checkpoint {
+        tx: mpsc::Sender<Result<()>>,
+    },
+    /// Finish the rounds in hand, write the final checkpoint and stop.
+    Shutdown {
+        tx: mpsc::Sender<Result<()>>,
+    },
+}
+
+impl Command {
+    /// Answers the command with a failure without running it.
+    fn fail(self, f: &Fail) {
+        match self {
+            Command::Messaging(c) => messaging::fail(c, f),
+            Command::Devices(c) => devices::fail(c, f),
+            Command::Snapshots(c) => snapshots::fail(c, f),
+            Command::Compaction(c) => compaction::fail(c, f),
+            Command::Checkpoint { tx } | Command::Shutdown { tx } => {
+                drop(tx.send(Err(f.to_error())))
+            }
+        }
+    }
+}
+
+macro_rules! command_from {
+    ($($variant:ident($ty:ty)),+) => {
+        $(impl From<$ty> for Command {
+            fn from(c: $ty) -> Command {
+                Command::$variant(c)
+            }
+        })+
+    };
+}
+
+command_from!(
+    Messaging(messaging::Command),
+    Devices(devices::Command),
+    Snapshots(snapshots::Command),
+    Compaction(compaction::Command)
+);
+
+#[derive(Default)]
+struct RoundBuf {
+    msg_batch: Batch,
+    /// Per record of `msg_batch`: the index in `evt_records` of the effect
+    /// that owns the body.
+    body_owners: Vec<usize>,
+    /// The round's effects, encoded once as they are decided (kind,
+    /// bytes); a body's location is set in its owner's record once the
+    /// `msg` batch is placed ([`Effect::place_body`]).
+    evt_records: Vec<(u8, Vec<u8>)>,
+    event_patches: Vec<(Uid, SyncSeq, usize)>,
+    replies: Vec<ReplyFn>,
+    user_marks: BTreeMap<Uid, SyncSeq>,
+    conv_marks: BTreeMap<ConvId, MsgSeq>,
+    /// Framed bytes of the records gathered so far, both logs together
+    /// (see [`round_bytes_max`]; also what counts towards the next periodic
+    /// checkpoint).
+    size: u64,
+}
+
+/// The round as the subsystems see it.
+struct RoundSink<'a> {
+    shared: &'a Shared,
+    round: &'a mut RoundBuf,
+    round_id: u64,
+}
+
+impl Sink for RoundSink<'_> {
+    fn effect(&mut self, st: &mut State, effect: Effect) {
+        let r = &mut *self.round;
+        let idx = r.evt_records.len();
+        let mut touched = Touched::default();
+        if let Err(e) = effect.apply(st, PENDING_LOC, self.round_id, &mut touched) {
+            // The decision was made on this very state, so this is a bug;
+            // stop writing rather than log something inconsistent.
+            self.shared.poison(format!(
+                "broken invariant: decided effect does not apply: {}",
+                e.0
+            ));
+        }
+        for (uid, seq) in touched.events {
+            r.event_patches.push((uid, seq, idx));
+            r.user_marks.insert(uid, seq);
+        }
+        if let Some((conv, seq)) = touched.conv {
+            r.conv_marks.insert(conv, seq);
+        }
+        let record = effect.encode();
+        r.size += (RECORD_HEADER_LEN + record.len()) as u64;
+        r.evt_records.push((effect.record_kind(), record));
+    }
+
+    fn effect_with_body(&mut self, st: &mut State, effect: Effect, body: Vec<u8>) {
+        let idx = self.round.evt_records.len();
+        self.effect(st, effect);
+        let r = &mut *self.round;
+        r.size += (RECORD_HEADER_LEN + body.len()) as u64;
+        r.msg_batch.push_owned(MSG_BODY_RECORD, body);
+        r.body_owners.push(idx);
+    }
+
+    fn reply(&mut self, reply: ReplyFn) {
+        self.round.replies.push(reply);
+    }
+}
+
+/// The `msg` log's record kind for a body.
+const MSG_BODY_RECORD: u8 = messaging::record::MSG_RECORD;
+
+pub(crate) struct Sequencer {
+    shared: Arc<Shared>,
+    rx: mpsc::Receiver<Command>,
+    done: mpsc::Sender<RoundDone>,
+    /// The checkpoint writer's queue; dropped when the sequencer stops, which
+    /// lets the writer finish the final checkpoint and exit.
+    checkpoints: mpsc::Sender<checkpoints::Job>,
+    /// Set while a periodic checkpoint is queued or being written.
+    periodic_busy: Arc<AtomicBool>,
+    /// The snapshot builder's queue, cloned into each begin step's reply.
+    snapshot_jobs: mpsc::Sender<SnapshotJob>,
+    next_round: u64,
+    bytes_since_checkpoint: u64,
+}
+
+impl Sequencer {
+    pub fn new(
+        shared: Arc<Shared>,
+        rx: mpsc::Receiver<Command>,
+        done: mpsc::Sender<RoundDone>,
+        checkpoints: mpsc::Sender<checkpoints::Job>,
+        snapshot_jobs: mpsc::Sender<SnapshotJob>,
+    ) -> Self {
+        Self {
+            shared,
+            rx,
+            done,
+            checkpoints,
+            periodic_busy: Arc::new(AtomicBool::new(false)),
+            snapshot_jobs,
+            next_round: 1,
+            bytes_since_checkpoint: 0,
+        }
+    }
+
+    pub fn run(mut self) {
+        while let Ok(first) = self.rx.recv() {
+            let mut cmds = vec![first];
+            while cmds.len() < ROUND_COMMANDS_MAX {
+                match self.rx.try_recv() {
+                    Ok(c) => cmds.push(c),
+                    Err(_) => break,
+                }
+            }
+            let mut control = Vec::new();
+            let mut round = RoundBuf::default();
+            let mut id = self.next_round;
+            let bytes_max = round_bytes_max(self.shared.config.segment_bytes);
+            for cmd in cmds {
+                match cmd {
+                    c @ (Command::Checkpoint { .. } | Command::Shutdown { .. }) => control.push(c),
+                    c => {
+                        self.exec(c, id, &mut round);
+                        if round.size >= bytes_max && !round.replies.is_empty() {
+                            self.next_round += 1;
+                            self.finish_round(id, std::mem::take(&mut round));
+                            id = self.next_round;
+                        }
+                    }
+                }
+            }
+            if !round.replies.is_empty() {
+                self.next_round += 1;
+                self.finish_round(id, round);
+            }
+            let mut stop = false;
+            for c in control {
+                match c {
+                    Command::Checkpoint { tx } => {
+                        self.checkpoint(checkpoints::Done::Caller(tx));
+                    }
+                    Command::Shutdown { tx } => {
+                        let flushed = self.drain().and_then(|()| {
+                            self.shared.msg_log.flush()?;
+                            self.shared.evt_log.flush()?;
+                            Ok(())
+                        });
+                        // The final checkpoint queues behind any earlier
+                        // one; the caller hears back once it is durable.
+                        match flushed {
+                            Ok(()) => self.checkpoint(checkpoints::Done::Caller(tx)),
+                            Err(e) => drop(tx.send(Err(e))),
+                        }
+                        stop = true;
+                    }
+                    _ => {}
+                }
+            }
+            if stop {
+                break;
+            }
+            if self.bytes_since_checkpoint >= self.shared.config.checkpoint_every_bytes
+                && !self.periodic_busy.load(Ordering::Acquire)
+            {
+                // Skipped while one is still in flight: its bytes count
+                // towards the next, and no second image piles up in memory.
+                self.periodic_busy.store(true, Ordering::Release);
+                let busy = Arc::clone(&self.periodic_busy);
+                self.checkpoint(checkpoints::Done::Periodic(busy));
+            }
+        }
+    }
+
+    /// Waits until every submitted round is finished.
+    fn drain(&self) -> Result<()> {
+        self.shared.wait_settled(self.next_round - 1);
+        match self.shared.poisoned() {
+            Some(m) => Err(Error::Log(LogError::Poisoned(m))),
+            None => Ok(()),
+        }
+    }
+
+    /// Drains the pipeline, copies the state at its LSN and hands the copy
+    /// to the writer thread, which encodes and writes it; `done` hears how
+    /// the write went.
+    fn checkpoint(&mut self, done: checkpoints::Done) {
+        if let Err(e) = self.drain() {
+            done.finish(0, Err(e));
+            return;
+        }
+        // A copy in O(users + conversations): the entries are shared, and
+        // the writer thread encodes it while rounds go on (copy on write).
+        let state = Box::new(self.shared.state.read().clone());
+        self.bytes_since_checkpoint = 0;
+        let lsn = state.evt_lsn;
+        let job = checkpoints::Job::Write { state, done };
+        if let Err(mpsc::SendError(checkpoints::Job::Write { done, .. })) =
+            self.checkpoints.send(job)
+        {
+            done.finish(lsn, Err(Error::ShuttingDown));
+        }
+    }
+
+    /// Waits until the writer has finished every checkpoint handed to it,
+    /// so a reload from disk never races a file being renamed or pruned.
+    fn wait_checkpoints(&self) {
+        let (tx, rx) = mpsc::channel();
+        if self.checkpoints.send(checkpoints::Job::Barrier(tx)).is_ok() {
+            let _ = rx.recv();
+        }
+    }
+
+    fn exec(&mut self, cmd: Command, round_id: u64, r: &mut RoundBuf) {
+        if let Some(m) = self.shared.poisoned() {
+            cmd.fail(&Fail::Poisoned(m));
+            return;
+        }
+        let env = Env {
+            now: self.shared.config.clock.now_ms(),
+            shared: &self.shared,
+            snapshot_jobs: &self.snapshot_jobs,
+        };
+        let mut st = self.shared.state.write();
+        let st = &mut *st;
+        let mut sink = RoundSink {
+            shared: &self.shared,
+            round: r,
+            round_id,
+        };
+        match cmd {
+            Command::Messaging(c) => messaging::exec(c, st, &env, &mut sink),
+            Command::Devices(c) => devices::exec(c, st, &env, &mut sink),
+            Command::Snapshots(c) => snapshots::exec(c, st, &env, &mut sink),
+            Command::Compaction(c) => compaction::exec(c, st, &env, &mut sink),
+            Command::Checkpoint { .. } | Command::Shutdown { .. } => {}
+        }
+    }
+
+    fn finish_round(&mut self, id: u64, mut r: RoundBuf) {
+        let outcome = match self.write_round(&mut r) {
+            Ok(Some(ticket)) => Outcome::Ticket(ticket),
+            Ok(None) => Outcome::Nothing,
+            Err(Fail::NoSpace(m)) => {
+                // Nothing of this round is durable: wait for the earlier
+                // rounds, then rebuild memory from disk so no trace of it
+                // stays behind.
+                self.shared.wait_settled(id - 1);
+                self.wait_checkpoints();
+                match recover::load_state(&self.shared.config, &self.shared.evt_log) {
+                    Ok(state) => *self.shared.state.write() = state,
+                    Err(e) => self
+                        .shared
+                        .poison(format!("reload after ENOSPC failed: {e}")),
+                }
+                Outcome::Failed(Fail::NoSpace(m))
+            }
+            Err(f @ Fail::Poisoned(_)) => {
+                if let Fail::Poisoned(m) = &f {
+                    self.shared.poison(m.clone());
+                }
+                Outcome::Failed(f)
+            }
+        };
+        self.bytes_since_checkpoint += r.size;
+        let _ = self.done.send(RoundDone {
+            id,
+            outcome,
+            replies: std::mem::take(&mut r.replies),
+            user_marks: std::mem::take(&mut r.user_marks),
+            conv_marks: std::mem::take(&mut r.conv_marks),
+        });
+    }
+
+    /// Writes the round: messages first (durable), then effects (submitted).
+    fn write_round(&self, r: &mut RoundBuf) -> std::result::Result<Option<AppendTicket>, Fail> {
+        if let Some(m) = self.shared.poisoned() {
+            return Err(Fail::Poisoned(m));
+        }
+        if !r.msg_batch.is_empty() {
+            let ticket = self
+                .shared
+                .msg_log
+                .submit(std::mem::take(&mut r.msg_batch))
+                .map_err(|e| Fail::from_log(&e))?;
+            {
+                let mut st = self.shared.state.write();
+                for (i, &idx) in r.body_owners.iter().enumerate() {
+                    let loc = ticket.locs.get(i).map_or(PENDING_LOC, |l| pack(*l));
+                    if let Some((kind, record)) = r.evt_records.get_mut(idx) {
+                        Effect::place_body(*kind, record, &mut st, loc);
+                    }
+                }
+            }
+            // An evt record must never point at a message that could vanish.
+            ticket.wait().map_err(|e| Fail::Poisoned(e.to_string()))?;
+        }
+        if r.evt_records.is_empty() {
+            return Ok(None);
+        }
+        let mut batch = Batch::new();
+        for (kind, record) in r.evt_records.drain(..) {
+            batch.push_owned(kind, record);
+        }
+        let ticket = self
+            .shared
+            .evt_log
+            .submit(batch)
+            .map_err(|e| Fail::from_log(&e))?;
+        {
+            let mut st = self.shared.state.write();
+            for &(uid, seq, idx) in &r.event_patches {
+                let loc = ticket.locs.get(idx).map_or(PENDING_LOC, |l| pack(*l));
+                st.patch_event(uid, seq, loc);
+            }
+            st.evt_lsn = ticket.lsn;
+        }
+        Ok(Some(ticket))
+    }
+}

@@ -1,0 +1,400 @@
+//! The inbox's in-memory tables. Only the records' `apply` functions
+//! change them ([`record::Record`]; each subsystem owns its records).
+//!
+//! Invariants (checked by [`State::check_invariants`]):
+//! - `apply` is a pure function of (state, record, record location): the
+//!   sequencer calls it live and recovery calls it on replay, so both build
+//!   the same state. It never reads the clock or the configuration (the
+//!   idempotency TTL is part of the state).
+//! - Every iteration whose order matters goes over ordered maps.
+//! - `Conv::msgs[seq - msgs_base - 1]` is the message at `msg_seq = seq`
+//!   (contiguous, R1; seqs at or below `msgs_base` are reclaimed by history
+//!   retention and never served again); `User::events[seq - events_base - 1]` is the user's event at
+//!   `sync_seq = seq` (contiguous, R2).
+//! - Membership periods of one user in one conversation never overlap and
+//!   are ordered; a period covers `join_seq..=leave_seq` (R5).
+//! - `unread` of `(uid, conv)` is the number of messages that are of kind
+//!   normal, not recalled, not sent by `uid`, inside one of `uid`'s periods,
+//!   retained (above the conversation's `msgs_base`) and above `read_seq`
+//!   (R14).
+//! - `stamp` fields (the sequencer round of the last change) and the
+//!   committed watermarks are not state proper: readers use them to avoid
+//!   revealing changes that are not durable yet.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+mod invariants;
+pub(crate) mod loc;
+pub(crate) mod record;
+mod seg_refs;
+
+use crate::api::*;
+pub(crate) use loc::{pack, unpack, PackedLoc, PENDING_LOC};
+pub(crate) use seg_refs::SegRefs;
+
+pub(crate) const OPEN: MsgSeq = u64::MAX;
+pub(crate) const FLAG_RECALLED: u8 = 1;
+pub(crate) const FLAG_EDITED: u8 = 2;
+
+/// Per-message index entry: where the record is and what the state
+/// machine needs without reading it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MsgMeta {
+    pub loc: PackedLoc,
+    pub msg_id: MsgId,
+    pub sender: Uid,
+    pub kind: MessageKind,
+    /// [`FLAG_RECALLED`] / [`FLAG_EDITED`]: either makes it a tombstone.
+    pub flags: u8,
+}
+
+impl MsgMeta {
+    pub fn tombstone(&self) -> bool {
+        self.flags != 0
+    }
+
+    /// True when a conversation summary whose last entry is this one shows
+    /// no body: the entry was recalled or edited, or it is a control entry
+    /// (a recall's or a join's summary is an id, not text for a UI).
+    pub fn hides_summary(&self) -> bool {
+        self.tombstone() || !matches!(self.kind, MessageKind::Normal | MessageKind::Edit)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Period {
+    pub period_id: u32,
+    pub join_seq: MsgSeq,
+    /// [`OPEN`] while a member.
+    pub leave_seq: MsgSeq,
+}
+
+impl Period {
+    pub fn covers(&self, seq: MsgSeq) -> bool {
+        self.join_seq <= seq && seq <= self.leave_seq
+    }
+}
+
+#[derive(Clone, Default, Debug, PartialEq, Eq)]
+pub(crate) struct Conv {
+    /// `msg_seq` just below the first retained message (history
+    /// retention, R19); only grows.
+    pub msgs_base: MsgSeq,
+    pub msgs: Vec<MsgMeta>,
+    pub members: BTreeMap<Uid, Vec<Period>>,
+    /// The edits of each retained message that is not recalled, by the
+    /// `msg_seq` they target: a recall tombstones the edits of what it
+    /// recalls, and theirs, so no edit serves a recalled body (R6). An
+    /// edit recalled on its own stays listed under its target.
+    pub edits: BTreeMap<MsgSeq, Vec<MsgSeq>>,
+    /// Highest durable `msg_seq` (not state: maintained by the completion
+    /// stage).
+    pub committed_seq: MsgSeq,
+}
+
+impl Conv {
+    pub fn head(&self) -> MsgSeq {
+        self.msgs_base + self.msgs.len() as MsgSeq
+    }
+    pub fn is_member(&self, uid: Uid) -> bool {
+        self.members
+            .get(&uid)
+            .and_then(|p| p.last())
+            .is_some_and(|p| p.leave_seq == OPEN)
+    }
+    /// Members whose period covers `seq`, in uid order (R5).
+    pub fn members_at(&self, seq: MsgSeq) -> Vec<Uid> {
+        self.members
+            .iter()
+            .filter(|(_, ps)| ps.iter().any(|p| p.covers(seq)))
+            .map(|(uid, _)| *uid)
+            .collect()
+    }
+    /// Looks a message up by id: ids grow with seq inside a conversation.
+    pub fn seq_of(&self, msg_id: MsgId) -> Option<MsgSeq> {
+        let i = self.msgs.binary_search_by_key(&msg_id, |m| m.msg_id).ok()?;
+        Some(self.msgs_base + i as MsgSeq + 1)
+    }
+    /// The retained message at `seq` (`None` at or below `msgs_base`).
+    pub fn meta(&self, seq: MsgSeq) -> Option<&MsgMeta> {
+        if seq <= self.msgs_base {
+            return None;
+        }
+        self.msgs
+            .get(usize::try_from(seq - self.msgs_base - 1).ok()?)
+    }
+    pub fn meta_mut(&mut self, seq: MsgSeq) -> Option<&mut MsgMeta> {
+        if seq <= self.msgs_base {
+            return None;
+        }
+        self.msgs
+            .get_mut(usize::try_from(seq - self.msgs_base - 1).ok()?)
+    }
+}
+
+/// Ordering key of a user's conversation list: last activity, then the
+/// last message's id (global and increasing) to break ties, then conv.
+pub(crate) type ActivityKey = (TimestampMs, MsgId, ConvId);
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct UserConv {
+    pub read_seq: MsgSeq,
+    pub unread: u32,
+    pub last_msg_seq: MsgSeq,
+    pub last_msg_id: MsgId,
+    pub last_sender: Uid,
+    pub last_summary: Bytes,
+    pub last_activity_ms: TimestampMs,
+    pub muted: bool,
+    pub pinned: bool,
+    pub stamp: u64,
+}
+
+impl UserConv {
+    pub fn key(&self, conv: ConvId) -> ActivityKey {
+        (self.last_activity_ms, self.last_msg_id, conv)
+    }
+
+    /// The row served by the conversation list and snapshots. A last entry
+    /// that [`MsgMeta::hides_summary`] shows no summary (R6).
+    pub fn summary(&self, conv: ConvId, hide_body: bool) -> ConvSummary {
+        ConvSummary {
+            conv,
+            last_msg_seq: self.last_msg_seq,
+            last_msg_id: self.last_msg_id,
+            last_sender: self.last_sender,
+            last_summary: if hide_body {
+                Bytes::new()
+            } else {
+                self.last_summary.clone()
+            },
+            unread: self.unread,
+            read_seq: self.read_seq,
+            last_activity_ms: self.last_activity_ms,
+            muted: self.muted,
+            pinned: self.pinned,
+        }
+    }
+}
+
+/// A device row (R10, R11, R17). Its record carries the row after the
+/// change, so replay is an upsert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DeviceRow {
+    pub device: DeviceId,
+    pub generation: Generation,
+    pub acked_sync_seq: SyncSeq,
+    pub state: DeviceState,
+    pub last_seen_ms: TimestampMs,
+    pub lease: Option<LeaseInfo>,
+}
+
+/// Where a snapshot is in its life, as logged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SnapshotPhase {
+    /// Building or ready (ready once its content file is written).
+    Live,
+    /// Acknowledged by its device: no longer fences.
+    Installed,
+    /// Superseded or expired and forgotten.
+    Dropped,
+}
+
+/// A snapshot row (R18). Its record carries the row after the change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SnapshotRow {
+    pub snapshot_id: u64,
+    pub device: DeviceId,
+    pub generation: Generation,
+    pub base_sync_seq: SyncSeq,
+    pub created_at_ms: TimestampMs,
+    pub expires_at_ms: TimestampMs,
+    pub phase: SnapshotPhase,
+}
+
+impl SnapshotRow {
+    /// Fences while live and not expired.
+    pub fn fences_at(&self, now: TimestampMs) -> bool {
+        self.phase == SnapshotPhase::Live && now <= self.expires_at_ms
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SnapshotSlot {
+    pub row: SnapshotRow,
+    /// Round of the last change (not state, see the module doc).
+    pub stamp: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Device {
+    pub row: DeviceRow,
+    pub stamp: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct User {
+    /// `sync_seq` just below the first retained event.
+    pub events_base: SyncSeq,
+    pub events: Vec<PackedLoc>,
+    /// Highest durable `sync_seq` (not state: completion stage).
+    pub committed_seq: SyncSeq,
+    /// Registered devices, revoked ones included, in registration order.
+    pub devices: Vec<Device>,
+    pub convs: HashMap<ConvId, UserConv>,
+    pub order: BTreeSet<ActivityKey>,
+    pub next_lease_id: u64,
+    /// Snapshots by id (R18).
+    pub snapshots: BTreeMap<u64, SnapshotSlot>,
+    pub next_snapshot_id: u64,
+}
+
+impl User {
+    pub fn head(&self) -> SyncSeq {
+        self.events_base + self.events.len() as SyncSeq
+    }
+    pub fn device(&self, id: DeviceId) -> Option<&Device> {
+        self.devices.iter().find(|d| d.row.device == id)
+    }
+    pub(crate) fn push_event(&mut self, loc: PackedLoc) -> SyncSeq {
+        self.events.push(loc);
+        self.head()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IdemEntry {
+    pub conv: ConvId,
+    pub msg_id: MsgId,
+    pub msg_seq: MsgSeq,
+    pub at_ms: TimestampMs,
+}
+
+/// Conversations and users are behind `Arc`s, so that a checkpoint takes a
+/// copy of the whole state in O(users + conversations) pointer copies under
+/// the lock and encodes it elsewhere; a change to an entry the copy still
+/// shares clones that entry first ([`Arc::make_mut`], copy on write).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct State {
+    pub convs: HashMap<ConvId, Arc<Conv>>,
+    pub users: HashMap<Uid, Arc<User>>,
+    pub idem: HashMap<(Uid, ClientMsgId), IdemEntry>,
+    /// Idempotency keys in insertion order, for expiry.
+    pub idem_order: VecDeque<(TimestampMs, Uid, ClientMsgId)>,
+    pub idem_ttl_ms: u64,
+    /// Next msg_id counter value (the low bits of a msg_id).
+    pub next_msg_counter: u64,
+    /// LSN of the last `evt` batch applied.
+    pub evt_lsn: u64,
+    /// Retained events per `evt` segment (derived: see [`SegRefs`]).
+    pub evt_refs: SegRefs,
+    /// Retained messages per `msg` segment (derived: see [`SegRefs`]).
+    pub msg_refs: SegRefs,
+}
+
+/// The counter part of a msg_id (below the shard bits, R3).
+pub(crate) fn msg_counter(msg_id: MsgId) -> u64 {
+    msg_id & ((1u64 << (64 - MSG_ID_SHARD_BITS)) - 1)
+}
+
+impl State {
+    pub fn new(idem_ttl_ms: u64) -> Self {
+        Self {
+            convs: HashMap::new(),
+            users: HashMap::new(),
+            idem: HashMap::new(),
+            idem_order: VecDeque::new(),
+            idem_ttl_ms,
+            next_msg_counter: 1,
+            evt_lsn: 0,
+            evt_refs: SegRefs::default(),
+            msg_refs: SegRefs::default(),
+        }
+    }
+
+    /// The live idempotency entry for a key at time `now`.
+    pub fn idem_lookup(
+        &self,
+        sender: Uid,
+        cmid: ClientMsgId,
+        now: TimestampMs,
+    ) -> Option<IdemEntry> {
+        self.idem
+            .get(&(sender, cmid))
+            .filter(|e| e.at_ms >= now.saturating_sub(self.idem_ttl_ms))
+            .copied()
+    }
+
+    /// Patches the location of an event whose record was just submitted.
+    pub fn patch_event(&mut self, uid: Uid, seq: SyncSeq, loc: PackedLoc) {
+        if let Some(user) = self.users.get_mut(&uid).map(Arc::make_mut) {
+            if seq > user.events_base {
+                if let Some(slot) = user.events.get_mut((seq - user.events_base - 1) as usize) {
+                    self.evt_refs.replace(*slot, loc);
+                    *slot = loc;
+                }
+            }
+        }
+    }
+
+    /// Patches the location of a message whose record was just submitted.
+    pub fn patch_msg(&mut self, conv: ConvId, seq: MsgSeq, loc: PackedLoc) {
+        if let Some(meta) = self
+            .convs
+            .get_mut(&conv)
+            .map(Arc::make_mut)
+            .and_then(|c| c.meta_mut(seq))
+        {
+            self.msg_refs.replace(meta.loc, loc);
+            meta.loc = loc;
+        }
+    }
+
+    /// Marks everything as durable: used after recovery.
+    pub fn commit_all(&mut self) {
+        for c in self.convs.values_mut().map(Arc::make_mut) {
+            c.committed_seq = c.head();
+        }
+        for u in self.users.values_mut().map(Arc::make_mut) {
+            u.committed_seq = u.head();
+        }
+    }
+
+    /// Recounts both indexes and compares with the incremental counts.
+    pub fn check_seg_refs(&self) -> Result<(), String> {
+        let evt = SegRefs::rebuild(self.users.values().flat_map(|u| &u.events));
+        if evt != self.evt_refs {
+            return Err(format!(
+                "evt segment refs: kept {:?}, recounted {:?}",
+                self.evt_refs, evt
+            ));
+        }
+        let msg = SegRefs::rebuild(
+            self.convs
+                .values()
+                .flat_map(|c| c.msgs.iter().map(|m| &m.loc)),
+        );
+        if msg != self.msg_refs {
+            return Err(format!(
+                "msg segment refs: kept {:?}, recounted {:?}",
+                self.msg_refs, msg
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes held by the event and message indexes (the packed location
+    /// vectors and message metadata), for stats and BENCHMARKS.md.
+    pub fn index_bytes(&self) -> (u64, u64) {
+        let events: usize = self.users.values().map(|u| u.events.capacity() * 8).sum();
+        let msgs: usize = self
+            .convs
+            .values()
+            .map(|c| c.msgs.capacity() * std::mem::size_of::<MsgMeta>())
+            .sum();
+        (events as u64, msgs as u64)
+    }
+}
