@@ -1,4 +1,4 @@
-//! Fault injection at the daemon level (SPEC R20, R21, R22): the real
+//! Fault injection at the daemon level (R20, R21, R22 in docs/SEMANTICS.md): the real
 //! inboxd, built with the engine's `failpoints` feature, under injected
 //! fsync failures, a full disk and torn writes, and restarted on a data
 //! directory whose newest index checkpoint is corrupt.

@@ -1,4 +1,4 @@
-//! The inbox scenarios of SPEC.md, end to end over TCP against the real
+//! The inbox scenarios of docs/SEMANTICS.md, end to end over TCP against the real
 //! daemon: every answer here crossed the wire codec, the server and the
 //! engine.
 

@@ -1,6 +1,6 @@
 //! Abuse at the socket, against the real inboxd: thousands of random and
 //! mutated frames, slowloris connections, connection floods and oversized
-//! payloads (SPEC R24).
+//! payloads (R24 in docs/SEMANTICS.md).
 //!
 //! Every test pins the same three things:
 //! - each abusive connection gets the error reply the protocol promises, or
