@@ -383,6 +383,7 @@ fn compaction_never_takes_what_a_fence_protects_and_answers_match_the_model() {
     };
     // A fixed seed: the counts checked below are those of the same 24
     // cases on every run.
+    let config_cases = config.cases;
     let rng = proptest::test_runner::TestRng::deterministic_rng(config.rng_algorithm);
     let mut runner = proptest::test_runner::TestRunner::new_with_rng(config, rng);
     let result = runner.run(&proptest::collection::vec(op(), 1..60), |ops| {
@@ -392,16 +393,5 @@ fn compaction_never_takes_what_a_fence_protects_and_answers_match_the_model() {
     if let Err(e) = result {
         panic!("{e}");
     }
-    let counts: Vec<(&str, u64)> = REACHED_NAMES
-        .iter()
-        .zip(&REACHED)
-        .map(|(name, n)| (*name, n.load(Ordering::Relaxed)))
-        .collect();
-    println!("compaction_model reached, in 24 cases: {counts:?}");
-    let missing: Vec<&str> = counts
-        .iter()
-        .filter(|(_, n)| *n == 0)
-        .map(|(name, _)| *name)
-        .collect();
-    assert!(missing.is_empty(), "never reached in 24 cases: {missing:?}");
+    assert_every_case_reached("compaction_model", config_cases, &REACHED_NAMES, &REACHED);
 }

@@ -504,22 +504,12 @@ fn engine_agrees_with_the_reference_model_across_restarts() {
     };
     // A fixed seed: the counts checked below are those of the same cases
     // on every run. The regressions file is replayed first.
+    let config_cases = config.cases;
     let rng = proptest::test_runner::TestRng::deterministic_rng(config.rng_algorithm);
     let mut runner = proptest::test_runner::TestRunner::new_with_rng(config, rng);
     let result = runner.run(&proptest::collection::vec(op(), 1..120), run);
     if let Err(e) = result {
         panic!("{e}");
     }
-    let counts: Vec<(&str, u64)> = REACHED_NAMES
-        .iter()
-        .zip(&REACHED)
-        .map(|(name, n)| (*name, n.load(Ordering::Relaxed)))
-        .collect();
-    println!("inbox_model reached, in 48 cases: {counts:?}");
-    let missing: Vec<&str> = counts
-        .iter()
-        .filter(|(_, n)| *n == 0)
-        .map(|(name, _)| *name)
-        .collect();
-    assert!(missing.is_empty(), "never reached in 48 cases: {missing:?}");
+    assert_every_case_reached("inbox_model", config_cases, &REACHED_NAMES, &REACHED);
 }

@@ -223,3 +223,28 @@ pub fn copy_running_dir(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// Prints what a randomized test exercised and fails if any case it claims
+/// never happened: `names[i]` is the case counted by `counts[i]`.
+pub fn assert_every_case_reached(
+    test: &str,
+    cases: u32,
+    names: &[&str],
+    counts: &[std::sync::atomic::AtomicU64],
+) {
+    let counts: Vec<(&str, u64)> = names
+        .iter()
+        .zip(counts)
+        .map(|(name, n)| (*name, n.load(std::sync::atomic::Ordering::Relaxed)))
+        .collect();
+    println!("{test} reached, in {cases} cases: {counts:?}");
+    let missing: Vec<&str> = counts
+        .iter()
+        .filter(|(_, n)| *n == 0)
+        .map(|(name, _)| *name)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{test}: never reached in {cases} cases: {missing:?}"
+    );
+}
