@@ -110,6 +110,7 @@ impl Inbox {
         let (state, recovery) = recover::load_state_reporting(&config, &evt_log)?;
         let checkpoints = checkpoint::durable_lsns(data)?;
         let (hints, _) = tokio::sync::broadcast::channel(1024);
+        let snapshots = snapshots::store::Store::new(config.snapshot_cache_bytes);
         let shared = Arc::new(Shared {
             config,
             state: RwLock::new(state),
@@ -120,7 +121,7 @@ impl Inbox {
             hints,
             rounds_written: AtomicU64::new(0),
             recovery,
-            snapshots: snapshots::store::Store::default(),
+            snapshots,
             compaction: compaction::runtime::Runtime::default(),
             checkpoint_hook: Mutex::new(None),
             checkpoints: Mutex::new(checkpoints),

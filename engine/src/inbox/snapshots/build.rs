@@ -110,9 +110,7 @@ pub(crate) fn build(shared: &Shared, plan: &Plan) -> Result<SnapshotInfo> {
     };
     shared
         .snapshots
-        .cache
-        .lock()
-        .insert((plan.uid, plan.snapshot_id), Arc::new(content));
+        .insert(plan.uid, plan.snapshot_id, Arc::new(content));
     Ok(info)
 }
 
