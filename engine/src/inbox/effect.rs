@@ -193,13 +193,13 @@ pub(crate) mod tests {
     fn effects_round_trip_through_their_encoding() {
         let effects = [
             Effect::Msg(MsgEffect {
-                conv: 7,
-                msg_seq: 3,
-                msg_id: 99,
-                sender: 1,
+                conv: ConvId(7),
+                msg_seq: MsgSeq(3),
+                msg_id: MsgId(99),
+                sender: Uid(1),
                 kind: MessageKind::Edit,
                 msg_type: 12,
-                target_seq: 2,
+                target_seq: MsgSeq(2),
                 at_ms: 1000,
                 msg_loc: pack(crate::log::RecordLoc {
                     segment: 4,
@@ -209,14 +209,14 @@ pub(crate) mod tests {
                 summary: Bytes::from_static(b"hello"),
             }),
             Effect::Read(ReadEffect {
-                uid: 1,
-                conv: 2,
-                read_seq: 3,
+                uid: Uid(1),
+                conv: ConvId(2),
+                read_seq: MsgSeq(3),
                 at_ms: 4,
             }),
             Effect::Flags(FlagsEffect {
-                uid: 1,
-                conv: 2,
+                uid: Uid(1),
+                conv: ConvId(2),
                 flags: ConvFlags {
                     muted: true,
                     pinned: false,
@@ -224,17 +224,17 @@ pub(crate) mod tests {
                 at_ms: 4,
             }),
             Effect::Device(DeviceEffect {
-                uid: 5,
+                uid: Uid(5),
                 row: DeviceRow {
-                    device: 6,
-                    generation: 7,
-                    acked_sync_seq: 8,
+                    device: DeviceId(6),
+                    generation: Generation(7),
+                    acked_sync_seq: SyncSeq(8),
                     state: DeviceState::Recovering,
                     last_seen_ms: 9,
                     lease: Some(LeaseInfo {
                         lease_id: 1,
-                        resume_from: 2,
-                        hwm: 3,
+                        resume_from: SyncSeq(2),
+                        hwm: SyncSeq(3),
                         expires_at_ms: 4,
                     }),
                 },
@@ -247,35 +247,35 @@ pub(crate) mod tests {
     fn compaction_and_snapshot_records_round_trip_and_reject_every_prefix() {
         let effects = [
             Effect::Snapshot(SnapshotEffect {
-                uid: 9,
+                uid: Uid(9),
                 row: SnapshotRow {
                     snapshot_id: 3,
-                    device: 2,
-                    generation: 7,
-                    base_sync_seq: 120,
+                    device: DeviceId(2),
+                    generation: Generation(7),
+                    base_sync_seq: SyncSeq(120),
                     created_at_ms: 1_000,
                     expires_at_ms: 2_000,
                     phase: SnapshotPhase::Installed,
                 },
             }),
             Effect::Trim(TrimEffect {
-                uid: 9,
-                events_base: 77,
+                uid: Uid(9),
+                events_base: SyncSeq(77),
             }),
             Effect::TrimMsgs(TrimMsgsEffect {
-                conv: 4,
-                msgs_base: 31,
+                conv: ConvId(4),
+                msgs_base: MsgSeq(31),
             }),
             Effect::Relocate(RelocateEffect(vec![Relocation {
-                uid: 9,
-                sync_seq: 80,
+                uid: Uid(9),
+                sync_seq: SyncSeq(80),
                 from: 1 << 32 | 64,
                 to: 5 << 32 | 128,
             }])),
             Effect::Copied(Box::new(Effect::Read(ReadEffect {
-                uid: 1,
-                conv: 2,
-                read_seq: 3,
+                uid: Uid(1),
+                conv: ConvId(2),
+                read_seq: MsgSeq(3),
                 at_ms: 4,
             }))),
         ];

@@ -261,7 +261,7 @@ impl Inbox {
             req.sender,
             req.client_msg_id,
             req.msg_type,
-            0,
+            MsgId(0),
             &req.payload,
         )
     }

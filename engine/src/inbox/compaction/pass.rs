@@ -132,7 +132,7 @@ pub(crate) fn event_at_ms(shared: &Shared, uid: Uid, seq: SyncSeq) -> Option<Tim
             if seq <= u.events_base {
                 return Some(0);
             }
-            *u.events.get((seq - u.events_base - 1) as usize)?
+            *u.events.get((seq.0 - u.events_base.0 - 1) as usize)?
         };
         if loc == PENDING_LOC {
             return None;
@@ -158,15 +158,15 @@ pub(crate) fn newest_at_or_before(
     hi: SyncSeq,
     cutoff: TimestampMs,
 ) -> SyncSeq {
-    let (mut ok, mut bad) = (lo, hi + 1);
+    let (mut ok, mut bad) = (lo.0, hi.0 + 1);
     while bad - ok > 1 {
         let mid = ok + (bad - ok) / 2;
-        match event_at_ms(shared, uid, mid) {
+        match event_at_ms(shared, uid, SyncSeq(mid)) {
             Some(at) if at <= cutoff => ok = mid,
             _ => bad = mid,
         }
     }
-    ok
+    SyncSeq(ok)
 }
 
 pub(crate) fn trim_users(
@@ -227,7 +227,7 @@ pub(crate) fn trim_users(
             let at = match oldest_at.get(&uid) {
                 Some(&(b, at)) if b == base => Some(at),
                 _ => {
-                    let at = event_at_ms(shared, uid, base + 1);
+                    let at = event_at_ms(shared, uid, base.next());
                     if let Some(at) = at {
                         oldest_at.insert(uid, (base, at));
                     }
@@ -273,7 +273,7 @@ pub(crate) fn trim_users(
             tx,
         })?;
         for (_, old, new) in trimmed {
-            report.events_reclaimed += new - old;
+            report.events_reclaimed += new.saturating_since(old);
             any = true;
         }
     }
@@ -311,15 +311,15 @@ pub(crate) fn newest_msg_at_or_before(
     hi: MsgSeq,
     cutoff: TimestampMs,
 ) -> MsgSeq {
-    let (mut ok, mut bad) = (lo, hi + 1);
+    let (mut ok, mut bad) = (lo.0, hi.0 + 1);
     while bad - ok > 1 {
         let mid = ok + (bad - ok) / 2;
-        match msg_at_ms(shared, conv, mid) {
+        match msg_at_ms(shared, conv, MsgSeq(mid)) {
             Some(at) if at <= cutoff => ok = mid,
             _ => bad = mid,
         }
     }
-    ok
+    MsgSeq(ok)
 }
 
 pub(crate) fn trim_history(
@@ -359,7 +359,7 @@ pub(crate) fn trim_history(
             tx,
         })?;
         for (_, old, new) in trimmed {
-            report.messages_reclaimed += new - old;
+            report.messages_reclaimed += new.saturating_since(old);
             any = true;
         }
     }

@@ -138,8 +138,8 @@ pub(crate) fn decide_register(
     }
     let row = DeviceRow {
         device,
-        generation: existing.map_or(1, |r| r.generation + 1),
-        acked_sync_seq: 0,
+        generation: existing.map_or(Generation(1), |r| r.generation.next()),
+        acked_sync_seq: SyncSeq(0),
         state: DeviceState::Active,
         last_seen_ms: now,
         lease: None,
@@ -202,7 +202,7 @@ pub(crate) fn decide_sync(
     }
     let reset = |row: DeviceRow| {
         let row = DeviceRow {
-            generation: row.generation + 1,
+            generation: row.generation.next(),
             state: DeviceState::Resetting,
             lease: None,
             last_seen_ms: now.max(row.last_seen_ms),
@@ -219,7 +219,7 @@ pub(crate) fn decide_sync(
             SyncOutcome::Page(SyncPlan {
                 uid,
                 start,
-                end: hwm.min(start.saturating_add(u64::from(limit))),
+                end: hwm.min(SyncSeq(start.0.saturating_add(u64::from(limit)))),
                 hwm,
                 acked: row.acked_sync_seq,
                 generation: row.generation,
@@ -321,7 +321,7 @@ pub(crate) fn decide_sync(
     // Local state below the server ACK, or a missing / mismatched
     // generation: bump the generation, then lease or reset (R10).
     let from = req.local_applied_seq.min(row.acked_sync_seq);
-    let gap = row.acked_sync_seq - from;
+    let gap = row.acked_sync_seq.0 - from.0;
     if gap > cfg.recovery_lease_events_max || from < base {
         return Ok(reset(row));
     }
@@ -332,7 +332,7 @@ pub(crate) fn decide_sync(
         expires_at_ms: now.saturating_add(ms(cfg.recovery_lease_ttl)),
     };
     let row = DeviceRow {
-        generation: row.generation + 1,
+        generation: row.generation.next(),
         state: DeviceState::Recovering,
         lease: Some(lease),
         last_seen_ms: now.max(row.last_seen_ms),

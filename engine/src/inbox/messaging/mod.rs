@@ -96,7 +96,7 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
                 sink.reply(reply_with(tx, Ok(reply)));
                 return;
             }
-            let msg_seq = st.convs.get(&conv).map_or(0, |c| c.head()) + 1;
+            let msg_seq = st.convs.get(&conv).map_or(MsgSeq(0), |c| c.head()).next();
             let period_id = st
                 .convs
                 .get(&conv)
@@ -115,7 +115,7 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
                 ));
                 return;
             };
-            let msg_seq = c.head() + 1;
+            let msg_seq = c.head().next();
             let period_id = c
                 .members
                 .get(&uid)
@@ -289,10 +289,10 @@ fn push_membership(
             sender: uid,
             client_msg_id: 0,
             msg_type: 0,
-            target: 0,
-            target_seq: 0,
+            target: MsgId(0),
+            target_seq: MsgSeq(0),
             payload: &payload,
-            summary: record::summary_for(kind, &[], 0, uid),
+            summary: record::summary_for(kind, &[], MsgId(0), uid),
         },
     );
 }
@@ -300,8 +300,8 @@ fn push_membership(
 /// Allocates a message's `msg_id` and `msg_seq` and hands its body and
 /// effect to the round.
 fn push_message(st: &mut State, sink: &mut dyn Sink, m: NewMessage<'_>) -> (MsgId, MsgSeq) {
-    let msg_seq = st.convs.get(&m.conv).map_or(0, |c| c.head()) + 1;
-    let msg_id = st.next_msg_counter; // shard id 0 in the top bits (R3)
+    let msg_seq = st.convs.get(&m.conv).map_or(MsgSeq(0), |c| c.head()).next();
+    let msg_id = MsgId(st.next_msg_counter); // shard id 0 in the top bits (R3)
     let header = MsgHeader {
         kind: m.kind,
         msg_type: m.msg_type,
@@ -371,7 +371,9 @@ fn decide_send(
         )));
     }
     if kind == MessageKind::Normal {
-        return Ok(Decision::New { target_seq: 0 });
+        return Ok(Decision::New {
+            target_seq: MsgSeq(0),
+        });
     }
     let target_seq = c
         .seq_of(target)

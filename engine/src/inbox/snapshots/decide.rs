@@ -33,7 +33,7 @@ pub(crate) fn decide_begin(
     let base_sync_seq = user.head();
     let snapshot_id = user.next_snapshot_id.max(1);
     let row = DeviceRow {
-        generation: row.generation + 1,
+        generation: row.generation.next(),
         state: DeviceState::Resetting,
         lease: None,
         last_seen_ms: now.max(row.last_seen_ms),
@@ -86,14 +86,14 @@ pub(crate) fn decide_begin(
                 'periods: for p in periods.iter().rev() {
                     let hi = p.leave_seq.min(head);
                     let mut seq = hi;
-                    while seq >= p.join_seq && seq > 0 {
+                    while seq >= p.join_seq && seq > MsgSeq(0) {
                         if last.len() == n {
                             break 'periods;
                         }
                         if let Some(m) = c.meta(seq) {
                             last.push((seq, *m));
                         }
-                        seq -= 1;
+                        seq = seq.prev();
                     }
                 }
             }
