@@ -54,7 +54,7 @@ fn open(
 /// moves on, so most `evt` segments are dead or sparse.
 fn fill(ib: &Inbox, clock: &ManualClock, n: u64) -> Vec<(Uid, Generation, SyncSeq)> {
     for uid in 1..=USERS {
-        ib.join(conv_of(Uid(uid)), Uid(uid)).wait().unwrap();
+        ib.join(Uid(uid), conv_of(Uid(uid))).wait().unwrap();
     }
     let mut devs: Vec<(Uid, Generation, SyncSeq)> = (1..=USERS)
         .map(|uid| {

@@ -55,8 +55,8 @@ fn benches(c: &mut Criterion) {
     ] {
         let dir = tempfile::tempdir().unwrap();
         let ib = open(dir.path(), policy);
-        ib.join(ConvId(1), Uid(1)).wait().unwrap();
-        ib.join(ConvId(1), Uid(2)).wait().unwrap();
+        ib.join(Uid(1), ConvId(1)).wait().unwrap();
+        ib.join(Uid(2), ConvId(1)).wait().unwrap();
         let mut cmid = 0u128;
         g.throughput(Throughput::Elements(1));
         g.bench_function(name, |b| {
@@ -71,7 +71,7 @@ fn benches(c: &mut Criterion) {
         let dir = tempfile::tempdir().unwrap();
         let ib = open(dir.path(), SyncPolicy::None);
         for uid in 1..=200 {
-            ib.join(ConvId(2), Uid(uid)).wait().unwrap();
+            ib.join(Uid(uid), ConvId(2)).wait().unwrap();
         }
         let mut cmid = 0u128;
         g.throughput(Throughput::Elements(200));
@@ -86,8 +86,8 @@ fn benches(c: &mut Criterion) {
     {
         let dir = tempfile::tempdir().unwrap();
         let ib = open(dir.path(), SyncPolicy::None);
-        ib.join(ConvId(3), Uid(1)).wait().unwrap();
-        ib.join(ConvId(3), Uid(2)).wait().unwrap();
+        ib.join(Uid(1), ConvId(3)).wait().unwrap();
+        ib.join(Uid(2), ConvId(3)).wait().unwrap();
         let gen = ib
             .register_device(Uid(2), DeviceId(1))
             .wait()
@@ -206,10 +206,10 @@ fn checkpoint_stall(_c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let ib = Arc::new(open(dir.path(), SyncPolicy::Always));
     for uid in 1..=STALL_MEMBERS {
-        ib.join(ConvId(20), Uid(uid)).wait().unwrap();
+        ib.join(Uid(uid), ConvId(20)).wait().unwrap();
     }
-    ib.join(ConvId(10), Uid(1001)).wait().unwrap();
-    ib.join(ConvId(10), Uid(1002)).wait().unwrap();
+    ib.join(Uid(1001), ConvId(10)).wait().unwrap();
+    ib.join(Uid(1002), ConvId(10)).wait().unwrap();
     for chunk in 0..STALL_FILL_SENDS / 5_000 {
         let pending: Vec<_> = (0..5_000u128)
             .map(|i| {

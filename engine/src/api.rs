@@ -161,8 +161,8 @@ pub struct Message {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendRequest {
-    pub conv: ConvId,
     pub sender: Uid,
+    pub conv: ConvId,
     pub client_msg_id: ClientMsgId,
     pub msg_type: MsgType,
     pub payload: Bytes,
@@ -179,16 +179,16 @@ pub struct SendReply {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecallRequest {
-    pub conv: ConvId,
     pub sender: Uid,
+    pub conv: ConvId,
     pub client_msg_id: ClientMsgId,
     pub target: MsgId,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EditRequest {
-    pub conv: ConvId,
     pub sender: Uid,
+    pub conv: ConvId,
     pub client_msg_id: ClientMsgId,
     pub target: MsgId,
     pub payload: Bytes,

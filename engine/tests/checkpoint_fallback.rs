@@ -61,7 +61,7 @@ fn flip_a_body_byte(path: &Path) {
 fn compacted_then_written() -> (Harness, [u8; 32]) {
     let h = Harness::with(tune);
     for uid in 1..=3 {
-        h.join(ConvId(10), Uid(uid));
+        h.join(Uid(uid), ConvId(10));
         h.register(Uid(uid), PHONE);
     }
     h.send_many(ConvId(10), Uid(1), 1_000, 150);

@@ -73,10 +73,10 @@ fn kill_between_each_step_of_a_rewrite_loses_nothing_and_resurrects_nothing() {
     // conv 10: users 1..=5, whose phones ACK everything (their events die);
     // conv 20: users 1 and 6, and 6's desktop never ACKs (its events live).
     for uid in 1..=5 {
-        h.join(ConvId(10), Uid(uid));
+        h.join(Uid(uid), ConvId(10));
     }
-    h.join(ConvId(20), Uid(1));
-    h.join(ConvId(20), Uid(6));
+    h.join(Uid(1), ConvId(20));
+    h.join(Uid(6), ConvId(20));
     let gens: Vec<Generation> = (2..=5)
         .map(|uid| h.register(Uid(uid), PHONE).device.generation)
         .collect();

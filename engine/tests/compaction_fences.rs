@@ -30,8 +30,8 @@ fn seqs(events: &[SyncEvent]) -> Vec<SyncSeq> {
 #[test]
 fn slow_device_holds_back_compaction_of_its_events_until_it_acks() {
     let h = Harness::with(tune);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gp = h.register(Uid(2), PHONE).device.generation;
     let gd = h.register(Uid(2), DESKTOP).device.generation;
     h.send_many(ConvId(10), Uid(1), 1000, 60);
@@ -77,8 +77,8 @@ fn slow_device_holds_back_compaction_of_its_events_until_it_acks() {
 #[test]
 fn events_younger_than_the_safety_window_are_kept_even_when_acked() {
     let h = Harness::with(tune);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gp = h.register(Uid(2), PHONE).device.generation;
     h.send_many(ConvId(10), Uid(1), 1000, 20);
     let (_, _, ack) = h.catch_up(Uid(2), PHONE, gp, SyncSeq(0));
@@ -103,10 +103,10 @@ fn events_younger_than_the_safety_window_are_kept_even_when_acked() {
 fn device_past_the_hard_ttl_gets_reset_required_installs_a_snapshot_and_catches_up_from_s_plus_one()
 {
     let h = Harness::with(tune);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
-    h.join(ConvId(11), Uid(2));
-    h.join(ConvId(11), Uid(3));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
+    h.join(Uid(2), ConvId(11));
+    h.join(Uid(3), ConvId(11));
     let gd = h.register(Uid(2), DESKTOP).device.generation;
     h.send_many(ConvId(10), Uid(1), 1000, 40);
     h.send(ConvId(11), Uid(3), 5000, "hello from 3");
@@ -191,8 +191,8 @@ fn device_past_the_hard_ttl_gets_reset_required_installs_a_snapshot_and_catches_
 #[test]
 fn compaction_in_the_middle_of_a_recovery_lease_serves_every_page_whole() {
     let h = Harness::with(tune);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gp = h.register(Uid(2), PHONE).device.generation;
     h.send_many(ConvId(10), Uid(1), 1000, 300);
     let (_, gp, acked) = h.catch_up(Uid(2), PHONE, gp, SyncSeq(0));
@@ -251,8 +251,8 @@ fn compaction_in_the_middle_of_a_recovery_lease_serves_every_page_whole() {
 #[test]
 fn messages_arriving_while_a_snapshot_is_built_stay_out_of_it() {
     let h = Harness::with(tune);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     h.register(Uid(2), DESKTOP);
     let gp = h.register(Uid(2), PHONE).device.generation;
     h.send_many(ConvId(10), Uid(1), 1000, 10);
@@ -321,8 +321,8 @@ fn messages_arriving_while_a_snapshot_is_built_stay_out_of_it() {
 #[test]
 fn late_ack_from_the_generation_before_a_snapshot_is_refused() {
     let h = Harness::with(tune);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let g = h.register(Uid(2), DESKTOP).device.generation;
     h.send_many(ConvId(10), Uid(1), 1000, 10);
     let page = h
@@ -372,8 +372,8 @@ fn late_ack_from_the_generation_before_a_snapshot_is_refused() {
 #[test]
 fn interrupted_install_fetches_the_same_snapshot_again_after_a_restart() {
     let mut h = Harness::with(tune);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     h.register(Uid(2), DESKTOP);
     h.send_many(ConvId(10), Uid(1), 1000, 25);
     let info = h.ib().begin_snapshot(Uid(2), DESKTOP).wait().unwrap();
@@ -399,8 +399,8 @@ fn interrupted_install_fetches_the_same_snapshot_again_after_a_restart() {
 #[test]
 fn expired_snapshot_stops_fencing_and_its_install_is_refused() {
     let h = Harness::with(tune);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     h.register(Uid(2), DESKTOP);
     h.send_many(ConvId(10), Uid(1), 1000, 5);
     let info = h.ib().begin_snapshot(Uid(2), DESKTOP).wait().unwrap();
@@ -453,8 +453,8 @@ fn expired_snapshot_stops_fencing_and_its_install_is_refused() {
 #[test]
 fn explain_segment_names_the_users_and_fences_holding_it() {
     let h = Harness::with(tune);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     h.register(Uid(2), DESKTOP);
     h.send_many(ConvId(10), Uid(1), 1000, 400);
     h.advance(2 * HOUR);
@@ -478,14 +478,14 @@ fn explain_segment_names_the_users_and_fences_holding_it() {
 #[test]
 fn events_that_age_past_the_window_between_passes_are_reclaimed_when_due() {
     let h = Harness::with(tune);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     h.send_many(ConvId(10), Uid(1), 1000, 10);
     // Nothing is old enough: the pass notes when the oldest event will be.
     assert_eq!(h.ib().compact().unwrap().events_reclaimed, 0);
     h.advance(HOUR / 2);
     // A user who appears between passes, with younger events.
-    h.join(ConvId(20), Uid(3));
+    h.join(Uid(3), ConvId(20));
     h.send_many(ConvId(20), Uid(3), 2000, 5);
     assert_eq!(h.ib().compact().unwrap().events_reclaimed, 0);
     // Past the window for the first ten sends only (no devices, no fences).
@@ -512,8 +512,8 @@ fn events_that_age_past_the_window_between_passes_are_reclaimed_when_due() {
 #[test]
 fn a_segment_counts_as_covered_only_once_two_durable_checkpoints_cover_it() {
     let h = Harness::with(tune);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     h.send_many(ConvId(10), Uid(1), 1000, 800);
     let waits = |x: &SegmentExplain| x.held_by.iter().any(|s| s.contains("not yet covered"));
     let first = h.ib().explain_segment("evt", 1).unwrap();

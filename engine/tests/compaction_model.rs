@@ -189,7 +189,7 @@ fn run(ops: Vec<Op>) {
     };
     for (conv, members) in CONVS {
         for &uid in members {
-            h.join(conv, uid);
+            h.join(uid, conv);
             let head = m.heads.entry(conv).or_default();
             *head = head.next();
             let j = *head;

@@ -69,8 +69,8 @@ fn noise(seed: u64, len: usize) -> String {
 /// Old: joins (seqs 1, 2) and 30 messages (3..=32); two days later, young:
 /// 5 messages (33..=37).
 fn old_and_young(h: &Harness) {
-    h.join(CONV, Uid(1));
-    h.join(CONV, Uid(2));
+    h.join(Uid(1), CONV);
+    h.join(Uid(2), CONV);
     h.send_many(CONV, Uid(1), 1000, 30);
     h.advance(2 * DAY);
     h.send_many(CONV, Uid(1), 2000, 5);
@@ -143,8 +143,8 @@ fn messages_older_than_the_retention_are_reclaimed_and_never_served_again() {
 #[test]
 fn messages_younger_than_the_retention_are_kept() {
     let h = Harness::with(keep_one_day);
-    h.join(CONV, Uid(1));
-    h.join(CONV, Uid(2));
+    h.join(Uid(1), CONV);
+    h.join(Uid(2), CONV);
     h.send_many(CONV, Uid(1), 1000, 20);
     h.advance(12 * HOUR);
     let report = h.ib().compact().unwrap();
@@ -185,8 +185,8 @@ fn default_retention_keeps_every_message_forever() {
 #[test]
 fn a_msg_segment_whose_messages_are_all_reclaimed_is_deleted_whole() {
     let mut h = Harness::with(small_segments);
-    h.join(CONV, Uid(1));
-    h.join(CONV, Uid(2));
+    h.join(Uid(1), CONV);
+    h.join(Uid(2), CONV);
     for i in 0..60 {
         h.send(CONV, Uid(1), 1000 + i, &noise(i as u64, 300));
     }
@@ -226,8 +226,8 @@ fn a_msg_segment_whose_messages_are_all_reclaimed_is_deleted_whole() {
 #[test]
 fn a_recall_tombstone_outlives_the_original_it_hides() {
     let mut h = Harness::with(keep_one_day);
-    h.join(CONV, Uid(1));
-    h.join(CONV, Uid(2));
+    h.join(Uid(1), CONV);
+    h.join(Uid(2), CONV);
     h.send(CONV, Uid(1), 1, "old"); // seq 3, at T0
     h.advance(12 * HOUR);
     let hidden = h.send(CONV, Uid(1), 2, "secret"); // seq 4, at T0 + 12h

@@ -32,12 +32,12 @@ fn steady_state(laggard: bool) -> (f64, f64, CompactionReport) {
     for conv in 0..CONVS {
         for m in 0..PER_CONV {
             let uid = conv * PER_CONV + m + 1;
-            h.join(ConvId(100 + conv), Uid(uid));
+            h.join(Uid(uid), ConvId(100 + conv));
             gens.push((uid, h.register(Uid(uid), PHONE).device.generation, 0));
         }
     }
     if laggard {
-        h.join(LAGGARD_CONV, LAGGARD);
+        h.join(LAGGARD, LAGGARD_CONV);
         h.register(LAGGARD, PHONE);
     }
     let mut worst_total = 0.0f64;

@@ -86,8 +86,8 @@ fn hold_first_checkpoint(ib: &Inbox) -> Held {
 #[test]
 fn checkpoint_command_replies_after_its_file_is_durable() {
     let h = Harness::new();
-    h.join(ConvId(1), Uid(1));
-    h.join(ConvId(1), Uid(2));
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
     h.send_many(ConvId(1), Uid(1), 0, 50);
     let digest = h.ib().state_digest();
     h.ib().checkpoint().unwrap();
@@ -114,8 +114,8 @@ fn checkpoint_command_replies_after_its_file_is_durable() {
 #[test]
 fn sends_are_served_while_a_checkpoint_file_is_written() {
     let h = Harness::new();
-    h.join(ConvId(1), Uid(1));
-    h.join(ConvId(1), Uid(2));
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
     let generation = h.register(Uid(2), DeviceId(1)).device.generation;
     let ib = h.ib();
     let held = hold_first_checkpoint(ib);
@@ -163,8 +163,8 @@ fn sends_are_served_while_a_checkpoint_file_is_written() {
 #[test]
 fn shutdown_leaves_a_checkpoint_covering_everything() {
     let mut h = Harness::new();
-    h.join(ConvId(1), Uid(1));
-    h.join(ConvId(1), Uid(2));
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
     h.register(Uid(2), DeviceId(1));
     h.send_many(ConvId(1), Uid(1), 0, 40);
     let digest = h.ib().state_digest();
@@ -182,8 +182,8 @@ fn shutdown_leaves_a_checkpoint_covering_everything() {
 fn periodic_checkpoints_do_not_pile_up_while_one_is_being_written() {
     // Every round crosses the threshold.
     let h = Harness::with(|c| c.checkpoint_every_bytes = 1);
-    h.join(ConvId(1), Uid(1));
-    h.join(ConvId(1), Uid(2));
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
     let held = hold_first_checkpoint(h.ib());
     // One send, one round: a periodic checkpoint is handed off and held.
     h.send(ConvId(1), Uid(1), 0, "first");
@@ -206,8 +206,8 @@ fn periodic_checkpoints_do_not_pile_up_while_one_is_being_written() {
 #[test]
 fn a_failed_checkpoint_write_is_reported_and_does_not_stop_writes() {
     let mut h = Harness::new();
-    h.join(ConvId(1), Uid(1));
-    h.join(ConvId(1), Uid(2));
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
     h.send_many(ConvId(1), Uid(1), 0, 10);
     h.ib().checkpoint().unwrap();
     let good = checkpoints(h.dir.path());
@@ -238,8 +238,8 @@ fn snapshot_is_built_even_when_the_caller_drops_the_reply() {
     const PHONE: DeviceId = DeviceId(1);
     const DESKTOP: DeviceId = DeviceId(2);
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     h.register(Uid(2), PHONE);
     h.register(Uid(2), DESKTOP);
     h.send_many(ConvId(10), Uid(1), 0, 30);
@@ -291,8 +291,8 @@ fn snapshot_is_built_even_when_the_caller_drops_the_reply() {
 #[test]
 fn shutdown_waits_for_queued_checkpoints_and_writes_the_final_one_last() {
     let mut h = Harness::new();
-    h.join(ConvId(1), Uid(1));
-    h.join(ConvId(1), Uid(2));
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
     let generation = h.register(Uid(2), DeviceId(1)).device.generation;
     let held = hold_first_checkpoint(h.ib());
     h.send_many(ConvId(1), Uid(1), 0, 10);
@@ -342,8 +342,8 @@ fn shutdown_with_a_snapshot_build_pending_returns_and_the_device_resets_after_re
     const PHONE: DeviceId = DeviceId(1);
     const DESKTOP: DeviceId = DeviceId(2);
     let mut h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     h.register(Uid(2), PHONE);
     h.register(Uid(2), DESKTOP);
     h.send_many(ConvId(10), Uid(1), 0, 30);
@@ -389,8 +389,8 @@ fn shutdown_with_a_snapshot_build_pending_returns_and_the_device_resets_after_re
 #[test]
 fn a_tmp_file_left_by_a_crash_is_never_a_checkpoint_and_is_removed_by_the_next_write() {
     let mut h = Harness::new();
-    h.join(ConvId(1), Uid(1));
-    h.join(ConvId(1), Uid(2));
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
     h.send_many(ConvId(1), Uid(1), 0, 10);
     let digest = h.ib().state_digest();
     drop(h.inbox.take());

@@ -136,8 +136,8 @@ fn a_sync_that_changes_nothing_does_not_wait_for_a_pending_fsync() {
     let ib = Arc::new(Inbox::open_with_io(cfg, io.clone()).unwrap());
 
     // uid 3 has two durable messages and a registered phone.
-    ib.join(ConvId(20), Uid(3)).wait().unwrap();
-    ib.join(ConvId(20), Uid(4)).wait().unwrap();
+    ib.join(Uid(3), ConvId(20)).wait().unwrap();
+    ib.join(Uid(4), ConvId(20)).wait().unwrap();
     for i in 0..2 {
         ib.send(send_req(ConvId(20), Uid(4), i, "for 3"))
             .wait()
@@ -149,8 +149,8 @@ fn a_sync_that_changes_nothing_does_not_wait_for_a_pending_fsync() {
         .unwrap()
         .device
         .generation;
-    ib.join(ConvId(10), Uid(1)).wait().unwrap();
-    ib.join(ConvId(10), Uid(2)).wait().unwrap();
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
+    ib.join(Uid(2), ConvId(10)).wait().unwrap();
 
     // Another user's send is held at its fsync.
     io.shut();
@@ -216,7 +216,7 @@ fn a_sync_that_must_refresh_last_seen_still_waits_for_its_round() {
     cfg.sync = SyncPolicy::Always;
     let io = Arc::new(GatedIo::default());
     let ib = Arc::new(Inbox::open_with_io(cfg, io.clone()).unwrap());
-    ib.join(ConvId(20), Uid(3)).wait().unwrap();
+    ib.join(Uid(3), ConvId(20)).wait().unwrap();
     let gen = ib
         .register_device(Uid(3), PHONE)
         .wait()
@@ -259,8 +259,8 @@ fn rounds(h: &Harness) -> u64 {
 #[test]
 fn fast_and_sequenced_syncs_give_identical_pages() {
     let h = Harness::with(|c| c.recovery_lease_events_max = 100);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gen = h.register(Uid(2), PHONE).device.generation;
     for i in 0..25 {
         h.send(ConvId(10), Uid(1), i, &format!("m{i}"));

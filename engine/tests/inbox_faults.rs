@@ -51,9 +51,9 @@ fn fsync_failure_stops_every_mutation_while_durable_reads_go_on() {
     let dir = tempfile::tempdir().unwrap();
     let io = Arc::new(FaultyIo::new());
     let ib = open(dir.path(), &io);
-    ib.join(ConvId(10), Uid(1)).wait().unwrap();
-    ib.join(ConvId(10), Uid(2)).wait().unwrap();
-    ib.join(ConvId(20), Uid(3)).wait().unwrap();
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
+    ib.join(Uid(2), ConvId(10)).wait().unwrap();
+    ib.join(Uid(3), ConvId(20)).wait().unwrap();
     let kept = send(&ib, ConvId(10), Uid(1), 1, Bytes::from_static(b"durable")).unwrap();
     io.fail_nth_sync(1);
     let lost = send(
@@ -66,7 +66,7 @@ fn fsync_failure_stops_every_mutation_while_durable_reads_go_on() {
     assert!(matches!(lost, Err(Error::Log(_))), "{lost:?}");
     // Fail-stop: nothing is accepted any more, not even after the fault.
     assert!(send(&ib, ConvId(10), Uid(1), 3, Bytes::from_static(b"x")).is_err());
-    assert!(ib.join(ConvId(10), Uid(4)).wait().is_err());
+    assert!(ib.join(Uid(4), ConvId(10)).wait().is_err());
     assert!(ib.register_device(Uid(1), DeviceId(1)).wait().is_err());
     // Durable state is still served.
     let pulled = &ib.pull(Uid(2), &[(ConvId(10), MsgSeq(0))], 50).unwrap()[0];
@@ -102,8 +102,8 @@ fn full_disk_fails_the_send_with_no_space_changes_nothing_and_writes_resume_when
     let dir = tempfile::tempdir().unwrap();
     let io = Arc::new(FaultyIo::new());
     let ib = open(dir.path(), &io);
-    ib.join(ConvId(10), Uid(1)).wait().unwrap();
-    ib.join(ConvId(10), Uid(2)).wait().unwrap();
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
+    ib.join(Uid(2), ConvId(10)).wait().unwrap();
     let first = send(&ib, ConvId(10), Uid(1), 1, noise(1000, 1)).unwrap();
     io.set_no_space(true);
     // Keep sending 60 KB messages until a new segment is needed.
@@ -148,7 +148,7 @@ fn a_checkpoint_on_a_full_disk_fails_cleanly_and_the_next_one_succeeds() {
     let dir = tempfile::tempdir().unwrap();
     let io = Arc::new(FaultyIo::new());
     let ib = open(dir.path(), &io);
-    ib.join(ConvId(10), Uid(1)).wait().unwrap();
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
     send(&ib, ConvId(10), Uid(1), 1, Bytes::from_static(b"before")).unwrap();
     io.set_no_space(true);
     let full = ib.checkpoint();
@@ -172,9 +172,9 @@ fn shutting_down_answers_later_calls_with_shutting_down() {
     let dir = tempfile::tempdir().unwrap();
     let io = Arc::new(FaultyIo::new());
     let ib = open(dir.path(), &io);
-    ib.join(ConvId(10), Uid(1)).wait().unwrap();
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
     ib.shutdown().unwrap();
-    let late = ib.join(ConvId(10), Uid(2)).wait();
+    let late = ib.join(Uid(2), ConvId(10)).wait();
     assert!(matches!(late, Err(Error::ShuttingDown)), "{late:?}");
 }
 
@@ -186,8 +186,8 @@ fn a_power_cut_image_of_the_data_dir_keeps_its_checkpoint_and_every_acknowledged
     let dir = tempfile::tempdir().unwrap();
     let io = Arc::new(FaultyIo::new());
     let ib = open(dir.path(), &io);
-    ib.join(ConvId(10), Uid(1)).wait().unwrap();
-    ib.join(ConvId(10), Uid(2)).wait().unwrap();
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
+    ib.join(Uid(2), ConvId(10)).wait().unwrap();
     let mut acked = Vec::new();
     for i in 0..20u128 {
         acked.push(

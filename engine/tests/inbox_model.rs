@@ -199,7 +199,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     for op in ops {
         match op {
             Op::Join(conv, uid) => {
-                let r = h.ib().join(conv, uid).wait().unwrap();
+                let r = h.ib().join(uid, conv).wait().unwrap();
                 let c = m.convs.entry(conv).or_default();
                 if c.member(uid) {
                     let p = c.periods[&uid].last().unwrap();
@@ -210,7 +210,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             Op::Leave(conv, uid) => {
-                let r = h.ib().leave(conv, uid).wait();
+                let r = h.ib().leave(uid, conv).wait();
                 if m.convs.get(&conv).is_some_and(|c| c.member(uid)) {
                     let (_, seq) = m.push_msg(conv, uid, MessageKind::Leave, Bytes::new());
                     prop_assert_eq!(r.unwrap().msg_seq, seq);

@@ -33,11 +33,11 @@ fn answers(h: &Harness) -> Vec<String> {
 
 fn workload(h: &Harness, round: u64) {
     let base = u128::from(round) * 1000;
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
-    h.join(ConvId(10), Uid(3));
-    h.join(ConvId(11), Uid(1));
-    h.join(ConvId(11), Uid(4));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
+    h.join(Uid(3), ConvId(10));
+    h.join(Uid(1), ConvId(11));
+    h.join(Uid(4), ConvId(11));
     h.register(Uid(2), DeviceId(1));
     h.register(Uid(2), DeviceId(2));
     for i in 0..40u128 {
@@ -74,7 +74,7 @@ fn workload(h: &Harness, round: u64) {
         )
         .wait()
         .unwrap();
-    h.ib().leave(ConvId(10), Uid(3)).wait().unwrap();
+    h.ib().leave(Uid(3), ConvId(10)).wait().unwrap();
 }
 
 #[test]
@@ -205,8 +205,8 @@ fn a_corrupt_checkpoint_falls_back_to_an_older_one_or_a_full_replay_without_loss
 #[test]
 fn sends_after_a_restart_continue_every_sequence_without_reuse() {
     let mut h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let a = h.send(ConvId(10), Uid(1), 1, "before");
     h.restart(false, |_| {});
     let dup = h.send(ConvId(10), Uid(1), 1, "before");

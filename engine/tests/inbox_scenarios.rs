@@ -24,8 +24,8 @@ fn msg_seqs(events: &[SyncEvent]) -> Vec<MsgSeq> {
 #[test]
 fn phone_offline_three_minutes_gets_all_twelve_messages_in_order_once() {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gen = h.register(Uid(2), PHONE).device.generation;
     let (_, gen, acked) = h.catch_up(Uid(2), PHONE, gen, SyncSeq(0));
     // Offline for three minutes while twelve messages arrive.
@@ -55,8 +55,8 @@ fn phone_offline_three_minutes_gets_all_twelve_messages_in_order_once() {
 #[test]
 fn phone_desktop_and_web_catch_up_independently_and_one_ack_never_moves_another() {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gp = h.register(Uid(2), PHONE).device.generation;
     let gd = h.register(Uid(2), DESKTOP).device.generation;
     let gw = h.register(Uid(2), WEB).device.generation;
@@ -103,8 +103,8 @@ fn phone_desktop_and_web_catch_up_independently_and_one_ack_never_moves_another(
 #[test]
 fn acks_arriving_out_of_order_never_move_a_cursor_back() {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gen = h.register(Uid(2), PHONE).device.generation;
     // 9014 events for uid 2: the join plus 9013 messages.
     h.send_many(ConvId(10), Uid(1), 0, 9013);
@@ -142,8 +142,8 @@ fn acks_arriving_out_of_order_never_move_a_cursor_back() {
 #[test]
 fn pulling_is_not_acking_a_crash_mid_page_reserves_the_same_page() {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gen = h.register(Uid(2), PHONE).device.generation;
     h.send_many(ConvId(10), Uid(1), 0, 250);
     let first = h
@@ -178,8 +178,8 @@ fn pulling_is_not_acking_a_crash_mid_page_reserves_the_same_page() {
 #[test]
 fn late_ack_from_an_old_generation_is_refused_after_a_reset() {
     let h = Harness::with(|c| c.recovery_lease_events_max = 5);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gen = h.register(Uid(2), PHONE).device.generation;
     h.send_many(ConvId(10), Uid(1), 0, 40);
     let old = h
@@ -214,8 +214,8 @@ fn late_ack_from_an_old_generation_is_refused_after_a_reset() {
 #[test]
 fn local_rollback_below_the_ack_gets_a_recovery_lease_finished_by_its_own_cas() {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gen = h.register(Uid(2), PHONE).device.generation;
     h.send_many(ConvId(10), Uid(1), 0, 30);
     let (_, _, acked) = h.catch_up(Uid(2), PHONE, gen, SyncSeq(0));
@@ -267,8 +267,8 @@ fn local_rollback_below_the_ack_gets_a_recovery_lease_finished_by_its_own_cas() 
 #[test]
 fn an_expired_recovery_lease_sends_the_device_to_reset() {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gen = h.register(Uid(2), PHONE).device.generation;
     h.send_many(ConvId(10), Uid(1), 0, 10);
     let (_, _, _) = h.catch_up(Uid(2), PHONE, gen, SyncSeq(0));
@@ -297,8 +297,8 @@ fn an_expired_recovery_lease_sends_the_device_to_reset() {
 #[test]
 fn same_client_msg_id_retried_concurrently_yields_exactly_one_message() {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let replies: Vec<SendReply> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..8)
             .map(|_| {
@@ -330,7 +330,7 @@ fn same_client_msg_id_retried_concurrently_yields_exactly_one_message() {
         .collect();
     assert_eq!(normal.len(), 1);
     // Reusing the key in another conversation is a conflict, not a send.
-    h.join(ConvId(11), Uid(1));
+    h.join(Uid(1), ConvId(11));
     assert!(matches!(
         h.ib()
             .send(SendRequest {
@@ -349,7 +349,7 @@ fn same_client_msg_id_retried_concurrently_yields_exactly_one_message() {
 fn concurrent_senders_to_one_conversation_get_distinct_ordered_seqs() {
     let h = Harness::new();
     for uid in 1..=4 {
-        h.join(ConvId(10), Uid(uid));
+        h.join(Uid(uid), ConvId(10));
     }
     let mut seqs: Vec<MsgSeq> = std::thread::scope(|s| {
         let handles: Vec<_> = (1..=4u64)
@@ -375,8 +375,8 @@ fn concurrent_senders_to_one_conversation_get_distinct_ordered_seqs() {
 #[test]
 fn recall_seen_before_the_original_never_shows_the_original() {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gen = h.register(Uid(2), PHONE).device.generation;
     let original = h.send(ConvId(10), Uid(1), 1, "secret body");
     let recall = h
@@ -443,8 +443,8 @@ fn recall_seen_before_the_original_never_shows_the_original() {
 #[test]
 fn an_edit_serves_the_new_body_and_tombstones_the_old_one() {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let original = h.send(ConvId(10), Uid(1), 1, "typo");
     let edit = h
         .ib()
@@ -475,8 +475,8 @@ fn an_edit_serves_the_new_body_and_tombstones_the_old_one() {
 #[test]
 fn mark_read_racing_a_new_message_leaves_the_new_message_unread() {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gen = h.register(Uid(2), PHONE).device.generation;
     let seen = h
         .send_many(ConvId(10), Uid(1), 0, 3)
@@ -522,11 +522,11 @@ fn mark_read_racing_a_new_message_leaves_the_new_message_unread() {
 fn leave_then_late_fanout_delivers_only_messages_before_the_leave_and_rejoin_gets_nothing_from_the_gap(
 ) {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gen = h.register(Uid(2), PHONE).device.generation;
     let before = h.send(ConvId(10), Uid(1), 1, "before leave");
-    let left = h.ib().leave(ConvId(10), Uid(2)).wait().unwrap();
+    let left = h.ib().leave(Uid(2), ConvId(10)).wait().unwrap();
     let gap = h.send(ConvId(10), Uid(1), 2, "in the gap");
     assert!(matches!(
         h.ib()
@@ -550,7 +550,7 @@ fn leave_then_late_fanout_delivers_only_messages_before_the_leave_and_rejoin_get
     assert!(pulled.messages.iter().all(|m| m.msg_seq <= left.msg_seq));
     assert!(pulled.messages.iter().any(|m| m.msg_id == before.msg_id));
     assert_eq!(pulled.max_seq, gap.msg_seq);
-    let rejoin = h.join(ConvId(10), Uid(2));
+    let rejoin = h.join(Uid(2), ConvId(10));
     assert_eq!(rejoin.period_id, 1, "a re-join is a new period");
     let after = h.send(ConvId(10), Uid(1), 3, "after rejoin");
     let (events, _, _) = h.catch_up(Uid(2), PHONE, gen2, acked);
@@ -593,11 +593,11 @@ fn user_back_after_five_days_gets_first_page_per_conv_with_has_more_and_complete
     let me = 1;
     // A 200-strong group (a few members are enough to fan out) and eight
     // one-to-one chats.
-    h.join(ConvId(100), Uid(me));
-    h.join(ConvId(100), Uid(2));
+    h.join(Uid(me), ConvId(100));
+    h.join(Uid(2), ConvId(100));
     for peer in 0..8u64 {
-        h.join(ConvId(200 + peer), Uid(me));
-        h.join(ConvId(200 + peer), Uid(300 + peer));
+        h.join(Uid(me), ConvId(200 + peer));
+        h.join(Uid(300 + peer), ConvId(200 + peer));
     }
     let pending: Vec<_> = (0..32_000u64)
         .map(|i| {
@@ -656,8 +656,8 @@ fn user_back_after_five_days_gets_first_page_per_conv_with_has_more_and_complete
 fn conv_list_is_ordered_by_last_activity_and_pages_with_its_cursor() {
     let h = Harness::new();
     for conv in 1..=5 {
-        h.join(ConvId(conv), Uid(1));
-        h.join(ConvId(conv), Uid(2));
+        h.join(Uid(1), ConvId(conv));
+        h.join(Uid(2), ConvId(conv));
     }
     for conv in [3, 1, 5, 2, 4] {
         h.advance(Duration::from_secs(1));
@@ -777,8 +777,8 @@ fn device_cap_evicts_the_least_recently_seen_which_then_gets_device_revoked() {
 #[test]
 fn bad_input_gets_a_clear_error_and_changes_nothing() {
     let h = Harness::with(|c| c.payload_bytes_max = 1024);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gen = h.register(Uid(2), PHONE).device.generation;
     let digest = h.ib().state_digest();
     let big = SendRequest {
@@ -838,7 +838,7 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
         Err(Error::Forbidden(_))
     ));
     assert!(matches!(
-        h.ib().leave(ConvId(10), Uid(3)).wait(),
+        h.ib().leave(Uid(3), ConvId(10)).wait(),
         Err(Error::NotFound(_))
     ));
     // A token forged for another device is refused.
@@ -857,8 +857,8 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
 #[test]
 fn payloads_round_trip_whole_whether_or_not_they_compress() {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let compressible = Bytes::from(vec![b'z'; 60_000]);
     let random: Bytes = (0..5000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
@@ -889,8 +889,8 @@ fn payloads_round_trip_whole_whether_or_not_they_compress() {
 fn hints_carry_the_committed_high_watermark_once_per_round() {
     let h = Harness::new();
     let mut rx = h.ib().subscribe_hints();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     h.send(ConvId(10), Uid(1), 1, "x");
     let mut latest = std::collections::HashMap::new();
     while let Ok(batch) = rx.try_recv() {
@@ -905,8 +905,8 @@ fn hints_carry_the_committed_high_watermark_once_per_round() {
 #[test]
 fn stats_count_the_fsyncs_and_their_time_under_the_always_policy() {
     let h = Harness::with(|c| c.sync = inbox_engine::log::SyncPolicy::Always);
-    h.ib().join(ConvId(1), Uid(1)).wait().unwrap();
-    h.ib().join(ConvId(1), Uid(2)).wait().unwrap();
+    h.ib().join(Uid(1), ConvId(1)).wait().unwrap();
+    h.ib().join(Uid(2), ConvId(1)).wait().unwrap();
     let before = h.ib().stats();
     h.ib()
         .send(SendRequest {

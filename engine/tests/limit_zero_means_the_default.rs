@@ -10,10 +10,10 @@ use inbox_engine::*;
 #[test]
 fn history_and_conv_list_take_0_as_the_default_and_refuse_above_the_cap() {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
+    h.join(Uid(1), ConvId(10));
     h.send_many(ConvId(10), Uid(1), 100, 60);
     for conv in 20..125 {
-        h.join(ConvId(conv), Uid(1));
+        h.join(Uid(1), ConvId(conv));
     }
     let cfg = h.ib().config().clone();
 

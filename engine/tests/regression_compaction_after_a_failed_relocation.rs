@@ -59,10 +59,10 @@ fn a_pass_after_a_failed_relocation_deletes_no_segment_the_durable_log_points_in
     // conv 20: users 1 and 6, and 6's desktop never ACKs (its events live
     // on in sparse segments, which a pass rewrites).
     for uid in 1..=5 {
-        h.join(ConvId(10), Uid(uid));
+        h.join(Uid(uid), ConvId(10));
     }
-    h.join(ConvId(20), Uid(1));
-    h.join(ConvId(20), Uid(6));
+    h.join(Uid(1), ConvId(20));
+    h.join(Uid(6), ConvId(20));
     let gens: Vec<Generation> = (2..=5)
         .map(|uid| h.register(Uid(uid), PHONE).device.generation)
         .collect();

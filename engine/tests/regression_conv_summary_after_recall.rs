@@ -20,8 +20,8 @@ fn summary(h: &Harness, uid: Uid) -> ConvSummary {
 #[test]
 fn the_summary_after_a_recall_names_the_recall_and_carries_no_body() {
     let h = Harness::new();
-    h.join(CONV, Uid(1));
-    h.join(CONV, Uid(2));
+    h.join(Uid(1), CONV);
+    h.join(Uid(2), CONV);
     let sent = h.send(CONV, Uid(1), 1, "soon gone");
     let recall = h
         .ib()
@@ -50,9 +50,9 @@ fn the_summary_after_a_recall_names_the_recall_and_carries_no_body() {
 #[test]
 fn the_summary_after_a_join_carries_no_uid_bytes() {
     let h = Harness::new();
-    h.join(CONV, Uid(1));
+    h.join(Uid(1), CONV);
     h.send(CONV, Uid(1), 1, "hello");
-    h.join(CONV, Uid(2));
+    h.join(Uid(2), CONV);
     let s = summary(&h, Uid(1));
     assert_eq!(s.last_summary, Bytes::new());
 }
@@ -60,7 +60,7 @@ fn the_summary_after_a_join_carries_no_uid_bytes() {
 #[test]
 fn the_summary_after_a_message_or_an_edit_shows_its_text() {
     let h = Harness::new();
-    h.join(CONV, Uid(1));
+    h.join(Uid(1), CONV);
     let sent = h.send(CONV, Uid(1), 1, "hello");
     assert_eq!(
         summary(&h, Uid(1)).last_summary,

@@ -46,8 +46,8 @@ fn edit(h: &Harness, cmid: ClientMsgId, target: MsgId, body: &str) -> SendReply 
 /// Bob's conversation with a message from Alice and one edit of it.
 fn setup() -> (Harness, SendReply, SendReply) {
     let h = Harness::new();
-    h.join(CONV, ALICE);
-    h.join(CONV, BOB);
+    h.join(ALICE, CONV);
+    h.join(BOB, CONV);
     h.register(BOB, PHONE);
     h.send(CONV, ALICE, 1, "before");
     let original = h.send(CONV, ALICE, 2, ORIGINAL);

@@ -30,8 +30,8 @@ fn recall(h: &Harness, target: MsgId) -> SendReply {
 /// Bob's conversation with one message from Alice, not yet recalled.
 fn setup() -> (Harness, SendReply) {
     let h = Harness::new();
-    h.join(CONV, ALICE);
-    h.join(CONV, BOB);
+    h.join(ALICE, CONV);
+    h.join(BOB, CONV);
     h.register(BOB, PHONE);
     h.send(CONV, ALICE, 1, "before");
     let secret = h.send(CONV, ALICE, 2, SECRET);

@@ -42,7 +42,7 @@ fn a_send_that_failed_under_an_fsync_fault_is_stored_once_and_its_retry_reports_
         {
             let io = Arc::new(FaultyIo::new());
             let ib = Inbox::open_with_io(config(dir.path()), io.clone()).unwrap();
-            ib.join(ConvId(1), Uid(1)).wait().unwrap();
+            ib.join(Uid(1), ConvId(1)).wait().unwrap();
             io.fail_nth_sync(nth);
             if send(&ib).is_ok() {
                 // The failure hit a later round: nothing to retry.

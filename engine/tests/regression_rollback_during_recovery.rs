@@ -12,8 +12,8 @@ const PHONE: DeviceId = DeviceId(1);
 #[test]
 fn a_sync_below_the_lease_resume_point_gets_a_new_generation_and_lease() {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gen = h.register(Uid(2), PHONE).device.generation;
     h.send_many(ConvId(10), Uid(1), 100, 20);
     let (_, gen, acked) = h.catch_up(Uid(2), PHONE, gen, SyncSeq(0));
@@ -49,8 +49,8 @@ fn a_sync_below_the_lease_resume_point_gets_a_new_generation_and_lease() {
 #[test]
 fn a_sync_at_or_above_the_lease_resume_point_keeps_the_lease() {
     let h = Harness::new();
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gen = h.register(Uid(2), PHONE).device.generation;
     h.send_many(ConvId(10), Uid(1), 100, 20);
     let (_, gen, _) = h.catch_up(Uid(2), PHONE, gen, SyncSeq(0));
@@ -75,8 +75,8 @@ fn a_sync_at_or_above_the_lease_resume_point_keeps_the_lease() {
 #[test]
 fn a_sync_far_below_the_lease_resume_point_gets_reset_required() {
     let h = Harness::with(|c| c.recovery_lease_events_max = 8);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     let gen = h.register(Uid(2), PHONE).device.generation;
     h.send_many(ConvId(10), Uid(1), 100, 20);
     let (_, gen, acked) = h.catch_up(Uid(2), PHONE, gen, SyncSeq(0));

@@ -20,8 +20,8 @@ fn small_segments(c: &mut InboxConfig) {
 #[test]
 fn concurrent_sends_larger_than_a_segment_together_are_split_into_rounds() {
     let mut h = Harness::with(small_segments);
-    h.join(ConvId(10), Uid(1));
-    h.join(ConvId(10), Uid(2));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
     // 800 sends queued at once: about 75 KiB of `evt` records, more than
     // four 16 KiB segments.
     let replies = h.send_many(ConvId(10), Uid(1), 1000, 800);
@@ -46,7 +46,7 @@ fn concurrent_sends_larger_than_a_segment_together_are_split_into_rounds() {
 #[test]
 fn a_payload_that_cannot_fit_half_a_segment_is_refused_and_changes_nothing() {
     let h = Harness::with(small_segments);
-    h.join(ConvId(10), Uid(1));
+    h.join(Uid(1), ConvId(10));
     let limit = h.ib().payload_limit();
     assert!(limit < 64 << 10, "capped below payload_bytes_max: {limit}");
     let send = |len: u64, cmid: u128| {

@@ -22,8 +22,8 @@ fn sync_is_served_on_a_full_disk_when_only_its_last_seen_refresh_cannot_be_writt
     let mut c = config(dir.path(), &clock);
     c.segment_bytes = 4096;
     let ib = Inbox::open_with_io(c, io.clone()).unwrap();
-    ib.join(ConvId(10), Uid(1)).wait().unwrap();
-    ib.join(ConvId(10), Uid(2)).wait().unwrap();
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
+    ib.join(Uid(2), ConvId(10)).wait().unwrap();
     let generation = ib
         .register_device(Uid(2), DeviceId(1))
         .wait()

@@ -123,10 +123,10 @@ fn blocking<T: Send + 'static>(
 
 fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<Call, Error> {
     Ok(match request {
-        Request::Join(r) => later(inbox.join(ConvId(r.conv), Uid(r.uid)), |m| {
+        Request::Join(r) => later(inbox.join(Uid(r.uid), ConvId(r.conv)), |m| {
             Response::Join(convert::membership(m))
         }),
-        Request::Leave(r) => later(inbox.leave(ConvId(r.conv), Uid(r.uid)), |m| {
+        Request::Leave(r) => later(inbox.leave(Uid(r.uid), ConvId(r.conv)), |m| {
             Response::Leave(convert::membership(m))
         }),
         Request::Send(r) => later(inbox.send(convert::send_req(r)), |s| {

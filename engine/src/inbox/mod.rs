@@ -29,6 +29,13 @@
 //! - `crate::log`: the segment logs, which know nothing of the inbox.
 //!
 //! `docs/ARCHITECTURE.md` draws the same plan with the path of one send.
+//!
+//! One argument order holds for every method of [`Inbox`] and every
+//! subsystem command: the acting user first (`uid`, or `sender` in a
+//! request), then the device or the conversation it acts on, then the
+//! rest (`join(uid, conv)`, `mark_read(uid, conv, seq)`,
+//! `ack_snapshot(uid, device, snapshot_id, generation)`). The identifiers
+//! are distinct types, so a call with two of them swapped does not compile.
 
 mod checkpoint;
 mod codec;
@@ -209,11 +216,12 @@ impl Inbox {
 
     /// Joins `uid` to `conv` (creating the conversation on its first
     /// join). Joining while already a member returns the open period.
-    pub fn join(&self, conv: ConvId, uid: Uid) -> Pending<MembershipReply> {
-        self.submit(|tx| messaging::Command::Join { conv, uid, tx })
+    pub fn join(&self, uid: Uid, conv: ConvId) -> Pending<MembershipReply> {
+        self.submit(|tx| messaging::Command::Join { uid, conv, tx })
     }
-    pub fn leave(&self, conv: ConvId, uid: Uid) -> Pending<MembershipReply> {
-        self.submit(|tx| messaging::Command::Leave { conv, uid, tx })
+    /// Ends `uid`'s membership period in `conv`.
+    pub fn leave(&self, uid: Uid, conv: ConvId) -> Pending<MembershipReply> {
+        self.submit(|tx| messaging::Command::Leave { uid, conv, tx })
     }
 
     #[expect(
@@ -222,9 +230,9 @@ impl Inbox {
     )]
     fn send_kind(
         &self,
-        kind: MessageKind,
-        conv: ConvId,
         sender: Uid,
+        conv: ConvId,
+        kind: MessageKind,
         client_msg_id: ClientMsgId,
         msg_type: MsgType,
         target: MsgId,
@@ -242,9 +250,9 @@ impl Inbox {
         let stored = StoredPayload::new(payload);
         let summary = summary_for(kind, payload, target, sender);
         self.submit(|tx| messaging::Command::Send {
-            kind,
-            conv,
             sender,
+            conv,
+            kind,
             client_msg_id,
             msg_type,
             target,
@@ -256,9 +264,9 @@ impl Inbox {
 
     pub fn send(&self, req: SendRequest) -> Pending<SendReply> {
         self.send_kind(
-            MessageKind::Normal,
-            req.conv,
             req.sender,
+            req.conv,
+            MessageKind::Normal,
             req.client_msg_id,
             req.msg_type,
             MsgId(0),
@@ -267,9 +275,9 @@ impl Inbox {
     }
     pub fn recall(&self, req: RecallRequest) -> Pending<SendReply> {
         self.send_kind(
-            MessageKind::Recall,
-            req.conv,
             req.sender,
+            req.conv,
+            MessageKind::Recall,
             req.client_msg_id,
             0,
             req.target,
@@ -278,9 +286,9 @@ impl Inbox {
     }
     pub fn edit(&self, req: EditRequest) -> Pending<SendReply> {
         self.send_kind(
-            MessageKind::Edit,
-            req.conv,
             req.sender,
+            req.conv,
+            MessageKind::Edit,
             req.client_msg_id,
             0,
             req.target,

@@ -754,9 +754,9 @@ fn membership(run: &mut Run, op: Op, conv: ConvId, uid: Uid) {
     let faults = run.faults();
     let syncs_before = run.io.syncs();
     let reply = if matches!(op, Op::Join(..)) {
-        run.inbox().join(conv, uid).wait()
+        run.inbox().join(uid, conv).wait()
     } else {
-        run.inbox().leave(conv, uid).wait()
+        run.inbox().leave(uid, conv).wait()
     };
     allowed(&reply, faults, "join/leave");
     match reply {

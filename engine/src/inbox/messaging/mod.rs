@@ -34,19 +34,19 @@ use crate::error::{Error, Result};
 
 pub(crate) enum Command {
     Join {
-        conv: ConvId,
         uid: Uid,
+        conv: ConvId,
         tx: Tx<MembershipReply>,
     },
     Leave {
-        conv: ConvId,
         uid: Uid,
+        conv: ConvId,
         tx: Tx<MembershipReply>,
     },
     Send {
-        kind: MessageKind,
-        conv: ConvId,
         sender: Uid,
+        conv: ConvId,
+        kind: MessageKind,
         client_msg_id: ClientMsgId,
         msg_type: MsgType,
         target: MsgId,
@@ -82,7 +82,7 @@ pub(crate) fn fail(cmd: Command, f: &Fail) {
 pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn Sink) {
     let now = env.now;
     match cmd {
-        Command::Join { conv, uid, tx } => {
+        Command::Join { uid, conv, tx } => {
             let existing = st.convs.get(&conv).and_then(|c| {
                 c.is_member(uid)
                     .then(|| c.members.get(&uid).and_then(|p| p.last()).copied())
@@ -102,10 +102,10 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
                 .get(&conv)
                 .and_then(|c| c.members.get(&uid))
                 .map_or(0, |p| u32::try_from(p.len()).unwrap_or(u32::MAX));
-            push_membership(st, sink, now, MessageKind::Join, conv, uid);
+            push_membership(st, sink, now, uid, conv, MessageKind::Join);
             sink.reply(reply_with(tx, Ok(MembershipReply { msg_seq, period_id })));
         }
-        Command::Leave { conv, uid, tx } => {
+        Command::Leave { uid, conv, tx } => {
             let Some(c) = st.convs.get(&conv).filter(|c| c.is_member(uid)) else {
                 sink.reply(reply_with(
                     tx,
@@ -121,20 +121,20 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
                 .get(&uid)
                 .and_then(|p| p.last())
                 .map_or(0, |p| p.period_id);
-            push_membership(st, sink, now, MessageKind::Leave, conv, uid);
+            push_membership(st, sink, now, uid, conv, MessageKind::Leave);
             sink.reply(reply_with(tx, Ok(MembershipReply { msg_seq, period_id })));
         }
         Command::Send {
-            kind,
-            conv,
             sender,
+            conv,
+            kind,
             client_msg_id,
             msg_type,
             target,
             payload,
             summary,
             tx,
-        } => match decide_send(st, now, kind, conv, sender, client_msg_id, target) {
+        } => match decide_send(st, now, sender, conv, kind, client_msg_id, target) {
             Err(e) => sink.reply(reply_with(tx, Err(e))),
             Ok(Decision::Duplicate(original)) => {
                 // Same key: the same request gets the original ids, a
@@ -254,9 +254,9 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
 /// One message to allocate, as decided.
 struct NewMessage<'a> {
     now: TimestampMs,
-    kind: MessageKind,
-    conv: ConvId,
     sender: Uid,
+    conv: ConvId,
+    kind: MessageKind,
     client_msg_id: ClientMsgId,
     msg_type: MsgType,
     target: MsgId,
@@ -270,9 +270,9 @@ fn push_membership(
     st: &mut State,
     sink: &mut dyn Sink,
     now: TimestampMs,
-    kind: MessageKind,
-    conv: ConvId,
     uid: Uid,
+    conv: ConvId,
+    kind: MessageKind,
 ) {
     let payload = StoredPayload {
         compressed: false,
@@ -342,9 +342,9 @@ enum Decision {
 fn decide_send(
     st: &State,
     now: TimestampMs,
-    kind: MessageKind,
-    conv: ConvId,
     sender: Uid,
+    conv: ConvId,
+    kind: MessageKind,
     client_msg_id: ClientMsgId,
     target: MsgId,
 ) -> Result<Decision> {
