@@ -22,7 +22,8 @@
 //!   (codec and `apply`) and reads: [`messaging`], [`devices`],
 //!   [`snapshots`], [`compaction`] (whose pass is a client of the
 //!   sequencer, like this API);
-//! - [`effect`]: the list of every `evt` record kind and the one `apply`;
+//! - [`effect`]: one `evt` record variant per subsystem (each subsystem
+//!   lists its own record kinds) and the one `apply`;
 //! - [`checkpoint`], [`recover`]: checkpoints and replay (R22);
 //! - [`shared`], [`state`]: the tables, with their invariants; [`codec`],
 //!   [`token`]: byte helpers and batch tokens;

@@ -139,10 +139,7 @@ pub(crate) fn event_at_ms(shared: &Shared, uid: Uid, seq: SyncSeq) -> Option<Tim
         }
         // A concurrent rewrite may move the record: then look again.
         if let Ok(rec) = shared.evt_log.read(unpack(loc)) {
-            return match Effect::decode(rec.kind, &rec.payload).ok()? {
-                Effect::Copied(inner) => at_of(&inner),
-                e => at_of(&e),
-            };
+            return Effect::decode(rec.kind, &rec.payload).ok()?.at_ms();
         }
     }
     None

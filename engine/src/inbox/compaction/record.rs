@@ -24,8 +24,17 @@ use std::sync::Arc;
 
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
-use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
+use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
 use crate::inbox::state::{PackedLoc, State};
+
+record_set! {
+    /// The `evt` records compaction owns.
+    pub(crate) enum Records in Effect::Compaction {
+        Trim(TrimEffect),
+        Relocate(RelocateEffect),
+        TrimMsgs(TrimMsgsEffect),
+    }
+}
 
 /// The user's retained events now start after `events_base`.
 #[derive(Clone, Debug, PartialEq, Eq)]

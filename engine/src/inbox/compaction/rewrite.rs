@@ -109,11 +109,8 @@ pub(crate) fn scan_live(
     log.replay_segment(id, &mut |_, loc, kind, payload| {
         if offsets.contains_key(&loc.offset) {
             bytes += (RECORD_HEADER_LEN + payload.len()) as u64;
-            let at = match Effect::decode(kind, payload) {
-                Ok(Effect::Copied(inner)) => at_of(&inner),
-                Ok(e) => at_of(&e),
-                Err(_) => None,
-            };
+            // A copy carries its original's time.
+            let at = Effect::decode(kind, payload).ok().and_then(|e| e.at_ms());
             newest = newest.zip(at).map(|(a, b)| a.max(b));
         }
         Ok(())

@@ -1,10 +1,7 @@
 //! How a pass talks to the sequencer, the sizes it works in, and small
 //! helpers its steps share.
 
-use crate::api::*;
 use crate::error::{Error, Result};
-use crate::inbox::effect::Effect;
-use crate::inbox::messaging::record::{FlagsEffect, ReadEffect};
 use crate::inbox::pending::Pending;
 use crate::inbox::round::Tx;
 use crate::inbox::sequencer::{round_bytes_max, Command};
@@ -59,15 +56,4 @@ pub(crate) fn checkpoint_now(submit: Submit<'_>) -> Result<()> {
         return Err(Error::ShuttingDown);
     }
     rx.recv().unwrap_or(Err(Error::ShuttingDown))
-}
-
-/// The stamped time of a record, for the records that carry one.
-pub(crate) fn at_of(e: &Effect) -> Option<TimestampMs> {
-    match e {
-        Effect::Msg(m) => Some(m.at_ms),
-        Effect::Read(ReadEffect { at_ms, .. }) | Effect::Flags(FlagsEffect { at_ms, .. }) => {
-            Some(*at_ms)
-        }
-        _ => None,
-    }
 }

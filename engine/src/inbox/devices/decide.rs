@@ -107,7 +107,7 @@ pub(crate) fn decide_register(
             ..row
         };
         return (
-            vec![Effect::Device(DeviceEffect { uid, row })],
+            vec![Effect::from(DeviceEffect { uid, row })],
             RegisterReply {
                 device: info(&row),
                 evicted: None,
@@ -132,7 +132,7 @@ pub(crate) fn decide_register(
                     ..**victim
                 };
                 evicted = Some(row.device);
-                effects.push(Effect::Device(DeviceEffect { uid, row }));
+                effects.push(Effect::from(DeviceEffect { uid, row }));
             }
         }
     }
@@ -144,7 +144,7 @@ pub(crate) fn decide_register(
         last_seen_ms: now,
         lease: None,
     };
-    effects.push(Effect::Device(DeviceEffect { uid, row }));
+    effects.push(Effect::from(DeviceEffect { uid, row }));
     (
         effects,
         RegisterReply {
@@ -168,7 +168,7 @@ pub(crate) fn decide_revoke(
         lease: None,
         ..row
     };
-    Ok((vec![Effect::Device(DeviceEffect { uid, row })], info(&row)))
+    Ok((vec![Effect::from(DeviceEffect { uid, row })], info(&row)))
 }
 
 pub(crate) fn decide_sync(
@@ -209,7 +209,7 @@ pub(crate) fn decide_sync(
             ..row
         };
         (
-            vec![Effect::Device(DeviceEffect { uid, row })],
+            vec![Effect::from(DeviceEffect { uid, row })],
             SyncOutcome::Reset(row.generation),
         )
     };
@@ -304,7 +304,7 @@ pub(crate) fn decide_sync(
         let mut row = row;
         if now >= row.last_seen_ms.saturating_add(LAST_SEEN_GRANULARITY_MS) {
             row.last_seen_ms = now;
-            effects.push(Effect::Device(DeviceEffect { uid, row }));
+            effects.push(Effect::from(DeviceEffect { uid, row }));
         }
         let token = sign(
             row.generation,
@@ -345,7 +345,7 @@ pub(crate) fn decide_sync(
         lease.expires_at_ms,
     );
     Ok((
-        vec![Effect::Device(DeviceEffect { uid, row })],
+        vec![Effect::from(DeviceEffect { uid, row })],
         page(lease.resume_from, lease.resume_from, lease.hwm, token, &row),
     ))
 }
@@ -383,7 +383,7 @@ pub(crate) fn decide_ack(
         ..row
     };
     Ok((
-        vec![Effect::Device(DeviceEffect { uid: req.uid, row })],
+        vec![Effect::from(DeviceEffect { uid: req.uid, row })],
         AckReply {
             acked_sync_seq: req.seq,
         },
@@ -416,5 +416,5 @@ pub(crate) fn decide_finish_lease(
         last_seen_ms: now.max(row.last_seen_ms),
         ..row
     };
-    Ok((vec![Effect::Device(DeviceEffect { uid, row })], info(&row)))
+    Ok((vec![Effect::from(DeviceEffect { uid, row })], info(&row)))
 }

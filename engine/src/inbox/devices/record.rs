@@ -18,8 +18,15 @@ use std::sync::Arc;
 
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
-use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
+use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
 use crate::inbox::state::{Device, DeviceRow, State, User};
+
+record_set! {
+    /// The `evt` records the devices subsystem owns.
+    pub(crate) enum Records in Effect::Devices {
+        Device(DeviceEffect),
+    }
+}
 
 /// A device row after a change.
 #[derive(Clone, Debug, PartialEq, Eq)]

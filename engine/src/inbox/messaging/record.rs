@@ -33,8 +33,17 @@ use std::sync::Arc;
 
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
-use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
+use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
 use crate::inbox::state::{PackedLoc, State};
+
+record_set! {
+    /// The `evt` records messaging owns.
+    pub(crate) enum Records in Effect::Messaging {
+        Msg(MsgEffect),
+        Read(ReadEffect),
+        Flags(FlagsEffect),
+    }
+}
 
 pub(crate) const MSG_RECORD: u8 = 1;
 const FORMAT_VERSION: u8 = 1;
@@ -284,6 +293,10 @@ impl Record for MsgEffect {
         st.patch_msg(ConvId(field(1)), MsgSeq(field(9)), loc);
     }
 
+    fn at_ms(&self) -> Option<TimestampMs> {
+        Some(self.at_ms)
+    }
+
     fn to_event(&self, sync_seq: SyncSeq) -> Option<SyncEvent> {
         Some(SyncEvent {
             sync_seq,
@@ -344,6 +357,10 @@ impl Record for ReadEffect {
         Ok(())
     }
 
+    fn at_ms(&self) -> Option<TimestampMs> {
+        Some(self.at_ms)
+    }
+
     fn to_event(&self, sync_seq: SyncSeq) -> Option<SyncEvent> {
         Some(SyncEvent {
             sync_seq,
@@ -400,6 +417,10 @@ impl Record for FlagsEffect {
         Ok(())
     }
 
+    fn at_ms(&self) -> Option<TimestampMs> {
+        Some(self.at_ms)
+    }
+
     fn to_event(&self, sync_seq: SyncSeq) -> Option<SyncEvent> {
         Some(SyncEvent {
             sync_seq,
@@ -450,14 +471,14 @@ mod tests {
             client_msg_id: 42,
             summary: Bytes::from_static(b"hi"),
         };
-        let mut record = Effect::Msg(m.clone()).encode();
+        let mut record = Effect::from(m.clone()).encode();
         let loc = pack(crate::log::RecordLoc {
             segment: 3,
             offset: 4096,
         });
         set_msg_loc(&mut record, loc);
         m.msg_loc = loc;
-        assert_eq!(record, Effect::Msg(m).encode());
+        assert_eq!(record, Effect::from(m).encode());
     }
 
     #[test]
@@ -479,7 +500,7 @@ mod tests {
             sent_at_ms: u64::MAX,
         };
         let msg = encode_msg_record(&header, &stored).len() - payload.len();
-        let evt = Effect::Msg(MsgEffect {
+        let evt = Effect::from(MsgEffect {
             conv: ConvId(u64::MAX),
             msg_seq: MsgSeq(u64::MAX),
             msg_id: MsgId(u64::MAX),

@@ -39,12 +39,12 @@ pub(crate) fn decide_begin(
         last_seen_ms: now.max(row.last_seen_ms),
         ..row
     };
-    let mut effects = vec![Effect::Device(DeviceEffect { uid, row })];
+    let mut effects = vec![Effect::from(DeviceEffect { uid, row })];
     // An earlier snapshot of this device is superseded: its generation is
     // dead, so it can never be acknowledged.
     for slot in user.snapshots.values() {
         if slot.row.device == device && slot.row.phase == SnapshotPhase::Live {
-            effects.push(Effect::Snapshot(SnapshotEffect {
+            effects.push(Effect::from(SnapshotEffect {
                 uid,
                 row: SnapshotRow {
                     phase: SnapshotPhase::Dropped,
@@ -53,7 +53,7 @@ pub(crate) fn decide_begin(
             }));
         }
     }
-    effects.push(Effect::Snapshot(SnapshotEffect {
+    effects.push(Effect::from(SnapshotEffect {
         uid,
         row: SnapshotRow {
             snapshot_id,
@@ -162,8 +162,8 @@ pub(crate) fn decide_ack(
     };
     Ok((
         vec![
-            Effect::Device(DeviceEffect { uid, row }),
-            Effect::Snapshot(SnapshotEffect {
+            Effect::from(DeviceEffect { uid, row }),
+            Effect::from(SnapshotEffect {
                 uid,
                 row: SnapshotRow {
                     phase: SnapshotPhase::Installed,

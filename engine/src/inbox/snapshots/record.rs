@@ -18,8 +18,15 @@ use std::sync::Arc;
 
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
-use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
+use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
 use crate::inbox::state::{SnapshotPhase, SnapshotRow, SnapshotSlot, State, User};
+
+record_set! {
+    /// The `evt` records the snapshots subsystem owns.
+    pub(crate) enum Records in Effect::Snapshots {
+        Snapshot(SnapshotEffect),
+    }
+}
 
 /// A snapshot row after a change.
 #[derive(Clone, Debug, PartialEq, Eq)]
