@@ -15,18 +15,12 @@ use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::effect::Effect;
 use crate::inbox::messaging::record::decode_msg_record;
-use crate::inbox::sequencer::Command as SeqCommand;
 use crate::inbox::shared::Shared;
 use crate::inbox::state::{unpack, PENDING_LOC};
 use crate::log::LogError;
 
 /// The background thread: one pass every `interval` until stopped.
-pub(crate) fn run_background(
-    shared: Arc<Shared>,
-    tx: std::sync::mpsc::Sender<SeqCommand>,
-    interval: Duration,
-) {
-    let submit = move |c: SeqCommand| tx.send(c).is_ok();
+pub(crate) fn run_background(shared: Arc<Shared>, submit: OwnedSubmit, interval: Duration) {
     loop {
         {
             let mut stop = shared.compaction.stop.lock();
@@ -40,7 +34,7 @@ pub(crate) fn run_background(
         if shared.poisoned().is_some() {
             continue;
         }
-        match pass(&shared, &submit) {
+        match pass(&shared, &*submit) {
             Ok(r) => tracing::debug!(?r, "compaction pass"),
             Err(e) => tracing::warn!(error = %e, "compaction pass failed; will retry"),
         }

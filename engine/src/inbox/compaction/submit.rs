@@ -38,13 +38,17 @@ pub(crate) fn per_command(shared: &Shared, bytes_each: u64, cap: usize) -> usize
         .clamp(1, cap)
 }
 
-/// How a pass hands commands to the sequencer.
-pub(crate) type Submit<'a> = &'a dyn Fn(Command) -> bool;
+/// How a pass hands commands to the sequencer: compaction's own commands
+/// and checkpoints; the caller wraps them into the engine's command type.
+pub(crate) type Submit<'a> = &'a dyn Fn(Command<super::Command>) -> bool;
+
+/// A [`Submit`] the background thread owns.
+pub(crate) type OwnedSubmit = Box<dyn Fn(Command<super::Command>) -> bool + Send>;
 
 /// Submits one compaction command and waits for its reply.
 pub(crate) fn call<T>(submit: Submit<'_>, make: impl FnOnce(Tx<T>) -> super::Command) -> Result<T> {
     let (tx, pending) = Pending::channel();
-    if !submit(Command::Compaction(make(tx))) {
+    if !submit(Command::Run(make(tx))) {
         return Err(Error::ShuttingDown);
     }
     pending.wait()

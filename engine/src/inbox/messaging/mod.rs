@@ -326,7 +326,7 @@ fn push_message(st: &mut State, sink: &mut dyn Sink, m: NewMessage<'_>) -> (MsgI
         client_msg_id: m.client_msg_id,
         summary: m.summary,
     };
-    sink.effect_with_body(st, effect.into(), body);
+    sink.effect_with_body(st, effect.into(), record::MSG_RECORD, body);
     (msg_id, msg_seq)
 }
 
