@@ -15,7 +15,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use inbox_engine::{ConvFlags, Error, Inbox};
+use inbox_engine::{ConvFlags, ConvId, DeviceId, Error, Generation, Inbox, MsgSeq, Uid};
 use inbox_wire::{Empty, Request, Response};
 
 use crate::convert;
@@ -123,10 +123,10 @@ fn blocking<T: Send + 'static>(
 
 fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<Call, Error> {
     Ok(match request {
-        Request::Join(r) => later(inbox.join(r.conv, r.uid), |m| {
+        Request::Join(r) => later(inbox.join(Uid(r.uid), ConvId(r.conv)), |m| {
             Response::Join(convert::membership(m))
         }),
-        Request::Leave(r) => later(inbox.leave(r.conv, r.uid), |m| {
+        Request::Leave(r) => later(inbox.leave(Uid(r.uid), ConvId(r.conv)), |m| {
             Response::Leave(convert::membership(m))
         }),
         Request::Send(r) => later(inbox.send(convert::send_req(r)), |s| {
@@ -138,15 +138,19 @@ fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<
         Request::Edit(r) => later(inbox.edit(convert::edit_req(r)), |s| {
             Response::Edit(convert::send_reply(s))
         }),
-        Request::RegisterDevice(r) => later(inbox.register_device(r.uid, r.device), |d| {
-            Response::RegisterDevice(convert::register_reply(d))
-        }),
-        Request::RevokeDevice(r) => later(inbox.revoke_device(r.uid, r.device), |d| {
-            Response::RevokeDevice(convert::device_info(d))
-        }),
+        Request::RegisterDevice(r) => {
+            later(inbox.register_device(Uid(r.uid), DeviceId(r.device)), |d| {
+                Response::RegisterDevice(convert::register_reply(d))
+            })
+        }
+        Request::RevokeDevice(r) => {
+            later(inbox.revoke_device(Uid(r.uid), DeviceId(r.device)), |d| {
+                Response::RevokeDevice(convert::device_info(d))
+            })
+        }
         Request::Devices(r) => Call::Ready(Response::Devices(inbox_wire::DeviceList {
             devices: inbox
-                .devices(r.uid)?
+                .devices(Uid(r.uid))?
                 .into_iter()
                 .map(convert::device_info)
                 .collect(),
@@ -160,55 +164,78 @@ fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<
         }
         Request::Ack(r) => later(inbox.ack(convert::ack_req(r)), |a| {
             Response::Ack(inbox_wire::AckReply {
-                acked_sync_seq: a.acked_sync_seq,
+                acked_sync_seq: a.acked_sync_seq.get(),
             })
         }),
         Request::FinishLease(r) => later(
-            inbox.finish_lease(r.uid, r.device, r.lease_id, r.generation),
+            inbox.finish_lease(
+                Uid(r.uid),
+                DeviceId(r.device),
+                r.lease_id,
+                Generation(r.generation),
+            ),
             |d| Response::FinishLease(convert::device_info(d)),
         ),
         Request::Pull(r) => {
-            let cursors: Vec<_> = r.cursors.iter().map(|c| (c.conv, c.after_seq)).collect();
-            let pulled = inbox.pull(r.uid, &cursors, r.per_conv_limit)?;
+            let cursors: Vec<_> = r
+                .cursors
+                .iter()
+                .map(|c| (ConvId(c.conv), MsgSeq(c.after_seq)))
+                .collect();
+            let pulled = inbox.pull(Uid(r.uid), &cursors, r.per_conv_limit)?;
             metrics.observe_pull(&pulled);
             Call::Ready(Response::Pull(inbox_wire::PullReply {
                 convs: pulled.into_iter().map(convert::conv_pull).collect(),
             }))
         }
-        Request::History(r) => Call::Ready(Response::History(convert::history_page(
-            inbox.history(r.uid, r.conv, r.before_seq, r.limit)?,
-        ))),
-        Request::MarkRead(r) => later(inbox.mark_read(r.uid, r.conv, r.read_to_seq), |m| {
-            Response::MarkRead(convert::read_reply(m))
-        }),
+        Request::History(r) => {
+            Call::Ready(Response::History(convert::history_page(inbox.history(
+                Uid(r.uid),
+                ConvId(r.conv),
+                r.before_seq.map(MsgSeq),
+                r.limit,
+            )?)))
+        }
+        Request::MarkRead(r) => later(
+            inbox.mark_read(Uid(r.uid), ConvId(r.conv), MsgSeq(r.read_to_seq)),
+            |m| Response::MarkRead(convert::read_reply(m)),
+        ),
         Request::SetConvFlags(r) => {
             let flags = ConvFlags {
                 muted: r.muted,
                 pinned: r.pinned,
             };
-            later(inbox.set_conv_flags(r.uid, r.conv, flags), |()| {
-                Response::SetConvFlags(Empty {})
-            })
+            later(
+                inbox.set_conv_flags(Uid(r.uid), ConvId(r.conv), flags),
+                |()| Response::SetConvFlags(Empty {}),
+            )
         }
         Request::ConvList(r) => Call::Ready(Response::ConvList(convert::conv_list_page(
-            inbox.conv_list(r.uid, r.limit, r.cursor)?,
+            inbox.conv_list(Uid(r.uid), r.limit, r.cursor)?,
         ))),
-        Request::BeginSnapshot(r) => later(inbox.begin_snapshot(r.uid, r.device), |s| {
-            Response::BeginSnapshot(convert::snapshot_info(s))
-        }),
+        Request::BeginSnapshot(r) => {
+            later(inbox.begin_snapshot(Uid(r.uid), DeviceId(r.device)), |s| {
+                Response::BeginSnapshot(convert::snapshot_info(s))
+            })
+        }
         Request::SnapshotInfo(r) => Call::Ready(Response::SnapshotInfo(convert::snapshot_info(
-            inbox.snapshot_info(r.uid, r.snapshot_id)?,
+            inbox.snapshot_info(Uid(r.uid), r.snapshot_id)?,
         ))),
         Request::SnapshotPage(r) => Call::Ready(Response::SnapshotPage(convert::snapshot_page(
-            inbox.snapshot_page(r.uid, r.snapshot_id, r.page)?,
+            inbox.snapshot_page(Uid(r.uid), r.snapshot_id, r.page)?,
         ))),
         Request::AckSnapshot(r) => later(
-            inbox.ack_snapshot(r.uid, r.device, r.snapshot_id, r.generation),
+            inbox.ack_snapshot(
+                Uid(r.uid),
+                DeviceId(r.device),
+                r.snapshot_id,
+                Generation(r.generation),
+            ),
             |d| Response::AckSnapshot(convert::device_info(d)),
         ),
         Request::Stats(_) => Call::Ready(Response::Stats(convert::stats(&inbox.stats()))),
         Request::Explain(r) => Call::Ready(Response::Explain(convert::user_explain(
-            inbox.explain(r.uid)?,
+            inbox.explain(Uid(r.uid))?,
         ))),
         Request::ExplainSegment(r) => Call::Ready(Response::ExplainSegment(
             convert::segment_explain(inbox.explain_segment(&r.stream, r.segment)?),

@@ -107,7 +107,7 @@ pub(crate) fn decide_register(
             ..row
         };
         return (
-            vec![Effect::Device(DeviceEffect { uid, row })],
+            vec![Effect::from(DeviceEffect { uid, row })],
             RegisterReply {
                 device: info(&row),
                 evicted: None,
@@ -132,19 +132,19 @@ pub(crate) fn decide_register(
                     ..**victim
                 };
                 evicted = Some(row.device);
-                effects.push(Effect::Device(DeviceEffect { uid, row }));
+                effects.push(Effect::from(DeviceEffect { uid, row }));
             }
         }
     }
     let row = DeviceRow {
         device,
-        generation: existing.map_or(1, |r| r.generation + 1),
-        acked_sync_seq: 0,
+        generation: existing.map_or(Generation(1), |r| r.generation.next()),
+        acked_sync_seq: SyncSeq(0),
         state: DeviceState::Active,
         last_seen_ms: now,
         lease: None,
     };
-    effects.push(Effect::Device(DeviceEffect { uid, row }));
+    effects.push(Effect::from(DeviceEffect { uid, row }));
     (
         effects,
         RegisterReply {
@@ -168,7 +168,7 @@ pub(crate) fn decide_revoke(
         lease: None,
         ..row
     };
-    Ok((vec![Effect::Device(DeviceEffect { uid, row })], info(&row)))
+    Ok((vec![Effect::from(DeviceEffect { uid, row })], info(&row)))
 }
 
 pub(crate) fn decide_sync(
@@ -202,14 +202,14 @@ pub(crate) fn decide_sync(
     }
     let reset = |row: DeviceRow| {
         let row = DeviceRow {
-            generation: row.generation + 1,
+            generation: row.generation.next(),
             state: DeviceState::Resetting,
             lease: None,
             last_seen_ms: now.max(row.last_seen_ms),
             ..row
         };
         (
-            vec![Effect::Device(DeviceEffect { uid, row })],
+            vec![Effect::from(DeviceEffect { uid, row })],
             SyncOutcome::Reset(row.generation),
         )
     };
@@ -219,7 +219,7 @@ pub(crate) fn decide_sync(
             SyncOutcome::Page(SyncPlan {
                 uid,
                 start,
-                end: hwm.min(start.saturating_add(u64::from(limit))),
+                end: hwm.min(SyncSeq(start.0.saturating_add(u64::from(limit)))),
                 hwm,
                 acked: row.acked_sync_seq,
                 generation: row.generation,
@@ -304,7 +304,7 @@ pub(crate) fn decide_sync(
         let mut row = row;
         if now >= row.last_seen_ms.saturating_add(LAST_SEEN_GRANULARITY_MS) {
             row.last_seen_ms = now;
-            effects.push(Effect::Device(DeviceEffect { uid, row }));
+            effects.push(Effect::from(DeviceEffect { uid, row }));
         }
         let token = sign(
             row.generation,
@@ -321,7 +321,7 @@ pub(crate) fn decide_sync(
     // Local state below the server ACK, or a missing / mismatched
     // generation: bump the generation, then lease or reset (R10).
     let from = req.local_applied_seq.min(row.acked_sync_seq);
-    let gap = row.acked_sync_seq - from;
+    let gap = row.acked_sync_seq.0 - from.0;
     if gap > cfg.recovery_lease_events_max || from < base {
         return Ok(reset(row));
     }
@@ -332,7 +332,7 @@ pub(crate) fn decide_sync(
         expires_at_ms: now.saturating_add(ms(cfg.recovery_lease_ttl)),
     };
     let row = DeviceRow {
-        generation: row.generation + 1,
+        generation: row.generation.next(),
         state: DeviceState::Recovering,
         lease: Some(lease),
         last_seen_ms: now.max(row.last_seen_ms),
@@ -345,7 +345,7 @@ pub(crate) fn decide_sync(
         lease.expires_at_ms,
     );
     Ok((
-        vec![Effect::Device(DeviceEffect { uid, row })],
+        vec![Effect::from(DeviceEffect { uid, row })],
         page(lease.resume_from, lease.resume_from, lease.hwm, token, &row),
     ))
 }
@@ -383,7 +383,7 @@ pub(crate) fn decide_ack(
         ..row
     };
     Ok((
-        vec![Effect::Device(DeviceEffect { uid: req.uid, row })],
+        vec![Effect::from(DeviceEffect { uid: req.uid, row })],
         AckReply {
             acked_sync_seq: req.seq,
         },
@@ -416,5 +416,5 @@ pub(crate) fn decide_finish_lease(
         last_seen_ms: now.max(row.last_seen_ms),
         ..row
     };
-    Ok((vec![Effect::Device(DeviceEffect { uid, row })], info(&row)))
+    Ok((vec![Effect::from(DeviceEffect { uid, row })], info(&row)))
 }

@@ -48,7 +48,7 @@ pub(crate) fn sync_unchanged(
         let decided = match sync::decide_sync(&st, &shared.config, now, req, claims) {
             Err(e) => Err(e),
             Ok((effects, SyncOutcome::Page(plan))) if effects.is_empty() => {
-                let committed = user.map_or(0, |u| u.committed_seq);
+                let committed = user.map_or(SyncSeq(0), |u| u.committed_seq);
                 if plan.hwm > committed {
                     return None;
                 }
@@ -95,8 +95,8 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
                 generation: plan.generation,
             });
         }
-        let lo = (plan.start - user.events_base) as usize;
-        let hi = (plan.end - user.events_base) as usize;
+        let lo = (plan.start.0 - user.events_base.0) as usize;
+        let hi = (plan.end.0 - user.events_base.0) as usize;
         user.events
             .get(lo..hi)
             .ok_or_else(|| Error::Invariant("sync range beyond the event index".into()))?
@@ -107,7 +107,7 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
         let rec = shared.evt_log.read(unpack(*loc))?;
         let effect = Effect::decode(rec.kind, &rec.payload).map_err(|e| corrupt("evt", &e))?;
         let ev = effect
-            .to_event(plan.start + 1 + i as SyncSeq)
+            .to_event(plan.start.plus(1 + i as u64))
             .ok_or_else(|| {
                 Error::Invariant("event index points at a record that is no event".into())
             })?;

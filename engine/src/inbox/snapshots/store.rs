@@ -217,7 +217,7 @@ impl Store {
                 parts.next().map(str::parse::<u64>),
                 parts.next().map(str::parse::<u64>),
             ) {
-                out.push((uid, id));
+                out.push((Uid(uid), id));
             }
         }
         Ok(out)
@@ -239,13 +239,13 @@ pub(crate) fn put_conv(w: &mut Writer, c: &ConvSummary) {
 
 pub(crate) fn get_conv(r: &mut Reader<'_>) -> DecodeResult<ConvSummary> {
     Ok(ConvSummary {
-        conv: r.u64()?,
-        last_msg_seq: r.u64()?,
-        last_msg_id: r.u64()?,
-        last_sender: r.u64()?,
+        conv: r.id()?,
+        last_msg_seq: r.id()?,
+        last_msg_id: r.id()?,
+        last_sender: r.id()?,
         last_summary: r.short_bytes()?,
         unread: r.u32()?,
-        read_seq: r.u64()?,
+        read_seq: r.id()?,
         last_activity_ms: r.u64()?,
         muted: r.bool()?,
         pinned: r.bool()?,
@@ -259,17 +259,17 @@ pub(crate) fn put_message(w: &mut Writer, m: &Message) {
     w.u64(m.sender);
     w.u8(kind_code(m.kind));
     w.u16(m.msg_type);
-    w.u64(m.target.unwrap_or(0));
+    w.u64(m.target.unwrap_or(MsgId(0)));
     w.u64(m.sent_at_ms);
     w.bool(m.tombstone);
     w.bytes(&m.payload);
 }
 
 pub(crate) fn get_message(r: &mut Reader<'_>) -> DecodeResult<Message> {
-    let conv = r.u64()?;
-    let msg_seq = r.u64()?;
-    let msg_id = r.u64()?;
-    let sender = r.u64()?;
+    let conv = r.id()?;
+    let msg_seq = r.id()?;
+    let msg_id = r.id()?;
+    let sender = r.id()?;
     let kind = kind_from_code(r.u8()?)?;
     let msg_type = r.u16()?;
     let target = r.u64()?;
@@ -280,7 +280,7 @@ pub(crate) fn get_message(r: &mut Reader<'_>) -> DecodeResult<Message> {
         sender,
         kind,
         msg_type,
-        target: (target != 0).then_some(target),
+        target: (target != 0).then_some(MsgId(target)),
         sent_at_ms: r.u64()?,
         tombstone: r.bool()?,
         payload: Bytes::copy_from_slice(r.bytes()?),
@@ -362,7 +362,7 @@ pub(crate) fn decode_file(buf: &[u8], uid: Uid, id: u64) -> DecodeResult<Content
         return Err(DecodeError("checksum mismatch"));
     }
     let mut r = Reader::new(&data[8..]);
-    if r.u64()? != uid || r.u64()? != id {
+    if r.u64()? != uid.get() || r.u64()? != id {
         return Err(DecodeError("file names another snapshot"));
     }
     let _base = r.u64()?;
