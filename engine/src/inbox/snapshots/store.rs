@@ -399,27 +399,27 @@ mod tests {
         let one = content(1000).bytes();
         let mut cache = Cache::new(one * 3);
         for id in 1..=3 {
-            cache.insert((1, id), content(1000));
+            cache.insert((Uid(1), id), content(1000));
         }
         assert_eq!(cache.usage(), (one * 3, 3));
         // Reading 1 makes 2 the least recently used, so 4 pushes out 2.
-        assert!(cache.get(&(1, 1)).is_some());
-        cache.insert((1, 4), content(1000));
+        assert!(cache.get(&(Uid(1), 1)).is_some());
+        cache.insert((Uid(1), 4), content(1000));
         assert_eq!(cache.usage(), (one * 3, 3));
-        assert!(cache.contains(&(1, 1)));
-        assert!(!cache.contains(&(1, 2)));
-        assert!(cache.contains(&(1, 3)));
-        assert!(cache.contains(&(1, 4)));
-        cache.remove(&(1, 3));
+        assert!(cache.contains(&(Uid(1), 1)));
+        assert!(!cache.contains(&(Uid(1), 2)));
+        assert!(cache.contains(&(Uid(1), 3)));
+        assert!(cache.contains(&(Uid(1), 4)));
+        cache.remove(&(Uid(1), 3));
         assert_eq!(cache.usage(), (one * 2, 2));
     }
 
     #[test]
     fn snapshot_larger_than_the_cache_is_not_kept() {
         let mut cache = Cache::new(500);
-        cache.insert((1, 1), content(100));
-        cache.insert((1, 2), content(1000));
-        assert!(!cache.contains(&(1, 2)));
-        assert!(cache.contains(&(1, 1)));
+        cache.insert((Uid(1), 1), content(100));
+        cache.insert((Uid(1), 2), content(1000));
+        assert!(!cache.contains(&(Uid(1), 2)));
+        assert!(cache.contains(&(Uid(1), 1)));
     }
 }
