@@ -468,7 +468,19 @@ fn explain_segment_names_the_users_and_fences_holding_it() {
             .any(|s| s.contains("uid 2") && s.contains("device 2 ACK at 0")),
         "{first:?}"
     );
-    assert!(h.ib().explain_segment("msg", 1).unwrap().live_records > 0);
+    // The bodies were committed with their events, in the same segment.
+    assert!(
+        first
+            .held_by
+            .iter()
+            .any(|s| s.contains("bodies of retained messages")),
+        "{first:?}"
+    );
+    // Nothing was moved to the message store yet.
+    assert!(matches!(
+        h.ib().explain_segment("msg", 1),
+        Err(Error::NotFound(_))
+    ));
     assert!(matches!(
         h.ib().explain_segment("nope", 1),
         Err(Error::BadRequest(_))

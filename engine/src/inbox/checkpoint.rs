@@ -5,7 +5,8 @@
 //! second checkpoint at the same LSN, so that two retained files can both
 //! cover it):
 //! ```text
-//! 0   [8]  magic "INBXCKP1"
+//! 0   [8]  magic "INBXCKP2" ("INBXCKP1": written before message
+//!          locations could point into `evt`; read the same way)
 //! 8   u64  evt LSN the state covers (everything up to it is applied)
 //! 16  u64  body length N
 //! 24  [N]  body: the canonical state encoding (see `encode_state`)
@@ -51,7 +52,14 @@ use crate::api::Uid;
 use crate::error::{Error, Result};
 use crate::log::{write_file_durably, LogIo};
 
-const MAGIC: &[u8; 8] = b"INBXCKP1";
+/// Version 2: a message location may carry the `evt` mark (`state::loc`);
+/// an older binary, which would take it for a `msg` location, skips the
+/// file as unknown and replays instead (and then refuses the new record
+/// kinds rather than misread them).
+const MAGIC: &[u8; 8] = b"INBXCKP2";
+/// Written by older versions: every message location is in `msg`, which
+/// is what an unmarked location means here too.
+const MAGIC_V1: &[u8; 8] = b"INBXCKP1";
 /// Magic, LSN, body length.
 const HEADER: usize = 24;
 /// Checkpoints retained: a corrupt newest one falls back to the other.
@@ -161,12 +169,7 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
     if !r.is_empty() {
         return Err(DecodeError("trailing bytes in checkpoint"));
     }
-    st.evt_refs = SegRefs::rebuild(st.users.values().flat_map(|u| &u.events));
-    st.msg_refs = SegRefs::rebuild(
-        st.convs
-            .values()
-            .flat_map(|c| c.msgs.iter().map(|m| &m.loc)),
-    );
+    (st.evt_refs, st.body_refs, st.msg_refs) = st.recount_seg_refs();
     Ok(st)
 }
 
@@ -274,7 +277,7 @@ fn remove_stale_tmp(io: &dyn LogIo, d: &Path) {
 /// Reads and checks one checkpoint file.
 pub(crate) fn read(path: &Path) -> std::result::Result<(u64, State), String> {
     let buf = fs::read(path).map_err(|e| format!("read {}: {e}", path.display()))?;
-    if buf.len() < 28 || &buf[..8] != MAGIC {
+    if buf.len() < 28 || (&buf[..8] != MAGIC && &buf[..8] != MAGIC_V1) {
         return Err("bad magic or too short".into());
     }
     let (data, crc) = buf.split_at(buf.len() - 4);

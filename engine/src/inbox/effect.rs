@@ -82,16 +82,6 @@ macro_rules! subsystems {
                 }
             }
 
-            /// Tells an encoded record of kind `kind`, and the index, where
-            /// the body that goes with it was placed ([`Record::place_body`]).
-            pub fn place_body(kind: u8, record: &mut [u8], st: &mut State, loc: PackedLoc) {
-                $(
-                    if <$set as RecordSet>::place_body(kind, record, st, loc) {
-                        return;
-                    }
-                )+
-            }
-
             /// The sync event a user sees for this effect, at `sync_seq`.
             pub fn to_event(&self, sync_seq: SyncSeq) -> Option<SyncEvent> {
                 match self {
@@ -179,12 +169,12 @@ impl Effect {
 pub(crate) mod tests {
     use super::*;
     use crate::api::*;
-    use crate::inbox::compaction::record::Relocation;
+    use crate::inbox::compaction::record::{BodyMove, MoveBodiesEffect, Relocation};
     use crate::inbox::compaction::record::{RelocateEffect, TrimEffect, TrimMsgsEffect};
     use crate::inbox::devices::record::DeviceEffect;
-    use crate::inbox::messaging::record::{FlagsEffect, MsgEffect, ReadEffect};
+    use crate::inbox::messaging::record::{FlagsEffect, MsgBodyEffect, MsgEffect, ReadEffect};
     use crate::inbox::snapshots::record::SnapshotEffect;
-    use crate::inbox::state::{pack, DeviceRow, SnapshotPhase, SnapshotRow};
+    use crate::inbox::state::{pack, DeviceRow, SnapshotPhase, SnapshotRow, PENDING_LOC};
     use bytes::Bytes;
 
     #[test]
@@ -205,6 +195,23 @@ pub(crate) mod tests {
                 }),
                 client_msg_id: u128::MAX - 5,
                 summary: Bytes::from_static(b"hello"),
+            }),
+            Effect::from(MsgBodyEffect {
+                msg: MsgEffect {
+                    conv: ConvId(7),
+                    msg_seq: MsgSeq(4),
+                    msg_id: MsgId(100),
+                    sender: Uid(1),
+                    kind: MessageKind::Normal,
+                    msg_type: 3,
+                    target_seq: MsgSeq(0),
+                    at_ms: 1001,
+                    // Not encoded: the record's own location.
+                    msg_loc: PENDING_LOC,
+                    client_msg_id: 77,
+                    summary: Bytes::from_static(b"hi"),
+                },
+                body: Bytes::from_static(b"the message record"),
             }),
             Effect::from(ReadEffect {
                 uid: Uid(1),
@@ -270,6 +277,12 @@ pub(crate) mod tests {
                 from: 1 << 32 | 64,
                 to: 5 << 32 | 128,
             }])),
+            Effect::from(MoveBodiesEffect(vec![BodyMove {
+                conv: ConvId(4),
+                msg_seq: MsgSeq(2),
+                from: (1 << 63) | (3 << 32) | 64,
+                to: 2 << 32 | 32,
+            }])),
             Effect::Copied(Box::new(Effect::from(ReadEffect {
                 uid: Uid(1),
                 conv: ConvId(2),
@@ -292,7 +305,8 @@ pub(crate) mod tests {
             }
         }
         // Every kind written before the records moved into their
-        // subsystems keeps its code.
+        // subsystems keeps its code; 9 (message with its body) and 10
+        // (body moves) came with the single commit log.
         assert_eq!(
             seen.into_iter().collect::<Vec<_>>(),
             [
@@ -303,7 +317,9 @@ pub(crate) mod tests {
                 (5, 2),
                 (6, 3),
                 (7, 3),
-                (8, 3)
+                (8, 3),
+                (9, 0),
+                (10, 3)
             ]
         );
         // The same check the build runs refuses a kind claimed twice.

@@ -6,8 +6,8 @@
 //!
 //! A subsystem's `exec` reads the state, decides, and hands the outcome to
 //! a [`Sink`]: effects (applied at once, so the next command of the round
-//! sees them, and logged in the round's `evt` batch), optionally with a
-//! body for the `msg` log, and one reply. It never writes, waits or
+//! sees them, and logged in the round's `evt` batch; a message's body
+//! travels inside its effect), and one reply. It never writes, waits or
 //! answers by itself: the reply is released by the completion stage once
 //! the round is durable, or with the round's failure.
 
@@ -69,13 +69,6 @@ pub(crate) trait Sink {
     /// Applies `effect` to `st` and queues its record for the round's
     /// `evt` batch.
     fn effect(&mut self, st: &mut State, effect: Effect);
-    /// Like [`Sink::effect`], and queues `body` for the round's `msg`
-    /// batch; once the body is placed, its location is written into the
-    /// effect's record and index ([`Effect::place_body`]). The `msg` batch
-    /// is durable before the `evt` batch is written, so a record never
-    /// points at a body that could vanish.
-    /// `body_kind` is the `msg` log record kind of the body.
-    fn effect_with_body(&mut self, st: &mut State, effect: Effect, body_kind: u8, body: Vec<u8>);
     /// Queues the command's reply.
     fn reply(&mut self, reply: ReplyFn);
 }

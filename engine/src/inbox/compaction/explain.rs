@@ -10,7 +10,7 @@ use super::submit::RECORD_HEADER_LEN;
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::shared::Shared;
-use crate::inbox::state::{unpack, PENDING_LOC};
+use crate::inbox::state::{body_at, unpack, BodyLog, PENDING_LOC};
 use crate::log::SegmentId;
 
 /// Bytes (headers included) of the records of segment `id` at `offsets`:
@@ -130,7 +130,7 @@ pub(crate) fn explain_segment(
             st.convs
                 .values()
                 .flat_map(|c| c.msgs.iter())
-                .filter(|m| m.loc != PENDING_LOC)
+                .filter(|m| m.loc != PENDING_LOC && body_at(m.loc).0 == BodyLog::Msg)
                 .map(|m| unpack(m.loc))
                 .filter(|l| l.segment == id)
                 .map(|l| l.offset)
@@ -192,6 +192,13 @@ pub(crate) fn explain_segment(
                 "uid {uid}: {n} events (sync_seq {lo}..={hi}), held by {why}"
             ));
         }
+    }
+    let bodies = shared.state.read().body_refs.count(id);
+    if bodies > 0 {
+        held_by.push(format!(
+            "{bodies} bodies of retained messages (moved to msg by compaction once no event \
+             holds the segment, or before it is rewritten)"
+        ));
     }
     if !info.sealed {
         held_by.push("active segment (still written)".into());

@@ -55,6 +55,7 @@
 //! [`explain`] (what holds data back, space usage), [`runtime`] and
 //! [`submit`].
 
+pub(crate) mod bodies;
 pub(crate) mod decide;
 pub(crate) mod explain;
 pub(crate) mod fences;
@@ -67,7 +68,7 @@ pub(crate) mod submit;
 pub use explain::SpaceUsage;
 pub use runtime::CompactionStep;
 
-use self::record::{RelocateEffect, Relocation};
+use self::record::{BodyMove, MoveBodiesEffect, RelocateEffect, Relocation};
 use super::round::{fail_now, reply_with, Env, Fail, Sink, Tx};
 use super::state::State;
 use crate::api::*;
@@ -86,6 +87,8 @@ pub(crate) enum Command {
     },
     /// Point events at copies of their records.
     Relocate { moves: Vec<Relocation>, tx: Tx<()> },
+    /// Point messages at copies of their bodies in the `msg` log.
+    MoveBodies { moves: Vec<BodyMove>, tx: Tx<()> },
     /// Forget snapshots past their TTL.
     DropSnapshots {
         candidates: Vec<(Uid, u64)>,
@@ -98,7 +101,9 @@ pub(crate) fn fail(cmd: Command, f: &Fail) {
     match cmd {
         Command::Trim { tx, .. } => fail_now(tx, f),
         Command::TrimMsgs { tx, .. } => fail_now(tx, f),
-        Command::Relocate { tx, .. } | Command::DropSnapshots { tx, .. } => fail_now(tx, f),
+        Command::Relocate { tx, .. }
+        | Command::MoveBodies { tx, .. }
+        | Command::DropSnapshots { tx, .. } => fail_now(tx, f),
     }
 }
 
@@ -122,6 +127,10 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
         }
         Command::Relocate { moves, tx } => {
             sink.effect(st, RelocateEffect(moves).into());
+            sink.reply(reply_with(tx, Ok(())));
+        }
+        Command::MoveBodies { moves, tx } => {
+            sink.effect(st, MoveBodiesEffect(moves).into());
             sink.reply(reply_with(tx, Ok(())));
         }
         Command::DropSnapshots { candidates, tx } => {

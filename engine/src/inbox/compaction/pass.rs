@@ -14,7 +14,7 @@ use super::Command;
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::effect::Effect;
-use crate::inbox::messaging::record::decode_msg_record;
+use crate::inbox::messaging::body::read_message;
 use crate::inbox::shared::Shared;
 use crate::inbox::state::{unpack, PENDING_LOC};
 use crate::log::LogError;
@@ -288,8 +288,7 @@ pub(crate) fn msg_at_ms(shared: &Shared, conv: ConvId, seq: MsgSeq) -> Option<Ti
     if loc == PENDING_LOC {
         return None;
     }
-    let rec = shared.msg_log.read(unpack(loc)).ok()?;
-    let (h, _) = decode_msg_record(&rec.payload, shared.config.payload_bytes_max).ok()?;
+    let (h, _) = read_message(shared, conv, seq, loc).ok()?;
     Some(h.sent_at_ms)
 }
 

@@ -17,6 +17,9 @@
 //! - [`TrimMsgsEffect`] (kind 8): conv u64, msgs_base u64 (history
 //!   retention: the conversation's messages at or below `msgs_base` are
 //!   reclaimed).
+//! - [`MoveBodiesEffect`] (kind 10): count u32 (at most
+//!   [`RELOCATIONS_PER_RECORD_MAX`]), then per move: conv u64, msg_seq
+//!   u64, from u64 (message location: in `evt`), to u64 (in `msg`).
 //! - a copy: the original record's kind with bit 7 set, and its payload
 //!   unchanged (see `Effect::Copied`).
 
@@ -33,6 +36,58 @@ record_set! {
         Trim(TrimEffect),
         Relocate(RelocateEffect),
         TrimMsgs(TrimMsgsEffect),
+        MoveBodies(MoveBodiesEffect),
+    }
+}
+
+/// Messages now read their bodies from copies in the `msg` log, made by
+/// compaction before it deletes or rewrites the `evt` segment that held
+/// them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct MoveBodiesEffect(pub Vec<BodyMove>);
+
+/// One message body moved (message locations, see `state::loc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BodyMove {
+    pub conv: ConvId,
+    pub msg_seq: MsgSeq,
+    pub from: PackedLoc,
+    pub to: PackedLoc,
+}
+
+impl Record for MoveBodiesEffect {
+    const KIND: u8 = 10;
+
+    fn encode_body(&self, w: &mut Writer) {
+        w.u32(u32::try_from(self.0.len()).unwrap_or(u32::MAX));
+        for m in &self.0 {
+            w.u64(m.conv);
+            w.u64(m.msg_seq);
+            w.u64(m.from);
+            w.u64(m.to);
+        }
+    }
+
+    fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
+        let n = r.u32()? as usize;
+        if n > RELOCATIONS_PER_RECORD_MAX {
+            return Err(DecodeError("too many body moves in one record"));
+        }
+        let mut moves = Vec::with_capacity(n);
+        for _ in 0..n {
+            moves.push(BodyMove {
+                conv: r.id()?,
+                msg_seq: r.id()?,
+                from: r.u64()?,
+                to: r.u64()?,
+            });
+        }
+        Ok(MoveBodiesEffect(moves))
+    }
+
+    fn apply(&self, st: &mut State, _at: ApplyAt<'_>) -> Result<(), ApplyError> {
+        st.apply_move_bodies(&self.0);
+        Ok(())
     }
 }
 
@@ -221,15 +276,31 @@ impl State {
             .ok_or_else(|| ApplyError("conv vanished".into()))?;
         let n = usize::try_from(msgs_base.0 - old_base.0)
             .map_err(|_| ApplyError("message trim length overflows".into()))?;
-        for m in c.msgs.drain(..n) {
-            self.msg_refs.remove(m.loc);
-        }
+        let gone: Vec<PackedLoc> = c.msgs.drain(..n).map(|m| m.loc).collect();
         c.msgs.shrink_to(c.msgs.len() * 2);
         c.msgs_base = msgs_base;
         // A trim takes a prefix and an edit is above its target, so the
         // links of reclaimed targets are exactly the ones to drop.
         c.edits = c.edits.split_off(&msgs_base.next());
+        for loc in gone {
+            self.remove_msg_ref(loc);
+        }
         Ok(())
+    }
+
+    /// Points each message at its body's new place, only if it still
+    /// points at the old one (a message trimmed since is skipped).
+    pub(crate) fn apply_move_bodies(&mut self, moves: &[BodyMove]) {
+        for m in moves {
+            let still_there = self
+                .convs
+                .get(&m.conv)
+                .and_then(|c| c.meta(m.msg_seq))
+                .is_some_and(|meta| meta.loc == m.from);
+            if still_there {
+                self.patch_msg(m.conv, m.msg_seq, m.to);
+            }
+        }
     }
 
     pub(crate) fn apply_relocate(&mut self, moves: &[Relocation]) {

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use super::bodies::move_bodies_out;
 use super::fences::ms;
 use super::record::{Relocation, RELOCATIONS_PER_RECORD_MAX};
 use super::runtime::CompactionStep;
@@ -13,6 +14,7 @@ use crate::api::*;
 use crate::error::Result;
 use crate::inbox::checkpoint;
 use crate::inbox::effect::{Effect, COPY_FLAG};
+use crate::inbox::messaging::body::without_body;
 use crate::inbox::shared::Shared;
 use crate::inbox::state::{pack, unpack, PENDING_LOC};
 use crate::log::{Batch, RecordLoc, SegmentId, SegmentInfo};
@@ -90,6 +92,15 @@ pub(crate) fn delete_segment(
     Ok(())
 }
 
+/// Marks the active `evt` segment as one to judge once sealed: a pass
+/// writes records there that no index points at (copies' relocations,
+/// body moves), so it may turn sparse without ever losing an entry.
+pub(crate) fn suspect_active(shared: &Shared) {
+    if let Some(active) = shared.evt_log.segments().last() {
+        shared.compaction.suspects.lock().insert(active.id);
+    }
+}
+
 /// A sealed segment some events still point into, found sparse.
 pub(crate) struct Sparse {
     info: SegmentInfo,
@@ -130,6 +141,22 @@ pub(crate) fn reclaim_segments(
         .into_iter()
         .filter(|s| s.sealed)
         .collect();
+    // Segments that only message bodies hold: move the bodies to `msg`
+    // first, so the segments die like any other below.
+    let held_by_bodies: HashSet<SegmentId> = {
+        let st = shared.state.read();
+        sealed
+            .iter()
+            .filter(|s| {
+                let bodies = st.body_refs.count(s.id);
+                bodies > 0 && st.evt_refs.count(s.id) == bodies
+            })
+            .map(|s| s.id)
+            .collect()
+    };
+    if !held_by_bodies.is_empty() {
+        move_bodies_out(shared, submit, &held_by_bodies)?;
+    }
     // Take the segments that lost events before reading the counts: a loss
     // in between is judged by the next pass. A sealed segment never gains
     // a reference (new events point into the active segment, and only a
@@ -169,6 +196,7 @@ pub(crate) fn reclaim_segments(
                 continue;
             };
             let (live, newest) = scan_live(&shared.evt_log, info.id, &offsets)?;
+
             if (live as f64) < threshold * info.bytes as f64 {
                 // A segment with live events still inside the safety window
                 // straddles the trim point and will shed them as the window
@@ -234,6 +262,9 @@ pub(crate) fn rewrite(
     offsets: &BTreeMap<u32, Vec<(Uid, SyncSeq)>>,
     report: &mut CompactionReport,
 ) -> Result<()> {
+    // The bodies of retained messages go to `msg` first: the copies below
+    // serve the events only.
+    move_bodies_out(shared, submit, &HashSet::from([info.id]))?;
     let room = REWRITE_BATCH_BYTES.min(shared.config.segment_bytes / 2);
     let rate = shared.config.compaction_bytes_per_s.max(1);
     let started = Instant::now();
@@ -249,11 +280,15 @@ pub(crate) fn rewrite(
                 segment: info.id,
                 offset: *off,
             })?;
-            let len = (RECORD_HEADER_LEN + rec.payload.len()) as u64;
+            // A message effect is copied without its body, which has
+            // just moved to `msg`.
+            let (kind, payload) =
+                without_body(rec.kind, &rec.payload).unwrap_or((rec.kind, rec.payload));
+            let len = (RECORD_HEADER_LEN + payload.len()) as u64;
             if !batch.is_empty() && size + len > room {
                 break;
             }
-            batch.push(rec.kind | COPY_FLAG, &rec.payload);
+            batch.push_owned(kind | COPY_FLAG, payload);
             size += len;
             olds.push((*off, holders));
             entries.remove(0);
@@ -287,12 +322,14 @@ pub(crate) fn rewrite(
                 tx,
             })?;
         }
+        suspect_active(shared);
         shared.compaction.step(CompactionStep::Relocated);
     }
     report.bytes_rewritten += copied;
     report.segments_rewritten += 1;
-    // Every event that pointed here now points at a durable copy, and the
-    // relocation is durable: the file holds nothing anyone needs.
+    // Every event that pointed here now points at a durable copy, every
+    // body at its durable `msg` copy, and the moves are durable: the file
+    // holds nothing anyone needs.
     if shared.state.read().evt_refs.count(info.id) == 0 {
         delete_segment(shared, info, report)?;
     }

@@ -25,6 +25,11 @@ pub enum CompactionStep {
     Copied,
     /// The events point at the copies, durably.
     Relocated,
+    /// Message bodies held in an `evt` segment are copied into the `msg`
+    /// log, durably.
+    BodiesCopied,
+    /// The messages point at the `msg` copies, durably.
+    BodiesMoved,
 }
 
 pub(crate) type Hook = Arc<dyn Fn(CompactionStep) + Send + Sync>;

@@ -83,7 +83,6 @@ impl State {
                 conv.head()
             )));
         }
-        self.msg_refs.add(m.msg_loc, 1);
         conv.msgs.push(MsgMeta {
             loc: m.msg_loc,
             msg_id: m.msg_id,
@@ -91,6 +90,11 @@ impl State {
             kind: m.kind,
             flags: 0,
         });
+        crate::inbox::state::count_msg_ref(
+            [&mut self.evt_refs, &mut self.body_refs, &mut self.msg_refs],
+            m.msg_loc,
+            true,
+        );
         self.next_msg_counter = self.next_msg_counter.max(msg_counter(m.msg_id) + 1);
         match m.kind {
             MessageKind::Join => {

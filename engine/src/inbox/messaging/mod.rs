@@ -15,6 +15,7 @@
 //! body, so they are ordered with the messages (R5).
 
 pub(crate) mod apply;
+pub(crate) mod body;
 pub(crate) mod checkpoint;
 pub(crate) mod read;
 pub(crate) mod record;
@@ -24,7 +25,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use self::record::{
-    encode_msg_record, FlagsEffect, MsgEffect, MsgHeader, ReadEffect, StoredPayload,
+    encode_msg_record, FlagsEffect, MsgBodyEffect, MsgEffect, MsgHeader, ReadEffect, StoredPayload,
 };
 use super::pending::Reply;
 use super::round::{fail_now, reply_with, Env, Fail, Sink, Tx};
@@ -326,7 +327,8 @@ fn push_message(st: &mut State, sink: &mut dyn Sink, m: NewMessage<'_>) -> (MsgI
         client_msg_id: m.client_msg_id,
         summary: m.summary,
     };
-    sink.effect_with_body(st, effect.into(), record::MSG_RECORD, body);
+    let body = Bytes::from(body);
+    sink.effect(st, MsgBodyEffect { msg: effect, body }.into());
     (msg_id, msg_seq)
 }
 

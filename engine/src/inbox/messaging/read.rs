@@ -16,12 +16,13 @@ use std::ops::RangeInclusive;
 
 use bytes::Bytes;
 
-use super::record::{decode_msg_record, StoredPayload};
+use super::body::read_message;
+use super::record::StoredPayload;
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::codec::DecodeError;
 use crate::inbox::shared::Shared;
-use crate::inbox::state::{unpack, ActivityKey, Conv, MsgMeta, Period, State, OPEN};
+use crate::inbox::state::{ActivityKey, Conv, MsgMeta, Period, State, OPEN};
 
 /// At most this many conversations per pull.
 pub(crate) const PULL_CONVS_MAX: usize = 1024;
@@ -88,13 +89,11 @@ pub(crate) fn duplicate_reply(
     let Some(loc) = loc else {
         return Ok(original);
     };
-    let rec = match shared.msg_log.read(unpack(loc)) {
-        Ok(rec) => rec,
+    let (h, payload) = match read_message(shared, conv, original.msg_seq, loc) {
+        Ok(m) => m,
         Err(_) if reclaimed(shared, conv, original.msg_seq) => return Ok(original),
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(e),
     };
-    let (h, payload) = decode_msg_record(&rec.payload, shared.config.payload_bytes_max)
-        .map_err(|e| corrupt("msg", &e))?;
     let same = h.msg_id == original.msg_id
         && h.kind == retry.kind
         && h.msg_type == retry.msg_type
@@ -125,18 +124,16 @@ fn materialize(
     conv: ConvId,
     metas: Vec<(MsgSeq, MsgMeta)>,
 ) -> Result<Vec<Message>> {
-    let max = shared.config.payload_bytes_max;
     let mut out = Vec::with_capacity(metas.len());
     for (seq, meta) in &metas {
-        let rec = match shared.msg_log.read(unpack(meta.loc)) {
-            Ok(rec) => rec,
+        let (h, payload) = match read_message(shared, conv, *seq, meta.loc) {
+            Ok(m) => m,
             // History retention reclaimed it (and maybe its segment) since
             // the plan was taken: it is not served, like any message below
             // the retained base.
             Err(_) if reclaimed(shared, conv, *seq) => continue,
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         };
-        let (h, payload) = decode_msg_record(&rec.payload, max).map_err(|e| corrupt("msg", &e))?;
         if h.conv != conv || h.msg_seq != *seq || h.msg_id != meta.msg_id {
             return Err(Error::Invariant(format!(
                 "message index of conv {conv} seq {seq} points at another record"

@@ -2,7 +2,13 @@
 //! `evt` records of messages, read cursors and conversation flags, with
 //! their codecs and their `apply` (in [`super::apply`] for messages).
 //!
-//! ## `msg` record (log record kind [`MSG_RECORD`])
+//! ## The message body (log record kind [`MSG_RECORD`] in `msg`)
+//!
+//! A send writes its body inside its message effect in `evt`
+//! ([`MsgBodyEffect`], kind 9), so a round is one batch of one log; a body
+//! sits in the `msg` log only once compaction moved it there (or it was
+//! written by an older version, with a kind 1 effect pointing at it).
+//! Both places hold the same bytes:
 //! ```text
 //! 0  u8   format version (1)
 //! 1  u8   flags: bit 0 = payload is zstd-compressed
@@ -23,6 +29,10 @@
 //!   u64, kind u8, msg_type u16, target_seq u64, at_ms u64, msg_loc u64
 //!   (segment << 32 | offset), client_msg_id u128, summary (u8 length +
 //!   bytes, <= 64).
+//! - [`MsgBodyEffect`] (kind 9): the kind 1 fields without msg_loc
+//!   (conv .. at_ms, client_msg_id, summary), then the body: bytes (u32
+//!   length + the message record above). The message's location is this
+//!   record's own, marked as in `evt` (`state::loc`).
 //! - [`ReadEffect`] (kind 2): uid u64, conv u64, read_seq u64, at_ms u64.
 //! - [`FlagsEffect`] (kind 3): uid u64, conv u64, muted u8, pinned u8,
 //!   at_ms u64.
@@ -34,12 +44,13 @@ use std::sync::Arc;
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
 use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
-use crate::inbox::state::{PackedLoc, State};
+use crate::inbox::state::{body_in_evt, PackedLoc, State};
 
 record_set! {
     /// The `evt` records messaging owns.
     pub(crate) enum Records in Effect::Messaging {
         Msg(MsgEffect),
+        MsgBody(MsgBodyEffect),
         Read(ReadEffect),
         Flags(FlagsEffect),
     }
@@ -131,22 +142,9 @@ pub(crate) struct MsgHeader {
     pub sent_at_ms: TimestampMs,
 }
 
-/// Where `msg_loc` sits in an encoded [`MsgEffect`] record: after the
-/// version byte, conv, msg_seq, msg_id, sender (u64 each), kind (u8),
-/// msg_type (u16), target_seq and at_ms (u64 each). Every field before it
-/// is fixed-width.
-const MSG_LOC_AT: usize = 1 + 4 * 8 + 1 + 2 + 2 * 8;
-
-/// Writes `loc` into an encoded [`MsgEffect`] record, so the sequencer
-/// encodes each effect once and fills in the message's location when the
-/// `msg` batch has been placed.
-pub(crate) fn set_msg_loc(record: &mut [u8], loc: PackedLoc) {
-    record[MSG_LOC_AT..MSG_LOC_AT + 8].copy_from_slice(&loc.to_le_bytes());
-}
-
 /// Bytes one message adds to a round besides its payload, at most: its
-/// `msg` record's header and fields, its `evt` record (summary included),
-/// and both record headers. Pinned by a test.
+/// body's header and fields and its `evt` record around it (summary
+/// included, with its record header). Pinned by a test.
 pub(crate) const MESSAGE_OVERHEAD_MAX: u64 = 512;
 
 pub(crate) fn encode_msg_record(h: &MsgHeader, p: &StoredPayload) -> Vec<u8> {
@@ -226,6 +224,87 @@ pub(crate) struct MsgEffect {
     pub summary: Bytes,
 }
 
+/// A message's effect with its body inside (kind 9): what a send writes,
+/// so that one `evt` batch commits the round. The message's index entry
+/// points at this record; the events of its recipients do too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct MsgBodyEffect {
+    /// `msg_loc` is not encoded: it is this record's own location.
+    pub msg: MsgEffect,
+    /// The message record ([`encode_msg_record`]).
+    pub body: Bytes,
+}
+
+impl MsgEffect {
+    fn encode_fields(&self, w: &mut Writer, with_loc: bool) {
+        w.u64(self.conv);
+        w.u64(self.msg_seq);
+        w.u64(self.msg_id);
+        w.u64(self.sender);
+        w.u8(kind_code(self.kind));
+        w.u16(self.msg_type);
+        w.u64(self.target_seq);
+        w.u64(self.at_ms);
+        if with_loc {
+            w.u64(self.msg_loc);
+        }
+        w.u128(self.client_msg_id);
+        w.short_bytes(&self.summary);
+    }
+
+    fn decode_fields(r: &mut Reader<'_>, with_loc: bool) -> DecodeResult<Self> {
+        Ok(MsgEffect {
+            conv: r.id()?,
+            msg_seq: r.id()?,
+            msg_id: r.id()?,
+            sender: r.id()?,
+            kind: kind_from_code(r.u8()?)?,
+            msg_type: r.u16()?,
+            target_seq: r.id()?,
+            at_ms: r.u64()?,
+            msg_loc: if with_loc { r.u64()? } else { 0 },
+            client_msg_id: r.u128()?,
+            summary: r.short_bytes()?,
+        })
+    }
+}
+
+impl Record for MsgBodyEffect {
+    const KIND: u8 = 9;
+
+    fn encode_body(&self, w: &mut Writer) {
+        self.msg.encode_fields(w, false);
+        w.bytes(&self.body);
+    }
+
+    fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
+        let mut msg = MsgEffect::decode_fields(r, false)?;
+        // Not stored: the record's own location, known where it is read.
+        msg.msg_loc = crate::inbox::state::PENDING_LOC;
+        Ok(MsgBodyEffect {
+            msg,
+            body: Bytes::copy_from_slice(r.bytes()?),
+        })
+    }
+
+    fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {
+        let m = MsgEffect {
+            msg_loc: body_in_evt(at.evt_loc),
+            ..self.msg.clone()
+        };
+        at.touched.body = Some((m.conv, m.msg_seq));
+        st.apply_msg(&m, at.evt_loc, at.stamp, at.touched)
+    }
+
+    fn at_ms(&self) -> Option<TimestampMs> {
+        Some(self.msg.at_ms)
+    }
+
+    fn to_event(&self, sync_seq: SyncSeq) -> Option<SyncEvent> {
+        self.msg.to_event(sync_seq)
+    }
+}
+
 /// A read cursor moved forward (R14); the reader's event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ReadEffect {
@@ -248,49 +327,15 @@ impl Record for MsgEffect {
     const KIND: u8 = 1;
 
     fn encode_body(&self, w: &mut Writer) {
-        w.u64(self.conv);
-        w.u64(self.msg_seq);
-        w.u64(self.msg_id);
-        w.u64(self.sender);
-        w.u8(kind_code(self.kind));
-        w.u16(self.msg_type);
-        w.u64(self.target_seq);
-        w.u64(self.at_ms);
-        w.u64(self.msg_loc);
-        w.u128(self.client_msg_id);
-        w.short_bytes(&self.summary);
+        self.encode_fields(w, true);
     }
 
     fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
-        Ok(MsgEffect {
-            conv: r.id()?,
-            msg_seq: r.id()?,
-            msg_id: r.id()?,
-            sender: r.id()?,
-            kind: kind_from_code(r.u8()?)?,
-            msg_type: r.u16()?,
-            target_seq: r.id()?,
-            at_ms: r.u64()?,
-            msg_loc: r.u64()?,
-            client_msg_id: r.u128()?,
-            summary: r.short_bytes()?,
-        })
+        MsgEffect::decode_fields(r, true)
     }
 
     fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {
         st.apply_msg(self, at.evt_loc, at.stamp, at.touched)
-    }
-
-    fn place_body(record: &mut [u8], st: &mut State, loc: PackedLoc) {
-        set_msg_loc(record, loc);
-        // conv and msg_seq follow the format byte (see the layout above).
-        let field = |at: usize| {
-            record
-                .get(at..at + 8)
-                .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                .map_or(0, u64::from_le_bytes)
-        };
-        st.patch_msg(ConvId(field(1)), MsgSeq(field(9)), loc);
     }
 
     fn at_ms(&self) -> Option<TimestampMs> {
@@ -454,32 +499,6 @@ pub(crate) fn summary_for(kind: MessageKind, payload: &[u8], target: MsgId, memb
 mod tests {
     use super::*;
     use crate::inbox::effect::Effect;
-    use crate::inbox::state::{pack, PENDING_LOC};
-
-    #[test]
-    fn setting_msg_loc_in_an_encoded_record_equals_encoding_it_with_the_loc() {
-        let mut m = MsgEffect {
-            conv: ConvId(7),
-            msg_seq: MsgSeq(3),
-            msg_id: MsgId(99),
-            sender: Uid(1),
-            kind: MessageKind::Normal,
-            msg_type: 12,
-            target_seq: MsgSeq(0),
-            at_ms: 5,
-            msg_loc: PENDING_LOC,
-            client_msg_id: 42,
-            summary: Bytes::from_static(b"hi"),
-        };
-        let mut record = Effect::from(m.clone()).encode();
-        let loc = pack(crate::log::RecordLoc {
-            segment: 3,
-            offset: 4096,
-        });
-        set_msg_loc(&mut record, loc);
-        m.msg_loc = loc;
-        assert_eq!(record, Effect::from(m).encode());
-    }
 
     #[test]
     fn a_message_adds_at_most_the_overhead_bound_besides_its_payload() {
@@ -499,8 +518,8 @@ mod tests {
             target: MsgId(u64::MAX),
             sent_at_ms: u64::MAX,
         };
-        let msg = encode_msg_record(&header, &stored).len() - payload.len();
-        let evt = Effect::from(MsgEffect {
+        let body = Bytes::from(encode_msg_record(&header, &stored));
+        let msg = MsgEffect {
             conv: ConvId(u64::MAX),
             msg_seq: MsgSeq(u64::MAX),
             msg_id: MsgId(u64::MAX),
@@ -512,10 +531,9 @@ mod tests {
             msg_loc: u64::MAX,
             client_msg_id: u128::MAX,
             summary: Bytes::from(vec![1u8; SUMMARY_BYTES_MAX]),
-        })
-        .encode()
-        .len();
-        let total = (msg + evt + 2 * crate::log::Log::RECORD_OVERHEAD_BYTES as usize) as u64;
+        };
+        let evt = Effect::from(MsgBodyEffect { msg, body }).encode().len() - payload.len();
+        let total = (evt + crate::log::Log::RECORD_OVERHEAD_BYTES as usize) as u64;
         assert!(total <= MESSAGE_OVERHEAD_MAX, "{total} bytes of overhead");
     }
 

@@ -7,14 +7,13 @@
 //! the batches and passes the round to the completion stage
 //! ([`completion`]), which releases the replies once the round is durable.
 //! It knows nothing of messages, devices or any subsystem, and imports
-//! none: only effects, optional bodies for the `msg` log, replies, rounds
-//! and checkpoints.
+//! none: only effects (a message's body travels inside its effect),
+//! replies, rounds and checkpoints.
 //!
 //! The sequencer takes whatever commands are queued as one *round*: it
 //! decides and applies each in order (so the next one sees its effects),
-//! then writes the round's messages as one `msg` batch, waits for that to
-//! be durable, and writes the round's effects as one `evt` batch, so an
-//! `evt` record never points at a message that could vanish. It hands the
+//! then writes the round's effects as one `evt` batch: one write and one
+//! fdatasync of one log commit the round, bodies included. It hands the
 //! `evt` ticket to the completion stage and goes on with the next round
 //! while that one syncs (pipelining).
 //!
@@ -45,7 +44,7 @@ use super::recover;
 use super::round::{Env, Exec, Fail, ReplyFn, Sink};
 use super::shared::Shared;
 use super::state::record::Touched;
-use super::state::{pack, State, PENDING_LOC};
+use super::state::{body_in_evt, pack, State, PENDING_LOC};
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::log::{AppendTicket, Batch, Log, LogError};
@@ -100,20 +99,18 @@ impl<C> Command<C> {
 
 #[derive(Default)]
 struct RoundBuf {
-    msg_batch: Batch,
-    /// Per record of `msg_batch`: the index in `evt_records` of the effect
-    /// that owns the body.
-    body_owners: Vec<usize>,
     /// The round's effects, encoded once as they are decided (kind,
-    /// bytes); a body's location is set in its owner's record once the
-    /// `msg` batch is placed ([`Effect::place_body`]).
+    /// bytes).
     evt_records: Vec<(u8, Vec<u8>)>,
+    /// Index entries that point at a record of this round, patched with
+    /// its location once the batch is placed: events, and messages whose
+    /// body is in the record.
     event_patches: Vec<(Uid, SyncSeq, usize)>,
+    body_patches: Vec<(ConvId, MsgSeq, usize)>,
     replies: Vec<ReplyFn>,
     user_marks: BTreeMap<Uid, SyncSeq>,
     conv_marks: BTreeMap<ConvId, MsgSeq>,
-    /// Framed bytes of the records gathered so far, both logs together
-    /// (see [`round_bytes_max`]; also what counts towards the next periodic
+    /// Framed bytes of the records gathered so far (see [`round_bytes_max`]; also what counts towards the next periodic
     /// checkpoint).
     size: u64,
 }
@@ -145,18 +142,12 @@ impl Sink for RoundSink<'_> {
         if let Some((conv, seq)) = touched.conv {
             r.conv_marks.insert(conv, seq);
         }
+        if let Some((conv, seq)) = touched.body {
+            r.body_patches.push((conv, seq, idx));
+        }
         let record = effect.encode();
         r.size += (RECORD_HEADER_LEN + record.len()) as u64;
         r.evt_records.push((effect.record_kind(), record));
-    }
-
-    fn effect_with_body(&mut self, st: &mut State, effect: Effect, body_kind: u8, body: Vec<u8>) {
-        let idx = self.round.evt_records.len();
-        self.effect(st, effect);
-        let r = &mut *self.round;
-        r.size += (RECORD_HEADER_LEN + body.len()) as u64;
-        r.msg_batch.push_owned(body_kind, body);
-        r.body_owners.push(idx);
     }
 
     fn reply(&mut self, reply: ReplyFn) {
@@ -360,28 +351,11 @@ impl<C: Exec> Sequencer<C> {
         });
     }
 
-    /// Writes the round: messages first (durable), then effects (submitted).
+    /// Writes the round: one `evt` batch (submitted; the completion stage
+    /// waits for it).
     fn write_round(&self, r: &mut RoundBuf) -> std::result::Result<Option<AppendTicket>, Fail> {
         if let Some(m) = self.shared.poisoned() {
             return Err(Fail::Poisoned(m));
-        }
-        if !r.msg_batch.is_empty() {
-            let ticket = self
-                .shared
-                .msg_log
-                .submit(std::mem::take(&mut r.msg_batch))
-                .map_err(|e| Fail::from_log(&e))?;
-            {
-                let mut st = self.shared.state.write();
-                for (i, &idx) in r.body_owners.iter().enumerate() {
-                    let loc = ticket.locs.get(i).map_or(PENDING_LOC, |l| pack(*l));
-                    if let Some((kind, record)) = r.evt_records.get_mut(idx) {
-                        Effect::place_body(*kind, record, &mut st, loc);
-                    }
-                }
-            }
-            // An evt record must never point at a message that could vanish.
-            ticket.wait().map_err(|e| Fail::Poisoned(e.to_string()))?;
         }
         if r.evt_records.is_empty() {
             return Ok(None);
@@ -400,6 +374,10 @@ impl<C: Exec> Sequencer<C> {
             for &(uid, seq, idx) in &r.event_patches {
                 let loc = ticket.locs.get(idx).map_or(PENDING_LOC, |l| pack(*l));
                 st.patch_event(uid, seq, loc);
+            }
+            for &(conv, seq, idx) in &r.body_patches {
+                let loc = ticket.locs.get(idx).map_or(PENDING_LOC, |l| pack(*l));
+                st.patch_msg(conv, seq, body_in_evt(loc));
             }
             st.evt_lsn = ticket.lsn;
         }

@@ -15,11 +15,10 @@ use std::sync::{mpsc, Arc};
 use super::store::*;
 use crate::api::*;
 use crate::error::{Error, Result};
-use crate::inbox::messaging::read::corrupt;
-use crate::inbox::messaging::record::decode_msg_record;
+use crate::inbox::messaging::body;
 use crate::inbox::pending::{Reply, Tx};
 use crate::inbox::shared::Shared;
-use crate::inbox::state::{unpack, MsgMeta, SnapshotPhase, SnapshotRow};
+use crate::inbox::state::{MsgMeta, SnapshotPhase, SnapshotRow};
 use crate::log::write_file_durably;
 
 /// What the sequencer captured at S.
@@ -65,7 +64,6 @@ pub(crate) fn run_builder(shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
 /// Builds the snapshot content from the plan (builder thread, after the
 /// begin step is durable), writes it durably and returns its info.
 pub(crate) fn build(shared: &Shared, plan: &Plan) -> Result<SnapshotInfo> {
-    let max = shared.config.payload_bytes_max;
     let mut pages = Vec::new();
     let mut i = 0;
     loop {
@@ -73,7 +71,7 @@ pub(crate) fn build(shared: &Shared, plan: &Plan) -> Result<SnapshotInfo> {
         let mut messages = Vec::new();
         for (c, metas) in plan.convs[i..end].iter().zip(&plan.messages[i..end]) {
             for (seq, meta) in metas {
-                messages.push(read_message(shared, c.conv, *seq, meta, max)?);
+                messages.push(read_message(shared, c.conv, *seq, meta)?);
             }
         }
         let conv_slice = &plan.convs[i..end];
@@ -118,13 +116,7 @@ pub(crate) fn build(shared: &Shared, plan: &Plan) -> Result<SnapshotInfo> {
 /// index (a message of the begin step's own round had no location yet at
 /// capture); the tombstone flag is the one at S, or a later one, which
 /// hides the body too (R6).
-fn read_message(
-    shared: &Shared,
-    conv: ConvId,
-    seq: MsgSeq,
-    at_s: &MsgMeta,
-    max: u32,
-) -> Result<Message> {
+fn read_message(shared: &Shared, conv: ConvId, seq: MsgSeq, at_s: &MsgMeta) -> Result<Message> {
     let (loc, now_tomb) = {
         let st = shared.state.read();
         match st.convs.get(&conv).and_then(|c| c.meta(seq)) {
@@ -138,8 +130,7 @@ fn read_message(
             }
         }
     };
-    let rec = shared.msg_log.read(unpack(loc))?;
-    let (h, payload) = decode_msg_record(&rec.payload, max).map_err(|e| corrupt("msg", &e))?;
+    let (h, payload) = body::read_message(shared, conv, seq, loc)?;
     if h.msg_id != at_s.msg_id || h.conv != conv {
         return Err(Error::Invariant(format!(
             "message index of conv {conv} seq {seq} points at another record"

@@ -32,7 +32,7 @@ pub(crate) mod record;
 mod seg_refs;
 
 use crate::api::*;
-pub(crate) use loc::{pack, unpack, PackedLoc, PENDING_LOC};
+pub(crate) use loc::{body_at, body_in_evt, pack, unpack, BodyLog, PackedLoc, PENDING_LOC};
 pub(crate) use seg_refs::SegRefs;
 
 pub(crate) const OPEN: MsgSeq = MsgSeq(u64::MAX);
@@ -289,10 +289,32 @@ pub(crate) struct State {
     pub next_msg_counter: u64,
     /// LSN of the last `evt` batch applied.
     pub evt_lsn: u64,
-    /// Retained events per `evt` segment (derived: see [`SegRefs`]).
+    /// Retained events and message bodies per `evt` segment (derived:
+    /// see [`SegRefs`]): a segment with a count is needed, whatever holds it.
     pub evt_refs: SegRefs,
+    /// Of those, the retained message bodies per `evt` segment: what
+    /// compaction must move to `msg` before the segment can go.
+    pub body_refs: SegRefs,
     /// Retained messages per `msg` segment (derived: see [`SegRefs`]).
     pub msg_refs: SegRefs,
+}
+
+/// Counts (or uncounts) a message location in `[evt, body, msg]`: a body
+/// in `evt` holds its segment like an event does, and is counted apart too.
+pub(crate) fn count_msg_ref(refs: [&mut SegRefs; 3], loc: PackedLoc, add: bool) {
+    let [evt, body, msg] = refs;
+    let targets: Vec<&mut SegRefs> = match body_at(loc) {
+        (BodyLog::Evt, _) => vec![evt, body],
+        (BodyLog::Msg, _) => vec![msg],
+    };
+    let at = body_at(loc).1;
+    for r in targets {
+        if add {
+            r.add(at, 1);
+        } else {
+            r.remove(at);
+        }
+    }
 }
 
 /// The counter part of a msg_id (below the shard bits, R3).
@@ -311,8 +333,48 @@ impl State {
             next_msg_counter: 1,
             evt_lsn: 0,
             evt_refs: SegRefs::default(),
+            body_refs: SegRefs::default(),
             msg_refs: SegRefs::default(),
         }
+    }
+
+    /// Counts a message location in the segment of the log it points into.
+    pub fn add_msg_ref(&mut self, loc: PackedLoc) {
+        count_msg_ref(
+            [&mut self.evt_refs, &mut self.body_refs, &mut self.msg_refs],
+            loc,
+            true,
+        );
+    }
+
+    /// Uncounts a message location (trimmed or moved away).
+    pub fn remove_msg_ref(&mut self, loc: PackedLoc) {
+        count_msg_ref(
+            [&mut self.evt_refs, &mut self.body_refs, &mut self.msg_refs],
+            loc,
+            false,
+        );
+    }
+
+    /// Recounts every segment reference from the indexes (after a
+    /// checkpoint load, and to check the incremental counts).
+    pub fn recount_seg_refs(&self) -> (SegRefs, SegRefs, SegRefs) {
+        let mut evt = SegRefs::rebuild(self.users.values().flat_map(|u| &u.events));
+        let mut body = SegRefs::default();
+        let mut msg = SegRefs::default();
+        for m in self.convs.values().flat_map(|c| c.msgs.iter()) {
+            match body_at(m.loc) {
+                (BodyLog::Evt, at) => {
+                    evt.add(at, 1);
+                    body.add(at, 1);
+                }
+                (BodyLog::Msg, at) => msg.add(at, 1),
+            }
+        }
+        evt.mark_all_dirty();
+        body.mark_all_dirty();
+        msg.mark_all_dirty();
+        (evt, body, msg)
     }
 
     /// The live idempotency entry for a key at time `now`.
@@ -351,8 +413,11 @@ impl State {
             .map(Arc::make_mut)
             .and_then(|c| c.meta_mut(seq))
         {
-            self.msg_refs.replace(meta.loc, loc);
-            meta.loc = loc;
+            let old = std::mem::replace(&mut meta.loc, loc);
+            if old != loc {
+                self.remove_msg_ref(old);
+                self.add_msg_ref(loc);
+            }
         }
     }
 
@@ -368,18 +433,19 @@ impl State {
 
     /// Recounts both indexes and compares with the incremental counts.
     pub fn check_seg_refs(&self) -> Result<(), String> {
-        let evt = SegRefs::rebuild(self.users.values().flat_map(|u| &u.events));
+        let (evt, body, msg) = self.recount_seg_refs();
         if evt != self.evt_refs {
             return Err(format!(
                 "evt segment refs: kept {:?}, recounted {:?}",
                 self.evt_refs, evt
             ));
         }
-        let msg = SegRefs::rebuild(
-            self.convs
-                .values()
-                .flat_map(|c| c.msgs.iter().map(|m| &m.loc)),
-        );
+        if body != self.body_refs {
+            return Err(format!(
+                "evt body refs: kept {:?}, recounted {:?}",
+                self.body_refs, body
+            ));
+        }
         if msg != self.msg_refs {
             return Err(format!(
                 "msg segment refs: kept {:?}, recounted {:?}",

@@ -21,6 +21,10 @@ use crate::inbox::codec::{DecodeResult, Reader, Writer};
 pub(crate) struct Touched {
     pub events: Vec<(Uid, SyncSeq)>,
     pub conv: Option<(ConvId, MsgSeq)>,
+    /// The message whose body is in the applied record itself: its index
+    /// entry points at the record, so it learns the record's location
+    /// when the batch is placed, like the events do.
+    pub body: Option<(ConvId, MsgSeq)>,
 }
 
 /// Where and when a record is applied.
@@ -59,10 +63,6 @@ pub(crate) trait Record: Sized {
     fn to_event(&self, _sync_seq: SyncSeq) -> Option<SyncEvent> {
         None
     }
-    /// For a record whose body went to the `msg` log: writes the body's
-    /// location into the encoded record (the whole payload, format byte
-    /// included) and into the index, once the `msg` batch is placed.
-    fn place_body(_record: &mut [u8], _st: &mut State, _loc: PackedLoc) {}
     /// The time the record was stamped with, for the records that carry
     /// one (compaction's retention reads it).
     fn at_ms(&self) -> Option<TimestampMs> {
@@ -83,9 +83,6 @@ pub(crate) trait RecordSet: Sized {
     fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError>;
     fn to_event(&self, sync_seq: SyncSeq) -> Option<SyncEvent>;
     fn at_ms(&self) -> Option<TimestampMs>;
-    /// [`Record::place_body`] for a record of kind `kind`; false if the
-    /// kind is not one of this set's.
-    fn place_body(kind: u8, record: &mut [u8], st: &mut State, loc: PackedLoc) -> bool;
 }
 
 /// True if no two of `sets` share a kind code and none uses bit 7 (which
@@ -202,21 +199,6 @@ macro_rules! record_set {
                 match self {
                     $($set::$variant(r) => r.at_ms(),)+
                 }
-            }
-
-            fn place_body(
-                kind: u8,
-                record: &mut [u8],
-                st: &mut $crate::inbox::state::State,
-                loc: $crate::inbox::state::PackedLoc,
-            ) -> bool {
-                $(
-                    if kind == <$ty as $crate::inbox::state::record::Record>::KIND {
-                        <$ty as $crate::inbox::state::record::Record>::place_body(record, st, loc);
-                        return true;
-                    }
-                )+
-                false
             }
         }
 
