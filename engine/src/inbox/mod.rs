@@ -47,6 +47,7 @@ mod codec;
 mod command;
 mod compaction;
 mod config;
+mod consistency;
 mod devices;
 mod effect;
 mod inspect;
@@ -62,6 +63,7 @@ mod token;
 
 pub use compaction::{CompactionStep, SpaceUsage};
 pub use config::{Clock, InboxConfig, ManualClock, SystemClock};
+pub use consistency::verify_data_dir;
 pub use pending::Pending;
 pub use recover::RecoveryReport;
 pub use shared::Hint;
@@ -122,6 +124,11 @@ impl Inbox {
         let msg_log = open_log("msg")?;
         let evt_log = open_log("evt")?;
         let (state, recovery) = recover::load_state_reporting(&config, &evt_log)?;
+        consistency::check_locations(
+            &state,
+            &consistency::ends_of(&evt_log),
+            &consistency::ends_of(&msg_log),
+        )?;
         let checkpoints = checkpoint::durable_lsns(data)?;
         let (hints, _) = tokio::sync::broadcast::channel(1024);
         let snapshots = snapshots::store::Store::new(config.snapshot_cache_bytes);

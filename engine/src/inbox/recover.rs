@@ -13,7 +13,29 @@ use super::effect::Effect;
 use super::state::record::Touched;
 use super::state::{pack, State};
 use crate::error::{Error, Result};
-use crate::log::{Log, LogError};
+use crate::log::{Log, LogError, Lsn, ReplayFn};
+
+/// Where recovery reads the `evt` log from: the open log (serve), or its
+/// directory read-only (`inboxd verify`), so both judge the same way.
+pub(crate) trait EvtSource {
+    /// The last durable LSN (0 = empty).
+    fn durable_lsn(&self) -> Lsn;
+    /// The first LSN of the oldest segment, if any.
+    fn first_lsn(&self) -> Option<Lsn>;
+    fn replay(&self, after: Lsn, f: &mut ReplayFn<'_>) -> std::result::Result<(), LogError>;
+}
+
+impl EvtSource for Log {
+    fn durable_lsn(&self) -> Lsn {
+        Log::durable_lsn(self)
+    }
+    fn first_lsn(&self) -> Option<Lsn> {
+        self.segments().first().map(|s| s.first_lsn)
+    }
+    fn replay(&self, after: Lsn, f: &mut ReplayFn<'_>) -> std::result::Result<(), LogError> {
+        Log::replay(self, after, f)
+    }
+}
 
 /// Where recovery started and how much it replayed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -30,7 +52,7 @@ pub(crate) fn load_state(cfg: &InboxConfig, evt: &Log) -> Result<State> {
 
 pub(crate) fn load_state_reporting(
     cfg: &InboxConfig,
-    evt: &Log,
+    evt: &dyn EvtSource,
 ) -> Result<(State, RecoveryReport)> {
     let ttl_ms = u64::try_from(cfg.idempotency_ttl.as_millis()).unwrap_or(u64::MAX);
     let durable = evt.durable_lsn();
@@ -60,14 +82,13 @@ pub(crate) fn load_state_reporting(
     let after = state.evt_lsn;
     // Compaction deletes whole segments once checkpoints cover them; a log
     // that starts after the state's LSN has lost records this replay needs.
-    if let Some(first) = evt.segments().first() {
-        if first.first_lsn > after + 1 && durable > after {
+    if let Some(first) = evt.first_lsn() {
+        if first > after + 1 && durable > after {
             return Err(Error::Corruption {
                 what: "data directory",
                 reason: format!(
-                    "evt log starts at LSN {} but the newest usable checkpoint covers only LSN \
-                     {after}: log data is missing",
-                    first.first_lsn
+                    "evt log starts at LSN {first} but the newest usable checkpoint covers only LSN \
+                     {after}: log data is missing"
                 ),
             });
         }
@@ -101,6 +122,7 @@ pub(crate) fn load_state_reporting(
     }
     // The compactor has not looked at any segment yet in this process.
     state.evt_refs.mark_all_dirty();
+    state.body_refs.mark_all_dirty();
     state.msg_refs.mark_all_dirty();
     Ok((
         state,

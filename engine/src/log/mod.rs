@@ -45,7 +45,9 @@ pub use faulty::FaultyIo;
 pub use io::{write_file_durably, LogIo, PwriteIo};
 pub use recovery::{RecoveryReport, TruncatedTail};
 pub use uring::UringIo;
-pub use verify::{verify, verify_with_progress, Problem, ProblemKind, SegmentReport, VerifyReport};
+pub use verify::{
+    replay_dir, verify, verify_with_progress, Problem, ProblemKind, SegmentReport, VerifyReport,
+};
 
 use format::{BatchEncoder, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
 use segment::Segment;
