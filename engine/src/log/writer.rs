@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use super::format::SEGMENT_HEADER_LEN;
 use super::segment::Segment;
-use super::{LogError, Lsn, Shared, SyncPolicy};
+use super::shared::Shared;
+use super::{LogError, Lsn, SyncPolicy};
 
 /// Work for the writer, in submission order.
 pub(crate) enum Item {
