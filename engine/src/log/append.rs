@@ -14,6 +14,7 @@ use super::batch::{AppendTicket, Appended, Batch, Waiter};
 use super::format::{self, BatchEncoder, SEGMENT_HEADER_LEN};
 use super::io::{LogIo, PwriteIo};
 use super::lock::lock_dir;
+use super::prepare::{self, Freed, Preparer};
 use super::recovery::{self, RecoveryReport};
 use super::shared::{ActiveTail, Shared, SubmitState};
 use super::uring::UringIo;
@@ -26,6 +27,7 @@ use super::{
 pub struct Log {
     pub(super) shared: Arc<Shared>,
     writer: Option<JoinHandle<()>>,
+    preparer: Option<JoinHandle<()>>,
     report: RecoveryReport,
     /// Held for the life of the log: one process per directory.
     _lock: File,
@@ -109,11 +111,8 @@ impl Log {
             io,
             state: Mutex::new(SubmitState {
                 next_lsn: rec.next_lsn,
-                next_segment_id: rec.next_segment_id,
                 active,
-                spare: None,
                 queue: Vec::new(),
-                spare_wanted: true,
                 shutdown: false,
             }),
             work: Condvar::new(),
@@ -122,16 +121,35 @@ impl Log {
             durable_lsn: AtomicU64::new(rec.next_lsn - 1),
             poisoned: AtomicBool::new(false),
             segments: RwLock::new(segments),
-            prealloc_seq: AtomicU64::new(0),
+            prep: Preparer::new(
+                rec.next_segment_id,
+                opts.spare_segments,
+                opts.prepare,
+                rec.spares,
+            ),
             stats: writer::Stats::default(),
         });
         let w = Arc::clone(&shared);
         let writer = std::thread::Builder::new()
             .name("log-writer".into())
             .spawn(move || writer::run(w))?;
+        let p = Arc::clone(&shared);
+        let preparer = match std::thread::Builder::new()
+            .name("log-preparer".into())
+            .spawn(move || prepare::run(p))
+        {
+            Ok(h) => h,
+            Err(e) => {
+                shared.state.lock().shutdown = true;
+                shared.work.notify_all();
+                let _ = writer.join();
+                return Err(e.into());
+            }
+        };
         Ok(Log {
             shared,
             writer: Some(writer),
+            preparer: Some(preparer),
             report: rec.report,
             _lock: lock,
         })
@@ -188,8 +206,14 @@ impl Log {
     }
 
     /// Deletes a sealed segment and fsyncs the directory. O(1): the file
-    /// is unlinked whole. Reads already holding the segment finish
-    /// normally; later reads of its locations get `BadLocation`.
+    /// is renamed or unlinked whole. Reads already holding the segment
+    /// finish normally; later reads of its locations get `BadLocation`.
+    ///
+    /// When no reader holds the segment and fewer than
+    /// [`prepare::RECYCLED_SPARES_MAX`] spares are kept, the file is not
+    /// unlinked but renamed to `recycle-<id>.tmp` and handed to the
+    /// preparer, which makes it the next spare (see [`super::prepare`]).
+    /// Either way the old segment's name is gone, durably, on return.
     ///
     /// A poisoned log deletes nothing: the caller decided the segment was
     /// unneeded from writes that may not be on disk (a relocation whose
@@ -199,10 +223,8 @@ impl Log {
         if self.shared.is_poisoned() {
             return Err(self.shared.poison_error());
         }
-        let seg = self
-            .shared
-            .segments
-            .read()
+        let mut segments = self.shared.segments.write();
+        let seg = segments
             .get(&id)
             .cloned()
             .ok_or_else(|| LogError::InvalidArgument(format!("no segment {id}")))?;
@@ -211,15 +233,37 @@ impl Log {
                 "segment {id} is the active segment; only sealed segments can be deleted"
             )));
         }
-        // Unlink first: if that fails, nothing has changed. Readers holding
-        // the segment keep their descriptor and mapping.
-        self.shared.io.remove(&seg.path)?;
-        self.shared.segments.write().remove(&id);
+        let (first_lsn, last_lsn) = (seg.first_lsn, seg.last_lsn());
+        segments.remove(&id);
+        let recycle = seg.is_idle()
+            && seg
+                .file
+                .metadata()
+                .is_ok_and(|m| m.len() == self.shared.segment_bytes)
+            && self.shared.prep.accepts_freed();
+        // Rename or unlink first: if that fails, nothing has changed.
+        // Readers holding the segment keep their descriptor and mapping.
+        let tmp = self.shared.dir.join(format!("recycle-{id}.tmp"));
+        let res = if recycle {
+            self.shared.io.rename(&seg.path, &tmp)
+        } else {
+            self.shared.io.remove(&seg.path)
+        };
+        if let Err(e) = res {
+            segments.insert(id, seg);
+            return Err(e.into());
+        }
+        drop(segments);
+        drop(seg);
         self.shared.io.sync_dir(&self.shared.dir)?;
+        if recycle {
+            self.shared.prep.push_freed(Freed { path: tmp });
+        }
         tracing::info!(
             segment = id,
-            first_lsn = seg.first_lsn,
-            last_lsn = seg.last_lsn(),
+            first_lsn,
+            last_lsn,
+            recycled = recycle,
             "segment deleted"
         );
         Ok(())
@@ -258,16 +302,19 @@ impl Log {
             bytes_written: s.bytes.load(Ordering::Relaxed),
             commit_time: Duration::from_nanos(s.commit_ns.load(Ordering::Relaxed)),
             durable_lsn: self.durable_lsn(),
+            spares_ready: self.shared.spares_ready(),
+            spare_failures: self.shared.prep.failures.load(Ordering::Relaxed),
+            segments_recycled: self.shared.prep.recycled.load(Ordering::Relaxed),
         }
     }
 
-    /// The directory of the log.
     /// The IO backend this log writes through, for files kept beside it
     /// (see [`write_file_durably`]).
     pub fn io(&self) -> &Arc<dyn LogIo> {
         &self.shared.io
     }
 
+    /// The directory of the log.
     pub fn dir(&self) -> &Path {
         &self.shared.dir
     }
@@ -275,16 +322,16 @@ impl Log {
 
 impl Drop for Log {
     /// Writes and syncs what is queued, then stops the writer.
+    /// Prepared spares stay on disk: the next open takes them up again.
     fn drop(&mut self) {
+        prepare::shutdown(&self.shared);
+        if let Some(p) = self.preparer.take() {
+            let _ = p.join();
+        }
         self.shared.state.lock().shutdown = true;
         self.shared.work.notify_all();
         if let Some(w) = self.writer.take() {
             let _ = w.join();
-        }
-        let spare = self.shared.state.lock().spare.take();
-        if let Some(spare) = spare {
-            // A spare left behind would be removed at the next open anyway.
-            let _ = self.shared.io.remove(&spare.path);
         }
     }
 }

@@ -1,9 +1,18 @@
 //! Append-only segment logs (R20, R21, R22).
 //!
 //! A log is a directory of segment files (`0000000001.seg`, ...), each
-//! preallocated to `segment_bytes` with fallocate and filled with CRC-framed
-//! batches of records (layout: [`format::BatchEncoder`], `docs/FORMAT.md`).
+//! `segment_bytes` long and filled with CRC-framed batches of records
+//! (layout: [`format::BatchEncoder`], `docs/FORMAT.md`).
 //!
+//! - Segments are prepared ahead of need by a background thread
+//!   ([`prepare`]): written in full (zeros, a *prepared* header, fdatasync,
+//!   renamed to the next id, directory fsynced), so a commit's fdatasync
+//!   overwrites written blocks and flushes data only. A prepared segment is
+//!   the next id's file with a valid header flagged prepared and no
+//!   records; recovery and [`verify()`] accept it (an empty trailing
+//!   segment is not damage). Deleted segments' files are recycled as
+//!   spares; their stale bytes never verify (CRCs are bound to the segment
+//!   id, ids never repeat).
 //! - [`Log::submit`] assigns the batch its LSN and record locations at once,
 //!   under one mutex, and queues its encoded bytes; a single writer thread
 //!   ([`writer`]) writes everything queued with one write and one fdatasync
@@ -11,21 +20,23 @@
 //! - Reads ([`Log::read`], [`Log::replay`]) never see bytes that are not
 //!   durable: sealed segments through one `Arc<Mmap>` each, the active
 //!   segment with pread below its durable length ([`segment`]).
-//! - [`Log::open`] recovers ([`recovery`]): a torn tail of the last segment
-//!   is cut, any other damage refuses to open. [`verify()`] checks a
+//! - [`Log::open`] recovers ([`recovery`]): a torn tail of the last begun
+//!   segment is cut, any other damage refuses to open. [`verify()`] checks a
 //!   directory offline.
 //!
 //! Invariants: LSNs are contiguous from 1 (per log); batches become durable
 //! in LSN order; a write or fsync error poisons the log for good (R21) and
 //! nothing after it is reported durable; running out of disk space is only
-//! ever met when preallocating a segment, before a batch is accepted, and
+//! ever met when preparing a segment, before a batch is accepted, and
 //! then changes nothing.
+
 mod append;
 mod batch;
 mod faulty;
 pub mod format;
 mod io;
 mod lock;
+mod prepare;
 mod read;
 mod recovery;
 mod segment;
@@ -102,6 +113,24 @@ pub struct LogOptions {
     pub sync: SyncPolicy,
     pub io: IoBackend,
     pub recovery: RecoveryMode,
+    /// Prepared segments the background preparer keeps ready (default 1;
+    /// 0 prepares each segment inline when a roll needs it).
+    pub spare_segments: usize,
+    /// How a segment is prepared before its first commit.
+    pub prepare: SegmentPrep,
+}
+
+/// How a new segment's space is made ready before commits go into it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SegmentPrep {
+    /// fallocate, then write zeros over the whole file and fdatasync: a
+    /// commit's fdatasync then overwrites written blocks and flushes data
+    /// only (the default).
+    #[default]
+    Write,
+    /// fallocate only: the first write to each block also commits the
+    /// file system's extent metadata. For comparison in benchmarks.
+    Fallocate,
 }
 
 impl LogOptions {
@@ -112,6 +141,8 @@ impl LogOptions {
             sync: SyncPolicy::Always,
             io: IoBackend::default(),
             recovery: RecoveryMode::default(),
+            spare_segments: 1,
+            prepare: SegmentPrep::default(),
         }
     }
 }
@@ -167,4 +198,11 @@ pub struct LogStats {
     /// Total time spent in those writes and syncs.
     pub commit_time: Duration,
     pub durable_lsn: Lsn,
+    /// Prepared segments ready now.
+    pub spares_ready: usize,
+    /// Segments the background preparer failed to prepare (refused;
+    /// nothing poisoned).
+    pub spare_failures: u64,
+    /// Deleted segments whose files were reused as spares.
+    pub segments_recycled: u64,
 }

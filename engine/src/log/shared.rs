@@ -3,7 +3,6 @@
 //! the poison flag, and rolling to a new segment.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -11,20 +10,17 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::format::{self, SEGMENT_HEADER_LEN};
-use super::io::{self, LogIo};
-use super::segment::{self, Segment};
+use super::io::LogIo;
+use super::prepare::Preparer;
+use super::segment::Segment;
 use super::writer::{self, Item};
 use super::{LogError, Lsn, SegmentId, SyncPolicy};
 
 /// The submit side, under one mutex: LSN and space assignment, the queue.
 pub(super) struct SubmitState {
     pub(super) next_lsn: Lsn,
-    pub(super) next_segment_id: SegmentId,
     pub(super) active: Option<ActiveTail>,
-    /// A preallocated file ready to become the next segment.
-    pub(super) spare: Option<Spare>,
     pub(super) queue: Vec<Item>,
-    pub(super) spare_wanted: bool,
     pub(super) shutdown: bool,
 }
 
@@ -33,11 +29,6 @@ pub(super) struct ActiveTail {
     /// Where the next batch goes (reserved, not necessarily written).
     pub(super) write_offset: u64,
     pub(super) capacity: u64,
-}
-
-pub(super) struct Spare {
-    pub(super) file: File,
-    pub(super) path: PathBuf,
 }
 
 /// State shared by the log handle, tickets and the writer thread.
@@ -55,7 +46,7 @@ pub(super) struct Shared {
     pub(super) durable_lsn: AtomicU64,
     pub(super) poisoned: AtomicBool,
     pub(super) segments: RwLock<BTreeMap<SegmentId, Arc<Segment>>>,
-    pub(super) prealloc_seq: AtomicU64,
+    pub(super) prep: Preparer,
     pub(super) stats: writer::Stats,
 }
 
@@ -100,80 +91,37 @@ impl Shared {
         }
     }
 
-    /// Creates a preallocated file for the next segment.
-    pub(super) fn preallocate(&self) -> Result<Spare, LogError> {
-        let n = self.prealloc_seq.fetch_add(1, Ordering::Relaxed);
-        let path = self.dir.join(format!("prealloc-{n}.tmp"));
-        match self.io.create_preallocated(&path, self.segment_bytes) {
-            Ok(file) => Ok(Spare { file, path }),
-            Err(e) if io::is_no_space(&e) => Err(LogError::NoSpace(format!(
-                "preallocating {} bytes in {}: {e}",
-                self.segment_bytes,
-                self.dir.display()
-            ))),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Makes the next segment's file ahead of need (writer thread, not
-    /// holding the submit mutex). A failure only means `submit` tries again
-    /// when it needs the file.
-    pub(super) fn preallocate_spare_in_background(&self) {
-        if self.state.lock().spare.is_some() {
-            return;
-        }
-        match self.preallocate() {
-            Ok(spare) => {
-                let mut st = self.state.lock();
-                if st.spare.is_none() {
-                    st.spare = Some(spare);
-                } else {
-                    drop(st);
-                    let _ = self.io.remove(&spare.path);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(dir = %self.dir.display(), error = %e, "could not preallocate the next segment ahead of need")
-            }
-        }
-    }
-
     /// Starts the next segment for a batch that does not fit. On error
     /// nothing has changed.
     pub(super) fn roll(&self, st: &mut SubmitState) -> Result<(), LogError> {
-        let id = st.next_segment_id;
-        let next_id = id
-            .checked_add(1)
-            .ok_or_else(|| LogError::InvalidArgument("segment ids exhausted".into()))?;
-        let spare = match st.spare.take() {
-            Some(s) => s,
-            None => self.preallocate()?,
-        };
+        let spare = self.take_spare()?;
         let first_lsn = st.next_lsn;
-        let path = self.dir.join(segment::segment_file_name(id));
-        let seg = Arc::new(Segment::new(
-            id,
-            path,
+        let mut seg = Segment::new(
+            spare.id,
+            spare.path,
             spare.file,
             first_lsn,
             first_lsn - 1,
             SEGMENT_HEADER_LEN as u64,
             false,
-        ));
+        );
+        let mut flags = 0;
+        if spare.recycled {
+            seg = seg.with_end_marker(self.segment_bytes);
+            flags |= format::SEGMENT_FLAG_RECYCLED;
+        }
+        let seg = Arc::new(seg);
         let old = st.active.take().map(|a| a.seg);
         st.queue.push(Item::Roll {
             old,
             new: Arc::clone(&seg),
-            tmp: spare.path,
-            header: format::encode_segment_header(id, first_lsn),
+            header: format::encode_segment_header_with_flags(spare.id, first_lsn, flags),
         });
         st.active = Some(ActiveTail {
             seg,
             write_offset: SEGMENT_HEADER_LEN as u64,
             capacity: self.segment_bytes,
         });
-        st.next_segment_id = next_id;
-        st.spare_wanted = true;
         Ok(())
     }
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use memmap2::Mmap;
 
-use super::segment::{self, Tail};
+use super::segment::{self, FileKind, Tail};
 use super::{LogError, Lsn, SegmentId};
 
 /// What kind of problem was found.
@@ -100,8 +100,40 @@ pub fn verify_with_progress(
     let (segs, _tmps) = segment::list_dir(dir)?;
     let mut report = VerifyReport::default();
     let mut prev: Option<(SegmentId, Lsn)> = None;
-    let n = segs.len();
-    for (i, (id, path)) in segs.iter().enumerate() {
+    // Only the last begun segment may have a torn tail; prepared segments
+    // (written ahead, never begun) hold no records and are not damage.
+    let kinds = segment::classify(&segs)?;
+    let last_begun = segs
+        .iter()
+        .zip(&kinds)
+        .filter(|(_, k)| **k == FileKind::Begun)
+        .map(|((id, _), _)| *id)
+        .next_back();
+    for ((id, path), kind) in segs.iter().zip(&kinds) {
+        if *kind == FileKind::InterruptedBegin {
+            let problem = Problem {
+                kind: ProblemKind::TornTail,
+                segment: *id,
+                offset: 0,
+                reason: "segment header rewrite cut by a power cut, no batch in it; \
+                         the segment would be removed at open"
+                    .into(),
+            };
+            let seg = SegmentReport {
+                id: *id,
+                bytes: 0,
+                file_bytes: std::fs::metadata(path)?.len(),
+                batches: 0,
+                records: 0,
+                first_lsn: None,
+                last_lsn: 0,
+                problem: Some(problem.clone()),
+            };
+            report.problems.push(problem);
+            progress(&seg);
+            report.segments.push(seg);
+            continue;
+        }
         let file = std::fs::File::open(path)?;
         let file_bytes = file.metadata()?.len();
         let scan = {
@@ -116,7 +148,7 @@ pub fn verify_with_progress(
                 map = unsafe { Mmap::map(&file)? };
                 &map
             };
-            segment::scan(*id, data, i + 1 == n)
+            segment::scan(*id, data, Some(*id) == last_begun)
         };
         let mut problem = match &scan.tail {
             Tail::Clean => None,
@@ -133,7 +165,7 @@ pub fn verify_with_progress(
                 reason: reason.clone(),
             }),
         };
-        if let Some(first) = scan.first_lsn {
+        if let Some(first) = scan.first_lsn.filter(|_| !scan.prepared) {
             if let Err(reason) = segment::check_sequence(prev, *id, first) {
                 problem.get_or_insert(Problem {
                     kind: ProblemKind::Corruption,
