@@ -224,7 +224,7 @@ impl Shared {
             let mut head = vec![0u8; SEGMENT_HEADER_LEN + BATCH_HEADER_LEN];
             head[..SEGMENT_HEADER_LEN]
                 .copy_from_slice(&format::encode_segment_header_with_flags(id, 1, flags));
-            self.io.write_at(&file, 0, &head, true)?;
+            self.io.write_prepared(&file, 0, &head, true)?;
             self.io.rename(&tmp, &path)?;
             renamed = true;
             self.io.sync_dir(&self.dir)?;
@@ -266,7 +266,7 @@ impl Shared {
         let mut at = 0u64;
         while at < self.segment_bytes {
             let n = (self.segment_bytes - at).min(zeros.len() as u64) as usize;
-            self.io.write_at(file, at, &zeros[..n], false)?;
+            self.io.write_prepared(file, at, &zeros[..n], false)?;
             at += n as u64;
         }
         Ok(())
