@@ -14,10 +14,14 @@
 //!
 //! Criterion reports appends/s (one element = one acknowledged append of
 //! one 200-byte record). After the run a summary prints MB/s of payload,
-//! mean and median (p50) ack latency, the mean time of one group commit (write + fdatasync)
-//! in the same case, appends per commit, and ack latency / commit time:
-//! the last two are ratios within one case, so they hold on a disk whose
-//! latency drifts during the run.
+//! mean and median (p50) ack latency (with one appender, one ack is one
+//! group commit), the mean time of one group commit (write + fdatasync) in
+//! the same case, appends per commit, and ack latency / commit time: the
+//! last two are ratios within one case, so they hold on a disk whose
+//! latency drifts during the run. Cases run in pairs next to each other
+//! in time: the two preparations within a backend
+//! (`INBOX_BENCH_FALLOCATED_FIRST=1` swaps them), the backends within an
+//! appender count (`INBOX_BENCH_URING_FIRST=1` swaps them).
 //! The data directory is under the target dir (same disk as the build);
 //! set INBOX_BENCH_DIR to measure another disk.
 
@@ -71,9 +75,15 @@ fn bench_log(c: &mut Criterion, summary: &Mutex<Vec<Line>>) {
     if std::env::var_os("INBOX_BENCH_URING_FIRST").is_some() {
         order.reverse();
     }
+    // Within each backend the two preparations are next to each other too;
+    // INBOX_BENCH_FALLOCATED_FIRST=1 swaps them.
+    let mut preps = [SegmentPrep::Write, SegmentPrep::Fallocate];
+    if std::env::var_os("INBOX_BENCH_FALLOCATED_FIRST").is_some() {
+        preps.reverse();
+    }
     let cases: Vec<(IoBackend, SegmentPrep)> = order
         .iter()
-        .flat_map(|io| [(*io, SegmentPrep::Write), (*io, SegmentPrep::Fallocate)])
+        .flat_map(|io| preps.map(|p| (*io, p)))
         .collect();
     for appenders in [1usize, 4, 16] {
         for &(io, prep) in &cases {

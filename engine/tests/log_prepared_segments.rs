@@ -306,6 +306,9 @@ fn a_prepared_spare_left_at_shutdown_is_reused_after_a_restart() {
     assert_eq!(spares.len(), 1);
     let report = verify(dir.path()).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
+    let listed: Vec<_> = report.segments.iter().filter(|s| s.prepared).collect();
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].batches, listed[0].first_lsn), (0, None));
     let log = Log::open(opts(dir.path())).unwrap();
     assert_eq!(log.stats().spares_ready, 1);
     let spare_id: SegmentId = spares[0]

@@ -54,8 +54,11 @@ pub struct SegmentReport {
     pub file_bytes: u64,
     pub batches: u64,
     pub records: u64,
-    /// `None` when the segment header is unreadable.
+    /// `None` when the segment header is unreadable, or for a prepared
+    /// segment (not begun, no LSN yet).
     pub first_lsn: Option<Lsn>,
+    /// A segment prepared ahead of need and not begun: no records.
+    pub prepared: bool,
     pub last_lsn: Lsn,
     pub problem: Option<Problem>,
 }
@@ -126,6 +129,7 @@ pub fn verify_with_progress(
                 batches: 0,
                 records: 0,
                 first_lsn: None,
+                prepared: false,
                 last_lsn: 0,
                 problem: Some(problem.clone()),
             };
@@ -186,8 +190,9 @@ pub fn verify_with_progress(
             file_bytes,
             batches: scan.batches,
             records: scan.records,
-            first_lsn: scan.first_lsn,
-            last_lsn: scan.last_lsn,
+            first_lsn: scan.first_lsn.filter(|_| !scan.prepared),
+            prepared: scan.prepared,
+            last_lsn: if scan.prepared { 0 } else { scan.last_lsn },
             problem: problem.clone(),
         };
         report.batches += scan.batches;
