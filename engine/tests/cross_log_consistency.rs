@@ -35,7 +35,12 @@ fn noise(seed: u64, len: usize) -> String {
 fn newest_segment(h: &Harness, log: &str) -> (std::path::PathBuf, u64) {
     let dir = h.dir.path().join(log);
     let report = inbox_engine::log::verify(&dir).unwrap();
-    let last = report.segments.last().expect("a segment");
+    // The newest segment with data (not one prepared ahead of need).
+    let last = report
+        .segments
+        .iter()
+        .rfind(|s| !s.prepared)
+        .expect("a segment");
     (dir.join(format!("{:010}.seg", last.id)), last.bytes)
 }
 

@@ -107,7 +107,8 @@ impl EvtSource for DirSource<'_> {
         self.report.last_lsn.unwrap_or(0)
     }
     fn first_lsn(&self) -> Option<Lsn> {
-        self.report.segments.first().and_then(|s| s.first_lsn)
+        // The oldest begun segment (prepared ones carry no LSN yet).
+        self.report.segments.iter().find_map(|s| s.first_lsn)
     }
     fn replay(&self, after: Lsn, f: &mut ReplayFn<'_>) -> std::result::Result<(), LogError> {
         if self.dir.exists() {
