@@ -163,6 +163,10 @@ impl Fields<'_> {
     fn u64(&mut self) -> Option<u64> {
         self.take().map(u64::from_le_bytes)
     }
+    fn skip(&mut self, n: usize) -> Option<()> {
+        self.0 = self.0.get(n..)?;
+        Some(())
+    }
 }
 
 fn raw(kind: u8, payload: &[u8]) -> String {
@@ -233,6 +237,24 @@ fn describe_evt(kind: u8, payload: &[u8]) -> Option<String> {
                 loc & 0xffff_ffff
             )
         }
+        // A message with its body inside: the header fields, then the
+        // body described like a `msg` record (never its bytes).
+        9 => {
+            let (conv, msg_seq, msg_id, sender) = (f.u64()?, f.u64()?, f.u64()?, f.u64()?);
+            let msg_kind = message_kind(f.u8()?);
+            let msg_type = f.u16()?;
+            let (target_seq, at_ms) = (f.u64()?, f.u64()?);
+            f.skip(16)?; // client_msg_id
+            let summary = usize::from(f.u8()?);
+            f.skip(summary)?;
+            let len = f.u32()? as usize;
+            let body = f.0.get(..len)?;
+            format!(
+                "effect message conv {conv} msg_seq {msg_seq} msg_id {msg_id} sender {sender} {msg_kind} type {msg_type} target_seq {target_seq} at_ms {at_ms} with its body: {}",
+                describe_msg(1, body)?
+            )
+        }
+        10 => format!("effect move-bodies {} messages to msg", f.u32()?),
         2 => format!(
             "effect read uid {} conv {} read_seq {} at_ms {}",
             f.u64()?,

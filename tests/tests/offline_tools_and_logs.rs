@@ -91,16 +91,17 @@ async fn dump_prints_records_and_where_a_damaged_segment_stops() {
     assert!(text.contains("effect message conv 100 msg_seq 2"), "{text}");
     assert!(!text.contains("never prints"), "bodies stay out: {text}");
 
-    // Flip one byte inside the msg log's second batch.
-    let msg_only = inboxd(&["dump", "--data-dir", &dir, "--stream", "msg"]);
-    let listing = String::from_utf8_lossy(&msg_only.stdout).into_owned();
-    assert!(!listing.contains("evt segment"), "{listing}");
+    // Flip one byte inside the evt log's second batch (the send: its
+    // body travels inside its message effect).
+    let evt_only = inboxd(&["dump", "--data-dir", &dir, "--stream", "evt"]);
+    let listing = String::from_utf8_lossy(&evt_only.stdout).into_owned();
+    assert!(!listing.contains("msg segment"), "{listing}");
     let second_batch: usize = listing
         .lines()
         .filter_map(|l| l.trim().strip_prefix("batch lsn 2 at "))
         .find_map(|rest| rest.split_whitespace().next()?.parse().ok())
-        .expect("a second msg batch");
-    let segment = data.path().join("msg").join(format!("{:010}.seg", 1));
+        .expect("a second evt batch");
+    let segment = data.path().join("evt").join(format!("{:010}.seg", 1));
     let mut bytes = std::fs::read(&segment).unwrap();
     bytes[second_batch + 40] ^= 0xff;
     std::fs::write(&segment, bytes).unwrap();
@@ -110,7 +111,7 @@ async fn dump_prints_records_and_where_a_damaged_segment_stops() {
         "--data-dir",
         &dir,
         "--stream",
-        "msg",
+        "evt",
         "--segment",
         "1",
     ]);

@@ -92,6 +92,17 @@ impl Shared {
         self.progress_cv.notify_all();
     }
 
+    /// Poisons the engine if the `msg` log is poisoned. Sends no longer
+    /// write to it (only compaction does, and its preparer thread), but a
+    /// failed write or fsync of either log stops every mutation (R21), so
+    /// every round checks it before it is written and before it is
+    /// answered.
+    pub(crate) fn check_msg_log(&self) -> Option<String> {
+        let why = format!("msg log: {}", self.msg_log.poisoned()?);
+        self.poison(why.clone());
+        Some(why)
+    }
+
     pub(crate) fn poisoned(&self) -> Option<String> {
         self.progress
             .lock()

@@ -35,8 +35,13 @@ pub(crate) fn run_completion(shared: Arc<Shared>, rx: mpsc::Receiver<RoundDone>)
             (Some(f), _) => Err(f.clone()),
             (None, Outcome::Ticket(t)) => t
                 .wait()
-                .map(|_| ())
-                .map_err(|e| Fail::Poisoned(e.to_string())),
+                .map_err(|e| Fail::Poisoned(e.to_string()))
+                .and_then(|_| match shared.check_msg_log() {
+                    // A failure of the other log while the round was in
+                    // flight fails it too: nothing is answered after one.
+                    Some(m) => Err(Fail::Poisoned(m)),
+                    None => Ok(()),
+                }),
             (None, Outcome::Nothing) => Ok(()),
             (None, Outcome::Failed(f)) => Err(f),
         };

@@ -354,7 +354,11 @@ impl<C: Exec> Sequencer<C> {
     /// Writes the round: one `evt` batch (submitted; the completion stage
     /// waits for it).
     fn write_round(&self, r: &mut RoundBuf) -> std::result::Result<Option<AppendTicket>, Fail> {
-        if let Some(m) = self.shared.poisoned() {
+        if let Some(m) = self
+            .shared
+            .poisoned()
+            .or_else(|| self.shared.check_msg_log())
+        {
             return Err(Fail::Poisoned(m));
         }
         if r.evt_records.is_empty() {
