@@ -41,7 +41,7 @@ fn check_at(ends: &Ends, loc: PackedLoc) -> std::result::Result<(), String> {
             "segment {} offset {}, a segment that does not exist",
             at.segment, at.offset
         )),
-        Some(&end) if u64::from(at.offset) + u64::from(Log::RECORD_OVERHEAD_BYTES) > end => {
+        Some(&end) if u64::from(at.offset) + Log::RECORD_OVERHEAD_BYTES > end => {
             Err(format!(
                 "segment {} offset {}, beyond the segment's durable end {end}",
                 at.segment, at.offset
