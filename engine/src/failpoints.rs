@@ -10,6 +10,7 @@
 //! | `fsync_eio_after=N` | the first N data syncs succeed, the next one fails with EIO, and later ones succeed again (a disk that "recovers" after losing dirty pages: the engine must not carry on as if the failed sync had worked) |
 //! | `enospc_marker=NAME` | while the file `DATA_DIR/NAME` exists, preallocating or extending a segment fails with ENOSPC (the only place a full disk can show up: segments are written only inside preallocated space); deleting the file frees the space |
 //! | `torn_write_after=N` | the first N data writes succeed; the next one writes only the first half of its bytes and fails with EIO (a torn write in the middle of a group-committed batch); later writes succeed |
+//! | `fsync_hold_marker=NAME` | while the file `DATA_DIR/NAME` exists, every data sync waits (the log writer is stuck in its fsync, as on a stalled disk); the first sync held creates `DATA_DIR/NAME.held`, so a test knows a round is stuck; deleting `NAME` lets them all go on |
 //! | `panic_on_write_after=N` | the first N data writes succeed; the next one panics on the thread that makes it (the log writer): a bug in an engine thread, for the daemon's fatal-panic path |
 //!
 //! Counts are shared by the `msg` and `evt` logs. Directory syncs, renames
@@ -38,6 +39,8 @@ pub struct Plan {
     pub enospc_marker: Option<PathBuf>,
     pub torn_write_after: Option<u64>,
     pub panic_on_write_after: Option<u64>,
+    /// Absolute path of the marker file that holds data syncs.
+    pub fsync_hold_marker: Option<PathBuf>,
 }
 
 impl Plan {
@@ -58,6 +61,9 @@ impl Plan {
                 "panic_on_write_after" => plan.panic_on_write_after = Some(count()?),
                 "enospc_marker" if !value.is_empty() => {
                     plan.enospc_marker = Some(data_dir.join(value));
+                }
+                "fsync_hold_marker" if !value.is_empty() => {
+                    plan.fsync_hold_marker = Some(data_dir.join(value));
                 }
                 _ => return Err(bad("unknown failpoint")),
             }
@@ -120,8 +126,22 @@ impl FailpointIo {
         }
     }
 
-    /// Counts one data sync; fails it when it is the chosen one.
+    /// Counts one data sync; holds it while the hold marker exists; fails
+    /// it when it is the chosen one.
     fn sync_failpoint(&self) -> io::Result<()> {
+        if let Some(marker) = &self.plan.fsync_hold_marker {
+            let mut told = false;
+            while marker.exists() {
+                if !told {
+                    tracing::warn!(marker = %marker.display(), "failpoint: fsync held");
+                    let mut held = marker.clone().into_os_string();
+                    held.push(".held");
+                    std::fs::write(held, b"")?;
+                    told = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
         let n = self.syncs.fetch_add(1, Ordering::SeqCst);
         if self.plan.fsync_eio_after == Some(n) {
             tracing::warn!(sync = n + 1, "failpoint: fsync fails with EIO");

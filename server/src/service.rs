@@ -15,11 +15,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use inbox_engine::inbox::Read;
 use inbox_engine::{ConvFlags, Error, Inbox};
 use inbox_wire::{Empty, Request, Response};
 
 use crate::convert;
 use crate::metrics::Metrics;
+use crate::read_pool::ReadPool;
 
 /// The rest of a started request: waits for the engine's reply.
 pub type Started = Pin<Box<dyn Future<Output = Response> + Send>>;
@@ -74,10 +76,18 @@ pub fn order_of(request: &Request) -> Order {
 }
 
 /// Makes the engine call for `request` now and returns what waits for its
-/// reply. Reads are synchronous and fast and are answered here; compaction
-/// and checkpoints can take a while and run on the blocking pool.
-pub fn start(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Started {
-    match call(inbox, metrics, request) {
+/// reply. A write is queued here; a read is prepared here and runs when the
+/// returned future is polled: waits for a round to settle are awaited, and
+/// attempts that may read the disk run on `pool` (see [`ReadPool`]), so no
+/// worker thread ever blocks. Compaction and checkpoints run on the
+/// blocking pool.
+pub fn start(
+    inbox: &Arc<Inbox>,
+    metrics: &Arc<Metrics>,
+    pool: &ReadPool,
+    request: Request,
+) -> Started {
+    match call(inbox, metrics, pool, request) {
         Ok(Call::Ready(response)) => Box::pin(std::future::ready(response)),
         Ok(Call::Later(later)) => Box::pin(async move {
             later
@@ -105,6 +115,16 @@ fn later<T: Send + 'static>(
     Call::Later(Box::pin(async move { pending.await.map(reply) }))
 }
 
+/// Runs a prepared engine read on `pool`.
+fn read<T: Send + 'static>(
+    pool: &ReadPool,
+    read: Read<T>,
+    reply: impl FnOnce(T) -> Response + Send + 'static,
+) -> Call {
+    let pool = pool.clone();
+    later(async move { pool.run(read).await }, reply)
+}
+
 fn blocking<T: Send + 'static>(
     inbox: &Arc<Inbox>,
     f: impl FnOnce(&Inbox) -> Result<T, Error> + Send + 'static,
@@ -121,7 +141,12 @@ fn blocking<T: Send + 'static>(
     )
 }
 
-fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<Call, Error> {
+fn call(
+    inbox: &Arc<Inbox>,
+    metrics: &Arc<Metrics>,
+    pool: &ReadPool,
+    request: Request,
+) -> Result<Call, Error> {
     Ok(match request {
         Request::Join(r) => later(inbox.join(r.conv, r.uid), |m| {
             Response::Join(convert::membership(m))
@@ -144,19 +169,24 @@ fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<
         Request::RevokeDevice(r) => later(inbox.revoke_device(r.uid, r.device), |d| {
             Response::RevokeDevice(convert::device_info(d))
         }),
-        Request::Devices(r) => Call::Ready(Response::Devices(inbox_wire::DeviceList {
-            devices: inbox
-                .devices(r.uid)?
-                .into_iter()
-                .map(convert::device_info)
-                .collect(),
-        })),
+        Request::Devices(r) => read(pool, inbox.read_devices(r.uid), |devices| {
+            Response::Devices(inbox_wire::DeviceList {
+                devices: devices.into_iter().map(convert::device_info).collect(),
+            })
+        }),
         Request::Sync(r) => {
             let metrics = Arc::clone(metrics);
-            later(inbox.sync(convert::sync_req(r)), move |page| {
-                metrics.observe_sync_page(&page);
-                Response::Sync(convert::sync_page(page))
-            })
+            let pending = inbox.sync(convert::sync_req(r));
+            let pool = pool.clone();
+            // Released once durable; the page's events are read on the
+            // pool, not inside this future's poll.
+            later(
+                async move { pool.run(pending.released().await).await },
+                move |page| {
+                    metrics.observe_sync_page(&page);
+                    Response::Sync(convert::sync_page(page))
+                },
+            )
         }
         Request::Ack(r) => later(inbox.ack(convert::ack_req(r)), |a| {
             Response::Ack(inbox_wire::AckReply {
@@ -169,15 +199,23 @@ fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<
         ),
         Request::Pull(r) => {
             let cursors: Vec<_> = r.cursors.iter().map(|c| (c.conv, c.after_seq)).collect();
-            let pulled = inbox.pull(r.uid, &cursors, r.per_conv_limit)?;
-            metrics.observe_pull(&pulled);
-            Call::Ready(Response::Pull(inbox_wire::PullReply {
-                convs: pulled.into_iter().map(convert::conv_pull).collect(),
-            }))
+            let metrics = Arc::clone(metrics);
+            read(
+                pool,
+                inbox.read_pull(r.uid, cursors, r.per_conv_limit),
+                move |pulled| {
+                    metrics.observe_pull(&pulled);
+                    Response::Pull(inbox_wire::PullReply {
+                        convs: pulled.into_iter().map(convert::conv_pull).collect(),
+                    })
+                },
+            )
         }
-        Request::History(r) => Call::Ready(Response::History(convert::history_page(
-            inbox.history(r.uid, r.conv, r.before_seq, r.limit)?,
-        ))),
+        Request::History(r) => read(
+            pool,
+            inbox.read_history(r.uid, r.conv, r.before_seq, r.limit),
+            |page| Response::History(convert::history_page(page)),
+        ),
         Request::MarkRead(r) => later(inbox.mark_read(r.uid, r.conv, r.read_to_seq), |m| {
             Response::MarkRead(convert::read_reply(m))
         }),
@@ -190,29 +228,38 @@ fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<
                 Response::SetConvFlags(Empty {})
             })
         }
-        Request::ConvList(r) => Call::Ready(Response::ConvList(convert::conv_list_page(
-            inbox.conv_list(r.uid, r.limit, r.cursor)?,
-        ))),
+        Request::ConvList(r) => read(pool, inbox.read_conv_list(r.uid, r.limit, r.cursor), |p| {
+            Response::ConvList(convert::conv_list_page(p))
+        }),
         Request::BeginSnapshot(r) => later(inbox.begin_snapshot(r.uid, r.device), |s| {
             Response::BeginSnapshot(convert::snapshot_info(s))
         }),
-        Request::SnapshotInfo(r) => Call::Ready(Response::SnapshotInfo(convert::snapshot_info(
-            inbox.snapshot_info(r.uid, r.snapshot_id)?,
-        ))),
-        Request::SnapshotPage(r) => Call::Ready(Response::SnapshotPage(convert::snapshot_page(
-            inbox.snapshot_page(r.uid, r.snapshot_id, r.page)?,
-        ))),
+        Request::SnapshotInfo(r) => {
+            read(pool, inbox.read_snapshot_info(r.uid, r.snapshot_id), |s| {
+                Response::SnapshotInfo(convert::snapshot_info(s))
+            })
+        }
+        Request::SnapshotPage(r) => read(
+            pool,
+            inbox.read_snapshot_page(r.uid, r.snapshot_id, r.page),
+            |p| Response::SnapshotPage(convert::snapshot_page(p)),
+        ),
         Request::AckSnapshot(r) => later(
             inbox.ack_snapshot(r.uid, r.device, r.snapshot_id, r.generation),
             |d| Response::AckSnapshot(convert::device_info(d)),
         ),
         Request::Stats(_) => Call::Ready(Response::Stats(convert::stats(&inbox.stats()))),
-        Request::Explain(r) => Call::Ready(Response::Explain(convert::user_explain(
-            inbox.explain(r.uid)?,
-        ))),
-        Request::ExplainSegment(r) => Call::Ready(Response::ExplainSegment(
-            convert::segment_explain(inbox.explain_segment(&r.stream, r.segment)?),
-        )),
+        // Both read log records: off the workers, like compaction.
+        Request::Explain(r) => blocking(
+            inbox,
+            move |inbox| inbox.explain(r.uid),
+            |e| Response::Explain(convert::user_explain(e)),
+        ),
+        Request::ExplainSegment(r) => blocking(
+            inbox,
+            move |inbox| inbox.explain_segment(&r.stream, r.segment),
+            |e| Response::ExplainSegment(convert::segment_explain(e)),
+        ),
         Request::Compact(_) => blocking(inbox, Inbox::compact, |c| {
             Response::Compact(convert::compaction(c))
         }),

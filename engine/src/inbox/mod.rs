@@ -38,6 +38,8 @@ mod devices;
 mod effect;
 mod messaging;
 mod pending;
+mod read;
+mod read_api;
 mod recover;
 mod round;
 mod sequencer;
@@ -49,6 +51,7 @@ mod token;
 pub use compaction::{CompactionStep, SpaceUsage};
 pub use config::{Clock, InboxConfig, ManualClock, SystemClock};
 pub use pending::Pending;
+pub use read::Read;
 pub use recover::RecoveryReport;
 pub use shared::Hint;
 
@@ -117,6 +120,7 @@ impl Inbox {
             evt_log,
             progress: Mutex::new(Progress::default()),
             progress_cv: Condvar::new(),
+            settled_watch: tokio::sync::watch::Sender::new((0, false)),
             hints,
             rounds_written: AtomicU64::new(0),
             recovery,
@@ -476,9 +480,15 @@ impl Inbox {
         }
         rx.recv().unwrap_or(Err(Error::ShuttingDown))
     }
+    /// O(segments): the entry counts are kept on apply, and the index
+    /// sizes are estimated from them, so no user or conversation is
+    /// walked under the state lock.
     pub fn stats(&self) -> Stats {
-        let st = self.shared.state.read();
-        let (event_index, msg_index) = st.index_bytes();
+        let (users, conversations, totals) = {
+            let st = self.shared.state.read();
+            (st.users.len() as u64, st.convs.len() as u64, st.totals)
+        };
+        let (event_index, msg_index) = state::index_bytes_estimate(&totals);
         let segs = self
             .shared
             .msg_log
@@ -498,11 +508,11 @@ impl Inbox {
         Stats {
             fsyncs,
             fsync_latency_us_sum: u64::try_from(commit_us.as_micros()).unwrap_or(u64::MAX),
-            users: st.users.len() as u64,
-            conversations: st.convs.len() as u64,
-            devices: st.users.values().map(|u| u.devices.len() as u64).sum(),
-            messages: st.convs.values().map(|c| c.msgs.len() as u64).sum(),
-            events_live: st.users.values().map(|u| u.events.len() as u64).sum(),
+            users,
+            conversations,
+            devices: totals.devices,
+            messages: totals.messages,
+            events_live: totals.events,
             write_batches: self.shared.rounds_written.load(Ordering::Relaxed),
             bytes_on_disk: segs.map(|s| s.bytes).sum(),
             index_bytes: event_index + msg_index,

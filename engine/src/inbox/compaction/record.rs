@@ -156,6 +156,7 @@ impl State {
         for loc in user.events.drain(..n) {
             self.evt_refs.remove(loc);
         }
+        self.totals.events = self.totals.events.saturating_sub(n as u64);
         user.events.shrink_to(user.events.len() * 2);
         user.events_base = events_base;
         Ok(())
@@ -215,6 +216,7 @@ impl State {
         for m in c.msgs.drain(..n) {
             self.msg_refs.remove(m.loc);
         }
+        self.totals.messages = self.totals.messages.saturating_sub(n as u64);
         c.msgs.shrink_to(c.msgs.len() * 2);
         c.msgs_base = msgs_base;
         // A trim takes a prefix and an edit is above its target, so the
@@ -284,6 +286,7 @@ mod tests {
         let user = Arc::make_mut(st.users.entry(1).or_default());
         user.events = vec![10, 11, 12, 13];
         st.evt_refs = SegRefs::rebuild(&st.users[&1].events);
+        st.totals = st.recount_totals();
         st.apply_trim(1, 2).unwrap();
         assert_eq!(st.users[&1].events_base, 2);
         assert_eq!(st.users[&1].events, vec![12, 13]);

@@ -16,7 +16,7 @@ use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::effect::Effect;
 use crate::inbox::messaging::read::corrupt;
-use crate::inbox::shared::Shared;
+use crate::inbox::shared::{blocking, Miss, Shared};
 use crate::inbox::state::{unpack, MsgMeta, PackedLoc};
 use crate::inbox::token::TokenClaims;
 
@@ -141,18 +141,21 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
 }
 
 pub(crate) fn devices(shared: &Shared, uid: Uid) -> Result<Vec<DeviceInfo>> {
-    loop {
-        let st = shared.state.read();
-        let Some(user) = st.users.get(&uid) else {
-            return Ok(Vec::new());
-        };
-        let stamp = user.devices.iter().map(|d| d.stamp).max().unwrap_or(0);
-        let out: Vec<DeviceInfo> = user.devices.iter().map(|d| info(&d.row)).collect();
-        drop(st);
-        if !shared.is_settled(stamp)? {
-            shared.wait_settled(stamp);
-            continue;
-        }
-        return Ok(out);
-    }
+    blocking(shared, || devices_once(shared, uid))
+}
+
+/// One look at `uid`'s devices: memory only, no log record read.
+pub(crate) fn devices_once(
+    shared: &Shared,
+    uid: Uid,
+) -> std::result::Result<Vec<DeviceInfo>, Miss> {
+    let st = shared.state.read();
+    let Some(user) = st.users.get(&uid) else {
+        return Ok(Vec::new());
+    };
+    let stamp = user.devices.iter().map(|d| d.stamp).max().unwrap_or(0);
+    let out: Vec<DeviceInfo> = user.devices.iter().map(|d| info(&d.row)).collect();
+    drop(st);
+    shared.check_settled(stamp)?;
+    Ok(out)
 }
