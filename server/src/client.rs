@@ -323,6 +323,7 @@ impl Client {
             local_applied_seq,
             limit: 0,
             batch_token: None,
+            ..SyncReq::default()
         };
         loop {
             let page = self.sync(request.clone()).await?;

@@ -176,7 +176,8 @@ fn call(
         }),
         Request::Sync(r) => {
             let metrics = Arc::clone(metrics);
-            let pending = inbox.sync(convert::sync_req(r));
+            let options = convert::sync_options(&r);
+            let pending = inbox.sync_with(convert::sync_req(r), options);
             let pool = pool.clone();
             // Released once durable; the page's events are read on the
             // pool, not inside this future's poll.

@@ -146,6 +146,7 @@ async fn reads_of_other_users_are_answered_while_a_round_fsync_is_held() {
             local_applied_seq: first.acked_sync_seq,
             limit: 0,
             batch_token: None,
+            ..SyncReq::default()
         }),
     )
     .await

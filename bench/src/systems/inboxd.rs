@@ -402,6 +402,7 @@ impl Conn for InboxdConn {
                     limit,
                     batch_token: (!device.position.is_empty())
                         .then(|| Bytes::from(device.position.clone())),
+                    ..SyncReq::default()
                 })
                 .await?;
             let read = read_started.elapsed();

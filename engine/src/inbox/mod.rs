@@ -308,6 +308,11 @@ impl Inbox {
     /// sequencer; one that changes nothing is answered from durable state
     /// on the caller's thread, without waiting for any round's fsync.
     pub fn sync(&self, req: SyncRequest) -> Pending<SyncPage> {
+        self.sync_with(req, SyncOptions::default())
+    }
+    /// [`Inbox::sync`] with the device's [`SyncOptions`] (a replay limit,
+    /// events without summaries).
+    pub fn sync_with(&self, req: SyncRequest, options: SyncOptions) -> Pending<SyncPage> {
         let now = self.now_ms();
         let claims = match &req.batch_token {
             None => None,
@@ -318,7 +323,8 @@ impl Inbox {
         };
         // After shutdown every sync gets the sequencer's "shut down" answer.
         if self.tx.lock().is_some() {
-            match devices::read::sync_unchanged(&self.shared, now, &req, claims.as_ref()) {
+            match devices::read::sync_unchanged(&self.shared, now, &req, &options, claims.as_ref())
+            {
                 Some(Err(e)) => return Pending::ready(Err(e)),
                 Some(Ok(plan)) => {
                     let (tx, pending) = Pending::channel();
@@ -332,7 +338,12 @@ impl Inbox {
                 None => {}
             }
         }
-        self.submit(|tx| devices::Command::Sync { req, claims, tx })
+        self.submit(|tx| devices::Command::Sync {
+            req,
+            options,
+            claims,
+            tx,
+        })
     }
     pub fn ack(&self, req: AckRequest) -> Pending<AckReply> {
         let claims = match token::verify(

@@ -33,6 +33,7 @@ pub(crate) enum Command {
     },
     Sync {
         req: SyncRequest,
+        options: SyncOptions,
         claims: Option<TokenClaims>,
         tx: Tx<SyncPage>,
     },
@@ -89,8 +90,13 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
             let decided = decide::decide_revoke(st, uid, device);
             finish(st, sink, tx, decided);
         }
-        Command::Sync { req, claims, tx } => {
-            match decide::decide_sync(st, cfg, now, &req, claims.as_ref()) {
+        Command::Sync {
+            req,
+            options,
+            claims,
+            tx,
+        } => {
+            match decide::decide_sync(st, cfg, now, &req, &options, claims.as_ref()) {
                 Err(e) => sink.reply(reply_with(tx, Err(e))),
                 Ok((effects, outcome)) => {
                     for e in effects {

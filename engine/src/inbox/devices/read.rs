@@ -34,6 +34,7 @@ pub(crate) fn sync_unchanged(
     shared: &Shared,
     now: TimestampMs,
     req: &SyncRequest,
+    options: &SyncOptions,
     claims: Option<&TokenClaims>,
 ) -> Option<Result<SyncPlan>> {
     if shared.poisoned().is_some() {
@@ -45,7 +46,7 @@ pub(crate) fn sync_unchanged(
         let stamp = user
             .and_then(|u| u.device(req.device))
             .map_or(0, |d| d.stamp);
-        let decided = match sync::decide_sync(&st, &shared.config, now, req, claims) {
+        let decided = match sync::decide_sync(&st, &shared.config, now, req, options, claims) {
             Err(e) => Err(e),
             Ok((effects, SyncOutcome::Page(plan))) if effects.is_empty() => {
                 let committed = user.map_or(0, |u| u.committed_seq);
@@ -113,8 +114,12 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
             })?;
         events.push(ev);
     }
-    // A tombstoned message's event never carries its body's summary.
-    {
+    if plan.without_summaries {
+        for ev in &mut events {
+            ev.summary = Bytes::new();
+        }
+    } else {
+        // A tombstoned message's event never carries its body's summary.
         let st = shared.state.read();
         for ev in &mut events {
             if matches!(ev.kind, EventKind::Msg | EventKind::Edit)
