@@ -503,6 +503,7 @@ pub async fn serve<R, W>(
                 };
                 let op = request.op();
                 let order = service::order_of(&request);
+                let reads_when_awaited = service::reads_when_awaited(&request);
                 let earlier = writes_done.clone();
                 let done = match order {
                     service::Order::Read => None,
@@ -537,11 +538,12 @@ pub async fn serve<R, W>(
                                 &shared.read_pool,
                                 request,
                             );
-                            // A read runs when awaited: it must have read
-                            // before a later write of this connection is
-                            // queued. A sync has decided (or been queued)
-                            // inside `start` already.
-                            if order == service::Order::ReadWrite {
+                            // Most reads run when awaited: they must have
+                            // read before a later write of this connection
+                            // is queued. A sync has decided (or been
+                            // queued) inside `start` already, and so have
+                            // compaction and checkpoint requests.
+                            if !reads_when_awaited {
                                 drop(reading);
                                 return reply.await;
                             }

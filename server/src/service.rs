@@ -75,6 +75,23 @@ pub fn order_of(request: &Request) -> Order {
     }
 }
 
+/// Whether `request` reads the state only when its [`Started`] future is
+/// polled (so the connection holds later writes back until it is done),
+/// rather than inside [`start`].
+pub fn reads_when_awaited(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Devices(_)
+            | Request::Pull(_)
+            | Request::History(_)
+            | Request::ConvList(_)
+            | Request::SnapshotInfo(_)
+            | Request::SnapshotPage(_)
+            | Request::Explain(_)
+            | Request::ExplainSegment(_)
+    )
+}
+
 /// Makes the engine call for `request` now and returns what waits for its
 /// reply. A write is queued here; a read is prepared here and runs when the
 /// returned future is polled: waits for a round to settle are awaited, and

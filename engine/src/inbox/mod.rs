@@ -326,7 +326,17 @@ impl Inbox {
             match devices::read::sync_unchanged(&self.shared, now, &req, &options, claims.as_ref())
             {
                 Some(Err(e)) => return Pending::ready(Err(e)),
-                Some(Ok(plan)) => {
+                Some(Ok((plan, touch))) => {
+                    if touch {
+                        // Logged on its own; nobody waits for it, and a
+                        // failure loses only a `last_seen` refresh.
+                        drop(self.submit(|tx| devices::Command::Touch {
+                            uid: req.uid,
+                            device: req.device,
+                            generation: plan.generation,
+                            tx,
+                        }));
+                    }
                     let (tx, pending) = Pending::channel();
                     let shared = Arc::clone(&self.shared);
                     // The receiver is alive in `pending`, so this cannot fail.

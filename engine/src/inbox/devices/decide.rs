@@ -438,3 +438,29 @@ pub(crate) fn decide_finish_lease(
     };
     Ok((vec![Effect::Device(DeviceEffect { uid, row })], info(&row)))
 }
+
+/// Records that a device was seen at `now`: the `last_seen` refresh of a
+/// sync answered without the sequencer (see `read::sync_unchanged`), logged
+/// on its own. Changes nothing when the row moved on meanwhile (another
+/// generation, revoked) or was refreshed within the granularity: a stale
+/// refresh is dropped, never applied over a newer row.
+pub(crate) fn decide_touch(
+    st: &State,
+    now: TimestampMs,
+    uid: Uid,
+    device: DeviceId,
+    generation: Generation,
+) -> Result<(Vec<Effect>, ())> {
+    let row = device_row(st, uid, device)?;
+    if row.generation != generation
+        || row.state == DeviceState::Revoked
+        || now < row.last_seen_ms.saturating_add(LAST_SEEN_GRANULARITY_MS)
+    {
+        return Ok((Vec::new(), ()));
+    }
+    let row = DeviceRow {
+        last_seen_ms: now,
+        ..row
+    };
+    Ok((vec![Effect::Device(DeviceEffect { uid, row })], ()))
+}

@@ -49,6 +49,13 @@ pub(crate) enum Command {
         generation: Generation,
         tx: Tx<DeviceInfo>,
     },
+    /// The `last_seen` refresh of a sync answered from durable state.
+    Touch {
+        uid: Uid,
+        device: DeviceId,
+        generation: Generation,
+        tx: Tx<()>,
+    },
 }
 
 /// Answers a command with a failure without running it.
@@ -58,6 +65,7 @@ pub(crate) fn fail(cmd: Command, f: &Fail) {
         Command::Revoke { tx, .. } | Command::FinishLease { tx, .. } => fail_now(tx, f),
         Command::Sync { tx, .. } => fail_now(tx, f),
         Command::Ack { tx, .. } => fail_now(tx, f),
+        Command::Touch { tx, .. } => fail_now(tx, f),
     }
 }
 
@@ -131,6 +139,15 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
                     }
                 }
             }
+        }
+        Command::Touch {
+            uid,
+            device,
+            generation,
+            tx,
+        } => {
+            let decided = decide::decide_touch(st, now, uid, device, generation);
+            finish(st, sink, tx, decided);
         }
         Command::Ack { req, claims, tx } => {
             let decided = decide::decide_ack(st, now, &req, &claims);
