@@ -21,13 +21,13 @@ use inbox_engine::*;
 
 const USERS: u64 = 20;
 /// Even users: they ACK everything, so their events die.
-const CONV_ACKING: ConvId = 1;
+const CONV_ACKING: ConvId = ConvId(1);
 /// Odd users: they never ACK, so their events stay (sparse segments).
-const CONV_HOLDING: ConvId = 2;
-const DEVICE: DeviceId = 1;
+const CONV_HOLDING: ConvId = ConvId(2);
+const DEVICE: DeviceId = DeviceId(1);
 
 fn conv_of(uid: Uid) -> ConvId {
-    if uid % 2 == 0 {
+    if uid.get() % 2 == 0 {
         CONV_ACKING
     } else {
         CONV_HOLDING
@@ -54,21 +54,21 @@ fn open(
 /// moves on, so most `evt` segments are dead or sparse.
 fn fill(ib: &Inbox, clock: &ManualClock, n: u64) -> Vec<(Uid, Generation, SyncSeq)> {
     for uid in 1..=USERS {
-        ib.join(conv_of(uid), uid).wait().unwrap();
+        ib.join(Uid(uid), conv_of(Uid(uid))).wait().unwrap();
     }
     let mut devs: Vec<(Uid, Generation, SyncSeq)> = (1..=USERS)
         .map(|uid| {
             let g = ib
-                .register_device(uid, DEVICE)
+                .register_device(Uid(uid), DEVICE)
                 .wait()
                 .unwrap()
                 .device
                 .generation;
-            (uid, g, 0)
+            (Uid(uid), g, SyncSeq(0))
         })
         .collect();
     let pending: Vec<_> = (0..n)
-        .map(|i| ib.send(req(u128::from(i) + 1_000_000, 1 + i % USERS)))
+        .map(|i| ib.send(req(u128::from(i) + 1_000_000, Uid(1 + i % USERS))))
         .collect();
     for p in pending {
         p.wait().unwrap();
@@ -76,8 +76,11 @@ fn fill(ib: &Inbox, clock: &ManualClock, n: u64) -> Vec<(Uid, Generation, SyncSe
     // The two conversations' records interleave in the segments: once the
     // even users ACK, half of every segment is dead (sparse, rewritten)
     // and the ACK records die with the next checkpoints.
-    for (uid, gen, acked) in devs.iter_mut().filter(|(u, _, _)| u % 2 == 0) {
-        let first = ib.sync(sync_req(*uid, *gen, 0, None)).wait().unwrap();
+    for (uid, gen, acked) in devs.iter_mut().filter(|(u, _, _)| u.get() % 2 == 0) {
+        let first = ib
+            .sync(sync_req(*uid, *gen, SyncSeq(0), None))
+            .wait()
+            .unwrap();
         let hwm = first.batch_hwm;
         let r = ib
             .ack(AckRequest {
@@ -140,7 +143,7 @@ fn foreground(
     // passes run during the measurement whatever the disk's speed.
     while i < ops || started.elapsed() < at_least {
         let t = Instant::now();
-        ib.send(req(base + u128::from(i), 1 + i % USERS))
+        ib.send(req(base + u128::from(i), Uid(1 + i % USERS)))
             .wait()
             .unwrap();
         f.send.record(t.elapsed().as_micros() as u64).unwrap();

@@ -55,14 +55,14 @@ fn benches(c: &mut Criterion) {
     ] {
         let dir = tempfile::tempdir().unwrap();
         let ib = open(dir.path(), policy);
-        ib.join(1, 1).wait().unwrap();
-        ib.join(1, 2).wait().unwrap();
+        ib.join(Uid(1), ConvId(1)).wait().unwrap();
+        ib.join(Uid(2), ConvId(1)).wait().unwrap();
         let mut cmid = 0u128;
         g.throughput(Throughput::Elements(1));
         g.bench_function(name, |b| {
             b.iter(|| {
                 cmid += 1;
-                send(&ib, 1, 1, cmid, &payload)
+                send(&ib, ConvId(1), Uid(1), cmid, &payload)
             })
         });
     }
@@ -71,14 +71,14 @@ fn benches(c: &mut Criterion) {
         let dir = tempfile::tempdir().unwrap();
         let ib = open(dir.path(), SyncPolicy::None);
         for uid in 1..=200 {
-            ib.join(2, uid).wait().unwrap();
+            ib.join(Uid(uid), ConvId(2)).wait().unwrap();
         }
         let mut cmid = 0u128;
         g.throughput(Throughput::Elements(200));
         g.bench_function("send_group_200_sync_none", |b| {
             b.iter(|| {
                 cmid += 1;
-                send(&ib, 2, 1, cmid, &payload)
+                send(&ib, ConvId(2), Uid(1), cmid, &payload)
             })
         });
     }
@@ -86,14 +86,19 @@ fn benches(c: &mut Criterion) {
     {
         let dir = tempfile::tempdir().unwrap();
         let ib = open(dir.path(), SyncPolicy::None);
-        ib.join(3, 1).wait().unwrap();
-        ib.join(3, 2).wait().unwrap();
-        let gen = ib.register_device(2, 1).wait().unwrap().device.generation;
+        ib.join(Uid(1), ConvId(3)).wait().unwrap();
+        ib.join(Uid(2), ConvId(3)).wait().unwrap();
+        let gen = ib
+            .register_device(Uid(2), DeviceId(1))
+            .wait()
+            .unwrap()
+            .device
+            .generation;
         let pending: Vec<_> = (0..10_000u128)
             .map(|i| {
                 ib.send(SendRequest {
-                    conv: 3,
-                    sender: 1,
+                    conv: ConvId(3),
+                    sender: Uid(1),
                     client_msg_id: i,
                     msg_type: 1,
                     payload: payload.clone(),
@@ -118,10 +123,10 @@ fn benches(c: &mut Criterion) {
             b.iter(|| {
                 let page = ib
                     .sync(SyncRequest {
-                        uid: 2,
-                        device: 1,
+                        uid: Uid(2),
+                        device: DeviceId(1),
                         generation: Some(gen),
-                        local_applied_seq: 0,
+                        local_applied_seq: SyncSeq(0),
                         limit: 100,
                         batch_token: None,
                     })
@@ -136,7 +141,7 @@ fn benches(c: &mut Criterion) {
             let mut after = 0u64;
             b.iter(|| {
                 after = (after + 50) % 9_900;
-                let r = ib.pull(2, &[(3, after)], 50).unwrap();
+                let r = ib.pull(Uid(2), &[(ConvId(3), MsgSeq(after))], 50).unwrap();
                 assert_eq!(r[0].messages.len(), 50);
                 r
             })
@@ -168,7 +173,7 @@ fn timed_sends(
             break;
         }
         let t = Instant::now();
-        send(ib, 10, 1001, first_cmid + i as u128, payload);
+        send(ib, ConvId(10), Uid(1001), first_cmid + i as u128, payload);
         h.record(t.elapsed().as_micros() as u64).unwrap();
     }
     h
@@ -201,16 +206,16 @@ fn checkpoint_stall(_c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let ib = Arc::new(open(dir.path(), SyncPolicy::Always));
     for uid in 1..=STALL_MEMBERS {
-        ib.join(20, uid).wait().unwrap();
+        ib.join(Uid(uid), ConvId(20)).wait().unwrap();
     }
-    ib.join(10, 1001).wait().unwrap();
-    ib.join(10, 1002).wait().unwrap();
+    ib.join(Uid(1001), ConvId(10)).wait().unwrap();
+    ib.join(Uid(1002), ConvId(10)).wait().unwrap();
     for chunk in 0..STALL_FILL_SENDS / 5_000 {
         let pending: Vec<_> = (0..5_000u128)
             .map(|i| {
                 ib.send(SendRequest {
-                    conv: 20,
-                    sender: 1,
+                    conv: ConvId(20),
+                    sender: Uid(1),
                     client_msg_id: chunk * 5_000 + i,
                     msg_type: 1,
                     payload: payload.clone(),

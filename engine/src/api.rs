@@ -7,15 +7,114 @@
 
 use bytes::Bytes;
 
-pub type Uid = u64;
-pub type ConvId = u64;
-pub type DeviceId = u64;
-/// Server-assigned, unique across the store. The top [`MSG_ID_SHARD_BITS`]
-/// bits are reserved for a shard id (R3).
-pub type MsgId = u64;
-pub type MsgSeq = u64;
-pub type SyncSeq = u64;
-pub type Generation = u64;
+/// Declares an identifier or sequence newtype over `u64`.
+///
+/// The types exist so that one kind of number cannot be passed where
+/// another is expected (a user id where a conversation id belongs, a
+/// `msg_seq` where a `sync_seq` belongs); the compiler catches the swap.
+/// They are `#[repr(transparent)]`, encode as the bare `u64` and offer no
+/// arithmetic beyond what sequences need ([`MsgSeq::next`] and friends).
+macro_rules! id_type {
+    ($($(#[$doc:meta])* $name:ident;)+) => {
+        $(
+            $(#[$doc])*
+            #[repr(transparent)]
+            #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default)]
+            pub struct $name(pub u64);
+
+            impl $name {
+                /// The raw number, as it goes on the wire and on disk.
+                #[inline]
+                pub const fn get(self) -> u64 {
+                    self.0
+                }
+            }
+
+            impl From<u64> for $name {
+                #[inline]
+                fn from(v: u64) -> Self {
+                    $name(v)
+                }
+            }
+
+            impl From<$name> for u64 {
+                #[inline]
+                fn from(v: $name) -> u64 {
+                    v.0
+                }
+            }
+
+            impl std::fmt::Display for $name {
+                fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    std::fmt::Display::fmt(&self.0, f)
+                }
+            }
+        )+
+    };
+}
+
+/// Declares the helpers of a position in a sequence.
+macro_rules! seq_type {
+    ($($name:ident),+) => {
+        $(
+            impl $name {
+                /// The position after this one.
+                #[inline]
+                pub const fn next(self) -> Self {
+                    $name(self.0 + 1)
+                }
+                /// The position before this one (saturating at 0).
+                #[inline]
+                pub const fn prev(self) -> Self {
+                    $name(self.0.saturating_sub(1))
+                }
+                /// How many positions `self` is past `earlier`, or `None`
+                /// if it is not.
+                #[inline]
+                pub const fn checked_since(self, earlier: Self) -> Option<u64> {
+                    self.0.checked_sub(earlier.0)
+                }
+                /// How many positions `self` is past `earlier`, 0 if it is not.
+                #[inline]
+                pub const fn saturating_since(self, earlier: Self) -> u64 {
+                    self.0.saturating_sub(earlier.0)
+                }
+                /// Every position from `self` to `last`, both included
+                /// (empty if `last` is before `self`).
+                #[inline]
+                pub fn through(self, last: Self) -> impl DoubleEndedIterator<Item = Self> {
+                    (self.0..=last.0).map($name)
+                }
+                /// The position `n` after this one.
+                #[inline]
+                pub const fn plus(self, n: u64) -> Self {
+                    $name(self.0 + n)
+                }
+            }
+        )+
+    };
+}
+
+id_type! {
+    /// A user.
+    Uid;
+    /// A conversation.
+    ConvId;
+    /// A device of a user.
+    DeviceId;
+    /// Server-assigned, unique across the store. The top
+    /// [`MSG_ID_SHARD_BITS`] bits are reserved for a shard id (R3).
+    MsgId;
+    /// A position in a conversation.
+    MsgSeq;
+    /// A position in a user's event stream.
+    SyncSeq;
+    /// A device's generation: bumped when the device is put into recovery.
+    Generation;
+}
+
+seq_type!(MsgSeq, SyncSeq, Generation);
+
 /// Client-chosen idempotency key, unique per sender (a UUID fits).
 pub type ClientMsgId = u128;
 /// Milliseconds since the Unix epoch, as stamped by the sequencer.
@@ -62,8 +161,8 @@ pub struct Message {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendRequest {
-    pub conv: ConvId,
     pub sender: Uid,
+    pub conv: ConvId,
     pub client_msg_id: ClientMsgId,
     pub msg_type: MsgType,
     pub payload: Bytes,
@@ -80,16 +179,16 @@ pub struct SendReply {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecallRequest {
-    pub conv: ConvId,
     pub sender: Uid,
+    pub conv: ConvId,
     pub client_msg_id: ClientMsgId,
     pub target: MsgId,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EditRequest {
-    pub conv: ConvId,
     pub sender: Uid,
+    pub conv: ConvId,
     pub client_msg_id: ClientMsgId,
     pub target: MsgId,
     pub payload: Bytes,

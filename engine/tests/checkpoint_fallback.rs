@@ -14,7 +14,7 @@ use std::time::Duration;
 use inbox_common::*;
 use inbox_engine::*;
 
-const PHONE: DeviceId = 1;
+const PHONE: DeviceId = DeviceId(1);
 
 fn tune(c: &mut InboxConfig) {
     c.segment_bytes = inbox_engine::log::SEGMENT_BYTES_MIN;
@@ -61,13 +61,13 @@ fn flip_a_body_byte(path: &Path) {
 fn compacted_then_written() -> (Harness, [u8; 32]) {
     let h = Harness::with(tune);
     for uid in 1..=3 {
-        h.join(10, uid);
-        h.register(uid, PHONE);
+        h.join(Uid(uid), ConvId(10));
+        h.register(Uid(uid), PHONE);
     }
-    h.send_many(10, 1, 1_000, 150);
+    h.send_many(ConvId(10), Uid(1), 1_000, 150);
     for uid in 1..=3 {
-        let generation = h.ib().devices(uid).unwrap()[0].generation;
-        h.catch_up(uid, PHONE, generation, 0);
+        let generation = h.ib().devices(Uid(uid)).unwrap()[0].generation;
+        h.catch_up(Uid(uid), PHONE, generation, SyncSeq(0));
     }
     let report = h.ib().compact().unwrap();
     assert!(
@@ -79,7 +79,7 @@ fn compacted_then_written() -> (Harness, [u8; 32]) {
         "the first evt segment is gone"
     );
     // Records after the newest checkpoint, for recovery to replay.
-    h.send_many(10, 2, 5_000, 20);
+    h.send_many(ConvId(10), Uid(2), 5_000, 20);
     let digest = h.ib().state_digest();
     (h, digest)
 }

@@ -18,8 +18,8 @@ use inbox_engine::inbox::CompactionStep;
 use inbox_engine::*;
 use parking_lot::Mutex;
 
-const PHONE: DeviceId = 1;
-const DESKTOP: DeviceId = 2;
+const PHONE: DeviceId = DeviceId(1);
+const DESKTOP: DeviceId = DeviceId(2);
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn tune(c: &mut InboxConfig) {
@@ -73,25 +73,25 @@ fn kill_between_each_step_of_a_rewrite_loses_nothing_and_resurrects_nothing() {
     // conv 10: users 1..=5, whose phones ACK everything (their events die);
     // conv 20: users 1 and 6, and 6's desktop never ACKs (its events live).
     for uid in 1..=5 {
-        h.join(10, uid);
+        h.join(Uid(uid), ConvId(10));
     }
-    h.join(20, 1);
-    h.join(20, 6);
+    h.join(Uid(1), ConvId(20));
+    h.join(Uid(6), ConvId(20));
     let gens: Vec<Generation> = (2..=5)
-        .map(|uid| h.register(uid, PHONE).device.generation)
+        .map(|uid| h.register(Uid(uid), PHONE).device.generation)
         .collect();
-    let g6 = h.register(6, DESKTOP).device.generation;
+    let g6 = h.register(Uid(6), DESKTOP).device.generation;
     for round in 0..6u128 {
-        h.send_many(10, 1, 10_000 + round * 1000, 120);
-        h.send_many(20, 1, 20_000 + round * 1000, 40);
+        h.send_many(ConvId(10), Uid(1), 10_000 + round * 1000, 120);
+        h.send_many(ConvId(20), Uid(1), 20_000 + round * 1000, 40);
     }
     let mut acked = Vec::new();
     for (i, uid) in (2..=5).enumerate() {
-        let (_, _, a) = h.catch_up(uid, PHONE, gens[i], 0);
+        let (_, _, a) = h.catch_up(Uid(uid), PHONE, gens[i], SyncSeq(0));
         acked.push(a);
     }
     h.advance(2 * HOUR);
-    let reference = events_from(h.ib(), 6, g6, 0);
+    let reference = events_from(h.ib(), Uid(6), g6, SyncSeq(0));
     assert_eq!(
         reference.len(),
         1 + 240,
@@ -123,10 +123,10 @@ fn kill_between_each_step_of_a_rewrite_loses_nothing_and_resurrects_nothing() {
         assert!(steps.contains(&want), "{want:?} in {steps:?}");
     }
     let bases: Vec<SyncSeq> = (2..=5)
-        .map(|uid| h.ib().explain(uid).unwrap().oldest_retained)
+        .map(|uid| h.ib().explain(Uid(uid)).unwrap().oldest_retained)
         .collect();
     for (i, b) in bases.iter().enumerate() {
-        assert_eq!(*b, acked[i] + 1, "acked events reclaimed");
+        assert_eq!(*b, acked[i].next(), "acked events reclaimed");
     }
     println!("compaction steps imaged: {steps:?}; {report:?}");
 
@@ -145,23 +145,23 @@ fn kill_between_each_step_of_a_rewrite_loses_nothing_and_resurrects_nothing() {
             }
             // Nothing live is lost, byte for byte.
             assert_eq!(
-                events_from(&ib, 6, g6, 0),
+                events_from(&ib, Uid(6), g6, SyncSeq(0)),
                 reference,
                 "user 6's events after a kill at {step:?} (pass {pass})"
             );
             // Nothing reclaimed comes back.
             for (i, uid) in (2..=5).enumerate() {
-                let x = ib.explain(uid).unwrap();
+                let x = ib.explain(Uid(uid)).unwrap();
                 assert_eq!(
                     x.oldest_retained, bases[i],
                     "uid {uid} after a kill at {step:?}"
                 );
                 let err = ib
                     .sync(SyncRequest {
-                        uid,
+                        uid: Uid(uid),
                         device: PHONE,
                         generation: Some(gens[i]),
-                        local_applied_seq: 0,
+                        local_applied_seq: SyncSeq(0),
                         limit: 100,
                         batch_token: None,
                     })
@@ -171,7 +171,7 @@ fn kill_between_each_step_of_a_rewrite_loses_nothing_and_resurrects_nothing() {
             }
             // A later pass finishes the job and changes no answer.
             ib.compact().unwrap();
-            assert_eq!(events_from(&ib, 6, g6, 0), reference);
+            assert_eq!(events_from(&ib, Uid(6), g6, SyncSeq(0)), reference);
             // Killed now: the next pass opens what this one left, without
             // the checkpoint a clean shutdown would add.
             next_image = tempfile::tempdir().unwrap();

@@ -24,7 +24,10 @@ use proptest::prelude::*;
 
 const USERS: u64 = 3;
 const DEVICES: u64 = 2;
-const CONVS: [(ConvId, &[Uid]); 2] = [(10, &[1, 2, 3]), (20, &[1, 2])];
+const CONVS: [(ConvId, &[Uid]); 2] = [
+    (ConvId(10), &[Uid(1), Uid(2), Uid(3)]),
+    (ConvId(20), &[Uid(1), Uid(2)]),
+];
 
 fn tune(c: &mut InboxConfig) {
     // The smallest segments, so a few hundred events seal several and
@@ -135,11 +138,11 @@ impl Model {
     fn check_page(&self, uid: Uid, events: &[SyncEvent], from: SyncSeq) {
         let want = &self.events[&uid];
         for (i, e) in events.iter().enumerate() {
-            let seq = from + 1 + i as SyncSeq;
+            let seq = from.plus(1 + i as u64);
             assert_eq!(e.sync_seq, seq, "contiguous");
             assert_eq!(
                 (e.conv, e.msg_seq),
-                want[(seq - 1) as usize],
+                want[(seq.get() - 1) as usize],
                 "uid {uid} event {seq}"
             );
         }
@@ -186,9 +189,9 @@ fn run(ops: Vec<Op>) {
     };
     for (conv, members) in CONVS {
         for &uid in members {
-            h.join(conv, uid);
+            h.join(uid, conv);
             let head = m.heads.entry(conv).or_default();
-            *head += 1;
+            *head = head.next();
             let j = *head;
             // A join is an event for every member at that point, the joiner
             // included.
@@ -199,8 +202,14 @@ fn run(ops: Vec<Op>) {
     }
     for uid in 1..=USERS {
         for dev in 1..=DEVICES {
-            let gen = h.register(uid, dev).device.generation;
-            m.devs.insert((uid, dev), Dev { gen, acked: 0 });
+            let gen = h.register(Uid(uid), DeviceId(dev)).device.generation;
+            m.devs.insert(
+                (Uid(uid), DeviceId(dev)),
+                Dev {
+                    gen,
+                    acked: SyncSeq(0),
+                },
+            );
         }
     }
     let mut cmid = 1u128;
@@ -219,25 +228,29 @@ fn run(ops: Vec<Op>) {
                 }
             }
             Op::CatchUp { uid, dev } => {
-                let d = m.devs[&(uid, dev)];
-                let (events, gen, acked) = h.catch_up(uid, dev, d.gen, d.acked);
-                m.check_page(uid, &events, d.acked);
+                let d = m.devs[&(Uid(uid), DeviceId(dev))];
+                let (events, gen, acked) = h.catch_up(Uid(uid), DeviceId(dev), d.gen, d.acked);
+                m.check_page(Uid(uid), &events, d.acked);
                 assert_eq!(
                     acked,
-                    m.events[&uid].len() as SyncSeq,
+                    SyncSeq(m.events[&Uid(uid)].len() as u64),
                     "caught up to the head"
                 );
-                m.devs.insert((uid, dev), Dev { gen, acked });
+                m.devs.insert((Uid(uid), DeviceId(dev)), Dev { gen, acked });
             }
             Op::PartialAck { uid, dev, keep } => {
-                let d = m.devs[&(uid, dev)];
-                let p = h.sync(uid, dev, Some(d.gen), d.acked, 50, None).unwrap();
-                m.check_page(uid, &p.events, d.acked);
-                let seq = d.acked + u64::from(keep).min(p.events.len() as u64);
-                let a = h.ack(uid, dev, p.generation, seq, &p.batch_token).unwrap();
+                let d = m.devs[&(Uid(uid), DeviceId(dev))];
+                let p = h
+                    .sync(Uid(uid), DeviceId(dev), Some(d.gen), d.acked, 50, None)
+                    .unwrap();
+                m.check_page(Uid(uid), &p.events, d.acked);
+                let seq = d.acked.plus(u64::from(keep).min(p.events.len() as u64));
+                let a = h
+                    .ack(Uid(uid), DeviceId(dev), p.generation, seq, &p.batch_token)
+                    .unwrap();
                 assert_eq!(a.acked_sync_seq, seq.max(d.acked));
                 m.devs.insert(
-                    (uid, dev),
+                    (Uid(uid), DeviceId(dev)),
                     Dev {
                         gen: p.generation,
                         acked: a.acked_sync_seq,
@@ -245,28 +258,28 @@ fn run(ops: Vec<Op>) {
                 );
             }
             Op::Rollback { uid, dev, back } => {
-                let d = m.devs[&(uid, dev)];
-                let local = d.acked.saturating_sub(u64::from(back));
+                let d = m.devs[&(Uid(uid), DeviceId(dev))];
+                let local = SyncSeq(d.acked.get().saturating_sub(u64::from(back)));
                 if local == d.acked {
                     continue;
                 }
                 // The ACK fences from `d.acked`, so events below it may be
                 // gone: a lease when they are all there, a reset otherwise.
-                match h.sync(uid, dev, Some(d.gen), local, 7, None) {
+                match h.sync(Uid(uid), DeviceId(dev), Some(d.gen), local, 7, None) {
                     Ok(first) => {
                         let lease = first.lease.expect("a rollback gets a lease");
                         reached(LEASES, 1);
                         assert_eq!(lease.resume_from, local);
                         let gen = first.generation;
-                        let (events, _) = batch(&h, uid, dev, gen, local);
-                        m.check_page(uid, &events, local);
+                        let (events, _) = batch(&h, Uid(uid), DeviceId(dev), gen, local);
+                        m.check_page(Uid(uid), &events, local);
                         let info = h
                             .ib()
-                            .finish_lease(uid, dev, lease.lease_id, gen)
+                            .finish_lease(Uid(uid), DeviceId(dev), lease.lease_id, gen)
                             .wait()
                             .unwrap();
                         m.devs.insert(
-                            (uid, dev),
+                            (Uid(uid), DeviceId(dev)),
                             Dev {
                                 gen: info.generation,
                                 acked: info.acked_sync_seq,
@@ -274,15 +287,15 @@ fn run(ops: Vec<Op>) {
                         );
                     }
                     Err(Error::ResetRequired { .. }) => {
-                        let oldest = h.ib().explain(uid).unwrap().oldest_retained;
+                        let oldest = h.ib().explain(Uid(uid)).unwrap().oldest_retained;
                         assert!(local < oldest, "reset only when the events are gone");
                         reached(RESETS, 1);
-                        install_snapshot(&h, &mut m, uid, dev);
+                        install_snapshot(&h, &mut m, Uid(uid), DeviceId(dev));
                     }
                     Err(e) => panic!("rollback sync failed: {e:?}"),
                 }
             }
-            Op::Snapshot { uid, dev } => install_snapshot(&h, &mut m, uid, dev),
+            Op::Snapshot { uid, dev } => install_snapshot(&h, &mut m, Uid(uid), DeviceId(dev)),
             Op::Advance { minutes } => h.advance(Duration::from_secs(u64::from(minutes) * 60)),
             Op::Compact => {
                 let report = h.ib().compact().unwrap();
@@ -309,22 +322,25 @@ fn run(ops: Vec<Op>) {
         h.ib().check_invariants().unwrap();
         // Fences hold, and reclaimed events stay reclaimed.
         for uid in 1..=USERS {
-            let x = h.ib().explain(uid).unwrap();
+            let x = h.ib().explain(Uid(uid)).unwrap();
             let min_ack = (1..=DEVICES)
-                .map(|d| m.devs[&(uid, d)].acked)
+                .map(|d| m.devs[&(Uid(uid), DeviceId(d))].acked)
                 .min()
                 .unwrap();
             assert!(
-                x.oldest_retained <= min_ack + 1,
+                x.oldest_retained <= min_ack.next(),
                 "uid {uid}: {x:?} below an ACK {min_ack}"
             );
-            let prev = m.oldest.entry(uid).or_insert(1);
+            let prev = m.oldest.entry(Uid(uid)).or_insert(SyncSeq(1));
             assert!(
                 x.oldest_retained >= *prev,
                 "uid {uid}: reclaimed events came back"
             );
             *prev = x.oldest_retained;
-            assert_eq!(x.committed_sync_seq, m.events[&uid].len() as SyncSeq);
+            assert_eq!(
+                x.committed_sync_seq,
+                SyncSeq(m.events[&Uid(uid)].len() as u64)
+            );
         }
     }
     // Every device can still catch up from its ACK, and gets the model.
@@ -337,7 +353,7 @@ fn run(ops: Vec<Op>) {
 fn install_snapshot(h: &Harness, m: &mut Model, uid: Uid, dev: DeviceId) {
     reached(SNAPSHOTS, 1);
     let info = h.ib().begin_snapshot(uid, dev).wait().unwrap();
-    let head = m.events[&uid].len() as SyncSeq;
+    let head = SyncSeq(m.events[&uid].len() as u64);
     assert_eq!(info.base_sync_seq, head, "S is the head");
     let mut convs = Vec::new();
     for p in 0..info.pages {

@@ -9,13 +9,13 @@ use std::time::Duration;
 use inbox_common::*;
 use inbox_engine::*;
 
-const PHONE: DeviceId = 1;
+const PHONE: DeviceId = DeviceId(1);
 const CONVS: u64 = 4;
 const PER_CONV: u64 = 5;
 /// A user alone with its own conversation whose only device never ACKs
 /// (in the `laggard` run): its events stay live until the hard TTL.
-const LAGGARD: Uid = 99;
-const LAGGARD_CONV: ConvId = 199;
+const LAGGARD: Uid = Uid(99);
+const LAGGARD_CONV: ConvId = ConvId(199);
 
 fn tune(c: &mut InboxConfig) {
     c.segment_bytes = 32 << 10;
@@ -32,12 +32,12 @@ fn steady_state(laggard: bool) -> (f64, f64, CompactionReport) {
     for conv in 0..CONVS {
         for m in 0..PER_CONV {
             let uid = conv * PER_CONV + m + 1;
-            h.join(100 + conv, uid);
-            gens.push((uid, h.register(uid, PHONE).device.generation, 0));
+            h.join(Uid(uid), ConvId(100 + conv));
+            gens.push((uid, h.register(Uid(uid), PHONE).device.generation, 0));
         }
     }
     if laggard {
-        h.join(LAGGARD_CONV, LAGGARD);
+        h.join(LAGGARD, LAGGARD_CONV);
         h.register(LAGGARD, PHONE);
     }
     let mut worst_total = 0.0f64;
@@ -46,8 +46,8 @@ fn steady_state(laggard: bool) -> (f64, f64, CompactionReport) {
         for conv in 0..CONVS {
             let sender = conv * PER_CONV + 1 + round % PER_CONV;
             h.send_many(
-                100 + conv,
-                sender,
+                ConvId(100 + conv),
+                Uid(sender),
                 u128::from(round * 10_000 + conv * 1000),
                 150,
             );
@@ -56,9 +56,9 @@ fn steady_state(laggard: bool) -> (f64, f64, CompactionReport) {
             h.send_many(LAGGARD_CONV, LAGGARD, u128::from(round * 10_000 + 9000), 20);
         }
         for (uid, gen, acked) in gens.iter_mut() {
-            let (_, g, a) = h.catch_up(*uid, PHONE, *gen, *acked);
+            let (_, g, a) = h.catch_up(Uid(*uid), PHONE, *gen, SyncSeq(*acked));
             *gen = g;
-            *acked = a;
+            *acked = a.get();
         }
         h.advance(Duration::from_secs(1800));
         h.ib().compact().unwrap();

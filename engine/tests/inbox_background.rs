@@ -86,9 +86,9 @@ fn hold_first_checkpoint(ib: &Inbox) -> Held {
 #[test]
 fn checkpoint_command_replies_after_its_file_is_durable() {
     let h = Harness::new();
-    h.join(1, 1);
-    h.join(1, 2);
-    h.send_many(1, 1, 0, 50);
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
+    h.send_many(ConvId(1), Uid(1), 0, 50);
     let digest = h.ib().state_digest();
     h.ib().checkpoint().unwrap();
     let newest = checkpoints(h.dir.path());
@@ -114,13 +114,13 @@ fn checkpoint_command_replies_after_its_file_is_durable() {
 #[test]
 fn sends_are_served_while_a_checkpoint_file_is_written() {
     let h = Harness::new();
-    h.join(1, 1);
-    h.join(1, 2);
-    let generation = h.register(2, 1).device.generation;
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
+    let generation = h.register(Uid(2), DeviceId(1)).device.generation;
     let ib = h.ib();
     let held = hold_first_checkpoint(ib);
     // Past the setup checkpoint, so the held one has a new LSN.
-    h.send_many(1, 1, 0, 20);
+    h.send_many(ConvId(1), Uid(1), 0, 20);
     std::thread::scope(|s| {
         // Owned here, so a failed assertion drops `release` and frees the
         // writer before the scope joins the checkpoint thread.
@@ -130,12 +130,18 @@ fn sends_are_served_while_a_checkpoint_file_is_written() {
         // The writer is stopped inside this checkpoint: sends, syncs and
         // reads still complete.
         let sent: Vec<SendReply> = (0..30u128)
-            .map(|i| h.send(1, 1, 100 + i, "meanwhile"))
+            .map(|i| h.send(ConvId(1), Uid(1), 100 + i, "meanwhile"))
             .collect();
-        assert_eq!(sent.last().unwrap().msg_seq, 2 + 50, "two joins, 50 sends");
-        let page = h.sync(2, 1, Some(generation), 0, 500, None).unwrap();
-        assert!(page.events.iter().any(|e| e.msg_seq == 52));
-        let history = ib.history(2, 1, None, 100).unwrap();
+        assert_eq!(
+            sent.last().unwrap().msg_seq,
+            MsgSeq(2 + 50),
+            "two joins, 50 sends"
+        );
+        let page = h
+            .sync(Uid(2), DeviceId(1), Some(generation), SyncSeq(0), 500, None)
+            .unwrap();
+        assert!(page.events.iter().any(|e| e.msg_seq == MsgSeq(52)));
+        let history = ib.history(Uid(2), ConvId(1), None, 100).unwrap();
         assert_eq!(history.messages.len(), 51, "from uid 2's join at seq 2");
         assert!(
             !checkpoint.is_finished(),
@@ -157,10 +163,10 @@ fn sends_are_served_while_a_checkpoint_file_is_written() {
 #[test]
 fn shutdown_leaves_a_checkpoint_covering_everything() {
     let mut h = Harness::new();
-    h.join(1, 1);
-    h.join(1, 2);
-    h.register(2, 1);
-    h.send_many(1, 1, 0, 40);
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
+    h.register(Uid(2), DeviceId(1));
+    h.send_many(ConvId(1), Uid(1), 0, 40);
     let digest = h.ib().state_digest();
     h.restart(true, |_| {});
     let report = h.ib().recovery_report();
@@ -176,15 +182,15 @@ fn shutdown_leaves_a_checkpoint_covering_everything() {
 fn periodic_checkpoints_do_not_pile_up_while_one_is_being_written() {
     // Every round crosses the threshold.
     let h = Harness::with(|c| c.checkpoint_every_bytes = 1);
-    h.join(1, 1);
-    h.join(1, 2);
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
     let held = hold_first_checkpoint(h.ib());
     // One send, one round: a periodic checkpoint is handed off and held.
-    h.send(1, 1, 0, "first");
+    h.send(ConvId(1), Uid(1), 0, "first");
     held.entered.recv().unwrap();
     // Twenty more rounds past the threshold while it is held.
     for i in 1..=20u128 {
-        h.send(1, 1, i, "more");
+        h.send(ConvId(1), Uid(1), i, "more");
     }
     held.release.send(()).unwrap();
     // A checkpoint command queues behind whatever the writer still has:
@@ -200,12 +206,12 @@ fn periodic_checkpoints_do_not_pile_up_while_one_is_being_written() {
 #[test]
 fn a_failed_checkpoint_write_is_reported_and_does_not_stop_writes() {
     let mut h = Harness::new();
-    h.join(1, 1);
-    h.join(1, 2);
-    h.send_many(1, 1, 0, 10);
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
+    h.send_many(ConvId(1), Uid(1), 0, 10);
     h.ib().checkpoint().unwrap();
     let good = checkpoints(h.dir.path());
-    h.send_many(1, 1, 100, 10);
+    h.send_many(ConvId(1), Uid(1), 100, 10);
     // A directory where the writer wants its tmp file: creating it fails.
     let ckpt_dir = h.dir.path().join("checkpoint");
     let blocker = ckpt_dir.clone();
@@ -220,8 +226,8 @@ fn a_failed_checkpoint_write_is_reported_and_does_not_stop_writes() {
         "older checkpoints untouched"
     );
     // Not fatal: the logs take writes as before.
-    let after = h.send(1, 1, 500, "after the failed checkpoint");
-    assert_eq!(after.msg_seq, 2 + 21);
+    let after = h.send(ConvId(1), Uid(1), 500, "after the failed checkpoint");
+    assert_eq!(after.msg_seq, MsgSeq(2 + 21));
     let digest = h.ib().state_digest();
     h.restart(true, |_| {});
     assert_eq!(h.ib().state_digest(), digest);
@@ -229,20 +235,20 @@ fn a_failed_checkpoint_write_is_reported_and_does_not_stop_writes() {
 
 #[test]
 fn snapshot_is_built_even_when_the_caller_drops_the_reply() {
-    const PHONE: DeviceId = 1;
-    const DESKTOP: DeviceId = 2;
+    const PHONE: DeviceId = DeviceId(1);
+    const DESKTOP: DeviceId = DeviceId(2);
     let h = Harness::new();
-    h.join(10, 1);
-    h.join(10, 2);
-    h.register(2, PHONE);
-    h.register(2, DESKTOP);
-    h.send_many(10, 1, 0, 30);
-    drop(h.ib().begin_snapshot(2, DESKTOP));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
+    h.register(Uid(2), PHONE);
+    h.register(Uid(2), DESKTOP);
+    h.send_many(ConvId(10), Uid(1), 0, 30);
+    drop(h.ib().begin_snapshot(Uid(2), DESKTOP));
     // The begin step is durable once a later command's reply is out.
-    h.send(10, 1, 999, "after the begin step");
+    h.send(ConvId(10), Uid(1), 999, "after the begin step");
     let snapshot_id = h
         .ib()
-        .explain(2)
+        .explain(Uid(2))
         .unwrap()
         .fences
         .iter()
@@ -251,26 +257,31 @@ fn snapshot_is_built_even_when_the_caller_drops_the_reply() {
             _ => None,
         })
         .expect("the begin step logged a snapshot row");
-    let mut info = h.ib().snapshot_info(2, snapshot_id).unwrap();
+    let mut info = h.ib().snapshot_info(Uid(2), snapshot_id).unwrap();
     // Bounded wait for the builder thread; no timing is asserted.
     for _ in 0..3_000 {
         if info.state == SnapshotState::Ready {
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
-        info = h.ib().snapshot_info(2, snapshot_id).unwrap();
+        info = h.ib().snapshot_info(Uid(2), snapshot_id).unwrap();
     }
     assert_eq!(info.state, SnapshotState::Ready);
     let mut messages = Vec::new();
     for p in 0..info.pages {
-        messages.extend(h.ib().snapshot_page(2, snapshot_id, p).unwrap().messages);
+        messages.extend(
+            h.ib()
+                .snapshot_page(Uid(2), snapshot_id, p)
+                .unwrap()
+                .messages,
+        );
     }
     let seqs: Vec<MsgSeq> = messages.iter().map(|m| m.msg_seq).collect();
-    let want: Vec<MsgSeq> = (13..=32).collect();
+    let want: Vec<MsgSeq> = MsgSeq(13).through(MsgSeq(32)).collect();
     assert_eq!(seqs, want, "the last 20 messages as of the begin step");
     let device = h
         .ib()
-        .ack_snapshot(2, DESKTOP, snapshot_id, info.generation)
+        .ack_snapshot(Uid(2), DESKTOP, snapshot_id, info.generation)
         .wait()
         .unwrap();
     assert_eq!(device.state, DeviceState::Active);
@@ -280,11 +291,11 @@ fn snapshot_is_built_even_when_the_caller_drops_the_reply() {
 #[test]
 fn shutdown_waits_for_queued_checkpoints_and_writes_the_final_one_last() {
     let mut h = Harness::new();
-    h.join(1, 1);
-    h.join(1, 2);
-    let generation = h.register(2, 1).device.generation;
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
+    let generation = h.register(Uid(2), DeviceId(1)).device.generation;
     let held = hold_first_checkpoint(h.ib());
-    h.send_many(1, 1, 0, 10);
+    h.send_many(ConvId(1), Uid(1), 0, 10);
     let (final_lsn, digest) = std::thread::scope(|s| {
         let held = held;
         let ib = h.ib();
@@ -292,12 +303,15 @@ fn shutdown_waits_for_queued_checkpoints_and_writes_the_final_one_last() {
         let held_lsn = held.entered.recv().unwrap();
         // Written after the held checkpoint's LSN: only the final one
         // covers these.
-        h.send_many(1, 1, 100, 10);
+        h.send_many(ConvId(1), Uid(1), 100, 10);
         let digest = ib.state_digest();
         let shutdown = s.spawn(|| ib.shutdown());
         // Shutdown has stopped taking commands once a sync (which changes
         // nothing here) is refused.
-        while h.sync(2, 1, Some(generation), 0, 1, None).is_ok() {
+        while h
+            .sync(Uid(2), DeviceId(1), Some(generation), SyncSeq(0), 1, None)
+            .is_ok()
+        {
             std::thread::yield_now();
         }
         assert!(
@@ -325,20 +339,20 @@ fn shutdown_waits_for_queued_checkpoints_and_writes_the_final_one_last() {
 
 #[test]
 fn shutdown_with_a_snapshot_build_pending_returns_and_the_device_resets_after_restart() {
-    const PHONE: DeviceId = 1;
-    const DESKTOP: DeviceId = 2;
+    const PHONE: DeviceId = DeviceId(1);
+    const DESKTOP: DeviceId = DeviceId(2);
     let mut h = Harness::new();
-    h.join(10, 1);
-    h.join(10, 2);
-    h.register(2, PHONE);
-    h.register(2, DESKTOP);
-    h.send_many(10, 1, 0, 30);
-    drop(h.ib().begin_snapshot(2, DESKTOP));
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
+    h.register(Uid(2), PHONE);
+    h.register(Uid(2), DESKTOP);
+    h.send_many(ConvId(10), Uid(1), 0, 30);
+    drop(h.ib().begin_snapshot(Uid(2), DESKTOP));
     // Shutdown finishes the build in hand or abandons it; it returns.
     h.restart(true, |_| {});
     let first = h
         .ib()
-        .explain(2)
+        .explain(Uid(2))
         .unwrap()
         .fences
         .iter()
@@ -347,13 +361,13 @@ fn shutdown_with_a_snapshot_build_pending_returns_and_the_device_resets_after_re
             _ => None,
         })
         .expect("the begin step is durable");
-    let info = h.ib().snapshot_info(2, first).unwrap();
+    let info = h.ib().snapshot_info(Uid(2), first).unwrap();
     match info.state {
         // Built before shutdown: whole, every page served.
         SnapshotState::Ready => {
             assert!(info.pages > 0);
             for p in 0..info.pages {
-                h.ib().snapshot_page(2, first, p).unwrap();
+                h.ib().snapshot_page(Uid(2), first, p).unwrap();
             }
         }
         // Abandoned: never half-built, it only fences until it expires.
@@ -361,12 +375,12 @@ fn shutdown_with_a_snapshot_build_pending_returns_and_the_device_resets_after_re
         other => panic!("snapshot {first} is {other:?} after restart"),
     }
     // Either way the device resets with a new snapshot.
-    let again = h.ib().begin_snapshot(2, DESKTOP).wait().unwrap();
+    let again = h.ib().begin_snapshot(Uid(2), DESKTOP).wait().unwrap();
     assert_eq!(again.state, SnapshotState::Ready);
     assert!(again.snapshot_id > first);
     let device = h
         .ib()
-        .ack_snapshot(2, DESKTOP, again.snapshot_id, again.generation)
+        .ack_snapshot(Uid(2), DESKTOP, again.snapshot_id, again.generation)
         .wait()
         .unwrap();
     assert_eq!(device.state, DeviceState::Active);
@@ -375,9 +389,9 @@ fn shutdown_with_a_snapshot_build_pending_returns_and_the_device_resets_after_re
 #[test]
 fn a_tmp_file_left_by_a_crash_is_never_a_checkpoint_and_is_removed_by_the_next_write() {
     let mut h = Harness::new();
-    h.join(1, 1);
-    h.join(1, 2);
-    h.send_many(1, 1, 0, 10);
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
+    h.send_many(ConvId(1), Uid(1), 0, 10);
     let digest = h.ib().state_digest();
     drop(h.inbox.take());
     // A write cut short: a tmp file for a later LSN, half a header.
@@ -393,7 +407,7 @@ fn a_tmp_file_left_by_a_crash_is_never_a_checkpoint_and_is_removed_by_the_next_w
     );
     assert_eq!(h.ib().state_digest(), digest);
     assert!(tmp.exists());
-    h.send(1, 1, 100, "new");
+    h.send(ConvId(1), Uid(1), 100, "new");
     h.ib().checkpoint().unwrap();
     assert!(!tmp.exists(), "the next write removes the leftover");
 }

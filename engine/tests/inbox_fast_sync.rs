@@ -17,7 +17,7 @@ use inbox_engine::log::{LogIo, PwriteIo, SyncPolicy};
 use inbox_engine::*;
 use parking_lot::{Condvar, Mutex};
 
-const PHONE: DeviceId = 1;
+const PHONE: DeviceId = DeviceId(1);
 
 /// Real file IO whose syncs can be held: while the gate is shut, every
 /// fdatasync (and every write that asks for one) waits until it opens.
@@ -136,19 +136,21 @@ fn a_sync_that_changes_nothing_does_not_wait_for_a_pending_fsync() {
     let ib = Arc::new(Inbox::open_with_io(cfg, io.clone()).unwrap());
 
     // uid 3 has two durable messages and a registered phone.
-    ib.join(20, 3).wait().unwrap();
-    ib.join(20, 4).wait().unwrap();
+    ib.join(Uid(3), ConvId(20)).wait().unwrap();
+    ib.join(Uid(4), ConvId(20)).wait().unwrap();
     for i in 0..2 {
-        ib.send(send_req(20, 4, i, "for 3")).wait().unwrap();
+        ib.send(send_req(ConvId(20), Uid(4), i, "for 3"))
+            .wait()
+            .unwrap();
     }
     let gen = ib
-        .register_device(3, PHONE)
+        .register_device(Uid(3), PHONE)
         .wait()
         .unwrap()
         .device
         .generation;
-    ib.join(10, 1).wait().unwrap();
-    ib.join(10, 2).wait().unwrap();
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
+    ib.join(Uid(2), ConvId(10)).wait().unwrap();
 
     // Another user's send is held at its fsync.
     io.shut();
@@ -156,7 +158,7 @@ fn a_sync_that_changes_nothing_does_not_wait_for_a_pending_fsync() {
     let sender = {
         let ib = Arc::clone(&ib);
         std::thread::spawn(move || {
-            let r = ib.send(send_req(10, 1, 100, "held")).wait();
+            let r = ib.send(send_req(ConvId(10), Uid(1), 100, "held")).wait();
             let _ = sent_tx.send(r.is_ok());
         })
     };
@@ -167,7 +169,10 @@ fn a_sync_that_changes_nothing_does_not_wait_for_a_pending_fsync() {
     let syncer = {
         let ib = Arc::clone(&ib);
         std::thread::spawn(move || {
-            let _ = page_tx.send(ib.sync(sync_req(3, Some(gen), 0, 100, None)).wait());
+            let _ = page_tx.send(
+                ib.sync(sync_req(Uid(3), Some(gen), SyncSeq(0), 100, None))
+                    .wait(),
+            );
         })
     };
     let answered = page_rx.recv_timeout(Duration::from_secs(20));
@@ -195,7 +200,7 @@ fn a_sync_that_changes_nothing_does_not_wait_for_a_pending_fsync() {
         .collect();
     assert_eq!(
         seqs,
-        vec![3, 4],
+        vec![MsgSeq(3), MsgSeq(4)],
         "both of uid 3's messages (after the joins)"
     );
     assert_eq!(page.batch_hwm, page.next_cursor);
@@ -211,9 +216,9 @@ fn a_sync_that_only_refreshes_last_seen_is_answered_while_the_refresh_waits_for_
     cfg.sync = SyncPolicy::Always;
     let io = Arc::new(GatedIo::default());
     let ib = Arc::new(Inbox::open_with_io(cfg, io.clone()).unwrap());
-    ib.join(20, 3).wait().unwrap();
+    ib.join(Uid(3), ConvId(20)).wait().unwrap();
     let gen = ib
-        .register_device(3, PHONE)
+        .register_device(Uid(3), PHONE)
         .wait()
         .unwrap()
         .device
@@ -228,7 +233,10 @@ fn a_sync_that_only_refreshes_last_seen_is_answered_while_the_refresh_waits_for_
     let syncer = {
         let ib = Arc::clone(&ib);
         std::thread::spawn(move || {
-            let _ = page_tx.send(ib.sync(sync_req(3, Some(gen), 0, 100, None)).wait());
+            let _ = page_tx.send(
+                ib.sync(sync_req(Uid(3), Some(gen), SyncSeq(0), 100, None))
+                    .wait(),
+            );
         })
     };
     io.wait_for_held_sync();
@@ -238,7 +246,7 @@ fn a_sync_that_only_refreshes_last_seen_is_answered_while_the_refresh_waits_for_
     assert_eq!(page.unwrap().generation, gen);
     io.open();
     syncer.join().unwrap();
-    let devices = ib.devices(3).unwrap();
+    let devices = ib.devices(Uid(3)).unwrap();
     assert_eq!(
         devices[0].last_seen_ms,
         T0 + 1_000,
@@ -254,11 +262,11 @@ fn rounds(h: &Harness) -> u64 {
 #[test]
 fn fast_and_sequenced_syncs_give_identical_pages() {
     let h = Harness::with(|c| c.recovery_lease_events_max = 100);
-    h.join(10, 1);
-    h.join(10, 2);
-    let gen = h.register(2, PHONE).device.generation;
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
+    let gen = h.register(Uid(2), PHONE).device.generation;
     for i in 0..25 {
-        h.send(10, 1, i, &format!("m{i}"));
+        h.send(ConvId(10), Uid(1), i, &format!("m{i}"));
     }
 
     // First page: one second on, the sync must refresh `last_seen`; the
@@ -267,7 +275,9 @@ fn fast_and_sequenced_syncs_give_identical_pages() {
     // changes nothing. Same clock, so same token.
     h.advance(Duration::from_secs(1));
     let before = rounds(&h);
-    let slow = h.sync(2, PHONE, Some(gen), 0, 10, None).unwrap();
+    let slow = h
+        .sync(Uid(2), PHONE, Some(gen), SyncSeq(0), 10, None)
+        .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while rounds(&h) < before + 1 {
         assert!(
@@ -277,7 +287,9 @@ fn fast_and_sequenced_syncs_give_identical_pages() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let after_slow = rounds(&h);
-    let fast = h.sync(2, PHONE, Some(gen), 0, 10, None).unwrap();
+    let fast = h
+        .sync(Uid(2), PHONE, Some(gen), SyncSeq(0), 10, None)
+        .unwrap();
     assert_eq!(after_slow, before + 1, "the refresh went through one round");
     assert_eq!(rounds(&h), after_slow, "the unchanged sync took no round");
     assert_eq!(fast, slow);
@@ -287,7 +299,7 @@ fn fast_and_sequenced_syncs_give_identical_pages() {
     // Later pages come from the token alone and take no round.
     let page2 = h
         .sync(
-            2,
+            Uid(2),
             PHONE,
             Some(gen),
             slow.next_cursor,
@@ -297,12 +309,12 @@ fn fast_and_sequenced_syncs_give_identical_pages() {
         .unwrap();
     assert_eq!(rounds(&h), after_slow);
     assert_eq!(page2.batch_hwm, slow.batch_hwm, "hwm fixed by the token");
-    assert_eq!(page2.events[0].sync_seq, slow.next_cursor + 1);
+    assert_eq!(page2.events[0].sync_seq, slow.next_cursor.next());
     // Messages sent after the first page stay out of the batch.
-    h.send(10, 1, 1_000, "late");
+    h.send(ConvId(10), Uid(1), 1_000, "late");
     let page3 = h
         .sync(
-            2,
+            Uid(2),
             PHONE,
             Some(gen),
             page2.next_cursor,
@@ -312,25 +324,27 @@ fn fast_and_sequenced_syncs_give_identical_pages() {
         .unwrap();
     assert_eq!(page3.next_cursor, slow.batch_hwm);
     assert!(!page3.has_more);
-    h.ack(2, PHONE, gen, page3.next_cursor, &slow.batch_token)
+    h.ack(Uid(2), PHONE, gen, page3.next_cursor, &slow.batch_token)
         .unwrap();
 
     // A recovery lease: opened through the sequencer, then re-served
     // unchanged from it.
     let before = rounds(&h);
-    let opened = h.sync(2, PHONE, Some(gen), 5, 10, None).unwrap();
+    let opened = h
+        .sync(Uid(2), PHONE, Some(gen), SyncSeq(5), 10, None)
+        .unwrap();
     assert!(opened.lease.is_some());
     assert_eq!(rounds(&h), before + 1, "opening the lease is a change");
     let again = h
-        .sync(2, PHONE, Some(opened.generation), 5, 10, None)
+        .sync(Uid(2), PHONE, Some(opened.generation), SyncSeq(5), 10, None)
         .unwrap();
     assert_eq!(rounds(&h), before + 1, "re-serving the lease is not");
     assert_eq!(again, opened);
 
     // Errors answered from durable state match the sequencer's too.
-    h.ib().revoke_device(2, PHONE).wait().unwrap();
+    h.ib().revoke_device(Uid(2), PHONE).wait().unwrap();
     let before = rounds(&h);
-    let revoked = h.sync(2, PHONE, Some(opened.generation), 5, 10, None);
+    let revoked = h.sync(Uid(2), PHONE, Some(opened.generation), SyncSeq(5), 10, None);
     assert!(matches!(revoked, Err(Error::DeviceRevoked)), "{revoked:?}");
     assert_eq!(rounds(&h), before, "a revoked device's sync takes no round");
 }

@@ -51,37 +51,50 @@ fn fsync_failure_stops_every_mutation_while_durable_reads_go_on() {
     let dir = tempfile::tempdir().unwrap();
     let io = Arc::new(FaultyIo::new());
     let ib = open(dir.path(), &io);
-    ib.join(10, 1).wait().unwrap();
-    ib.join(10, 2).wait().unwrap();
-    ib.join(20, 3).wait().unwrap();
-    let kept = send(&ib, 10, 1, 1, Bytes::from_static(b"durable")).unwrap();
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
+    ib.join(Uid(2), ConvId(10)).wait().unwrap();
+    ib.join(Uid(3), ConvId(20)).wait().unwrap();
+    let kept = send(&ib, ConvId(10), Uid(1), 1, Bytes::from_static(b"durable")).unwrap();
     io.fail_nth_sync(1);
-    let lost = send(&ib, 10, 1, 2, Bytes::from_static(b"never acknowledged"));
+    let lost = send(
+        &ib,
+        ConvId(10),
+        Uid(1),
+        2,
+        Bytes::from_static(b"never acknowledged"),
+    );
     assert!(matches!(lost, Err(Error::Log(_))), "{lost:?}");
     // Fail-stop: nothing is accepted any more, not even after the fault.
-    assert!(send(&ib, 10, 1, 3, Bytes::from_static(b"x")).is_err());
-    assert!(ib.join(10, 4).wait().is_err());
-    assert!(ib.register_device(1, 1).wait().is_err());
+    assert!(send(&ib, ConvId(10), Uid(1), 3, Bytes::from_static(b"x")).is_err());
+    assert!(ib.join(Uid(4), ConvId(10)).wait().is_err());
+    assert!(ib.register_device(Uid(1), DeviceId(1)).wait().is_err());
     // Durable state is still served.
-    let pulled = &ib.pull(2, &[(10, 0)], 50).unwrap()[0];
+    let pulled = &ib.pull(Uid(2), &[(ConvId(10), MsgSeq(0))], 50).unwrap()[0];
     assert_eq!(pulled.max_seq, kept.msg_seq);
     assert_eq!(
         pulled.messages.last().unwrap().payload,
         Bytes::from_static(b"durable")
     );
-    assert_eq!(ib.conv_list(3, 10, None).unwrap().convs.len(), 1);
+    assert_eq!(ib.conv_list(Uid(3), 10, None).unwrap().convs.len(), 1);
     let _ = ib.shutdown();
     drop(ib);
     // After a restart everything acknowledged is there, and no more.
     let ib = Inbox::open(config(dir.path(), &Arc::new(ManualClock::new(T0)))).unwrap();
-    let pulled = &ib.pull(2, &[(10, 0)], 50).unwrap()[0];
+    let pulled = &ib.pull(Uid(2), &[(ConvId(10), MsgSeq(0))], 50).unwrap()[0];
     assert!(pulled.messages.iter().any(|m| m.msg_id == kept.msg_id));
     assert!(pulled
         .messages
         .iter()
         .all(|m| m.payload != Bytes::from_static(b"never acknowledged")));
-    let next = send(&ib, 10, 1, 4, Bytes::from_static(b"after restart")).unwrap();
-    assert_eq!(next.msg_seq, kept.msg_seq + 1);
+    let next = send(
+        &ib,
+        ConvId(10),
+        Uid(1),
+        4,
+        Bytes::from_static(b"after restart"),
+    )
+    .unwrap();
+    assert_eq!(next.msg_seq, kept.msg_seq.next());
 }
 
 #[test]
@@ -89,41 +102,41 @@ fn full_disk_fails_the_send_with_no_space_changes_nothing_and_writes_resume_when
     let dir = tempfile::tempdir().unwrap();
     let io = Arc::new(FaultyIo::new());
     let ib = open(dir.path(), &io);
-    ib.join(10, 1).wait().unwrap();
-    ib.join(10, 2).wait().unwrap();
-    let first = send(&ib, 10, 1, 1, noise(1000, 1)).unwrap();
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
+    ib.join(Uid(2), ConvId(10)).wait().unwrap();
+    let first = send(&ib, ConvId(10), Uid(1), 1, noise(1000, 1)).unwrap();
     io.set_no_space(true);
     // Keep sending 60 KB messages until a new segment is needed.
     let mut cmid = 100;
     let (digest, err) = loop {
         cmid += 1;
         let digest = ib.state_digest();
-        match send(&ib, 10, 1, cmid, noise(60_000, cmid as u64)) {
+        match send(&ib, ConvId(10), Uid(1), cmid, noise(60_000, cmid as u64)) {
             Ok(_) => assert!(cmid < 120, "never ran out of space"),
             Err(e) => break (digest, e),
         }
     };
     assert!(matches!(err, Error::NoSpace(_)), "{err:?}");
     assert_eq!(ib.state_digest(), digest, "the failed send left no trace");
-    let head = ib.pull(2, &[(10, 0)], 500).unwrap()[0].max_seq;
+    let head = ib.pull(Uid(2), &[(ConvId(10), MsgSeq(0))], 500).unwrap()[0].max_seq;
     // Reads go on while the disk is full.
-    assert!(ib.pull(2, &[(10, 0)], 500).unwrap()[0]
+    assert!(ib.pull(Uid(2), &[(ConvId(10), MsgSeq(0))], 500).unwrap()[0]
         .messages
         .iter()
         .any(|m| m.msg_id == first.msg_id));
     io.set_no_space(false);
-    let resumed = send(&ib, 10, 1, cmid, noise(60_000, cmid as u64)).unwrap();
+    let resumed = send(&ib, ConvId(10), Uid(1), cmid, noise(60_000, cmid as u64)).unwrap();
     assert!(!resumed.duplicate);
     assert_eq!(
         resumed.msg_seq,
-        head + 1,
+        head.next(),
         "no seq was burnt by the failed send"
     );
     let _ = ib.shutdown();
     drop(ib);
     let ib = Inbox::open(config(dir.path(), &Arc::new(ManualClock::new(T0)))).unwrap();
     assert_eq!(
-        ib.pull(2, &[(10, 0)], 500).unwrap()[0].max_seq,
+        ib.pull(Uid(2), &[(ConvId(10), MsgSeq(0))], 500).unwrap()[0].max_seq,
         resumed.msg_seq
     );
 }
@@ -135,8 +148,8 @@ fn a_checkpoint_on_a_full_disk_fails_cleanly_and_the_next_one_succeeds() {
     let dir = tempfile::tempdir().unwrap();
     let io = Arc::new(FaultyIo::new());
     let ib = open(dir.path(), &io);
-    ib.join(10, 1).wait().unwrap();
-    send(&ib, 10, 1, 1, Bytes::from_static(b"before")).unwrap();
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
+    send(&ib, ConvId(10), Uid(1), 1, Bytes::from_static(b"before")).unwrap();
     io.set_no_space(true);
     let full = ib.checkpoint();
     assert!(full.is_err(), "{full:?}");
@@ -159,9 +172,9 @@ fn shutting_down_answers_later_calls_with_shutting_down() {
     let dir = tempfile::tempdir().unwrap();
     let io = Arc::new(FaultyIo::new());
     let ib = open(dir.path(), &io);
-    ib.join(10, 1).wait().unwrap();
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
     ib.shutdown().unwrap();
-    let late = ib.join(10, 2).wait();
+    let late = ib.join(Uid(2), ConvId(10)).wait();
     assert!(matches!(late, Err(Error::ShuttingDown)), "{late:?}");
 }
 
@@ -173,15 +186,33 @@ fn a_power_cut_image_of_the_data_dir_keeps_its_checkpoint_and_every_acknowledged
     let dir = tempfile::tempdir().unwrap();
     let io = Arc::new(FaultyIo::new());
     let ib = open(dir.path(), &io);
-    ib.join(10, 1).wait().unwrap();
-    ib.join(10, 2).wait().unwrap();
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
+    ib.join(Uid(2), ConvId(10)).wait().unwrap();
     let mut acked = Vec::new();
     for i in 0..20u128 {
-        acked.push(send(&ib, 10, 1, i + 1, Bytes::from(format!("before {i}"))).unwrap());
+        acked.push(
+            send(
+                &ib,
+                ConvId(10),
+                Uid(1),
+                i + 1,
+                Bytes::from(format!("before {i}")),
+            )
+            .unwrap(),
+        );
     }
     ib.checkpoint().unwrap();
     for i in 20..30u128 {
-        acked.push(send(&ib, 10, 1, i + 1, Bytes::from(format!("after {i}"))).unwrap());
+        acked.push(
+            send(
+                &ib,
+                ConvId(10),
+                Uid(1),
+                i + 1,
+                Bytes::from(format!("after {i}")),
+            )
+            .unwrap(),
+        );
     }
     let img = tempfile::tempdir().unwrap();
     io.crash_image_tree(dir.path(), img.path(), None).unwrap();
@@ -192,7 +223,7 @@ fn a_power_cut_image_of_the_data_dir_keeps_its_checkpoint_and_every_acknowledged
         ib.recovery_report().checkpoint_lsn > 0,
         "the checkpoint survived the power cut"
     );
-    let page = ib.history(2, 10, None, 100).unwrap();
+    let page = ib.history(Uid(2), ConvId(10), None, 100).unwrap();
     let kept: Vec<MsgId> = page
         .messages
         .iter()

@@ -71,15 +71,15 @@ fn op() -> impl Strategy<Value = Op> {
     let conv = 1..=CONVS;
     let uid = 1..=UIDS;
     prop_oneof![
-        3 => (conv.clone(), uid.clone()).prop_map(|(c, u)| Op::Join(c, u)),
-        1 => (conv.clone(), uid.clone()).prop_map(|(c, u)| Op::Leave(c, u)),
-        6 => (conv.clone(), uid.clone(), 0..8u128, any::<u8>()).prop_map(|(c, u, m, b)| Op::Send(c, u, m, b)),
-        1 => (conv.clone(), uid.clone(), any::<usize>()).prop_map(|(c, u, i)| Op::Recall(c, u, i)),
-        2 => (uid.clone(), conv.clone(), any::<usize>()).prop_map(|(u, c, i)| Op::MarkRead(u, c, i)),
-        1 => (uid.clone(), 1..=2u64).prop_map(|(u, d)| Op::Register(u, d)),
-        2 => (uid.clone(), 1..=2u64).prop_map(|(u, d)| Op::SyncAll(u, d)),
-        2 => (uid.clone(), conv.clone()).prop_map(|(u, c)| Op::Pull(u, c)),
-        1 => uid.clone().prop_map(Op::ConvList),
+        3 => (conv.clone(), uid.clone()).prop_map(|(c, u)| Op::Join(ConvId(c), Uid(u))),
+        1 => (conv.clone(), uid.clone()).prop_map(|(c, u)| Op::Leave(ConvId(c), Uid(u))),
+        6 => (conv.clone(), uid.clone(), 0..8u128, any::<u8>()).prop_map(|(c, u, m, b)| Op::Send(ConvId(c), Uid(u), m, b)),
+        1 => (conv.clone(), uid.clone(), any::<usize>()).prop_map(|(c, u, i)| Op::Recall(ConvId(c), Uid(u), i)),
+        2 => (uid.clone(), conv.clone(), any::<usize>()).prop_map(|(u, c, i)| Op::MarkRead(Uid(u), ConvId(c), i)),
+        1 => (uid.clone(), 1..=2u64).prop_map(|(u, d)| Op::Register(Uid(u), DeviceId(d))),
+        2 => (uid.clone(), 1..=2u64).prop_map(|(u, d)| Op::SyncAll(Uid(u), DeviceId(d))),
+        2 => (uid.clone(), conv.clone()).prop_map(|(u, c)| Op::Pull(Uid(u), ConvId(c))),
+        1 => uid.clone().prop_map(|u| Op::ConvList(Uid(u))),
         1 => any::<bool>().prop_map(|checkpoint| Op::Restart { checkpoint }),
         1 => Just(Op::Kill),
     ]
@@ -111,7 +111,7 @@ impl MConv {
         self.periods
             .get(&uid)
             .and_then(|p| p.last())
-            .is_some_and(|p| p.1 == u64::MAX)
+            .is_some_and(|p| p.1 == MsgSeq(u64::MAX))
     }
 }
 
@@ -143,16 +143,19 @@ impl Model {
         let id = self.next_id;
         let c = self.convs.entry(conv).or_default();
         c.msgs.push(MMsg {
-            id,
+            id: MsgId(id),
             sender,
             kind,
             payload,
             tombstone: false,
             recalled: false,
         });
-        let seq = c.msgs.len() as MsgSeq;
+        let seq = MsgSeq(c.msgs.len() as u64);
         if kind == MessageKind::Join {
-            c.periods.entry(sender).or_default().push((seq, u64::MAX));
+            c.periods
+                .entry(sender)
+                .or_default()
+                .push((seq, MsgSeq(u64::MAX)));
         }
         let ev = match kind {
             MessageKind::Normal => EventKind::Msg,
@@ -160,7 +163,7 @@ impl Model {
             MessageKind::Edit => EventKind::Edit,
             _ => EventKind::Member,
         };
-        let recipients: Vec<Uid> = (1..=UIDS).filter(|u| c.covers(*u, seq)).collect();
+        let recipients: Vec<Uid> = (1..=UIDS).map(Uid).filter(|u| c.covers(*u, seq)).collect();
         if kind == MessageKind::Leave {
             if let Some(p) = c.periods.get_mut(&sender).and_then(|p| p.last_mut()) {
                 p.1 = seq;
@@ -169,17 +172,17 @@ impl Model {
         for u in recipients {
             self.events.entry(u).or_default().push((ev, conv, seq));
         }
-        (id, seq)
+        (MsgId(id), seq)
     }
 
     fn unread(&self, uid: Uid, conv: ConvId) -> u32 {
         let c = &self.convs[&conv];
-        let read = self.read.get(&(uid, conv)).copied().unwrap_or(0);
+        let read = self.read.get(&(uid, conv)).copied().unwrap_or(MsgSeq(0));
         c.msgs
             .iter()
             .enumerate()
             .filter(|(i, m)| {
-                let seq = *i as MsgSeq + 1;
+                let seq = MsgSeq(*i as u64 + 1);
                 m.kind == MessageKind::Normal
                     && !m.recalled
                     && m.sender != uid
@@ -196,7 +199,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     for op in ops {
         match op {
             Op::Join(conv, uid) => {
-                let r = h.ib().join(conv, uid).wait().unwrap();
+                let r = h.ib().join(uid, conv).wait().unwrap();
                 let c = m.convs.entry(conv).or_default();
                 if c.member(uid) {
                     let p = c.periods[&uid].last().unwrap();
@@ -207,7 +210,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             Op::Leave(conv, uid) => {
-                let r = h.ib().leave(conv, uid).wait();
+                let r = h.ib().leave(uid, conv).wait();
                 if m.convs.get(&conv).is_some_and(|c| c.member(uid)) {
                     let (_, seq) = m.push_msg(conv, uid, MessageKind::Leave, Bytes::new());
                     prop_assert_eq!(r.unwrap().msg_seq, seq);
@@ -305,11 +308,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 reached(RECALLS);
             }
             Op::MarkRead(uid, conv, pick) => {
-                let head = m.convs.get(&conv).map_or(0, |c| c.msgs.len() as MsgSeq);
+                let head = m.convs.get(&conv).map_or(0, |c| c.msgs.len() as u64);
                 let to = if head == 0 {
-                    0
+                    MsgSeq(0)
                 } else {
-                    pick as MsgSeq % (head + 1)
+                    MsgSeq(pick as u64 % (head + 1))
                 };
                 let r = h.ib().mark_read(uid, conv, to).wait();
                 let ever = m
@@ -321,7 +324,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 } else if !ever {
                     prop_assert!(matches!(r, Err(Error::Forbidden(_))), "{:?}", r);
                 } else {
-                    let cur = m.read.entry((uid, conv)).or_insert(0);
+                    let cur = m.read.entry((uid, conv)).or_insert(MsgSeq(0));
                     if to > *cur {
                         *cur = to;
                         m.events
@@ -336,13 +339,16 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Register(uid, dev) => {
                 let r = h.register(uid, dev);
-                let entry = m.devices.entry((uid, dev)).or_insert((1, 0));
+                let entry = m
+                    .devices
+                    .entry((uid, dev))
+                    .or_insert((Generation(1), SyncSeq(0)));
                 prop_assert_eq!(r.device.generation, entry.0);
                 prop_assert_eq!(r.device.acked_sync_seq, entry.1);
             }
             Op::SyncAll(uid, dev) => {
                 let Some(&(gen, acked)) = m.devices.get(&(uid, dev)) else {
-                    let r = h.sync(uid, dev, Some(1), 0, 7, None);
+                    let r = h.sync(uid, dev, Some(Generation(1)), SyncSeq(0), 7, None);
                     prop_assert!(matches!(r, Err(Error::NotFound(_))), "{:?}", r);
                     continue;
                 };
@@ -366,8 +372,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let want: Vec<(SyncSeq, EventKind, ConvId, MsgSeq)> = all
                     .iter()
                     .enumerate()
-                    .skip(acked as usize)
-                    .map(|(i, &(k, c, s))| (i as SyncSeq + 1, k, c, s))
+                    .skip(acked.get() as usize)
+                    .map(|(i, &(k, c, s))| (SyncSeq(i as u64 + 1), k, c, s))
                     .collect();
                 let got_t: Vec<_> = got
                     .iter()
@@ -376,7 +382,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 prop_assert_eq!(&got_t, &want);
                 for e in &got {
                     if e.kind == EventKind::Msg
-                        && m.convs[&e.conv].msgs[e.msg_seq as usize - 1].tombstone
+                        && m.convs[&e.conv].msgs[e.msg_seq.get() as usize - 1].tombstone
                     {
                         prop_assert!(e.summary.is_empty());
                     }
@@ -387,7 +393,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Pull(uid, conv) => {
                 // Pages of 3 messages, each starting after the last seen.
-                let r = h.ib().pull(uid, &[(conv, 0)], 3);
+                let r = h.ib().pull(uid, &[(conv, MsgSeq(0))], 3);
                 let Some(c) = m.convs.get(&conv).filter(|c| c.periods.contains_key(&uid)) else {
                     prop_assert!(matches!(r, Err(Error::Forbidden(_))), "{:?}", r);
                     continue;
@@ -396,14 +402,14 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .msgs
                     .iter()
                     .enumerate()
-                    .filter(|(i, _)| c.covers(uid, *i as MsgSeq + 1))
+                    .filter(|(i, _)| c.covers(uid, MsgSeq(*i as u64 + 1)))
                     .map(|(i, x)| {
                         let payload = if x.tombstone {
                             Bytes::new()
                         } else {
                             x.payload.clone()
                         };
-                        (i as MsgSeq + 1, x.id, x.kind, x.tombstone, payload)
+                        (MsgSeq(i as u64 + 1), x.id, x.kind, x.tombstone, payload)
                     })
                     .collect();
                 let mut r = r.unwrap();
@@ -423,7 +429,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     r = h.ib().pull(uid, &[(conv, last.msg_seq)], 3).unwrap();
                 }
                 prop_assert_eq!(got, want);
-                prop_assert_eq!(max_seq, c.msgs.len() as MsgSeq);
+                prop_assert_eq!(max_seq, MsgSeq(c.msgs.len() as u64));
             }
             Op::ConvList(uid) => {
                 // Pages of one conversation, following the cursor.
@@ -439,15 +445,15 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .iter()
                     .filter(|(_, c)| c.periods.contains_key(&uid))
                     .map(|(&conv, c)| {
-                        let last = (1..=c.msgs.len() as MsgSeq)
+                        let last = (1..=(c.msgs.len() as u64))
                             .rev()
-                            .find(|s| c.covers(uid, *s))
+                            .find(|s| c.covers(uid, MsgSeq(*s)))
                             .unwrap();
-                        let read = m.read.get(&(uid, conv)).copied().unwrap_or(0);
+                        let read = m.read.get(&(uid, conv)).copied().unwrap_or(MsgSeq(0));
                         (
                             c.msgs[last as usize - 1].id,
                             conv,
-                            last,
+                            MsgSeq(last),
                             m.unread(uid, conv),
                             read,
                         )

@@ -13,16 +13,18 @@ fn answers(h: &Harness) -> Vec<String> {
     let ib = h.ib();
     let mut out = Vec::new();
     for uid in 1..=4u64 {
-        out.push(format!("{:?}", ib.devices(uid).unwrap()));
-        out.push(format!("{:?}", ib.conv_list(uid, 50, None).unwrap()));
+        out.push(format!("{:?}", ib.devices(Uid(uid)).unwrap()));
+        out.push(format!("{:?}", ib.conv_list(Uid(uid), 50, None).unwrap()));
         for conv in [10u64, 11] {
             out.push(format!(
                 "{:?}",
-                ib.pull(uid, &[(conv, 0)], 500).map_err(|e| e.to_string())
+                ib.pull(Uid(uid), &[(ConvId(conv), MsgSeq(0))], 500)
+                    .map_err(|e| e.to_string())
             ));
             out.push(format!(
                 "{:?}",
-                ib.history(uid, conv, None, 7).map_err(|e| e.to_string())
+                ib.history(Uid(uid), ConvId(conv), None, 7)
+                    .map_err(|e| e.to_string())
             ));
         }
     }
@@ -31,37 +33,40 @@ fn answers(h: &Harness) -> Vec<String> {
 
 fn workload(h: &Harness, round: u64) {
     let base = u128::from(round) * 1000;
-    h.join(10, 1);
-    h.join(10, 2);
-    h.join(10, 3);
-    h.join(11, 1);
-    h.join(11, 4);
-    h.register(2, 1);
-    h.register(2, 2);
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
+    h.join(Uid(3), ConvId(10));
+    h.join(Uid(1), ConvId(11));
+    h.join(Uid(4), ConvId(11));
+    h.register(Uid(2), DeviceId(1));
+    h.register(Uid(2), DeviceId(2));
     for i in 0..40u128 {
         h.send(
-            10,
-            1 + (i as u64 % 3),
+            ConvId(10),
+            Uid(1 + (i as u64 % 3)),
             base + i,
             &format!("group {round} {i}"),
         );
-        h.send(11, 4, base + 500 + i, &"x".repeat(300));
+        h.send(ConvId(11), Uid(4), base + 500 + i, &"x".repeat(300));
     }
-    let victim = h.send(10, 2, base + 900, "to recall");
+    let victim = h.send(ConvId(10), Uid(2), base + 900, "to recall");
     h.ib()
         .recall(RecallRequest {
-            conv: 10,
-            sender: 2,
+            conv: ConvId(10),
+            sender: Uid(2),
             client_msg_id: base + 901,
             target: victim.msg_id,
         })
         .wait()
         .unwrap();
-    h.ib().mark_read(3, 10, 20).wait().unwrap();
+    h.ib()
+        .mark_read(Uid(3), ConvId(10), MsgSeq(20))
+        .wait()
+        .unwrap();
     h.ib()
         .set_conv_flags(
-            1,
-            11,
+            Uid(1),
+            ConvId(11),
             ConvFlags {
                 muted: true,
                 pinned: false,
@@ -69,16 +74,19 @@ fn workload(h: &Harness, round: u64) {
         )
         .wait()
         .unwrap();
-    h.ib().leave(10, 3).wait().unwrap();
+    h.ib().leave(Uid(3), ConvId(10)).wait().unwrap();
 }
 
 #[test]
 fn restart_with_and_without_a_checkpoint_gives_identical_answers() {
     let mut h = Harness::new();
     workload(&h, 1);
-    let gen = h.ib().devices(2).unwrap()[0].generation;
-    let page = h.sync(2, 1, Some(gen), 0, 30, None).unwrap();
-    h.ack(2, 1, gen, 20, &page.batch_token).unwrap();
+    let gen = h.ib().devices(Uid(2)).unwrap()[0].generation;
+    let page = h
+        .sync(Uid(2), DeviceId(1), Some(gen), SyncSeq(0), 30, None)
+        .unwrap();
+    h.ack(Uid(2), DeviceId(1), gen, SyncSeq(20), &page.batch_token)
+        .unwrap();
     let before = answers(&h);
     let digest = h.ib().state_digest();
 
@@ -99,16 +107,25 @@ fn restart_with_and_without_a_checkpoint_gives_identical_answers() {
     // The same batch token still pages and ACKs after a restart, and the
     // page it serves is the same one (pulling is not ACKing).
     let again = h
-        .sync(2, 1, Some(gen), 20, 30, Some(page.batch_token.clone()))
+        .sync(
+            Uid(2),
+            DeviceId(1),
+            Some(gen),
+            SyncSeq(20),
+            30,
+            Some(page.batch_token.clone()),
+        )
         .unwrap();
-    assert_eq!(again.events.first().map(|e| e.sync_seq), Some(21));
-    let fresh = h.sync(2, 1, Some(gen), 20, 30, None).unwrap();
+    assert_eq!(again.events.first().map(|e| e.sync_seq), Some(SyncSeq(21)));
+    let fresh = h
+        .sync(Uid(2), DeviceId(1), Some(gen), SyncSeq(20), 30, None)
+        .unwrap();
     assert_eq!(fresh.events, again.events);
     assert_eq!(
-        h.ack(2, 1, gen, 10, &page.batch_token)
+        h.ack(Uid(2), DeviceId(1), gen, SyncSeq(10), &page.batch_token)
             .unwrap()
             .acked_sync_seq,
-        20
+        SyncSeq(20)
     );
 }
 
@@ -119,7 +136,7 @@ fn a_checkpoint_bounds_replay_to_the_log_written_after_it() {
     h.ib().checkpoint().unwrap();
     // Ten more sends after the checkpoint: ten effect records.
     for i in 0..10u128 {
-        h.send(11, 1, 50_000 + i, "after the checkpoint");
+        h.send(ConvId(11), Uid(1), 50_000 + i, "after the checkpoint");
     }
     let digest = h.ib().state_digest();
     let before = answers(&h);
@@ -188,19 +205,23 @@ fn a_corrupt_checkpoint_falls_back_to_an_older_one_or_a_full_replay_without_loss
 #[test]
 fn sends_after_a_restart_continue_every_sequence_without_reuse() {
     let mut h = Harness::new();
-    h.join(10, 1);
-    h.join(10, 2);
-    let a = h.send(10, 1, 1, "before");
+    h.join(Uid(1), ConvId(10));
+    h.join(Uid(2), ConvId(10));
+    let a = h.send(ConvId(10), Uid(1), 1, "before");
     h.restart(false, |_| {});
-    let dup = h.send(10, 1, 1, "before");
+    let dup = h.send(ConvId(10), Uid(1), 1, "before");
     assert!(
         dup.duplicate && dup.msg_id == a.msg_id,
         "idempotency survives a restart"
     );
-    let b = h.send(10, 1, 2, "after");
-    assert_eq!(b.msg_seq, a.msg_seq + 1);
+    let b = h.send(ConvId(10), Uid(1), 2, "after");
+    assert_eq!(b.msg_seq, a.msg_seq.next());
     assert!(b.msg_id > a.msg_id);
-    let body = &h.ib().pull(2, &[(10, a.msg_seq - 1)], 10).unwrap()[0].messages;
+    let body = &h
+        .ib()
+        .pull(Uid(2), &[(ConvId(10), a.msg_seq.prev())], 10)
+        .unwrap()[0]
+        .messages;
     assert_eq!(
         body.iter().map(|m| m.payload.clone()).collect::<Vec<_>>(),
         vec![Bytes::from_static(b"before"), Bytes::from_static(b"after")]

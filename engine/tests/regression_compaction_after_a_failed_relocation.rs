@@ -16,8 +16,8 @@ use inbox_engine::inbox::CompactionStep;
 use inbox_engine::log::{FaultyIo, SyncPolicy};
 use inbox_engine::*;
 
-const PHONE: DeviceId = 1;
-const DESKTOP: DeviceId = 2;
+const PHONE: DeviceId = DeviceId(1);
+const DESKTOP: DeviceId = DeviceId(2);
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn tune(c: &mut InboxConfig) {
@@ -34,7 +34,7 @@ fn desktop_events(ib: &Inbox, uid: Uid, generation: Generation) -> Result<Vec<Sy
             uid,
             device: DESKTOP,
             generation: Some(generation),
-            local_applied_seq: 0,
+            local_applied_seq: SyncSeq(0),
             limit: 500,
             batch_token: None,
         })
@@ -59,23 +59,23 @@ fn a_pass_after_a_failed_relocation_deletes_no_segment_the_durable_log_points_in
     // conv 20: users 1 and 6, and 6's desktop never ACKs (its events live
     // on in sparse segments, which a pass rewrites).
     for uid in 1..=5 {
-        h.join(10, uid);
+        h.join(Uid(uid), ConvId(10));
     }
-    h.join(20, 1);
-    h.join(20, 6);
+    h.join(Uid(1), ConvId(20));
+    h.join(Uid(6), ConvId(20));
     let gens: Vec<Generation> = (2..=5)
-        .map(|uid| h.register(uid, PHONE).device.generation)
+        .map(|uid| h.register(Uid(uid), PHONE).device.generation)
         .collect();
-    let g6 = h.register(6, DESKTOP).device.generation;
+    let g6 = h.register(Uid(6), DESKTOP).device.generation;
     for round in 0..6u128 {
-        h.send_many(10, 1, 10_000 + round * 1000, 120);
-        h.send_many(20, 1, 20_000 + round * 1000, 40);
+        h.send_many(ConvId(10), Uid(1), 10_000 + round * 1000, 120);
+        h.send_many(ConvId(20), Uid(1), 20_000 + round * 1000, 40);
     }
     for (i, uid) in (2..=5).enumerate() {
-        h.catch_up(uid, PHONE, gens[i], 0);
+        h.catch_up(Uid(uid), PHONE, gens[i], SyncSeq(0));
     }
     h.advance(2 * HOUR);
-    let reference = desktop_events(h.ib(), 6, g6).unwrap();
+    let reference = desktop_events(h.ib(), Uid(6), g6).unwrap();
     assert_eq!(reference.len(), 1 + 240);
 
     // The copies are durable; the relocation's fsync fails.
@@ -116,7 +116,7 @@ fn a_pass_after_a_failed_relocation_deletes_no_segment_the_durable_log_points_in
     let mut c = config(image.path(), &h.clock);
     tune(&mut c);
     let ib = Inbox::open(c).unwrap();
-    assert_eq!(desktop_events(&ib, 6, g6).unwrap(), reference);
+    assert_eq!(desktop_events(&ib, Uid(6), g6).unwrap(), reference);
     assert!(
         matches!(again, Err(Error::Log(log::LogError::Poisoned(_)))),
         "a pass on a poisoned engine: {again:?}"

@@ -9,8 +9,8 @@ use bytes::Bytes;
 use inbox_common::*;
 use inbox_engine::*;
 
-const CONV: ConvId = 10;
-const PHONE: DeviceId = 1;
+const CONV: ConvId = ConvId(10);
+const PHONE: DeviceId = DeviceId(1);
 
 fn summary(h: &Harness, uid: Uid) -> ConvSummary {
     let list = h.ib().conv_list(uid, 10, None).unwrap();
@@ -20,29 +20,29 @@ fn summary(h: &Harness, uid: Uid) -> ConvSummary {
 #[test]
 fn the_summary_after_a_recall_names_the_recall_and_carries_no_body() {
     let h = Harness::new();
-    h.join(CONV, 1);
-    h.join(CONV, 2);
-    let sent = h.send(CONV, 1, 1, "soon gone");
+    h.join(Uid(1), CONV);
+    h.join(Uid(2), CONV);
+    let sent = h.send(CONV, Uid(1), 1, "soon gone");
     let recall = h
         .ib()
         .recall(RecallRequest {
             conv: CONV,
-            sender: 1,
+            sender: Uid(1),
             client_msg_id: 2,
             target: sent.msg_id,
         })
         .wait()
         .unwrap();
-    let s = summary(&h, 2);
+    let s = summary(&h, Uid(2));
     assert_eq!(s.last_msg_seq, recall.msg_seq);
     assert_eq!(s.last_msg_id, recall.msg_id);
     assert_eq!(s.last_summary, Bytes::new(), "no target id, no body");
     assert_eq!(s.unread, 0, "a recalled message is not unread");
 
     // The same in a snapshot.
-    h.register(2, PHONE);
-    let info = h.ib().begin_snapshot(2, PHONE).wait().unwrap();
-    let page = h.ib().snapshot_page(2, info.snapshot_id, 0).unwrap();
+    h.register(Uid(2), PHONE);
+    let info = h.ib().begin_snapshot(Uid(2), PHONE).wait().unwrap();
+    let page = h.ib().snapshot_page(Uid(2), info.snapshot_id, 0).unwrap();
     let s = page.convs.iter().find(|c| c.conv == CONV).unwrap();
     assert_eq!(s.last_summary, Bytes::new());
 }
@@ -50,23 +50,26 @@ fn the_summary_after_a_recall_names_the_recall_and_carries_no_body() {
 #[test]
 fn the_summary_after_a_join_carries_no_uid_bytes() {
     let h = Harness::new();
-    h.join(CONV, 1);
-    h.send(CONV, 1, 1, "hello");
-    h.join(CONV, 2);
-    let s = summary(&h, 1);
+    h.join(Uid(1), CONV);
+    h.send(CONV, Uid(1), 1, "hello");
+    h.join(Uid(2), CONV);
+    let s = summary(&h, Uid(1));
     assert_eq!(s.last_summary, Bytes::new());
 }
 
 #[test]
 fn the_summary_after_a_message_or_an_edit_shows_its_text() {
     let h = Harness::new();
-    h.join(CONV, 1);
-    let sent = h.send(CONV, 1, 1, "hello");
-    assert_eq!(summary(&h, 1).last_summary, Bytes::from_static(b"hello"));
+    h.join(Uid(1), CONV);
+    let sent = h.send(CONV, Uid(1), 1, "hello");
+    assert_eq!(
+        summary(&h, Uid(1)).last_summary,
+        Bytes::from_static(b"hello")
+    );
     h.ib()
         .edit(EditRequest {
             conv: CONV,
-            sender: 1,
+            sender: Uid(1),
             client_msg_id: 2,
             target: sent.msg_id,
             payload: Bytes::from_static(b"hello, edited"),
@@ -74,7 +77,7 @@ fn the_summary_after_a_message_or_an_edit_shows_its_text() {
         .wait()
         .unwrap();
     assert_eq!(
-        summary(&h, 1).last_summary,
+        summary(&h, Uid(1)).last_summary,
         Bytes::from_static(b"hello, edited")
     );
 }

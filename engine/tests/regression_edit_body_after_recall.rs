@@ -10,10 +10,10 @@ use bytes::Bytes;
 use inbox_common::*;
 use inbox_engine::*;
 
-const CONV: ConvId = 10;
-const ALICE: Uid = 1;
-const BOB: Uid = 2;
-const PHONE: DeviceId = 1;
+const CONV: ConvId = ConvId(10);
+const ALICE: Uid = Uid(1);
+const BOB: Uid = Uid(2);
+const PHONE: DeviceId = DeviceId(1);
 const ORIGINAL: &str = "the original body";
 const EDITED: &str = "the edited body";
 const EDITED_AGAIN: &str = "the body edited twice";
@@ -46,8 +46,8 @@ fn edit(h: &Harness, cmid: ClientMsgId, target: MsgId, body: &str) -> SendReply 
 /// Bob's conversation with a message from Alice and one edit of it.
 fn setup() -> (Harness, SendReply, SendReply) {
     let h = Harness::new();
-    h.join(CONV, ALICE);
-    h.join(CONV, BOB);
+    h.join(ALICE, CONV);
+    h.join(BOB, CONV);
     h.register(BOB, PHONE);
     h.send(CONV, ALICE, 1, "before");
     let original = h.send(CONV, ALICE, 2, ORIGINAL);
@@ -77,7 +77,7 @@ fn assert_tombstone(messages: &[Message], target: &SendReply, path: &str) {
 fn pull_after_a_recall_of_an_edited_message_serves_its_edit_as_a_tombstone() {
     let (h, original, edited) = setup();
     recall(&h, original.msg_id);
-    let pulled = h.ib().pull(BOB, &[(CONV, 0)], 0).unwrap();
+    let pulled = h.ib().pull(BOB, &[(CONV, MsgSeq(0))], 0).unwrap();
     assert_tombstone(&pulled[0].messages, &edited, "pull");
     assert_no_body(&pulled[0].messages, "pull");
 }
@@ -95,7 +95,7 @@ fn history_after_a_recall_of_an_edited_message_serves_its_edit_as_a_tombstone() 
 fn sync_event_summaries_of_the_edit_are_empty_after_a_recall_of_the_original() {
     let (h, original, edited) = setup();
     recall(&h, original.msg_id);
-    let page = h.sync(BOB, PHONE, None, 0, 100, None).unwrap();
+    let page = h.sync(BOB, PHONE, None, SyncSeq(0), 100, None).unwrap();
     let event = page
         .events
         .iter()

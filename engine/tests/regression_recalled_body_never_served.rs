@@ -9,10 +9,10 @@ use bytes::Bytes;
 use inbox_common::*;
 use inbox_engine::*;
 
-const CONV: ConvId = 10;
-const ALICE: Uid = 1;
-const BOB: Uid = 2;
-const PHONE: DeviceId = 1;
+const CONV: ConvId = ConvId(10);
+const ALICE: Uid = Uid(1);
+const BOB: Uid = Uid(2);
+const PHONE: DeviceId = DeviceId(1);
 const SECRET: &str = "the recalled body";
 
 fn recall(h: &Harness, target: MsgId) -> SendReply {
@@ -30,8 +30,8 @@ fn recall(h: &Harness, target: MsgId) -> SendReply {
 /// Bob's conversation with one message from Alice, not yet recalled.
 fn setup() -> (Harness, SendReply) {
     let h = Harness::new();
-    h.join(CONV, ALICE);
-    h.join(CONV, BOB);
+    h.join(ALICE, CONV);
+    h.join(BOB, CONV);
     h.register(BOB, PHONE);
     h.send(CONV, ALICE, 1, "before");
     let secret = h.send(CONV, ALICE, 2, SECRET);
@@ -55,7 +55,7 @@ fn assert_tombstone(messages: &[Message], target: &SendReply, path: &str) {
 fn pull_after_a_recall_serves_a_tombstone() {
     let (h, secret) = setup();
     recall(&h, secret.msg_id);
-    let pulled = h.ib().pull(BOB, &[(CONV, 0)], 0).unwrap();
+    let pulled = h.ib().pull(BOB, &[(CONV, MsgSeq(0))], 0).unwrap();
     assert_tombstone(&pulled[0].messages, &secret, "pull");
 }
 
@@ -71,7 +71,7 @@ fn history_after_a_recall_serves_a_tombstone() {
 fn sync_event_summaries_after_a_recall_are_empty() {
     let (h, secret) = setup();
     recall(&h, secret.msg_id);
-    let page = h.sync(BOB, PHONE, None, 0, 100, None).unwrap();
+    let page = h.sync(BOB, PHONE, None, SyncSeq(0), 100, None).unwrap();
     let event = page
         .events
         .iter()

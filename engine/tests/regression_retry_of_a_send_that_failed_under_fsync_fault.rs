@@ -23,8 +23,8 @@ fn config(dir: &std::path::Path) -> InboxConfig {
 
 fn send(ib: &Inbox) -> Result<SendReply> {
     ib.send(SendRequest {
-        conv: 1,
-        sender: 1,
+        conv: ConvId(1),
+        sender: Uid(1),
         client_msg_id: 42,
         msg_type: 1,
         payload: Bytes::from_static(b"hello"),
@@ -42,7 +42,7 @@ fn a_send_that_failed_under_an_fsync_fault_is_stored_once_and_its_retry_reports_
         {
             let io = Arc::new(FaultyIo::new());
             let ib = Inbox::open_with_io(config(dir.path()), io.clone()).unwrap();
-            ib.join(1, 1).wait().unwrap();
+            ib.join(Uid(1), ConvId(1)).wait().unwrap();
             io.fail_nth_sync(nth);
             if send(&ib).is_ok() {
                 // The failure hit a later round: nothing to retry.
@@ -55,7 +55,7 @@ fn a_send_that_failed_under_an_fsync_fault_is_stored_once_and_its_retry_reports_
         }
         let ib = Inbox::open(config(dir.path())).unwrap();
         let retry = send(&ib).expect("the retry succeeds after a restart");
-        let history = ib.history(1, 1, None, 10).unwrap();
+        let history = ib.history(Uid(1), ConvId(1), None, 10).unwrap();
         let copies: Vec<&Message> = history
             .messages
             .iter()

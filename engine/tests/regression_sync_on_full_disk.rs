@@ -22,13 +22,18 @@ fn sync_is_served_on_a_full_disk_when_only_its_last_seen_refresh_cannot_be_writt
     let mut c = config(dir.path(), &clock);
     c.segment_bytes = 4096;
     let ib = Inbox::open_with_io(c, io.clone()).unwrap();
-    ib.join(10, 1).wait().unwrap();
-    ib.join(10, 2).wait().unwrap();
-    let generation = ib.register_device(2, 1).wait().unwrap().device.generation;
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
+    ib.join(Uid(2), ConvId(10)).wait().unwrap();
+    let generation = ib
+        .register_device(Uid(2), DeviceId(1))
+        .wait()
+        .unwrap()
+        .device
+        .generation;
     for cmid in 0..3 {
         ib.send(SendRequest {
-            conv: 10,
-            sender: 1,
+            conv: ConvId(10),
+            sender: Uid(1),
             client_msg_id: cmid,
             msg_type: 1,
             payload: bytes::Bytes::from_static(b"hello"),
@@ -37,14 +42,14 @@ fn sync_is_served_on_a_full_disk_when_only_its_last_seen_refresh_cannot_be_writt
         .unwrap();
     }
     let request = |local_applied_seq| SyncRequest {
-        uid: 2,
-        device: 1,
+        uid: Uid(2),
+        device: DeviceId(1),
         generation: Some(generation),
         local_applied_seq,
         limit: 100,
         batch_token: None,
     };
-    let before = ib.sync(request(0)).wait().unwrap();
+    let before = ib.sync(request(SyncSeq(0))).wait().unwrap();
     assert_eq!(before.events.len(), 4, "the join and three messages");
 
     // Fill the disk: flag changes write to the evt log only, until it
@@ -56,7 +61,7 @@ fn sync_is_served_on_a_full_disk_when_only_its_last_seen_refresh_cannot_be_writt
             muted: i % 2 == 0,
             pinned: false,
         };
-        match ib.set_conv_flags(2, 10, flags).wait() {
+        match ib.set_conv_flags(Uid(2), ConvId(10), flags).wait() {
             Ok(()) => {}
             Err(Error::NoSpace(_)) => {
                 filled = true;
@@ -71,19 +76,22 @@ fn sync_is_served_on_a_full_disk_when_only_its_last_seen_refresh_cannot_be_writt
     // be written: the page is served all the same.
     clock.advance(Duration::from_secs(2));
     let page = ib
-        .sync(request(0))
+        .sync(request(SyncSeq(0)))
         .wait()
         .expect("sync while the disk is full");
     assert_eq!(page.generation, generation);
     // Every durable event is there: the messages and the flag changes.
     assert!(page.batch_hwm > before.batch_hwm);
-    assert_eq!(page.events.len() as u64, page.batch_hwm.min(100));
+    assert_eq!(
+        page.events.len() as u64,
+        page.batch_hwm.min(SyncSeq(100)).get()
+    );
 
     // A sync that bumps the generation must still fail: that change
     // cannot be made durable.
     let reinstall = ib.sync(SyncRequest {
         generation: None,
-        ..request(0)
+        ..request(SyncSeq(0))
     });
     assert!(
         matches!(reinstall.wait(), Err(Error::NoSpace(_))),
@@ -91,7 +99,7 @@ fn sync_is_served_on_a_full_disk_when_only_its_last_seen_refresh_cannot_be_writt
     );
 
     io.set_no_space(false);
-    let page = ib.sync(request(0)).wait().unwrap();
+    let page = ib.sync(request(SyncSeq(0))).wait().unwrap();
     assert_eq!(
         page.generation, generation,
         "the refused bump left no trace"

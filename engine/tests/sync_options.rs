@@ -7,7 +7,7 @@ mod inbox_common;
 use inbox_common::*;
 use inbox_engine::*;
 
-const PHONE: DeviceId = 1;
+const PHONE: DeviceId = DeviceId(1);
 
 fn req(uid: Uid, generation: Generation, local: SyncSeq) -> SyncRequest {
     SyncRequest {
@@ -23,11 +23,16 @@ fn req(uid: Uid, generation: Generation, local: SyncSeq) -> SyncRequest {
 /// User 2 in conversation 1 with `n` messages from user 1 waiting.
 fn backlog(n: u64) -> (Harness, Generation) {
     let h = Harness::new();
-    h.join(1, 1);
-    h.join(1, 2);
-    let gen = h.register(2, PHONE).device.generation;
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
+    let gen = h.register(Uid(2), PHONE).device.generation;
     for i in 0..n {
-        h.send(1, 1, u128::from(i) + 1, &format!("message {i}"));
+        h.send(
+            ConvId(1),
+            Uid(1),
+            u128::from(i) + 1,
+            &format!("message {i}"),
+        );
     }
     (h, gen)
 }
@@ -35,36 +40,50 @@ fn backlog(n: u64) -> (Harness, Generation) {
 #[test]
 fn a_backlog_over_the_device_s_replay_limit_answers_reset_required() {
     let (h, gen) = backlog(10);
-    let head = h.sync(2, PHONE, Some(gen), 0, 0, None).unwrap().batch_hwm;
+    let head = h
+        .sync(Uid(2), PHONE, Some(gen), SyncSeq(0), 0, None)
+        .unwrap()
+        .batch_hwm;
     let options = SyncOptions {
-        max_replay: Some(head - 1),
+        max_replay: Some(head.0 - 1),
         ..SyncOptions::default()
     };
     let err = h
         .ib()
-        .sync_with(req(2, gen, 0), options)
+        .sync_with(req(Uid(2), gen, SyncSeq(0)), options)
         .wait()
         .unwrap_err();
     let Error::ResetRequired { generation } = err else {
         panic!("expected RESET_REQUIRED, got {err:?}");
     };
-    assert_eq!(generation, gen + 1, "the reset bumps the generation");
+    assert_eq!(
+        generation,
+        Generation(gen.0 + 1),
+        "the reset bumps the generation"
+    );
     // The snapshot path follows, as for any reset.
-    let snap = h.ib().begin_snapshot(2, PHONE).wait().unwrap();
+    let snap = h.ib().begin_snapshot(Uid(2), PHONE).wait().unwrap();
     assert_eq!(snap.base_sync_seq, head);
 }
 
 #[test]
 fn a_backlog_within_the_replay_limit_is_replayed() {
     let (h, gen) = backlog(10);
-    let head = h.sync(2, PHONE, Some(gen), 0, 0, None).unwrap().batch_hwm;
+    let head = h
+        .sync(Uid(2), PHONE, Some(gen), SyncSeq(0), 0, None)
+        .unwrap()
+        .batch_hwm;
     let options = SyncOptions {
-        max_replay: Some(head),
+        max_replay: Some(head.0),
         ..SyncOptions::default()
     };
-    let page = h.ib().sync_with(req(2, gen, 0), options).wait().unwrap();
+    let page = h
+        .ib()
+        .sync_with(req(Uid(2), gen, SyncSeq(0)), options)
+        .wait()
+        .unwrap();
     assert_eq!(page.generation, gen);
-    assert_eq!(page.events.len() as u64, head);
+    assert_eq!(page.events.len() as u64, head.0);
 }
 
 #[test]
@@ -77,7 +96,7 @@ fn a_replay_limit_of_zero_is_refused_and_changes_nothing() {
     };
     let err = h
         .ib()
-        .sync_with(req(2, gen, 0), options)
+        .sync_with(req(Uid(2), gen, SyncSeq(0)), options)
         .wait()
         .unwrap_err();
     assert!(
@@ -85,19 +104,25 @@ fn a_replay_limit_of_zero_is_refused_and_changes_nothing() {
         "{err:?}"
     );
     assert_eq!(h.ib().state_digest(), before, "nothing changed");
-    assert_eq!(h.ib().devices(2).unwrap()[0].generation, gen);
+    assert_eq!(h.ib().devices(Uid(2)).unwrap()[0].generation, gen);
 }
 
 #[test]
 fn events_without_summaries_carry_none_and_are_otherwise_the_same() {
     let (h, gen) = backlog(5);
-    let with = h.sync(2, PHONE, Some(gen), 0, 0, None).unwrap();
+    let with = h
+        .sync(Uid(2), PHONE, Some(gen), SyncSeq(0), 0, None)
+        .unwrap();
     assert!(with.events.iter().any(|e| !e.summary.is_empty()));
     let options = SyncOptions {
         without_summaries: true,
         ..SyncOptions::default()
     };
-    let without = h.ib().sync_with(req(2, gen, 0), options).wait().unwrap();
+    let without = h
+        .ib()
+        .sync_with(req(Uid(2), gen, SyncSeq(0)), options)
+        .wait()
+        .unwrap();
     assert!(without.events.iter().all(|e| e.summary.is_empty()));
     assert_eq!(without.events.len(), with.events.len());
     for (a, b) in with.events.iter().zip(&without.events) {

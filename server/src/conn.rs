@@ -209,9 +209,9 @@ async fn hint_loop(
         match round {
             Ok(round) => {
                 let subscribed = subscribed.lock().unwrap_or_else(|p| p.into_inner());
-                for hint in round.iter().filter(|h| subscribed.contains(&h.uid)) {
-                    let seq = pending.entry(hint.uid).or_insert(0);
-                    *seq = (*seq).max(hint.committed_sync_seq);
+                for hint in round.iter().filter(|h| subscribed.contains(&h.uid.get())) {
+                    let seq = pending.entry(hint.uid.get()).or_insert(0);
+                    *seq = (*seq).max(hint.committed_sync_seq.get());
                 }
             }
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {

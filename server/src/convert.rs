@@ -3,7 +3,7 @@
 //! engine, and this module only renames.
 
 use inbox_engine as engine;
-use inbox_engine::Error;
+use inbox_engine::{ConvId, DeviceId, Error, Generation, MsgId, SyncSeq, Uid};
 use inbox_wire as wire;
 use inbox_wire::ErrorCode;
 
@@ -13,14 +13,14 @@ pub fn error_reply(err: &Error) -> wire::ErrorReply {
     let (code, detail) = match err {
         Error::BadRequest(_) => (ErrorCode::BadRequest, 0),
         Error::Forbidden(_) => (ErrorCode::Forbidden, 0),
-        Error::StaleGeneration { current } => (ErrorCode::StaleGeneration, *current),
-        Error::ResetRequired { generation } => (ErrorCode::ResetRequired, *generation),
+        Error::StaleGeneration { current } => (ErrorCode::StaleGeneration, current.get()),
+        Error::ResetRequired { generation } => (ErrorCode::ResetRequired, generation.get()),
         Error::DeviceRevoked => (ErrorCode::DeviceRevoked, 0),
         Error::DeviceResetting => (ErrorCode::DeviceResetting, 0),
         Error::NotFound(_) => (ErrorCode::NotFound, 0),
         Error::TooLarge { limit, .. } => (ErrorCode::TooLarge, *limit),
         Error::BadToken => (ErrorCode::BadToken, 0),
-        Error::AckBeyondHwm { batch_hwm, .. } => (ErrorCode::AckBeyondHwm, *batch_hwm),
+        Error::AckBeyondHwm { batch_hwm, .. } => (ErrorCode::AckBeyondHwm, batch_hwm.get()),
         Error::Conflict(_) => (ErrorCode::Conflict, 0),
         Error::NoSpace(_) => (ErrorCode::NoSpace, 0),
         Error::Log(engine::log::LogError::NoSpace(_)) => (ErrorCode::NoSpace, 0),
@@ -37,23 +37,23 @@ pub fn error_reply(err: &Error) -> wire::ErrorReply {
 
 pub fn membership(reply: engine::MembershipReply) -> wire::MembershipReply {
     wire::MembershipReply {
-        msg_seq: reply.msg_seq,
+        msg_seq: reply.msg_seq.get(),
         period_id: reply.period_id,
     }
 }
 
 pub fn send_reply(reply: engine::SendReply) -> wire::SendReply {
     wire::SendReply {
-        msg_id: reply.msg_id,
-        msg_seq: reply.msg_seq,
+        msg_id: reply.msg_id.get(),
+        msg_seq: reply.msg_seq.get(),
         duplicate: reply.duplicate,
     }
 }
 
 pub fn send_req(req: wire::SendReq) -> engine::SendRequest {
     engine::SendRequest {
-        conv: req.conv,
-        sender: req.sender,
+        conv: ConvId(req.conv),
+        sender: Uid(req.sender),
         client_msg_id: req.client_msg_id,
         msg_type: req.msg_type,
         payload: req.payload,
@@ -62,19 +62,19 @@ pub fn send_req(req: wire::SendReq) -> engine::SendRequest {
 
 pub fn recall_req(req: wire::RecallReq) -> engine::RecallRequest {
     engine::RecallRequest {
-        conv: req.conv,
-        sender: req.sender,
+        conv: ConvId(req.conv),
+        sender: Uid(req.sender),
         client_msg_id: req.client_msg_id,
-        target: req.target,
+        target: MsgId(req.target),
     }
 }
 
 pub fn edit_req(req: wire::EditReq) -> engine::EditRequest {
     engine::EditRequest {
-        conv: req.conv,
-        sender: req.sender,
+        conv: ConvId(req.conv),
+        sender: Uid(req.sender),
         client_msg_id: req.client_msg_id,
-        target: req.target,
+        target: MsgId(req.target),
         payload: req.payload,
     }
 }
@@ -90,9 +90,9 @@ pub fn device_state(state: engine::DeviceState) -> wire::DeviceState {
 
 pub fn device_info(info: engine::DeviceInfo) -> wire::DeviceInfo {
     wire::DeviceInfo {
-        device: info.device,
-        generation: info.generation,
-        acked_sync_seq: info.acked_sync_seq,
+        device: info.device.get(),
+        generation: info.generation.get(),
+        acked_sync_seq: info.acked_sync_seq.get(),
         state: device_state(info.state),
         last_seen_ms: info.last_seen_ms,
     }
@@ -101,16 +101,16 @@ pub fn device_info(info: engine::DeviceInfo) -> wire::DeviceInfo {
 pub fn register_reply(reply: engine::RegisterReply) -> wire::RegisterReply {
     wire::RegisterReply {
         device: device_info(reply.device),
-        evicted: reply.evicted,
+        evicted: reply.evicted.map(DeviceId::get),
     }
 }
 
 pub fn sync_req(req: wire::SyncReq) -> engine::SyncRequest {
     engine::SyncRequest {
-        uid: req.uid,
-        device: req.device,
-        generation: req.generation,
-        local_applied_seq: req.local_applied_seq,
+        uid: Uid(req.uid),
+        device: DeviceId(req.device),
+        generation: req.generation.map(Generation),
+        local_applied_seq: SyncSeq(req.local_applied_seq),
         limit: req.limit,
         batch_token: req.batch_token,
     }
@@ -129,9 +129,9 @@ pub fn sync_options(req: &wire::SyncReq) -> engine::SyncOptions {
 /// so a newer client can still read it.
 pub fn event(event: engine::SyncEvent) -> wire::Event {
     let body = wire::EventRef {
-        conv: event.conv,
-        msg_seq: event.msg_seq,
-        msg_id: event.msg_id,
+        conv: event.conv.get(),
+        msg_seq: event.msg_seq.get(),
+        msg_id: event.msg_id.get(),
         at_ms: event.at_ms,
         summary: event.summary,
     };
@@ -149,7 +149,7 @@ pub fn event(event: engine::SyncEvent) -> wire::Event {
                 let mut raw = bytes::BytesMut::new();
                 wire::field::Field::put(&body, &mut raw);
                 return wire::Event::Unknown {
-                    sync_seq: event.sync_seq,
+                    sync_seq: event.sync_seq.get(),
                     kind: code,
                     body: raw.freeze(),
                 };
@@ -157,7 +157,7 @@ pub fn event(event: engine::SyncEvent) -> wire::Event {
         },
     };
     wire::Event::Known {
-        sync_seq: event.sync_seq,
+        sync_seq: event.sync_seq.get(),
         kind,
         body,
     }
@@ -166,16 +166,16 @@ pub fn event(event: engine::SyncEvent) -> wire::Event {
 pub fn sync_page(page: engine::SyncPage) -> wire::SyncPage {
     wire::SyncPage {
         events: page.events.into_iter().map(event).collect(),
-        next_cursor: page.next_cursor,
+        next_cursor: page.next_cursor.get(),
         has_more: page.has_more,
-        acked_sync_seq: page.acked_sync_seq,
-        batch_hwm: page.batch_hwm,
+        acked_sync_seq: page.acked_sync_seq.get(),
+        batch_hwm: page.batch_hwm.get(),
         batch_token: page.batch_token,
-        generation: page.generation,
+        generation: page.generation.get(),
         lease: page.lease.map(|lease| wire::LeaseInfo {
             lease_id: lease.lease_id,
-            resume_from: lease.resume_from,
-            hwm: lease.hwm,
+            resume_from: lease.resume_from.get(),
+            hwm: lease.hwm.get(),
             expires_at_ms: lease.expires_at_ms,
         }),
     }
@@ -183,20 +183,20 @@ pub fn sync_page(page: engine::SyncPage) -> wire::SyncPage {
 
 pub fn ack_req(req: wire::AckReq) -> engine::AckRequest {
     engine::AckRequest {
-        uid: req.uid,
-        device: req.device,
-        generation: req.generation,
-        seq: req.seq,
+        uid: Uid(req.uid),
+        device: DeviceId(req.device),
+        generation: Generation(req.generation),
+        seq: SyncSeq(req.seq),
         batch_token: req.batch_token,
     }
 }
 
 pub fn message(msg: engine::Message) -> wire::Message {
     wire::Message {
-        conv: msg.conv,
-        msg_seq: msg.msg_seq,
-        msg_id: msg.msg_id,
-        sender: msg.sender,
+        conv: msg.conv.get(),
+        msg_seq: msg.msg_seq.get(),
+        msg_id: msg.msg_id.get(),
+        sender: msg.sender.get(),
         kind: match msg.kind {
             engine::MessageKind::Normal => wire::MessageKind::Normal,
             engine::MessageKind::Join => wire::MessageKind::Join,
@@ -205,7 +205,7 @@ pub fn message(msg: engine::Message) -> wire::Message {
             engine::MessageKind::Edit => wire::MessageKind::Edit,
         },
         msg_type: msg.msg_type,
-        target: msg.target,
+        target: msg.target.map(MsgId::get),
         sent_at_ms: msg.sent_at_ms,
         tombstone: msg.tombstone,
         payload: msg.payload,
@@ -214,10 +214,10 @@ pub fn message(msg: engine::Message) -> wire::Message {
 
 pub fn conv_pull(pull: engine::ConvPull) -> wire::ConvPull {
     wire::ConvPull {
-        conv: pull.conv,
+        conv: pull.conv.get(),
         messages: pull.messages.into_iter().map(message).collect(),
         has_more: pull.has_more,
-        max_seq: pull.max_seq,
+        max_seq: pull.max_seq.get(),
     }
 }
 
@@ -230,20 +230,20 @@ pub fn history_page(page: engine::HistoryPage) -> wire::HistoryPage {
 
 pub fn read_reply(reply: engine::ReadReply) -> wire::ReadReply {
     wire::ReadReply {
-        read_seq: reply.read_seq,
+        read_seq: reply.read_seq.get(),
         unread: reply.unread,
     }
 }
 
 pub fn conv_summary(conv: engine::ConvSummary) -> wire::ConvSummary {
     wire::ConvSummary {
-        conv: conv.conv,
-        last_msg_seq: conv.last_msg_seq,
-        last_msg_id: conv.last_msg_id,
-        last_sender: conv.last_sender,
+        conv: conv.conv.get(),
+        last_msg_seq: conv.last_msg_seq.get(),
+        last_msg_id: conv.last_msg_id.get(),
+        last_sender: conv.last_sender.get(),
         last_summary: conv.last_summary,
         unread: conv.unread,
-        read_seq: conv.read_seq,
+        read_seq: conv.read_seq.get(),
         last_activity_ms: conv.last_activity_ms,
         muted: conv.muted,
         pinned: conv.pinned,
@@ -260,8 +260,8 @@ pub fn conv_list_page(page: engine::ConvListPage) -> wire::ConvListPage {
 pub fn snapshot_info(info: engine::SnapshotInfo) -> wire::SnapshotInfo {
     wire::SnapshotInfo {
         snapshot_id: info.snapshot_id,
-        base_sync_seq: info.base_sync_seq,
-        generation: info.generation,
+        base_sync_seq: info.base_sync_seq.get(),
+        generation: info.generation.get(),
         state: match info.state {
             engine::SnapshotState::Building => wire::SnapshotState::Building,
             engine::SnapshotState::Ready => wire::SnapshotState::Ready,
@@ -311,10 +311,10 @@ pub fn stats(stats: &engine::Stats) -> wire::Stats {
 
 pub fn user_explain(explain: engine::UserExplain) -> wire::UserExplain {
     wire::UserExplain {
-        uid: explain.uid,
-        oldest_retained: explain.oldest_retained,
-        committed_sync_seq: explain.committed_sync_seq,
-        floor: explain.floor,
+        uid: explain.uid.get(),
+        oldest_retained: explain.oldest_retained.get(),
+        committed_sync_seq: explain.committed_sync_seq.get(),
+        floor: explain.floor.get(),
         fences: explain
             .fences
             .into_iter()
@@ -323,28 +323,28 @@ pub fn user_explain(explain: engine::UserExplain) -> wire::UserExplain {
                     device,
                     acked_sync_seq,
                 } => wire::Fence::DeviceAck {
-                    device,
-                    acked_sync_seq,
+                    device: device.get(),
+                    acked_sync_seq: acked_sync_seq.get(),
                 },
                 engine::Fence::RecoveryLease {
                     device,
                     lease_id,
                     resume_from,
                 } => wire::Fence::RecoveryLease {
-                    device,
+                    device: device.get(),
                     lease_id,
-                    resume_from,
+                    resume_from: resume_from.get(),
                 },
                 engine::Fence::Snapshot {
                     snapshot_id,
                     base_sync_seq,
                 } => wire::Fence::Snapshot {
                     snapshot_id,
-                    base_sync_seq,
+                    base_sync_seq: base_sync_seq.get(),
                 },
-                engine::Fence::SafetyWindow { oldest_kept } => {
-                    wire::Fence::SafetyWindow { oldest_kept }
-                }
+                engine::Fence::SafetyWindow { oldest_kept } => wire::Fence::SafetyWindow {
+                    oldest_kept: oldest_kept.get(),
+                },
             })
             .collect(),
     }

@@ -221,7 +221,7 @@ impl Metrics {
 
     pub fn observe_sync_page(&self, page: &SyncPage) {
         self.sync_page_events.observe(page.events.len() as f64);
-        let lag = page.batch_hwm.saturating_sub(page.acked_sync_seq);
+        let lag = page.batch_hwm.saturating_since(page.acked_sync_seq);
         self.device_cursor_lag.observe(lag as f64);
     }
 

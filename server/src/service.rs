@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use inbox_engine::inbox::Read;
-use inbox_engine::{ConvFlags, Error, Inbox};
+use inbox_engine::{ConvFlags, ConvId, DeviceId, Error, Generation, Inbox, MsgSeq, Uid};
 use inbox_wire::{Empty, Request, Response};
 
 use crate::convert;
@@ -165,10 +165,10 @@ fn call(
     request: Request,
 ) -> Result<Call, Error> {
     Ok(match request {
-        Request::Join(r) => later(inbox.join(r.conv, r.uid), |m| {
+        Request::Join(r) => later(inbox.join(Uid(r.uid), ConvId(r.conv)), |m| {
             Response::Join(convert::membership(m))
         }),
-        Request::Leave(r) => later(inbox.leave(r.conv, r.uid), |m| {
+        Request::Leave(r) => later(inbox.leave(Uid(r.uid), ConvId(r.conv)), |m| {
             Response::Leave(convert::membership(m))
         }),
         Request::Send(r) => later(inbox.send(convert::send_req(r)), |s| {
@@ -180,13 +180,17 @@ fn call(
         Request::Edit(r) => later(inbox.edit(convert::edit_req(r)), |s| {
             Response::Edit(convert::send_reply(s))
         }),
-        Request::RegisterDevice(r) => later(inbox.register_device(r.uid, r.device), |d| {
-            Response::RegisterDevice(convert::register_reply(d))
-        }),
-        Request::RevokeDevice(r) => later(inbox.revoke_device(r.uid, r.device), |d| {
-            Response::RevokeDevice(convert::device_info(d))
-        }),
-        Request::Devices(r) => read(pool, inbox.read_devices(r.uid), |devices| {
+        Request::RegisterDevice(r) => {
+            later(inbox.register_device(Uid(r.uid), DeviceId(r.device)), |d| {
+                Response::RegisterDevice(convert::register_reply(d))
+            })
+        }
+        Request::RevokeDevice(r) => {
+            later(inbox.revoke_device(Uid(r.uid), DeviceId(r.device)), |d| {
+                Response::RevokeDevice(convert::device_info(d))
+            })
+        }
+        Request::Devices(r) => read(pool, inbox.read_devices(Uid(r.uid)), |devices| {
             Response::Devices(inbox_wire::DeviceList {
                 devices: devices.into_iter().map(convert::device_info).collect(),
             })
@@ -208,19 +212,28 @@ fn call(
         }
         Request::Ack(r) => later(inbox.ack(convert::ack_req(r)), |a| {
             Response::Ack(inbox_wire::AckReply {
-                acked_sync_seq: a.acked_sync_seq,
+                acked_sync_seq: a.acked_sync_seq.get(),
             })
         }),
         Request::FinishLease(r) => later(
-            inbox.finish_lease(r.uid, r.device, r.lease_id, r.generation),
+            inbox.finish_lease(
+                Uid(r.uid),
+                DeviceId(r.device),
+                r.lease_id,
+                Generation(r.generation),
+            ),
             |d| Response::FinishLease(convert::device_info(d)),
         ),
         Request::Pull(r) => {
-            let cursors: Vec<_> = r.cursors.iter().map(|c| (c.conv, c.after_seq)).collect();
+            let cursors: Vec<_> = r
+                .cursors
+                .iter()
+                .map(|c| (ConvId(c.conv), MsgSeq(c.after_seq)))
+                .collect();
             let metrics = Arc::clone(metrics);
             read(
                 pool,
-                inbox.read_pull(r.uid, cursors, r.per_conv_limit),
+                inbox.read_pull(Uid(r.uid), cursors, r.per_conv_limit),
                 move |pulled| {
                     metrics.observe_pull(&pulled);
                     Response::Pull(inbox_wire::PullReply {
@@ -231,46 +244,62 @@ fn call(
         }
         Request::History(r) => read(
             pool,
-            inbox.read_history(r.uid, r.conv, r.before_seq, r.limit),
+            inbox.read_history(
+                Uid(r.uid),
+                ConvId(r.conv),
+                r.before_seq.map(MsgSeq),
+                r.limit,
+            ),
             |page| Response::History(convert::history_page(page)),
         ),
-        Request::MarkRead(r) => later(inbox.mark_read(r.uid, r.conv, r.read_to_seq), |m| {
-            Response::MarkRead(convert::read_reply(m))
-        }),
+        Request::MarkRead(r) => later(
+            inbox.mark_read(Uid(r.uid), ConvId(r.conv), MsgSeq(r.read_to_seq)),
+            |m| Response::MarkRead(convert::read_reply(m)),
+        ),
         Request::SetConvFlags(r) => {
             let flags = ConvFlags {
                 muted: r.muted,
                 pinned: r.pinned,
             };
-            later(inbox.set_conv_flags(r.uid, r.conv, flags), |()| {
-                Response::SetConvFlags(Empty {})
+            later(
+                inbox.set_conv_flags(Uid(r.uid), ConvId(r.conv), flags),
+                |()| Response::SetConvFlags(Empty {}),
+            )
+        }
+        Request::ConvList(r) => read(
+            pool,
+            inbox.read_conv_list(Uid(r.uid), r.limit, r.cursor),
+            |p| Response::ConvList(convert::conv_list_page(p)),
+        ),
+        Request::BeginSnapshot(r) => {
+            later(inbox.begin_snapshot(Uid(r.uid), DeviceId(r.device)), |s| {
+                Response::BeginSnapshot(convert::snapshot_info(s))
             })
         }
-        Request::ConvList(r) => read(pool, inbox.read_conv_list(r.uid, r.limit, r.cursor), |p| {
-            Response::ConvList(convert::conv_list_page(p))
-        }),
-        Request::BeginSnapshot(r) => later(inbox.begin_snapshot(r.uid, r.device), |s| {
-            Response::BeginSnapshot(convert::snapshot_info(s))
-        }),
-        Request::SnapshotInfo(r) => {
-            read(pool, inbox.read_snapshot_info(r.uid, r.snapshot_id), |s| {
-                Response::SnapshotInfo(convert::snapshot_info(s))
-            })
-        }
+        Request::SnapshotInfo(r) => read(
+            pool,
+            inbox.read_snapshot_info(Uid(r.uid), r.snapshot_id),
+            |s| Response::SnapshotInfo(convert::snapshot_info(s)),
+        ),
         Request::SnapshotPage(r) => read(
             pool,
-            inbox.read_snapshot_page(r.uid, r.snapshot_id, r.page),
+            inbox.read_snapshot_page(Uid(r.uid), r.snapshot_id, r.page),
             |p| Response::SnapshotPage(convert::snapshot_page(p)),
         ),
         Request::AckSnapshot(r) => later(
-            inbox.ack_snapshot(r.uid, r.device, r.snapshot_id, r.generation),
+            inbox.ack_snapshot(
+                Uid(r.uid),
+                DeviceId(r.device),
+                r.snapshot_id,
+                Generation(r.generation),
+            ),
             |d| Response::AckSnapshot(convert::device_info(d)),
         ),
         Request::Stats(_) => Call::Ready(Response::Stats(convert::stats(&inbox.stats()))),
         // Both read log records: off the workers, like compaction.
         Request::Explain(r) => blocking(
             inbox,
-            move |inbox| inbox.explain(r.uid),
+            move |inbox| inbox.explain(Uid(r.uid)),
             |e| Response::Explain(convert::user_explain(e)),
         ),
         Request::ExplainSegment(r) => blocking(

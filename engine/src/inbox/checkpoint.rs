@@ -47,6 +47,7 @@ use super::devices::record as devices;
 use super::messaging::checkpoint as messaging;
 use super::snapshots::record as snapshots;
 use super::state::*;
+use crate::api::Uid;
 use crate::error::{Error, Result};
 use crate::log::{write_file_durably, LogIo};
 
@@ -135,9 +136,9 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
     st.evt_lsn = r.u64()?;
     messaging::get_convs(&mut r, &mut st)?;
     for _ in 0..r.count(40)? {
-        let uid = r.u64()?;
+        let uid: Uid = r.id()?;
         let mut u = User {
-            events_base: r.u64()?,
+            events_base: r.id()?,
             ..User::default()
         };
         let n = r.count(8)?;
@@ -300,6 +301,7 @@ pub(crate) fn read(path: &Path) -> std::result::Result<(u64, State), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{ConvId, MsgSeq};
     use crate::log::PwriteIo;
 
     #[test]
@@ -331,13 +333,15 @@ mod tests {
     #[test]
     fn a_checkpoint_written_before_edit_links_decodes_with_none() {
         let mut st = State::new(0);
-        let conv = Arc::make_mut(st.convs.entry(7).or_default());
-        conv.edits.insert(1, vec![2]);
+        let conv = Arc::make_mut(st.convs.entry(ConvId(7)).or_default());
+        conv.edits.insert(MsgSeq(1), vec![MsgSeq(2)]);
         let body = encode_state(&st);
         assert_eq!(decode_state(&body).unwrap(), st, "links round-trip");
         // The same state as an older writer encoded it: no links section.
         let mut old = st.clone();
-        Arc::make_mut(old.convs.get_mut(&7).unwrap()).edits.clear();
+        Arc::make_mut(old.convs.get_mut(&ConvId(7)).unwrap())
+            .edits
+            .clear();
         let mut older = encode_state(&old);
         older.truncate(older.len() - 8);
         assert_eq!(decode_state(&older).unwrap(), old);

@@ -12,6 +12,37 @@ pub(crate) struct DecodeError(pub &'static str);
 
 pub(crate) type DecodeResult<T> = std::result::Result<T, DecodeError>;
 
+/// What is encoded as eight little-endian bytes: `u64` and the identifier
+/// newtypes of [`crate::api`], which encode exactly as the bare number.
+pub(crate) trait Word64: Copy {
+    fn to_word(self) -> u64;
+    fn from_word(v: u64) -> Self;
+}
+
+impl Word64 for u64 {
+    fn to_word(self) -> u64 {
+        self
+    }
+    fn from_word(v: u64) -> Self {
+        v
+    }
+}
+
+macro_rules! word64 {
+    ($($t:ident),+) => {
+        $(impl Word64 for crate::api::$t {
+            fn to_word(self) -> u64 {
+                self.0
+            }
+            fn from_word(v: u64) -> Self {
+                crate::api::$t(v)
+            }
+        })+
+    };
+}
+
+word64!(Uid, ConvId, DeviceId, MsgId, MsgSeq, SyncSeq, Generation);
+
 #[derive(Default)]
 pub(crate) struct Writer {
     pub buf: Vec<u8>,
@@ -32,8 +63,9 @@ impl Writer {
     pub fn u32(&mut self, v: u32) {
         self.buf.extend_from_slice(&v.to_le_bytes());
     }
-    pub fn u64(&mut self, v: u64) {
-        self.buf.extend_from_slice(&v.to_le_bytes());
+    /// A `u64`, or an identifier newtype as its bare `u64`.
+    pub fn u64(&mut self, v: impl Word64) {
+        self.buf.extend_from_slice(&v.to_word().to_le_bytes());
     }
     pub fn u128(&mut self, v: u128) {
         self.buf.extend_from_slice(&v.to_le_bytes());
@@ -90,6 +122,10 @@ impl<'a> Reader<'a> {
     }
     pub fn u64(&mut self) -> DecodeResult<u64> {
         Ok(u64::from_le_bytes(self.array()?))
+    }
+    /// An identifier newtype, stored as its bare `u64`.
+    pub fn id<T: Word64>(&mut self) -> DecodeResult<T> {
+        Ok(T::from_word(self.u64()?))
     }
     pub fn u128(&mut self) -> DecodeResult<u128> {
         Ok(u128::from_le_bytes(self.array()?))

@@ -72,6 +72,10 @@ pub struct InboxConfig {
     pub pull_per_conv_max: u32,
     pub snapshot_messages_per_conv: u32,
     pub snapshot_ttl: Duration,
+    /// Bytes of built snapshot pages kept in memory; beyond it the least
+    /// recently used snapshots are dropped from memory (their files stay,
+    /// and the next page read loads them again).
+    pub snapshot_cache_bytes: u64,
     pub safety_window: Duration,
     pub hard_ttl: Duration,
     /// `None` keeps messages forever (the default).
@@ -112,6 +116,7 @@ impl InboxConfig {
             pull_per_conv_max: 500,
             snapshot_messages_per_conv: 20,
             snapshot_ttl: Duration::from_secs(3600),
+            snapshot_cache_bytes: 64 << 20,
             safety_window: 7 * DAY,
             hard_ttl: 30 * DAY,
             history_retention: None,

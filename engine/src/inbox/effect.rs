@@ -1,11 +1,14 @@
-//! Every kind of `evt` record, in one enum, and the one `apply` that both
-//! the sequencer (live) and recovery (replay) call.
+//! Every `evt` record, as one enum with one variant per subsystem, and the
+//! one `apply` that both the sequencer (live) and recovery (replay) call.
 //!
 //! Each subsystem owns its records: the struct, its [`Record`] impl (kind
-//! code, codec, `apply`, sync event) and its layout, next to the commands
-//! that decide it. This file only lists them; adding a record kind is one
-//! struct and impl in its subsystem, one line in [`records!`] below, and
-//! its layout in `docs/FORMAT.md`.
+//! code, codec, `apply`, sync event), its layout, and the one list of them
+//! ([`record_set!`](super::state::record::record_set)) that makes the
+//! subsystem's enum of records, next to the commands that decide them.
+//! This file knows the subsystems, not their records: adding a record kind
+//! touches the subsystem's folder and `docs/FORMAT.md` only. Decoding asks
+//! each subsystem in turn whether the kind is one of its own; the kind
+//! codes of all subsystems are checked to be distinct at compile time.
 //!
 //! An effect is the *outcome* of a command as decided by the sequencer
 //! (ids, seqs, the row after the change, the stamped time), never the
@@ -14,37 +17,42 @@
 //! the clock differ at restart.
 
 use super::codec::{DecodeError, DecodeResult, Reader, Writer};
-use super::compaction::record::{RelocateEffect, TrimEffect, TrimMsgsEffect};
-use super::devices::record::DeviceEffect;
-use super::messaging::record::{FlagsEffect, MsgEffect, ReadEffect};
-use super::snapshots::record::SnapshotEffect;
-use super::state::record::{ApplyAt, ApplyError, Record, Touched, EFFECT_FORMAT_VERSION};
+use super::compaction::record::Records as CompactionRecords;
+use super::devices::record::Records as DevicesRecords;
+use super::messaging::record::Records as MessagingRecords;
+use super::snapshots::record::Records as SnapshotsRecords;
+#[cfg(doc)]
+use super::state::record::Record;
+use super::state::record::{
+    kinds_are_distinct, ApplyAt, ApplyError, RecordSet, Touched, EFFECT_FORMAT_VERSION,
+};
 use super::state::{PackedLoc, State};
-use crate::api::{SyncEvent, SyncSeq};
+use crate::api::{SyncEvent, SyncSeq, TimestampMs};
 
 /// Set on the kind of a record copied forward by a segment rewrite.
 pub(crate) const COPY_FLAG: u8 = 0x80;
 
-/// Declares [`Effect`] from the list of record types and generates the
-/// dispatch by kind code, so a kind is listed exactly once.
-macro_rules! records {
-    ($($variant:ident($ty:ty)),+ $(,)?) => {
+/// Declares [`Effect`] from the list of subsystems and generates the
+/// dispatch to each subsystem's [`RecordSet`].
+macro_rules! subsystems {
+    ($($variant:ident($set:ty)),+ $(,)?) => {
+        /// One `evt` record: a subsystem's record, or a copy.
         #[derive(Clone, Debug, PartialEq, Eq)]
         pub(crate) enum Effect {
-            $($variant($ty),)+
+            $($variant($set),)+
             /// A live record copied forward by a segment rewrite: data for
             /// the events that point at it; applying it changes nothing.
             Copied(Box<Effect>),
         }
 
-        /// Every kind code, in declaration order.
-        const KINDS: &[u8] = &[$(<$ty as Record>::KIND),+];
+        /// Each subsystem's kind codes.
+        pub(crate) const KIND_SETS: &[&[u8]] = &[$(<$set as RecordSet>::KINDS),+];
 
         impl Effect {
             /// The `evt` log record kind.
             pub fn record_kind(&self) -> u8 {
                 match self {
-                    $(Effect::$variant(_) => <$ty as Record>::KIND,)+
+                    $(Effect::$variant(r) => r.kind(),)+
                     Effect::Copied(inner) => inner.record_kind() | COPY_FLAG,
                 }
             }
@@ -58,8 +66,8 @@ macro_rules! records {
 
             fn decode_body(kind: u8, r: &mut Reader<'_>) -> DecodeResult<Effect> {
                 $(
-                    if kind == <$ty as Record>::KIND {
-                        return Ok(Effect::$variant(<$ty as Record>::decode_body(r)?));
+                    if let Some(set) = <$set as RecordSet>::decode_body(kind, r) {
+                        return set.map(Effect::$variant);
                     }
                 )+
                 Err(DecodeError("unknown effect record kind"))
@@ -78,8 +86,8 @@ macro_rules! records {
             /// the body that goes with it was placed ([`Record::place_body`]).
             pub fn place_body(kind: u8, record: &mut [u8], st: &mut State, loc: PackedLoc) {
                 $(
-                    if kind == <$ty as Record>::KIND {
-                        return <$ty as Record>::place_body(record, st, loc);
+                    if <$set as RecordSet>::place_body(kind, record, st, loc) {
+                        return;
                     }
                 )+
             }
@@ -91,42 +99,28 @@ macro_rules! records {
                     Effect::Copied(inner) => inner.to_event(sync_seq),
                 }
             }
-        }
 
-        $(
-            impl From<$ty> for Effect {
-                fn from(r: $ty) -> Effect {
-                    Effect::$variant(r)
+            /// The time the record was stamped with, if it carries one (a
+            /// copy carries its original's).
+            pub fn at_ms(&self) -> Option<TimestampMs> {
+                match self {
+                    $(Effect::$variant(r) => r.at_ms(),)+
+                    Effect::Copied(inner) => inner.at_ms(),
                 }
             }
-        )+
+        }
     };
 }
 
-records! {
-    Msg(MsgEffect),
-    Read(ReadEffect),
-    Flags(FlagsEffect),
-    Device(DeviceEffect),
-    Snapshot(SnapshotEffect),
-    Trim(TrimEffect),
-    Relocate(RelocateEffect),
-    TrimMsgs(TrimMsgsEffect),
+subsystems! {
+    Messaging(MessagingRecords),
+    Devices(DevicesRecords),
+    Snapshots(SnapshotsRecords),
+    Compaction(CompactionRecords),
 }
 
-// Kind codes are distinct and leave bit 7 to copies.
-const _: () = {
-    let mut i = 0;
-    while i < KINDS.len() {
-        assert!(KINDS[i] & COPY_FLAG == 0);
-        let mut j = i + 1;
-        while j < KINDS.len() {
-            assert!(KINDS[i] != KINDS[j]);
-            j += 1;
-        }
-        i += 1;
-    }
-};
+// No two subsystems claim one kind code, and bit 7 is left to copies.
+const _: () = assert!(kinds_are_distinct(KIND_SETS));
 
 impl Effect {
     /// The record's payload: the format byte, then the kind's body.
@@ -187,20 +181,24 @@ pub(crate) mod tests {
     use super::*;
     use crate::api::*;
     use crate::inbox::compaction::record::Relocation;
+    use crate::inbox::compaction::record::{RelocateEffect, TrimEffect, TrimMsgsEffect};
+    use crate::inbox::devices::record::DeviceEffect;
+    use crate::inbox::messaging::record::{FlagsEffect, MsgEffect, ReadEffect};
+    use crate::inbox::snapshots::record::SnapshotEffect;
     use crate::inbox::state::{pack, DeviceRow, SnapshotPhase, SnapshotRow};
     use bytes::Bytes;
 
     #[test]
     fn effects_round_trip_through_their_encoding() {
         let effects = [
-            Effect::Msg(MsgEffect {
-                conv: 7,
-                msg_seq: 3,
-                msg_id: 99,
-                sender: 1,
+            Effect::from(MsgEffect {
+                conv: ConvId(7),
+                msg_seq: MsgSeq(3),
+                msg_id: MsgId(99),
+                sender: Uid(1),
                 kind: MessageKind::Edit,
                 msg_type: 12,
-                target_seq: 2,
+                target_seq: MsgSeq(2),
                 at_ms: 1000,
                 msg_loc: pack(crate::log::RecordLoc {
                     segment: 4,
@@ -209,33 +207,33 @@ pub(crate) mod tests {
                 client_msg_id: u128::MAX - 5,
                 summary: Bytes::from_static(b"hello"),
             }),
-            Effect::Read(ReadEffect {
-                uid: 1,
-                conv: 2,
-                read_seq: 3,
+            Effect::from(ReadEffect {
+                uid: Uid(1),
+                conv: ConvId(2),
+                read_seq: MsgSeq(3),
                 at_ms: 4,
             }),
-            Effect::Flags(FlagsEffect {
-                uid: 1,
-                conv: 2,
+            Effect::from(FlagsEffect {
+                uid: Uid(1),
+                conv: ConvId(2),
                 flags: ConvFlags {
                     muted: true,
                     pinned: false,
                 },
                 at_ms: 4,
             }),
-            Effect::Device(DeviceEffect {
-                uid: 5,
+            Effect::from(DeviceEffect {
+                uid: Uid(5),
                 row: DeviceRow {
-                    device: 6,
-                    generation: 7,
-                    acked_sync_seq: 8,
+                    device: DeviceId(6),
+                    generation: Generation(7),
+                    acked_sync_seq: SyncSeq(8),
                     state: DeviceState::Recovering,
                     last_seen_ms: 9,
                     lease: Some(LeaseInfo {
                         lease_id: 1,
-                        resume_from: 2,
-                        hwm: 3,
+                        resume_from: SyncSeq(2),
+                        hwm: SyncSeq(3),
                         expires_at_ms: 4,
                     }),
                 },
@@ -247,40 +245,72 @@ pub(crate) mod tests {
     #[test]
     fn compaction_and_snapshot_records_round_trip_and_reject_every_prefix() {
         let effects = [
-            Effect::Snapshot(SnapshotEffect {
-                uid: 9,
+            Effect::from(SnapshotEffect {
+                uid: Uid(9),
                 row: SnapshotRow {
                     snapshot_id: 3,
-                    device: 2,
-                    generation: 7,
-                    base_sync_seq: 120,
+                    device: DeviceId(2),
+                    generation: Generation(7),
+                    base_sync_seq: SyncSeq(120),
                     created_at_ms: 1_000,
                     expires_at_ms: 2_000,
                     phase: SnapshotPhase::Installed,
                 },
             }),
-            Effect::Trim(TrimEffect {
-                uid: 9,
-                events_base: 77,
+            Effect::from(TrimEffect {
+                uid: Uid(9),
+                events_base: SyncSeq(77),
             }),
-            Effect::TrimMsgs(TrimMsgsEffect {
-                conv: 4,
-                msgs_base: 31,
+            Effect::from(TrimMsgsEffect {
+                conv: ConvId(4),
+                msgs_base: MsgSeq(31),
             }),
-            Effect::Relocate(RelocateEffect(vec![Relocation {
-                uid: 9,
-                sync_seq: 80,
+            Effect::from(RelocateEffect(vec![Relocation {
+                uid: Uid(9),
+                sync_seq: SyncSeq(80),
                 from: 1 << 32 | 64,
                 to: 5 << 32 | 128,
             }])),
-            Effect::Copied(Box::new(Effect::Read(ReadEffect {
-                uid: 1,
-                conv: 2,
-                read_seq: 3,
+            Effect::Copied(Box::new(Effect::from(ReadEffect {
+                uid: Uid(1),
+                conv: ConvId(2),
+                read_seq: MsgSeq(3),
                 at_ms: 4,
             }))),
         ];
         assert_round_trips(&effects);
+    }
+
+    #[test]
+    fn no_two_subsystems_claim_the_same_kind_code() {
+        let mut seen = std::collections::BTreeMap::new();
+        for (subsystem, kinds) in KIND_SETS.iter().enumerate() {
+            for &kind in *kinds {
+                assert_eq!(kind & COPY_FLAG, 0, "kind {kind} uses the copy bit");
+                if let Some(other) = seen.insert(kind, subsystem) {
+                    panic!("kind {kind} is claimed by subsystems {other} and {subsystem}");
+                }
+            }
+        }
+        // Every kind written before the records moved into their
+        // subsystems keeps its code.
+        assert_eq!(
+            seen.into_iter().collect::<Vec<_>>(),
+            [
+                (1, 0),
+                (2, 0),
+                (3, 0),
+                (4, 1),
+                (5, 2),
+                (6, 3),
+                (7, 3),
+                (8, 3)
+            ]
+        );
+        // The same check the build runs refuses a kind claimed twice.
+        assert!(!kinds_are_distinct(&[&[1, 2], &[3, 2]]));
+        assert!(!kinds_are_distinct(&[&[1, 0x81]]));
+        assert!(kinds_are_distinct(&[&[1, 2], &[3]]));
     }
 
     /// Each effect decodes back to itself, and every strict prefix of its

@@ -17,25 +17,39 @@
 //! - this file: the [`Inbox`] API; it turns calls into commands, and reads
 //!   into the subsystems' read functions;
 //! - [`sequencer`]: the generic round-and-commit engine, and its
-//!   completion stage; [`round`]: what a decision hands it;
+//!   completion stage; it runs any [`round::Exec`] and names no
+//!   subsystem; [`round`]: what a decision hands it;
+//! - [`command`]: the engine's commands, one variant per subsystem, and
+//!   what they need besides the state (the snapshot builder's queue);
 //! - the subsystems, each owning its commands, decide functions, records
 //!   (codec and `apply`) and reads: [`messaging`], [`devices`],
 //!   [`snapshots`], [`compaction`] (whose pass is a client of the
 //!   sequencer, like this API);
-//! - [`effect`]: the list of every `evt` record kind and the one `apply`;
+//! - [`effect`]: one `evt` record variant per subsystem (each subsystem
+//!   lists its own record kinds) and the one `apply`;
 //! - [`checkpoint`], [`recover`]: checkpoints and replay (R22);
+//!   [`inspect`]: stats and the checks tests use;
 //! - [`shared`], [`state`]: the tables, with their invariants; [`codec`],
 //!   [`token`]: byte helpers and batch tokens;
 //! - `crate::log`: the segment logs, which know nothing of the inbox.
 //!
 //! `docs/ARCHITECTURE.md` draws the same plan with the path of one send.
+//!
+//! One argument order holds for every method of [`Inbox`] and every
+//! subsystem command: the acting user first (`uid`, or `sender` in a
+//! request), then the device or the conversation it acts on, then the
+//! rest (`join(uid, conv)`, `mark_read(uid, conv, seq)`,
+//! `ack_snapshot(uid, device, snapshot_id, generation)`). The identifiers
+//! are distinct types, so a call with two of them swapped does not compile.
 
 mod checkpoint;
 mod codec;
+mod command;
 mod compaction;
 mod config;
 mod devices;
 mod effect;
+mod inspect;
 mod messaging;
 mod pending;
 mod read;
@@ -55,7 +69,7 @@ pub use read::Read;
 pub use recover::RecoveryReport;
 pub use shared::Hint;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
@@ -64,17 +78,17 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::api::*;
 use crate::error::{Error, Result};
-use crate::log::{Log, LogError, LogOptions, SyncPolicy};
+use crate::log::{Log, LogError, LogOptions};
+use command::Command;
 use messaging::record::{summary_for, StoredPayload, MESSAGE_OVERHEAD_MAX};
 use pending::Reply;
 use round::Tx;
-use sequencer::Command;
 use shared::{Progress, Shared};
 
 /// The embedded inbox. Cheap to share: wrap it in an `Arc`.
 pub struct Inbox {
     shared: Arc<Shared>,
-    tx: Mutex<Option<mpsc::Sender<Command>>>,
+    tx: Mutex<Option<mpsc::Sender<sequencer::Command<Command>>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -113,6 +127,7 @@ impl Inbox {
         let (state, recovery) = recover::load_state_reporting(&config, &evt_log)?;
         let checkpoints = checkpoint::durable_lsns(data)?;
         let (hints, _) = tokio::sync::broadcast::channel(1024);
+        let snapshots = snapshots::store::Store::new(config.snapshot_cache_bytes);
         let shared = Arc::new(Shared {
             config,
             state: RwLock::new(state),
@@ -124,7 +139,7 @@ impl Inbox {
             hints,
             rounds_written: AtomicU64::new(0),
             recovery,
-            snapshots: snapshots::store::Store::default(),
+            snapshots,
             compaction: compaction::runtime::Runtime::default(),
             checkpoint_hook: Mutex::new(None),
             checkpoints: Mutex::new(checkpoints),
@@ -133,7 +148,10 @@ impl Inbox {
         let (done_tx, done_rx) = mpsc::channel();
         let (ckpt_tx, ckpt_rx) = mpsc::channel();
         let (snap_tx, snap_rx) = mpsc::channel();
-        let seq = sequencer::Sequencer::new(Arc::clone(&shared), rx, done_tx, ckpt_tx, snap_tx);
+        let services = command::Services {
+            snapshot_jobs: snap_tx,
+        };
+        let seq = sequencer::Sequencer::new(Arc::clone(&shared), rx, done_tx, ckpt_tx, services);
         let completion_shared = Arc::clone(&shared);
         let writer_shared = Arc::clone(&shared);
         let builder_shared = Arc::clone(&shared);
@@ -141,6 +159,13 @@ impl Inbox {
             .config
             .compaction_interval
             .map(|every| (Arc::clone(&shared), tx.clone(), every));
+        // The sequencer takes the compaction pass's commands as the
+        // engine's.
+        let compaction = compaction.map(|(shared, tx, every)| {
+            let submit: compaction::submit::OwnedSubmit =
+                Box::new(move |c| tx.send(c.map(Command::Compaction)).is_ok());
+            (shared, submit, every)
+        });
         let mut threads = vec![
             // Exits once the sequencer (its only sender) has stopped and
             // the final checkpoint is written.
@@ -163,11 +188,11 @@ impl Inbox {
                 .spawn(move || sequencer::completion::run_completion(completion_shared, done_rx))
                 .map_err(LogError::Io)?,
         ];
-        if let Some((shared, tx, every)) = compaction {
+        if let Some((shared, submit, every)) = compaction {
             threads.push(
                 std::thread::Builder::new()
                     .name("inbox-compaction".into())
-                    .spawn(move || compaction::pass::run_background(shared, tx, every))
+                    .spawn(move || compaction::pass::run_background(shared, submit, every))
                     .map_err(LogError::Io)?,
             );
         }
@@ -181,7 +206,7 @@ impl Inbox {
     fn submit<T, C: Into<Command>>(&self, make: impl FnOnce(Tx<T>) -> C) -> Pending<T> {
         let (tx, pending) = Pending::channel();
         let sent = match &*self.tx.lock() {
-            Some(s) => s.send(make(tx).into()).is_ok(),
+            Some(s) => s.send(sequencer::Command::Run(make(tx).into())).is_ok(),
             None => false,
         };
         if sent {
@@ -213,11 +238,12 @@ impl Inbox {
 
     /// Joins `uid` to `conv` (creating the conversation on its first
     /// join). Joining while already a member returns the open period.
-    pub fn join(&self, conv: ConvId, uid: Uid) -> Pending<MembershipReply> {
-        self.submit(|tx| messaging::Command::Join { conv, uid, tx })
+    pub fn join(&self, uid: Uid, conv: ConvId) -> Pending<MembershipReply> {
+        self.submit(|tx| messaging::Command::Join { uid, conv, tx })
     }
-    pub fn leave(&self, conv: ConvId, uid: Uid) -> Pending<MembershipReply> {
-        self.submit(|tx| messaging::Command::Leave { conv, uid, tx })
+    /// Ends `uid`'s membership period in `conv`.
+    pub fn leave(&self, uid: Uid, conv: ConvId) -> Pending<MembershipReply> {
+        self.submit(|tx| messaging::Command::Leave { uid, conv, tx })
     }
 
     #[expect(
@@ -226,9 +252,9 @@ impl Inbox {
     )]
     fn send_kind(
         &self,
-        kind: MessageKind,
-        conv: ConvId,
         sender: Uid,
+        conv: ConvId,
+        kind: MessageKind,
         client_msg_id: ClientMsgId,
         msg_type: MsgType,
         target: MsgId,
@@ -246,9 +272,9 @@ impl Inbox {
         let stored = StoredPayload::new(payload);
         let summary = summary_for(kind, payload, target, sender);
         self.submit(|tx| messaging::Command::Send {
-            kind,
-            conv,
             sender,
+            conv,
+            kind,
             client_msg_id,
             msg_type,
             target,
@@ -260,20 +286,20 @@ impl Inbox {
 
     pub fn send(&self, req: SendRequest) -> Pending<SendReply> {
         self.send_kind(
-            MessageKind::Normal,
-            req.conv,
             req.sender,
+            req.conv,
+            MessageKind::Normal,
             req.client_msg_id,
             req.msg_type,
-            0,
+            MsgId(0),
             &req.payload,
         )
     }
     pub fn recall(&self, req: RecallRequest) -> Pending<SendReply> {
         self.send_kind(
-            MessageKind::Recall,
-            req.conv,
             req.sender,
+            req.conv,
+            MessageKind::Recall,
             req.client_msg_id,
             0,
             req.target,
@@ -282,9 +308,9 @@ impl Inbox {
     }
     pub fn edit(&self, req: EditRequest) -> Pending<SendReply> {
         self.send_kind(
-            MessageKind::Edit,
-            req.conv,
             req.sender,
+            req.conv,
+            MessageKind::Edit,
             req.client_msg_id,
             0,
             req.target,
@@ -455,8 +481,8 @@ impl Inbox {
     /// Blocks; call it from a plain thread, not from inside an async
     /// runtime.
     pub fn compact(&self) -> Result<CompactionReport> {
-        let submit = |c: Command| match &*self.tx.lock() {
-            Some(s) => s.send(c).is_ok(),
+        let submit = |c: sequencer::Command<compaction::Command>| match &*self.tx.lock() {
+            Some(s) => s.send(c.map(Command::Compaction)).is_ok(),
             None => false,
         };
         compaction::pass::pass(&self.shared, &submit)
@@ -493,52 +519,13 @@ impl Inbox {
     pub fn checkpoint(&self) -> Result<()> {
         let (tx, rx) = mpsc::channel();
         let sent = match &*self.tx.lock() {
-            Some(s) => s.send(Command::Checkpoint { tx }).is_ok(),
+            Some(s) => s.send(sequencer::Command::Checkpoint { tx }).is_ok(),
             None => false,
         };
         if !sent {
             return Err(Error::ShuttingDown);
         }
         rx.recv().unwrap_or(Err(Error::ShuttingDown))
-    }
-    /// O(segments): the entry counts are kept on apply, and the index
-    /// sizes are estimated from them, so no user or conversation is
-    /// walked under the state lock.
-    pub fn stats(&self) -> Stats {
-        let (users, conversations, totals) = {
-            let st = self.shared.state.read();
-            (st.users.len() as u64, st.convs.len() as u64, st.totals)
-        };
-        let (event_index, msg_index) = state::index_bytes_estimate(&totals);
-        let segs = self
-            .shared
-            .msg_log
-            .segments()
-            .into_iter()
-            .chain(self.shared.evt_log.segments());
-        let msg_log = self.shared.msg_log.stats();
-        let evt_log = self.shared.evt_log.stats();
-        // Each group commit is one write and, unless the sync policy is
-        // `None`, one fdatasync; its time covers both.
-        let fsyncs = if self.shared.config.sync == SyncPolicy::None {
-            0
-        } else {
-            msg_log.commits + evt_log.commits
-        };
-        let commit_us = msg_log.commit_time + evt_log.commit_time;
-        Stats {
-            fsyncs,
-            fsync_latency_us_sum: u64::try_from(commit_us.as_micros()).unwrap_or(u64::MAX),
-            users,
-            conversations,
-            devices: totals.devices,
-            messages: totals.messages,
-            events_live: totals.events,
-            write_batches: self.shared.rounds_written.load(Ordering::Relaxed),
-            bytes_on_disk: segs.map(|s| s.bytes).sum(),
-            index_bytes: event_index + msg_index,
-            compaction: self.shared.compaction.report(),
-        }
     }
     /// Hints are coalesced per commit round and may be dropped by a slow
     /// receiver; correctness never depends on them (R16).
@@ -554,7 +541,7 @@ impl Inbox {
             return Ok(());
         };
         let (tx, rx) = mpsc::channel();
-        let result = if sender.send(Command::Shutdown { tx }).is_ok() {
+        let result = if sender.send(sequencer::Command::Shutdown { tx }).is_ok() {
             rx.recv().unwrap_or(Err(Error::ShuttingDown))
         } else {
             Err(Error::ShuttingDown)
@@ -564,42 +551,6 @@ impl Inbox {
             let _ = t.join();
         }
         result
-    }
-
-    /// SHA-256 of the canonical encoding of the whole state (the checkpoint
-    /// body). Two engines that answer everything alike have equal digests;
-    /// tests use it to prove a restart rebuilds exactly the same state.
-    #[doc(hidden)]
-    pub fn state_digest(&self) -> [u8; 32] {
-        use sha2::Digest;
-        let body = checkpoint::encode_state(&self.shared.state.read());
-        sha2::Sha256::digest(&body).into()
-    }
-
-    /// What the last open recovered from (R22).
-    pub fn recovery_report(&self) -> RecoveryReport {
-        self.shared.recovery
-    }
-
-    /// Checks the per-segment reference counts compaction relies on
-    /// against a recount of the whole index; says what differs.
-    #[doc(hidden)]
-    pub fn check_segment_refs(&self) -> std::result::Result<(), String> {
-        self.shared.state.read().check_seg_refs()
-    }
-
-    /// Checks every invariant of the state machine (watermark order,
-    /// cursors, membership periods, unread recounts, segment reference
-    /// counts); says which one is broken. O(state): for tests.
-    #[doc(hidden)]
-    pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        self.shared.state.read().check_invariants()
-    }
-    /// Bytes of the event index (packed locations) and of the message
-    /// index (per-message metadata), for BENCHMARKS.md.
-    #[doc(hidden)]
-    pub fn index_bytes(&self) -> (u64, u64) {
-        self.shared.state.read().index_bytes()
     }
 }
 

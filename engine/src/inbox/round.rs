@@ -1,6 +1,8 @@
 //! What a subsystem's decision hands to the sequencer, and how replies
 //! travel: the interface between the generic round-and-commit engine
-//! (`sequencer/`) and the subsystems that own the commands.
+//! (`sequencer/`) and the subsystems that own the commands. The sequencer
+//! runs any command type that implements [`Exec`]; `inbox/command.rs`
+//! implements it for the enum of every subsystem's commands.
 //!
 //! A subsystem's `exec` reads the state, decides, and hands the outcome to
 //! a [`Sink`]: effects (applied at once, so the next command of the round
@@ -9,13 +11,11 @@
 //! answers by itself: the reply is released by the completion stage once
 //! the round is durable, or with the round's failure.
 
-use std::sync::mpsc;
 use std::sync::Arc;
 
 use super::effect::Effect;
 use super::pending::Reply;
 use super::shared::Shared;
-use super::snapshots::build::Job as SnapshotJob;
 use super::state::State;
 use crate::api::TimestampMs;
 use crate::error::{Error, Result};
@@ -74,7 +74,8 @@ pub(crate) trait Sink {
     /// effect's record and index ([`Effect::place_body`]). The `msg` batch
     /// is durable before the `evt` batch is written, so a record never
     /// points at a body that could vanish.
-    fn effect_with_body(&mut self, st: &mut State, effect: Effect, body: Vec<u8>);
+    /// `body_kind` is the `msg` log record kind of the body.
+    fn effect_with_body(&mut self, st: &mut State, effect: Effect, body_kind: u8, body: Vec<u8>);
     /// Queues the command's reply.
     fn reply(&mut self, reply: ReplyFn);
 }
@@ -85,5 +86,18 @@ pub(crate) trait Sink {
 pub(crate) struct Env<'a> {
     pub now: TimestampMs,
     pub shared: &'a Arc<Shared>,
-    pub snapshot_jobs: &'a mpsc::Sender<SnapshotJob>,
+}
+
+/// A command the sequencer can run: it decides against the state and hands
+/// the outcome to the round's [`Sink`], or is answered with a failure
+/// without running. The sequencer knows nothing else of it.
+pub(crate) trait Exec: Send + 'static {
+    /// What the commands need besides the state and the [`Env`] (queues
+    /// to other threads); the sequencer holds it for them, opaque, and
+    /// drops it when it stops.
+    type Services: Send;
+    /// Decides the command against `st` and hands the outcome to `sink`.
+    fn exec(self, st: &mut State, sink: &mut dyn Sink, env: &Env<'_>, services: &Self::Services);
+    /// Answers the command with `fail` without running it.
+    fn fail(self, fail: &Fail);
 }

@@ -75,11 +75,11 @@ pub(crate) fn verify(key: &[u8; 32], token: &[u8], now_ms: TimestampMs) -> Resul
         return Err(Error::BadToken);
     }
     let claims = TokenClaims {
-        uid: r.u64().map_err(bad)?,
-        device: r.u64().map_err(bad)?,
-        generation: r.u64().map_err(bad)?,
-        resume_from: r.u64().map_err(bad)?,
-        hwm: r.u64().map_err(bad)?,
+        uid: r.id().map_err(bad)?,
+        device: r.id().map_err(bad)?,
+        generation: r.id().map_err(bad)?,
+        resume_from: r.id().map_err(bad)?,
+        hwm: r.id().map_err(bad)?,
         expires_at_ms: r.u64().map_err(bad)?,
     };
     if now_ms > claims.expires_at_ms {
@@ -94,11 +94,11 @@ mod tests {
 
     fn claims() -> TokenClaims {
         TokenClaims {
-            uid: 1,
-            device: 2,
-            generation: 3,
-            resume_from: 4,
-            hwm: 5,
+            uid: Uid(1),
+            device: DeviceId(2),
+            generation: Generation(3),
+            resume_from: SyncSeq(4),
+            hwm: SyncSeq(5),
             expires_at_ms: 1_000,
         }
     }

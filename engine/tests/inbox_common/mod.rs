@@ -84,8 +84,8 @@ impl Harness {
         self.clock.advance(d);
     }
 
-    pub fn join(&self, conv: ConvId, uid: Uid) -> MembershipReply {
-        self.ib().join(conv, uid).wait().unwrap()
+    pub fn join(&self, uid: Uid, conv: ConvId) -> MembershipReply {
+        self.ib().join(uid, conv).wait().unwrap()
     }
 
     pub fn send(&self, conv: ConvId, sender: Uid, cmid: u128, body: &str) -> SendReply {

@@ -93,18 +93,18 @@ fn decode(data: &[u8]) -> Vec<Op> {
             let uid = 1 + u64::from(c[2]) % USERS;
             let device = 1 + u64::from(c[3]) % DEVICES;
             match c[0] % 16 {
-                0 | 1 => Op::Join(conv, uid),
-                2 => Op::Leave(conv, uid),
+                0 | 1 => Op::Join(ConvId(conv), Uid(uid)),
+                2 => Op::Leave(ConvId(conv), Uid(uid)),
                 3..=6 => Op::Send(
-                    conv,
-                    uid,
+                    ConvId(conv),
+                    Uid(uid),
                     ClientMsgId::from(c[3] % 8),
                     usize::from(c[3] >> 3),
                 ),
-                7 => Op::Recall(conv, uid, usize::from(c[3])),
-                8 => Op::MarkRead(uid, conv),
-                9 => Op::Register(uid, device),
-                10 | 11 => Op::SyncAck(uid, device, 1 + u32::from(c[1] >> 5)),
+                7 => Op::Recall(ConvId(conv), Uid(uid), usize::from(c[3])),
+                8 => Op::MarkRead(Uid(uid), ConvId(conv)),
+                9 => Op::Register(Uid(uid), DeviceId(device)),
+                10 | 11 => Op::SyncAck(Uid(uid), DeviceId(device), 1 + u32::from(c[1] >> 5)),
                 12 => Op::Restart(match c[1] % 3 {
                     0 => Restart::Clean,
                     1 => Restart::Kill,
@@ -313,7 +313,7 @@ impl Ledger {
         } else {
             assert_eq!(
                 seq,
-                *head + 1,
+                head.next(),
                 "conv {conv}: acknowledged msg_seq {seq} does not follow {head}"
             );
         }
@@ -610,7 +610,7 @@ fn sync_and_ack(run: &mut Run, uid: Uid, device: DeviceId, limit: u32) {
         return;
     };
     let faults = run.faults();
-    let acked = run.ledger.acks.get(&key).copied().unwrap_or(0);
+    let acked = run.ledger.acks.get(&key).copied().unwrap_or(SyncSeq(0));
     let mut request = SyncRequest {
         uid,
         device,
@@ -694,7 +694,7 @@ fn history_seqs(inbox: &Inbox, uid: Uid, conv: ConvId) -> Vec<MsgSeq> {
 fn check_durable(inbox: &Inbox, ledger: &Ledger) {
     for send in &ledger.sends {
         let page = inbox
-            .history(send.sender, send.conv, Some(send.msg_seq + 1), 1)
+            .history(send.sender, send.conv, Some(send.msg_seq.next()), 1)
             .unwrap_or_else(|e| panic!("history for acknowledged {send:?}: {e}"));
         let Some(message) = page.messages.first() else {
             panic!("acknowledged send {send:?} is missing");
@@ -717,15 +717,15 @@ fn check_durable(inbox: &Inbox, ledger: &Ledger) {
     // record from the first join on.
     for (&conv, &head) in &ledger.head {
         let seqs: std::collections::BTreeSet<MsgSeq> = (1..=USERS)
-            .flat_map(|uid| history_seqs(inbox, uid, conv))
+            .flat_map(|uid| history_seqs(inbox, Uid(uid), conv))
             .collect();
-        let top = seqs.last().copied().unwrap_or(0);
+        let top = seqs.last().copied().unwrap_or(MsgSeq(0));
         assert!(
             top >= head,
             "conv {conv}: history ends at {top}, below the acknowledged {head}"
         );
         let seqs: Vec<MsgSeq> = seqs.into_iter().collect();
-        let expected: Vec<MsgSeq> = (1..=top).collect();
+        let expected: Vec<MsgSeq> = MsgSeq(1).through(top).collect();
         assert_eq!(seqs, expected, "conv {conv}: msg_seqs are not 1..={top}");
     }
     for (&(uid, conv), &read_seq) in &ledger.reads {
@@ -754,16 +754,16 @@ fn membership(run: &mut Run, op: Op, conv: ConvId, uid: Uid) {
     let faults = run.faults();
     let syncs_before = run.io.syncs();
     let reply = if matches!(op, Op::Join(..)) {
-        run.inbox().join(conv, uid).wait()
+        run.inbox().join(uid, conv).wait()
     } else {
-        run.inbox().leave(conv, uid).wait()
+        run.inbox().leave(uid, conv).wait()
     };
     allowed(&reply, faults, "join/leave");
     match reply {
         Ok(reply) => {
             // Joining as a member answers with the open period's join seq
             // (idempotent); only a new record takes a seq.
-            let head = run.ledger.head.get(&conv).copied().unwrap_or(0);
+            let head = run.ledger.head.get(&conv).copied().unwrap_or(MsgSeq(0));
             let wrote = run.io.syncs() > syncs_before;
             if reply.msg_seq > head && !wrote && run.ledger.head_unsure.contains(&conv) {
                 // The open period of a join that failed under a fault but
@@ -898,11 +898,16 @@ pub fn check(data: &[u8]) {
             }
             Op::Recall(conv, sender, pick) => recall(&mut run, i, conv, sender, pick),
             Op::MarkRead(uid, conv) => {
-                let head = run.ledger.head.get(&conv).copied().unwrap_or(0);
+                let head = run.ledger.head.get(&conv).copied().unwrap_or(MsgSeq(0));
                 let reply = run.inbox().mark_read(uid, conv, head).wait();
                 allowed(&reply, faults, "mark_read");
                 if let Ok(reply) = reply {
-                    let before = run.ledger.reads.get(&(uid, conv)).copied().unwrap_or(0);
+                    let before = run
+                        .ledger
+                        .reads
+                        .get(&(uid, conv))
+                        .copied()
+                        .unwrap_or(MsgSeq(0));
                     assert!(reply.read_seq >= before, "read cursor moved back");
                     if reply.read_seq > before {
                         run.acknowledged("mark_read");

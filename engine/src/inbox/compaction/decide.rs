@@ -30,7 +30,7 @@ pub(crate) fn decide_drop_snapshots(
             continue;
         };
         if now > slot.row.expires_at_ms && slot.row.phase != SnapshotPhase::Dropped {
-            out.push(Effect::Snapshot(SnapshotEffect {
+            out.push(Effect::from(SnapshotEffect {
                 uid,
                 row: SnapshotRow {
                     phase: SnapshotPhase::Dropped,
@@ -58,7 +58,7 @@ pub(crate) fn decide_trim(
         };
         let target = fence::trim_target(user, cfg, now, p.safe_seq, p.hard_seq);
         if target > user.events_base {
-            effects.push(Effect::Trim(TrimEffect {
+            effects.push(Effect::from(TrimEffect {
                 uid: p.uid,
                 events_base: target,
             }));
@@ -82,7 +82,7 @@ pub(crate) fn decide_trim_msgs(
         };
         let target = base.min(c.committed_seq).min(c.head());
         if target > c.msgs_base {
-            effects.push(Effect::TrimMsgs(TrimMsgsEffect {
+            effects.push(Effect::from(TrimMsgsEffect {
                 conv,
                 msgs_base: target,
             }));

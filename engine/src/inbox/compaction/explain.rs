@@ -85,7 +85,7 @@ pub(crate) fn explain(shared: &Shared, uid: Uid) -> Result<UserExplain> {
     );
     if safe_seq < committed {
         fences.push(Fence::SafetyWindow {
-            oldest_kept: safe_seq + 1,
+            oldest_kept: safe_seq.next(),
         });
     }
     fences.sort_by_key(fence::fence_seq);
@@ -96,7 +96,7 @@ pub(crate) fn explain(shared: &Shared, uid: Uid) -> Result<UserExplain> {
         .max(base);
     Ok(UserExplain {
         uid,
-        oldest_retained: base + 1,
+        oldest_retained: base.next(),
         committed_sync_seq: committed,
         floor,
         fences,

@@ -61,7 +61,7 @@ pub(crate) fn fence_seq(f: &Fence) -> SyncSeq {
         Fence::DeviceAck { acked_sync_seq, .. } => *acked_sync_seq,
         Fence::RecoveryLease { resume_from, .. } => *resume_from,
         Fence::Snapshot { base_sync_seq, .. } => *base_sync_seq,
-        Fence::SafetyWindow { oldest_kept } => oldest_kept.saturating_sub(1),
+        Fence::SafetyWindow { oldest_kept } => oldest_kept.prev(),
     }
 }
 

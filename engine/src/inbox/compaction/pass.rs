@@ -15,18 +15,12 @@ use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::effect::Effect;
 use crate::inbox::messaging::record::decode_msg_record;
-use crate::inbox::sequencer::Command as SeqCommand;
 use crate::inbox::shared::Shared;
 use crate::inbox::state::{unpack, PENDING_LOC};
 use crate::log::LogError;
 
 /// The background thread: one pass every `interval` until stopped.
-pub(crate) fn run_background(
-    shared: Arc<Shared>,
-    tx: std::sync::mpsc::Sender<SeqCommand>,
-    interval: Duration,
-) {
-    let submit = move |c: SeqCommand| tx.send(c).is_ok();
+pub(crate) fn run_background(shared: Arc<Shared>, submit: OwnedSubmit, interval: Duration) {
     loop {
         {
             let mut stop = shared.compaction.stop.lock();
@@ -40,7 +34,7 @@ pub(crate) fn run_background(
         if shared.poisoned().is_some() {
             continue;
         }
-        match pass(&shared, &submit) {
+        match pass(&shared, &*submit) {
             Ok(r) => tracing::debug!(?r, "compaction pass"),
             Err(e) => tracing::warn!(error = %e, "compaction pass failed; will retry"),
         }
@@ -132,17 +126,14 @@ pub(crate) fn event_at_ms(shared: &Shared, uid: Uid, seq: SyncSeq) -> Option<Tim
             if seq <= u.events_base {
                 return Some(0);
             }
-            *u.events.get((seq - u.events_base - 1) as usize)?
+            *u.events.get((seq.0 - u.events_base.0 - 1) as usize)?
         };
         if loc == PENDING_LOC {
             return None;
         }
         // A concurrent rewrite may move the record: then look again.
         if let Ok(rec) = shared.evt_log.read(unpack(loc)) {
-            return match Effect::decode(rec.kind, &rec.payload).ok()? {
-                Effect::Copied(inner) => at_of(&inner),
-                e => at_of(&e),
-            };
+            return Effect::decode(rec.kind, &rec.payload).ok()?.at_ms();
         }
     }
     None
@@ -158,15 +149,15 @@ pub(crate) fn newest_at_or_before(
     hi: SyncSeq,
     cutoff: TimestampMs,
 ) -> SyncSeq {
-    let (mut ok, mut bad) = (lo, hi + 1);
+    let (mut ok, mut bad) = (lo.0, hi.0 + 1);
     while bad - ok > 1 {
         let mid = ok + (bad - ok) / 2;
-        match event_at_ms(shared, uid, mid) {
+        match event_at_ms(shared, uid, SyncSeq(mid)) {
             Some(at) if at <= cutoff => ok = mid,
             _ => bad = mid,
         }
     }
-    ok
+    SyncSeq(ok)
 }
 
 pub(crate) fn trim_users(
@@ -227,7 +218,7 @@ pub(crate) fn trim_users(
             let at = match oldest_at.get(&uid) {
                 Some(&(b, at)) if b == base => Some(at),
                 _ => {
-                    let at = event_at_ms(shared, uid, base + 1);
+                    let at = event_at_ms(shared, uid, base.next());
                     if let Some(at) = at {
                         oldest_at.insert(uid, (base, at));
                     }
@@ -273,7 +264,7 @@ pub(crate) fn trim_users(
             tx,
         })?;
         for (_, old, new) in trimmed {
-            report.events_reclaimed += new - old;
+            report.events_reclaimed += new.saturating_since(old);
             any = true;
         }
     }
@@ -311,15 +302,15 @@ pub(crate) fn newest_msg_at_or_before(
     hi: MsgSeq,
     cutoff: TimestampMs,
 ) -> MsgSeq {
-    let (mut ok, mut bad) = (lo, hi + 1);
+    let (mut ok, mut bad) = (lo.0, hi.0 + 1);
     while bad - ok > 1 {
         let mid = ok + (bad - ok) / 2;
-        match msg_at_ms(shared, conv, mid) {
+        match msg_at_ms(shared, conv, MsgSeq(mid)) {
             Some(at) if at <= cutoff => ok = mid,
             _ => bad = mid,
         }
     }
-    ok
+    MsgSeq(ok)
 }
 
 pub(crate) fn trim_history(
@@ -359,7 +350,7 @@ pub(crate) fn trim_history(
             tx,
         })?;
         for (_, old, new) in trimmed {
-            report.messages_reclaimed += new - old;
+            report.messages_reclaimed += new.saturating_since(old);
             any = true;
         }
     }

@@ -24,8 +24,17 @@ use std::sync::Arc;
 
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
-use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
+use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
 use crate::inbox::state::{PackedLoc, State};
+
+record_set! {
+    /// The `evt` records compaction owns.
+    pub(crate) enum Records in Effect::Compaction {
+        Trim(TrimEffect),
+        Relocate(RelocateEffect),
+        TrimMsgs(TrimMsgsEffect),
+    }
+}
 
 /// The user's retained events now start after `events_base`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,8 +78,8 @@ impl Record for TrimEffect {
 
     fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
         Ok(TrimEffect {
-            uid: r.u64()?,
-            events_base: r.u64()?,
+            uid: r.id()?,
+            events_base: r.id()?,
         })
     }
 
@@ -100,8 +109,8 @@ impl Record for RelocateEffect {
         let mut moves = Vec::with_capacity(n);
         for _ in 0..n {
             moves.push(Relocation {
-                uid: r.u64()?,
-                sync_seq: r.u64()?,
+                uid: r.id()?,
+                sync_seq: r.id()?,
                 from: r.u64()?,
                 to: r.u64()?,
             });
@@ -125,8 +134,8 @@ impl Record for TrimMsgsEffect {
 
     fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
         Ok(TrimMsgsEffect {
-            conv: r.u64()?,
-            msgs_base: r.u64()?,
+            conv: r.id()?,
+            msgs_base: r.id()?,
         })
     }
 
@@ -151,7 +160,7 @@ impl State {
                 user.head()
             )));
         }
-        let n = usize::try_from(events_base - user.events_base)
+        let n = usize::try_from(events_base.0 - user.events_base.0)
             .map_err(|_| ApplyError("trim length overflows".into()))?;
         for loc in user.events.drain(..n) {
             self.evt_refs.remove(loc);
@@ -211,7 +220,7 @@ impl State {
             .get_mut(&conv)
             .map(Arc::make_mut)
             .ok_or_else(|| ApplyError("conv vanished".into()))?;
-        let n = usize::try_from(msgs_base - old_base)
+        let n = usize::try_from(msgs_base.0 - old_base.0)
             .map_err(|_| ApplyError("message trim length overflows".into()))?;
         for m in c.msgs.drain(..n) {
             self.msg_refs.remove(m.loc);
@@ -221,7 +230,7 @@ impl State {
         c.msgs_base = msgs_base;
         // A trim takes a prefix and an edit is above its target, so the
         // links of reclaimed targets are exactly the ones to drop.
-        c.edits = c.edits.split_off(&(msgs_base + 1));
+        c.edits = c.edits.split_off(&msgs_base.next());
         Ok(())
     }
 
@@ -233,7 +242,7 @@ impl State {
             if m.sync_seq <= user.events_base {
                 continue;
             }
-            let i = (m.sync_seq - user.events_base - 1) as usize;
+            let i = (m.sync_seq.0 - user.events_base.0 - 1) as usize;
             if let Some(slot) = user.events.get_mut(i) {
                 if *slot == m.from {
                     self.evt_refs.replace(m.from, m.to);
@@ -251,7 +260,7 @@ pub(crate) fn put_msg_bases(w: &mut Writer, st: &State) {
     let mut bases: Vec<(ConvId, MsgSeq)> = st
         .convs
         .iter()
-        .filter(|(_, c)| c.msgs_base > 0)
+        .filter(|(_, c)| c.msgs_base > MsgSeq(0))
         .map(|(id, c)| (*id, c.msgs_base))
         .collect();
     bases.sort_unstable();
@@ -264,8 +273,8 @@ pub(crate) fn put_msg_bases(w: &mut Writer, st: &State) {
 
 pub(crate) fn get_msg_bases(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
     for _ in 0..r.count(16)? {
-        let conv = r.u64()?;
-        let base = r.u64()?;
+        let conv: ConvId = r.id()?;
+        let base: MsgSeq = r.id()?;
         st.convs
             .get_mut(&conv)
             .map(Arc::make_mut)
@@ -283,37 +292,44 @@ mod tests {
     #[test]
     fn trim_never_moves_the_base_down_and_relocate_skips_moved_events() {
         let mut st = State::new(0);
-        let user = Arc::make_mut(st.users.entry(1).or_default());
+        let user = Arc::make_mut(st.users.entry(Uid(1)).or_default());
         user.events = vec![10, 11, 12, 13];
-        st.evt_refs = SegRefs::rebuild(&st.users[&1].events);
+        st.evt_refs = SegRefs::rebuild(&st.users[&Uid(1)].events);
         st.totals = st.recount_totals();
-        st.apply_trim(1, 2).unwrap();
-        assert_eq!(st.users[&1].events_base, 2);
-        assert_eq!(st.users[&1].events, vec![12, 13]);
-        st.apply_trim(1, 1).unwrap();
-        assert_eq!(st.users[&1].events_base, 2, "a lower trim is a no-op");
-        assert!(st.apply_trim(1, 9).is_err(), "beyond the head");
+        st.apply_trim(Uid(1), SyncSeq(2)).unwrap();
+        assert_eq!(st.users[&Uid(1)].events_base, SyncSeq(2));
+        assert_eq!(st.users[&Uid(1)].events, vec![12, 13]);
+        st.apply_trim(Uid(1), SyncSeq(1)).unwrap();
+        assert_eq!(
+            st.users[&Uid(1)].events_base,
+            SyncSeq(2),
+            "a lower trim is a no-op"
+        );
+        assert!(
+            st.apply_trim(Uid(1), SyncSeq(9)).is_err(),
+            "beyond the head"
+        );
         st.apply_relocate(&[
             Relocation {
-                uid: 1,
-                sync_seq: 3,
+                uid: Uid(1),
+                sync_seq: SyncSeq(3),
                 from: 12,
                 to: 99,
             },
             Relocation {
-                uid: 1,
-                sync_seq: 4,
+                uid: Uid(1),
+                sync_seq: SyncSeq(4),
                 from: 55,
                 to: 98,
             },
             Relocation {
-                uid: 1,
-                sync_seq: 1,
+                uid: Uid(1),
+                sync_seq: SyncSeq(1),
                 from: 10,
                 to: 97,
             },
         ]);
-        assert_eq!(st.users[&1].events, vec![99, 13]);
+        assert_eq!(st.users[&Uid(1)].events, vec![99, 13]);
         st.check_seg_refs().unwrap();
     }
 }

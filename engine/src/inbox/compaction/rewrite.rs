@@ -31,13 +31,13 @@ pub(crate) fn live_refs(shared: &Shared, only: Option<&HashSet<SegmentId>>) -> R
         // Copy the index a slice at a time, so the sequencer never waits
         // long for the state lock; each slice is taken with its own base,
         // so a trim in between only makes the map conservative.
-        let mut next = 0;
+        let mut next = SyncSeq(0);
         loop {
             let first = {
                 let st = shared.state.read();
                 let Some(u) = st.users.get(&uid) else { break };
-                let first = next.max(u.events_base + 1);
-                let lo = (first - u.events_base - 1) as usize;
+                let first = next.max(u.events_base.next());
+                let lo = (first.0 - u.events_base.0 - 1) as usize;
                 let hi = (lo + EVENTS_PER_LOCK).min(u.events.len());
                 if lo >= hi {
                     break;
@@ -58,9 +58,9 @@ pub(crate) fn live_refs(shared: &Shared, only: Option<&HashSet<SegmentId>>) -> R
                     .or_default()
                     .entry(l.offset)
                     .or_default()
-                    .push((uid, first + i as SyncSeq));
+                    .push((uid, first.plus(i as u64)));
             }
-            next = first + slice.len() as SyncSeq;
+            next = first.plus(slice.len() as u64);
         }
     }
     refs
@@ -109,11 +109,8 @@ pub(crate) fn scan_live(
     log.replay_segment(id, &mut |_, loc, kind, payload| {
         if offsets.contains_key(&loc.offset) {
             bytes += (RECORD_HEADER_LEN + payload.len()) as u64;
-            let at = match Effect::decode(kind, payload) {
-                Ok(Effect::Copied(inner)) => at_of(&inner),
-                Ok(e) => at_of(&e),
-                Err(_) => None,
-            };
+            // A copy carries its original's time.
+            let at = Effect::decode(kind, payload).ok().and_then(|e| e.at_ms());
             newest = newest.zip(at).map(|(a, b)| a.max(b));
         }
         Ok(())

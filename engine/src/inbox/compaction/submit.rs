@@ -1,10 +1,7 @@
 //! How a pass talks to the sequencer, the sizes it works in, and small
 //! helpers its steps share.
 
-use crate::api::*;
 use crate::error::{Error, Result};
-use crate::inbox::effect::Effect;
-use crate::inbox::messaging::record::{FlagsEffect, ReadEffect};
 use crate::inbox::pending::Pending;
 use crate::inbox::round::Tx;
 use crate::inbox::sequencer::{round_bytes_max, Command};
@@ -41,13 +38,17 @@ pub(crate) fn per_command(shared: &Shared, bytes_each: u64, cap: usize) -> usize
         .clamp(1, cap)
 }
 
-/// How a pass hands commands to the sequencer.
-pub(crate) type Submit<'a> = &'a dyn Fn(Command) -> bool;
+/// How a pass hands commands to the sequencer: compaction's own commands
+/// and checkpoints; the caller wraps them into the engine's command type.
+pub(crate) type Submit<'a> = &'a dyn Fn(Command<super::Command>) -> bool;
+
+/// A [`Submit`] the background thread owns.
+pub(crate) type OwnedSubmit = Box<dyn Fn(Command<super::Command>) -> bool + Send>;
 
 /// Submits one compaction command and waits for its reply.
 pub(crate) fn call<T>(submit: Submit<'_>, make: impl FnOnce(Tx<T>) -> super::Command) -> Result<T> {
     let (tx, pending) = Pending::channel();
-    if !submit(Command::Compaction(make(tx))) {
+    if !submit(Command::Run(make(tx))) {
         return Err(Error::ShuttingDown);
     }
     pending.wait()
@@ -59,15 +60,4 @@ pub(crate) fn checkpoint_now(submit: Submit<'_>) -> Result<()> {
         return Err(Error::ShuttingDown);
     }
     rx.recv().unwrap_or(Err(Error::ShuttingDown))
-}
-
-/// The stamped time of a record, for the records that carry one.
-pub(crate) fn at_of(e: &Effect) -> Option<TimestampMs> {
-    match e {
-        Effect::Msg(m) => Some(m.at_ms),
-        Effect::Read(ReadEffect { at_ms, .. }) | Effect::Flags(FlagsEffect { at_ms, .. }) => {
-            Some(*at_ms)
-        }
-        _ => None,
-    }
 }

@@ -109,7 +109,7 @@ pub(crate) fn decide_register(
             ..row
         };
         return (
-            vec![Effect::Device(DeviceEffect { uid, row })],
+            vec![Effect::from(DeviceEffect { uid, row })],
             RegisterReply {
                 device: info(&row),
                 evicted: None,
@@ -134,19 +134,19 @@ pub(crate) fn decide_register(
                     ..**victim
                 };
                 evicted = Some(row.device);
-                effects.push(Effect::Device(DeviceEffect { uid, row }));
+                effects.push(Effect::from(DeviceEffect { uid, row }));
             }
         }
     }
     let row = DeviceRow {
         device,
-        generation: existing.map_or(1, |r| r.generation + 1),
-        acked_sync_seq: 0,
+        generation: existing.map_or(Generation(1), |r| r.generation.next()),
+        acked_sync_seq: SyncSeq(0),
         state: DeviceState::Active,
         last_seen_ms: now,
         lease: None,
     };
-    effects.push(Effect::Device(DeviceEffect { uid, row }));
+    effects.push(Effect::from(DeviceEffect { uid, row }));
     (
         effects,
         RegisterReply {
@@ -170,7 +170,7 @@ pub(crate) fn decide_revoke(
         lease: None,
         ..row
     };
-    Ok((vec![Effect::Device(DeviceEffect { uid, row })], info(&row)))
+    Ok((vec![Effect::from(DeviceEffect { uid, row })], info(&row)))
 }
 
 pub(crate) fn decide_sync(
@@ -192,7 +192,7 @@ pub(crate) fn decide_sync(
     let over_limit = |resume_from: SyncSeq, hwm: SyncSeq| {
         options
             .max_replay
-            .is_some_and(|m| hwm.saturating_sub(resume_from) > m)
+            .is_some_and(|m| hwm.0.saturating_sub(resume_from.0) > m)
     };
     let limit = if req.limit == 0 {
         cfg.sync_page_default
@@ -218,14 +218,14 @@ pub(crate) fn decide_sync(
     }
     let reset = |row: DeviceRow| {
         let row = DeviceRow {
-            generation: row.generation + 1,
+            generation: row.generation.next(),
             state: DeviceState::Resetting,
             lease: None,
             last_seen_ms: now.max(row.last_seen_ms),
             ..row
         };
         (
-            vec![Effect::Device(DeviceEffect { uid, row })],
+            vec![Effect::from(DeviceEffect { uid, row })],
             SyncOutcome::Reset(row.generation),
         )
     };
@@ -235,7 +235,7 @@ pub(crate) fn decide_sync(
             SyncOutcome::Page(SyncPlan {
                 uid,
                 start,
-                end: hwm.min(start.saturating_add(u64::from(limit))),
+                end: hwm.min(SyncSeq(start.0.saturating_add(u64::from(limit)))),
                 hwm,
                 acked: row.acked_sync_seq,
                 generation: row.generation,
@@ -324,7 +324,7 @@ pub(crate) fn decide_sync(
         let mut row = row;
         if now >= row.last_seen_ms.saturating_add(LAST_SEEN_GRANULARITY_MS) {
             row.last_seen_ms = now;
-            effects.push(Effect::Device(DeviceEffect { uid, row }));
+            effects.push(Effect::from(DeviceEffect { uid, row }));
         }
         let token = sign(
             row.generation,
@@ -341,7 +341,7 @@ pub(crate) fn decide_sync(
     // Local state below the server ACK, or a missing / mismatched
     // generation: bump the generation, then lease or reset (R10).
     let from = req.local_applied_seq.min(row.acked_sync_seq);
-    let gap = row.acked_sync_seq - from;
+    let gap = row.acked_sync_seq.0 - from.0;
     if gap > cfg.recovery_lease_events_max || from < base || over_limit(from, committed) {
         return Ok(reset(row));
     }
@@ -352,7 +352,7 @@ pub(crate) fn decide_sync(
         expires_at_ms: now.saturating_add(ms(cfg.recovery_lease_ttl)),
     };
     let row = DeviceRow {
-        generation: row.generation + 1,
+        generation: row.generation.next(),
         state: DeviceState::Recovering,
         lease: Some(lease),
         last_seen_ms: now.max(row.last_seen_ms),
@@ -365,7 +365,7 @@ pub(crate) fn decide_sync(
         lease.expires_at_ms,
     );
     Ok((
-        vec![Effect::Device(DeviceEffect { uid, row })],
+        vec![Effect::from(DeviceEffect { uid, row })],
         page(lease.resume_from, lease.resume_from, lease.hwm, token, &row),
     ))
 }
@@ -403,7 +403,7 @@ pub(crate) fn decide_ack(
         ..row
     };
     Ok((
-        vec![Effect::Device(DeviceEffect { uid: req.uid, row })],
+        vec![Effect::from(DeviceEffect { uid: req.uid, row })],
         AckReply {
             acked_sync_seq: req.seq,
         },
@@ -436,7 +436,7 @@ pub(crate) fn decide_finish_lease(
         last_seen_ms: now.max(row.last_seen_ms),
         ..row
     };
-    Ok((vec![Effect::Device(DeviceEffect { uid, row })], info(&row)))
+    Ok((vec![Effect::from(DeviceEffect { uid, row })], info(&row)))
 }
 
 /// Records that a device was seen at `now`: the `last_seen` refresh of a
@@ -462,5 +462,5 @@ pub(crate) fn decide_touch(
         last_seen_ms: now,
         ..row
     };
-    Ok((vec![Effect::Device(DeviceEffect { uid, row })], ()))
+    Ok((vec![Effect::from(DeviceEffect { uid, row })], ()))
 }

@@ -12,6 +12,7 @@
 use bytes::Bytes;
 
 use super::decide::{self as sync, info, SyncOutcome, SyncPlan};
+use super::record::Records;
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::effect::Effect;
@@ -58,10 +59,14 @@ pub(crate) fn sync_unchanged(
             Ok((effects, SyncOutcome::Page(plan))) => {
                 let touch = match effects.as_slice() {
                     [] => false,
-                    [Effect::Device(e)] if row.is_some_and(|r| only_seen(&r, &e.row)) => true,
+                    [Effect::Devices(Records::Device(e))]
+                        if row.is_some_and(|r| only_seen(&r, &e.row)) =>
+                    {
+                        true
+                    }
                     _ => return None,
                 };
-                let committed = user.map_or(0, |u| u.committed_seq);
+                let committed = user.map_or(SyncSeq(0), |u| u.committed_seq);
                 if plan.hwm > committed {
                     return None;
                 }
@@ -116,8 +121,8 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
                 generation: plan.generation,
             });
         }
-        let lo = (plan.start - user.events_base) as usize;
-        let hi = (plan.end - user.events_base) as usize;
+        let lo = (plan.start.0 - user.events_base.0) as usize;
+        let hi = (plan.end.0 - user.events_base.0) as usize;
         user.events
             .get(lo..hi)
             .ok_or_else(|| Error::Invariant("sync range beyond the event index".into()))?
@@ -128,7 +133,7 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
         let rec = shared.evt_log.read(unpack(*loc))?;
         let effect = Effect::decode(rec.kind, &rec.payload).map_err(|e| corrupt("evt", &e))?;
         let ev = effect
-            .to_event(plan.start + 1 + i as SyncSeq)
+            .to_event(plan.start.plus(1 + i as u64))
             .ok_or_else(|| {
                 Error::Invariant("event index points at a record that is no event".into())
             })?;

@@ -18,8 +18,15 @@ use std::sync::Arc;
 
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
-use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
+use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
 use crate::inbox::state::{Device, DeviceRow, State, User};
+
+record_set! {
+    /// The `evt` records the devices subsystem owns.
+    pub(crate) enum Records in Effect::Devices {
+        Device(DeviceEffect),
+    }
+}
 
 /// A device row after a change.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +45,7 @@ impl Record for DeviceEffect {
 
     fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
         Ok(DeviceEffect {
-            uid: r.u64()?,
+            uid: r.id()?,
             row: get_device_row(r)?,
         })
     }
@@ -108,17 +115,17 @@ pub(crate) fn put_device_row(w: &mut Writer, row: &DeviceRow) {
 }
 
 pub(crate) fn get_device_row(r: &mut Reader<'_>) -> DecodeResult<DeviceRow> {
-    let device = r.u64()?;
-    let generation = r.u64()?;
-    let acked_sync_seq = r.u64()?;
+    let device = r.id()?;
+    let generation = r.id()?;
+    let acked_sync_seq = r.id()?;
     let state = state_from_code(r.u8()?)?;
     let last_seen_ms = r.u64()?;
     let lease = match r.u8()? {
         0 => None,
         1 => Some(LeaseInfo {
             lease_id: r.u64()?,
-            resume_from: r.u64()?,
-            hwm: r.u64()?,
+            resume_from: r.id()?,
+            hwm: r.id()?,
             expires_at_ms: r.u64()?,
         }),
         _ => return Err(DecodeError("bad lease tag")),

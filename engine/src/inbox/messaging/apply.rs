@@ -51,9 +51,9 @@ impl State {
         };
         let mut n = 0u32;
         for p in periods {
-            let lo = p.join_seq.max(uc.read_seq + 1).max(c.msgs_base + 1);
+            let lo = p.join_seq.max(uc.read_seq.next()).max(c.msgs_base.next());
             let hi = p.leave_seq.min(up_to).min(c.head());
-            for seq in lo..=hi {
+            for seq in lo.through(hi) {
                 if let Some(m) = c.meta(seq) {
                     if m.kind == MessageKind::Normal
                         && m.flags & FLAG_RECALLED == 0
@@ -75,7 +75,7 @@ impl State {
         touched: &mut Touched,
     ) -> Result<(), ApplyError> {
         let conv = Arc::make_mut(self.convs.entry(m.conv).or_default());
-        if m.msg_seq != conv.head() + 1 {
+        if m.msg_seq != conv.head().next() {
             return Err(ApplyError(format!(
                 "conv {} message seq {} does not follow head {}",
                 m.conv,

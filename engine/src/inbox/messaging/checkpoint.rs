@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use super::record::{kind_code, kind_from_code};
+use crate::api::{ConvId, MsgSeq, Uid};
 use crate::inbox::codec::{sorted, DecodeError, DecodeResult, Reader, Writer};
 use crate::inbox::state::{Conv, IdemEntry, MsgMeta, Period, State, User, UserConv};
 
@@ -38,27 +39,27 @@ pub(crate) fn put_convs(w: &mut Writer, st: &State) {
 
 pub(crate) fn get_convs(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
     for _ in 0..r.count(16)? {
-        let id = r.u64()?;
+        let id: ConvId = r.id()?;
         let mut c = Conv::default();
         let n = r.count(26)?;
         c.msgs.reserve_exact(n);
         for _ in 0..n {
             c.msgs.push(MsgMeta {
                 loc: r.u64()?,
-                msg_id: r.u64()?,
-                sender: r.u64()?,
+                msg_id: r.id()?,
+                sender: r.id()?,
                 kind: kind_from_code(r.u8()?)?,
                 flags: r.u8()?,
             });
         }
         for _ in 0..r.count(16)? {
-            let uid = r.u64()?;
+            let uid: Uid = r.id()?;
             let mut periods = Vec::new();
             for _ in 0..r.count(20)? {
                 periods.push(Period {
                     period_id: r.u32()?,
-                    join_seq: r.u64()?,
-                    leave_seq: r.u64()?,
+                    join_seq: r.id()?,
+                    leave_seq: r.id()?,
                 });
             }
             c.members.insert(uid, periods);
@@ -88,13 +89,13 @@ pub(crate) fn put_user_convs(w: &mut Writer, u: &User) {
 
 pub(crate) fn get_user_convs(r: &mut Reader<'_>, u: &mut User) -> DecodeResult<()> {
     for _ in 0..r.count(60)? {
-        let conv = r.u64()?;
+        let conv: ConvId = r.id()?;
         let uc = UserConv {
-            read_seq: r.u64()?,
+            read_seq: r.id()?,
             unread: r.u32()?,
-            last_msg_seq: r.u64()?,
-            last_msg_id: r.u64()?,
-            last_sender: r.u64()?,
+            last_msg_seq: r.id()?,
+            last_msg_id: r.id()?,
+            last_sender: r.id()?,
             last_summary: r.short_bytes()?,
             last_activity_ms: r.u64()?,
             muted: r.bool()?,
@@ -129,19 +130,19 @@ pub(crate) fn put_idempotency(w: &mut Writer, st: &State) {
 
 pub(crate) fn get_idempotency(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
     for _ in 0..r.count(56)? {
-        let key = (r.u64()?, r.u128()?);
+        let key = (r.id()?, r.u128()?);
         st.idem.insert(
             key,
             IdemEntry {
-                conv: r.u64()?,
-                msg_id: r.u64()?,
-                msg_seq: r.u64()?,
+                conv: r.id()?,
+                msg_id: r.id()?,
+                msg_seq: r.id()?,
                 at_ms: r.u64()?,
             },
         );
     }
     for _ in 0..r.count(32)? {
-        st.idem_order.push_back((r.u64()?, r.u64()?, r.u128()?));
+        st.idem_order.push_back((r.u64()?, r.id()?, r.u128()?));
     }
     Ok(())
 }
@@ -172,17 +173,17 @@ pub(crate) fn put_edit_links(w: &mut Writer, st: &State) {
 
 pub(crate) fn get_edit_links(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
     for _ in 0..r.count(16)? {
-        let conv = r.u64()?;
+        let conv: ConvId = r.id()?;
         let c = st
             .convs
             .get_mut(&conv)
             .map(Arc::make_mut)
             .ok_or(DecodeError("edit links of an unknown conv"))?;
         for _ in 0..r.count(16)? {
-            let target = r.u64()?;
+            let target: MsgSeq = r.id()?;
             let mut edits = Vec::new();
             for _ in 0..r.count(8)? {
-                edits.push(r.u64()?);
+                edits.push(r.id()?);
             }
             c.edits.insert(target, edits);
         }

@@ -34,19 +34,19 @@ use crate::error::{Error, Result};
 
 pub(crate) enum Command {
     Join {
-        conv: ConvId,
         uid: Uid,
+        conv: ConvId,
         tx: Tx<MembershipReply>,
     },
     Leave {
-        conv: ConvId,
         uid: Uid,
+        conv: ConvId,
         tx: Tx<MembershipReply>,
     },
     Send {
-        kind: MessageKind,
-        conv: ConvId,
         sender: Uid,
+        conv: ConvId,
+        kind: MessageKind,
         client_msg_id: ClientMsgId,
         msg_type: MsgType,
         target: MsgId,
@@ -82,7 +82,7 @@ pub(crate) fn fail(cmd: Command, f: &Fail) {
 pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn Sink) {
     let now = env.now;
     match cmd {
-        Command::Join { conv, uid, tx } => {
+        Command::Join { uid, conv, tx } => {
             let existing = st.convs.get(&conv).and_then(|c| {
                 c.is_member(uid)
                     .then(|| c.members.get(&uid).and_then(|p| p.last()).copied())
@@ -96,16 +96,16 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
                 sink.reply(reply_with(tx, Ok(reply)));
                 return;
             }
-            let msg_seq = st.convs.get(&conv).map_or(0, |c| c.head()) + 1;
+            let msg_seq = st.convs.get(&conv).map_or(MsgSeq(0), |c| c.head()).next();
             let period_id = st
                 .convs
                 .get(&conv)
                 .and_then(|c| c.members.get(&uid))
                 .map_or(0, |p| u32::try_from(p.len()).unwrap_or(u32::MAX));
-            push_membership(st, sink, now, MessageKind::Join, conv, uid);
+            push_membership(st, sink, now, uid, conv, MessageKind::Join);
             sink.reply(reply_with(tx, Ok(MembershipReply { msg_seq, period_id })));
         }
-        Command::Leave { conv, uid, tx } => {
+        Command::Leave { uid, conv, tx } => {
             let Some(c) = st.convs.get(&conv).filter(|c| c.is_member(uid)) else {
                 sink.reply(reply_with(
                     tx,
@@ -115,26 +115,26 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
                 ));
                 return;
             };
-            let msg_seq = c.head() + 1;
+            let msg_seq = c.head().next();
             let period_id = c
                 .members
                 .get(&uid)
                 .and_then(|p| p.last())
                 .map_or(0, |p| p.period_id);
-            push_membership(st, sink, now, MessageKind::Leave, conv, uid);
+            push_membership(st, sink, now, uid, conv, MessageKind::Leave);
             sink.reply(reply_with(tx, Ok(MembershipReply { msg_seq, period_id })));
         }
         Command::Send {
-            kind,
-            conv,
             sender,
+            conv,
+            kind,
             client_msg_id,
             msg_type,
             target,
             payload,
             summary,
             tx,
-        } => match decide_send(st, now, kind, conv, sender, client_msg_id, target) {
+        } => match decide_send(st, now, sender, conv, kind, client_msg_id, target) {
             Err(e) => sink.reply(reply_with(tx, Err(e))),
             Ok(Decision::Duplicate(original)) => {
                 // Same key: the same request gets the original ids, a
@@ -254,9 +254,9 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
 /// One message to allocate, as decided.
 struct NewMessage<'a> {
     now: TimestampMs,
-    kind: MessageKind,
-    conv: ConvId,
     sender: Uid,
+    conv: ConvId,
+    kind: MessageKind,
     client_msg_id: ClientMsgId,
     msg_type: MsgType,
     target: MsgId,
@@ -270,9 +270,9 @@ fn push_membership(
     st: &mut State,
     sink: &mut dyn Sink,
     now: TimestampMs,
-    kind: MessageKind,
-    conv: ConvId,
     uid: Uid,
+    conv: ConvId,
+    kind: MessageKind,
 ) {
     let payload = StoredPayload {
         compressed: false,
@@ -289,10 +289,10 @@ fn push_membership(
             sender: uid,
             client_msg_id: 0,
             msg_type: 0,
-            target: 0,
-            target_seq: 0,
+            target: MsgId(0),
+            target_seq: MsgSeq(0),
             payload: &payload,
-            summary: record::summary_for(kind, &[], 0, uid),
+            summary: record::summary_for(kind, &[], MsgId(0), uid),
         },
     );
 }
@@ -300,8 +300,8 @@ fn push_membership(
 /// Allocates a message's `msg_id` and `msg_seq` and hands its body and
 /// effect to the round.
 fn push_message(st: &mut State, sink: &mut dyn Sink, m: NewMessage<'_>) -> (MsgId, MsgSeq) {
-    let msg_seq = st.convs.get(&m.conv).map_or(0, |c| c.head()) + 1;
-    let msg_id = st.next_msg_counter; // shard id 0 in the top bits (R3)
+    let msg_seq = st.convs.get(&m.conv).map_or(MsgSeq(0), |c| c.head()).next();
+    let msg_id = MsgId(st.next_msg_counter); // shard id 0 in the top bits (R3)
     let header = MsgHeader {
         kind: m.kind,
         msg_type: m.msg_type,
@@ -326,7 +326,7 @@ fn push_message(st: &mut State, sink: &mut dyn Sink, m: NewMessage<'_>) -> (MsgI
         client_msg_id: m.client_msg_id,
         summary: m.summary,
     };
-    sink.effect_with_body(st, effect.into(), body);
+    sink.effect_with_body(st, effect.into(), record::MSG_RECORD, body);
     (msg_id, msg_seq)
 }
 
@@ -342,9 +342,9 @@ enum Decision {
 fn decide_send(
     st: &State,
     now: TimestampMs,
-    kind: MessageKind,
-    conv: ConvId,
     sender: Uid,
+    conv: ConvId,
+    kind: MessageKind,
     client_msg_id: ClientMsgId,
     target: MsgId,
 ) -> Result<Decision> {
@@ -371,7 +371,9 @@ fn decide_send(
         )));
     }
     if kind == MessageKind::Normal {
-        return Ok(Decision::New { target_seq: 0 });
+        return Ok(Decision::New {
+            target_seq: MsgSeq(0),
+        });
     }
     let target_seq = c
         .seq_of(target)

@@ -149,7 +149,7 @@ fn materialize(
             sender: h.sender,
             kind: h.kind,
             msg_type: h.msg_type,
-            target: (h.target != 0).then_some(h.target),
+            target: (h.target != MsgId(0)).then_some(h.target),
             sent_at_ms: h.sent_at_ms,
             tombstone: meta.tombstone(),
             payload,
@@ -209,9 +209,9 @@ pub(crate) fn pull(
                 // A cursor below the retained base (history retention)
                 // resumes at the base: reclaimed messages are skipped.
                 let lo = (*p.start())
-                    .max(after.saturating_add(1))
-                    .max(c.msgs_base + 1);
-                for seq in lo..=*p.end() {
+                    .max(MsgSeq(after.0.saturating_add(1)))
+                    .max(c.msgs_base.next());
+                for seq in lo.through(*p.end()) {
                     if metas.len() == limit as usize {
                         has_more = true;
                         break 'periods;
@@ -266,10 +266,10 @@ pub(crate) fn history(
             if *p.start() >= below {
                 continue;
             }
-            let hi = (*p.end()).min(below - 1);
+            let hi = (*p.end()).min(below.prev());
             // History stops at the retained base (has_more = false there).
-            let lo = (*p.start()).max(c.msgs_base + 1);
-            for seq in (lo..=hi).rev() {
+            let lo = (*p.start()).max(c.msgs_base.next());
+            for seq in lo.through(hi).rev() {
                 if metas.len() == limit as usize {
                     has_more = true;
                     break 'periods;
@@ -292,8 +292,8 @@ const CURSOR_BYTES: usize = 24;
 fn encode_cursor(key: &ActivityKey) -> Bytes {
     let mut b = Vec::with_capacity(CURSOR_BYTES);
     b.extend_from_slice(&key.0.to_le_bytes());
-    b.extend_from_slice(&key.1.to_le_bytes());
-    b.extend_from_slice(&key.2.to_le_bytes());
+    b.extend_from_slice(&key.1 .0.to_le_bytes());
+    b.extend_from_slice(&key.2 .0.to_le_bytes());
     Bytes::from(b)
 }
 
@@ -307,7 +307,7 @@ fn decode_cursor(b: &[u8]) -> Result<ActivityKey> {
         w.copy_from_slice(&b[i * 8..i * 8 + 8]);
         u64::from_le_bytes(w)
     };
-    Ok((word(0), word(1), word(2)))
+    Ok((word(0), MsgId(word(1)), ConvId(word(2))))
 }
 
 pub(crate) fn conv_list(

@@ -33,8 +33,17 @@ use std::sync::Arc;
 
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
-use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
+use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
 use crate::inbox::state::{PackedLoc, State};
+
+record_set! {
+    /// The `evt` records messaging owns.
+    pub(crate) enum Records in Effect::Messaging {
+        Msg(MsgEffect),
+        Read(ReadEffect),
+        Flags(FlagsEffect),
+    }
+}
 
 pub(crate) const MSG_RECORD: u8 = 1;
 const FORMAT_VERSION: u8 = 1;
@@ -167,11 +176,11 @@ pub(crate) fn decode_msg_record(buf: &[u8], raw_len_max: u32) -> DecodeResult<(M
     let h = MsgHeader {
         kind: kind_from_code(r.u8()?)?,
         msg_type: r.u16()?,
-        conv: r.u64()?,
-        msg_seq: r.u64()?,
-        msg_id: r.u64()?,
-        sender: r.u64()?,
-        target: r.u64()?,
+        conv: r.id()?,
+        msg_seq: r.id()?,
+        msg_id: r.id()?,
+        sender: r.id()?,
+        target: r.id()?,
         sent_at_ms: r.u64()?,
     };
     let raw_len = r.u32()?;
@@ -254,13 +263,13 @@ impl Record for MsgEffect {
 
     fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
         Ok(MsgEffect {
-            conv: r.u64()?,
-            msg_seq: r.u64()?,
-            msg_id: r.u64()?,
-            sender: r.u64()?,
+            conv: r.id()?,
+            msg_seq: r.id()?,
+            msg_id: r.id()?,
+            sender: r.id()?,
             kind: kind_from_code(r.u8()?)?,
             msg_type: r.u16()?,
-            target_seq: r.u64()?,
+            target_seq: r.id()?,
             at_ms: r.u64()?,
             msg_loc: r.u64()?,
             client_msg_id: r.u128()?,
@@ -281,7 +290,11 @@ impl Record for MsgEffect {
                 .and_then(|b| <[u8; 8]>::try_from(b).ok())
                 .map_or(0, u64::from_le_bytes)
         };
-        st.patch_msg(field(1), field(9), loc);
+        st.patch_msg(ConvId(field(1)), MsgSeq(field(9)), loc);
+    }
+
+    fn at_ms(&self) -> Option<TimestampMs> {
+        Some(self.at_ms)
     }
 
     fn to_event(&self, sync_seq: SyncSeq) -> Option<SyncEvent> {
@@ -314,9 +327,9 @@ impl Record for ReadEffect {
 
     fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
         Ok(ReadEffect {
-            uid: r.u64()?,
-            conv: r.u64()?,
-            read_seq: r.u64()?,
+            uid: r.id()?,
+            conv: r.id()?,
+            read_seq: r.id()?,
             at_ms: r.u64()?,
         })
     }
@@ -344,13 +357,17 @@ impl Record for ReadEffect {
         Ok(())
     }
 
+    fn at_ms(&self) -> Option<TimestampMs> {
+        Some(self.at_ms)
+    }
+
     fn to_event(&self, sync_seq: SyncSeq) -> Option<SyncEvent> {
         Some(SyncEvent {
             sync_seq,
             kind: EventKind::Read,
             conv: self.conv,
             msg_seq: self.read_seq,
-            msg_id: 0,
+            msg_id: MsgId(0),
             at_ms: self.at_ms,
             summary: Bytes::new(),
         })
@@ -370,8 +387,8 @@ impl Record for FlagsEffect {
 
     fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
         Ok(FlagsEffect {
-            uid: r.u64()?,
-            conv: r.u64()?,
+            uid: r.id()?,
+            conv: r.id()?,
             flags: ConvFlags {
                 muted: r.bool()?,
                 pinned: r.bool()?,
@@ -400,13 +417,17 @@ impl Record for FlagsEffect {
         Ok(())
     }
 
+    fn at_ms(&self) -> Option<TimestampMs> {
+        Some(self.at_ms)
+    }
+
     fn to_event(&self, sync_seq: SyncSeq) -> Option<SyncEvent> {
         Some(SyncEvent {
             sync_seq,
             kind: EventKind::Conv,
             conv: self.conv,
-            msg_seq: 0,
-            msg_id: 0,
+            msg_seq: MsgSeq(0),
+            msg_id: MsgId(0),
             at_ms: self.at_ms,
             summary: Bytes::copy_from_slice(&[
                 u8::from(self.flags.muted) | (u8::from(self.flags.pinned) << 1)
@@ -424,8 +445,8 @@ pub(crate) fn summary_for(kind: MessageKind, payload: &[u8], target: MsgId, memb
         MessageKind::Normal | MessageKind::Edit => {
             Bytes::copy_from_slice(&payload[..payload.len().min(SUMMARY_BYTES_MAX)])
         }
-        MessageKind::Recall => Bytes::copy_from_slice(&target.to_le_bytes()),
-        MessageKind::Join | MessageKind::Leave => Bytes::copy_from_slice(&member.to_le_bytes()),
+        MessageKind::Recall => Bytes::copy_from_slice(&target.0.to_le_bytes()),
+        MessageKind::Join | MessageKind::Leave => Bytes::copy_from_slice(&member.0.to_le_bytes()),
     }
 }
 
@@ -438,26 +459,26 @@ mod tests {
     #[test]
     fn setting_msg_loc_in_an_encoded_record_equals_encoding_it_with_the_loc() {
         let mut m = MsgEffect {
-            conv: 7,
-            msg_seq: 3,
-            msg_id: 99,
-            sender: 1,
+            conv: ConvId(7),
+            msg_seq: MsgSeq(3),
+            msg_id: MsgId(99),
+            sender: Uid(1),
             kind: MessageKind::Normal,
             msg_type: 12,
-            target_seq: 0,
+            target_seq: MsgSeq(0),
             at_ms: 5,
             msg_loc: PENDING_LOC,
             client_msg_id: 42,
             summary: Bytes::from_static(b"hi"),
         };
-        let mut record = Effect::Msg(m.clone()).encode();
+        let mut record = Effect::from(m.clone()).encode();
         let loc = pack(crate::log::RecordLoc {
             segment: 3,
             offset: 4096,
         });
         set_msg_loc(&mut record, loc);
         m.msg_loc = loc;
-        assert_eq!(record, Effect::Msg(m).encode());
+        assert_eq!(record, Effect::from(m).encode());
     }
 
     #[test]
@@ -471,22 +492,22 @@ mod tests {
         let header = MsgHeader {
             kind: MessageKind::Normal,
             msg_type: u16::MAX,
-            conv: u64::MAX,
-            msg_seq: u64::MAX,
-            msg_id: u64::MAX,
-            sender: u64::MAX,
-            target: u64::MAX,
+            conv: ConvId(u64::MAX),
+            msg_seq: MsgSeq(u64::MAX),
+            msg_id: MsgId(u64::MAX),
+            sender: Uid(u64::MAX),
+            target: MsgId(u64::MAX),
             sent_at_ms: u64::MAX,
         };
         let msg = encode_msg_record(&header, &stored).len() - payload.len();
-        let evt = Effect::Msg(MsgEffect {
-            conv: u64::MAX,
-            msg_seq: u64::MAX,
-            msg_id: u64::MAX,
-            sender: u64::MAX,
+        let evt = Effect::from(MsgEffect {
+            conv: ConvId(u64::MAX),
+            msg_seq: MsgSeq(u64::MAX),
+            msg_id: MsgId(u64::MAX),
+            sender: Uid(u64::MAX),
             kind: MessageKind::Normal,
             msg_type: u16::MAX,
-            target_seq: u64::MAX,
+            target_seq: MsgSeq(u64::MAX),
             at_ms: u64::MAX,
             msg_loc: u64::MAX,
             client_msg_id: u128::MAX,
@@ -507,11 +528,11 @@ mod tests {
         let h = MsgHeader {
             kind: MessageKind::Normal,
             msg_type: 1,
-            conv: 2,
-            msg_seq: 3,
-            msg_id: 4,
-            sender: 5,
-            target: 0,
+            conv: ConvId(2),
+            msg_seq: MsgSeq(3),
+            msg_id: MsgId(4),
+            sender: Uid(5),
+            target: MsgId(0),
             sent_at_ms: 6,
         };
         let rec = encode_msg_record(&h, &stored);

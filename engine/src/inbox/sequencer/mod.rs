@@ -1,12 +1,14 @@
 //! The sequencer: a generic round-and-commit engine.
 //!
-//! It takes commands, hands each to the subsystem that owns it (which
-//! decides against the state and gives back effects and a reply through a
-//! [`Sink`]), applies the effects, batches their records, commits the
-//! batches and passes the round to the completion stage
+//! It takes commands of any type that implements [`Exec`] (the engine's is
+//! `inbox/command.rs`, which hands each to the subsystem that owns it),
+//! lets each decide against the state and give back effects and a reply
+//! through a [`Sink`], applies the effects, batches their records, commits
+//! the batches and passes the round to the completion stage
 //! ([`completion`]), which releases the replies once the round is durable.
-//! It knows nothing of messages or devices: only of effects, optional
-//! bodies for the `msg` log, replies, rounds and checkpoints.
+//! It knows nothing of messages, devices or any subsystem, and imports
+//! none: only effects, optional bodies for the `msg` log, replies, rounds
+//! and checkpoints.
 //!
 //! The sequencer takes whatever commands are queued as one *round*: it
 //! decides and applies each in order (so the next one sees its effects),
@@ -39,12 +41,11 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 use super::effect::Effect;
-use super::round::{Env, Fail, ReplyFn, Sink};
+use super::recover;
+use super::round::{Env, Exec, Fail, ReplyFn, Sink};
 use super::shared::Shared;
-use super::snapshots::build::Job as SnapshotJob;
 use super::state::record::Touched;
 use super::state::{pack, State, PENDING_LOC};
-use super::{compaction, devices, messaging, recover, snapshots};
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::log::{AppendTicket, Batch, Log, LogError};
@@ -71,12 +72,10 @@ pub(crate) fn round_bytes_max(segment_bytes: u64) -> u64 {
     Log::batch_records_bytes_max_for(segment_bytes) / 2
 }
 
-/// A command for the sequencer: one subsystem's, or a control command.
-pub(crate) enum Command {
-    Messaging(messaging::Command),
-    Devices(devices::Command),
-    Snapshots(snapshots::Command),
-    Compaction(compaction::Command),
+/// A command for the sequencer: one to run (`C`: see [`Exec`]), or a
+/// control command.
+pub(crate) enum Command<C> {
+    Run(C),
     /// Write a checkpoint now; answered once it is durable.
     Checkpoint {
         tx: mpsc::Sender<Result<()>>,
@@ -87,37 +86,17 @@ pub(crate) enum Command {
     },
 }
 
-impl Command {
-    /// Answers the command with a failure without running it.
-    fn fail(self, f: &Fail) {
+impl<C> Command<C> {
+    /// The same command with the command to run turned into another type
+    /// (a client that submits only some commands wraps them).
+    pub fn map<D>(self, f: impl FnOnce(C) -> D) -> Command<D> {
         match self {
-            Command::Messaging(c) => messaging::fail(c, f),
-            Command::Devices(c) => devices::fail(c, f),
-            Command::Snapshots(c) => snapshots::fail(c, f),
-            Command::Compaction(c) => compaction::fail(c, f),
-            Command::Checkpoint { tx } | Command::Shutdown { tx } => {
-                drop(tx.send(Err(f.to_error())))
-            }
+            Command::Run(c) => Command::Run(f(c)),
+            Command::Checkpoint { tx } => Command::Checkpoint { tx },
+            Command::Shutdown { tx } => Command::Shutdown { tx },
         }
     }
 }
-
-macro_rules! command_from {
-    ($($variant:ident($ty:ty)),+) => {
-        $(impl From<$ty> for Command {
-            fn from(c: $ty) -> Command {
-                Command::$variant(c)
-            }
-        })+
-    };
-}
-
-command_from!(
-    Messaging(messaging::Command),
-    Devices(devices::Command),
-    Snapshots(snapshots::Command),
-    Compaction(compaction::Command)
-);
 
 #[derive(Default)]
 struct RoundBuf {
@@ -171,12 +150,12 @@ impl Sink for RoundSink<'_> {
         r.evt_records.push((effect.record_kind(), record));
     }
 
-    fn effect_with_body(&mut self, st: &mut State, effect: Effect, body: Vec<u8>) {
+    fn effect_with_body(&mut self, st: &mut State, effect: Effect, body_kind: u8, body: Vec<u8>) {
         let idx = self.round.evt_records.len();
         self.effect(st, effect);
         let r = &mut *self.round;
         r.size += (RECORD_HEADER_LEN + body.len()) as u64;
-        r.msg_batch.push_owned(MSG_BODY_RECORD, body);
+        r.msg_batch.push_owned(body_kind, body);
         r.body_owners.push(idx);
     }
 
@@ -185,31 +164,28 @@ impl Sink for RoundSink<'_> {
     }
 }
 
-/// The `msg` log's record kind for a body.
-const MSG_BODY_RECORD: u8 = messaging::record::MSG_RECORD;
-
-pub(crate) struct Sequencer {
+pub(crate) struct Sequencer<C: Exec> {
     shared: Arc<Shared>,
-    rx: mpsc::Receiver<Command>,
+    rx: mpsc::Receiver<Command<C>>,
     done: mpsc::Sender<RoundDone>,
     /// The checkpoint writer's queue; dropped when the sequencer stops, which
     /// lets the writer finish the final checkpoint and exit.
     checkpoints: mpsc::Sender<checkpoints::Job>,
     /// Set while a periodic checkpoint is queued or being written.
     periodic_busy: Arc<AtomicBool>,
-    /// The snapshot builder's queue, cloned into each begin step's reply.
-    snapshot_jobs: mpsc::Sender<SnapshotJob>,
+    /// What the commands need besides the state, held for them.
+    services: C::Services,
     next_round: u64,
     bytes_since_checkpoint: u64,
 }
 
-impl Sequencer {
+impl<C: Exec> Sequencer<C> {
     pub fn new(
         shared: Arc<Shared>,
-        rx: mpsc::Receiver<Command>,
+        rx: mpsc::Receiver<Command<C>>,
         done: mpsc::Sender<RoundDone>,
         checkpoints: mpsc::Sender<checkpoints::Job>,
-        snapshot_jobs: mpsc::Sender<SnapshotJob>,
+        services: C::Services,
     ) -> Self {
         Self {
             shared,
@@ -217,7 +193,7 @@ impl Sequencer {
             done,
             checkpoints,
             periodic_busy: Arc::new(AtomicBool::new(false)),
-            snapshot_jobs,
+            services,
             next_round: 1,
             bytes_since_checkpoint: 0,
         }
@@ -239,7 +215,7 @@ impl Sequencer {
             for cmd in cmds {
                 match cmd {
                     c @ (Command::Checkpoint { .. } | Command::Shutdown { .. }) => control.push(c),
-                    c => {
+                    Command::Run(c) => {
                         self.exec(c, id, &mut round);
                         if round.size >= bytes_max && !round.replies.is_empty() {
                             self.next_round += 1;
@@ -330,7 +306,7 @@ impl Sequencer {
         }
     }
 
-    fn exec(&mut self, cmd: Command, round_id: u64, r: &mut RoundBuf) {
+    fn exec(&mut self, cmd: C, round_id: u64, r: &mut RoundBuf) {
         if let Some(m) = self.shared.poisoned() {
             cmd.fail(&Fail::Poisoned(m));
             return;
@@ -338,7 +314,6 @@ impl Sequencer {
         let env = Env {
             now: self.shared.config.clock.now_ms(),
             shared: &self.shared,
-            snapshot_jobs: &self.snapshot_jobs,
         };
         let mut st = self.shared.state.write();
         let st = &mut *st;
@@ -347,13 +322,7 @@ impl Sequencer {
             round: r,
             round_id,
         };
-        match cmd {
-            Command::Messaging(c) => messaging::exec(c, st, &env, &mut sink),
-            Command::Devices(c) => devices::exec(c, st, &env, &mut sink),
-            Command::Snapshots(c) => snapshots::exec(c, st, &env, &mut sink),
-            Command::Compaction(c) => compaction::exec(c, st, &env, &mut sink),
-            Command::Checkpoint { .. } | Command::Shutdown { .. } => {}
-        }
+        cmd.exec(st, &mut sink, &env, &self.services);
     }
 
     fn finish_round(&mut self, id: u64, mut r: RoundBuf) {

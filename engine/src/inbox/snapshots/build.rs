@@ -54,7 +54,7 @@ pub(crate) fn run_builder(shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
             build(&shared, &plan)
         };
         if let Err(e) = &result {
-            tracing::warn!(uid = plan.uid, snapshot_id = plan.snapshot_id, error = %e, "snapshot not built; it fences until it expires");
+            tracing::warn!(uid = plan.uid.0, snapshot_id = plan.snapshot_id, error = %e, "snapshot not built; it fences until it expires");
         }
         // A caller that went away needs no answer: the snapshot is READY
         // (or not) on disk either way.
@@ -110,9 +110,7 @@ pub(crate) fn build(shared: &Shared, plan: &Plan) -> Result<SnapshotInfo> {
     };
     shared
         .snapshots
-        .cache
-        .lock()
-        .insert((plan.uid, plan.snapshot_id), Arc::new(content));
+        .insert(plan.uid, plan.snapshot_id, Arc::new(content));
     Ok(info)
 }
 
@@ -155,7 +153,7 @@ fn read_message(
         sender: h.sender,
         kind: h.kind,
         msg_type: h.msg_type,
-        target: (h.target != 0).then_some(h.target),
+        target: (h.target != MsgId(0)).then_some(h.target),
         sent_at_ms: h.sent_at_ms,
         tombstone,
         payload: if tombstone { Bytes::new() } else { payload },

@@ -33,18 +33,18 @@ pub(crate) fn decide_begin(
     let base_sync_seq = user.head();
     let snapshot_id = user.next_snapshot_id.max(1);
     let row = DeviceRow {
-        generation: row.generation + 1,
+        generation: row.generation.next(),
         state: DeviceState::Resetting,
         lease: None,
         last_seen_ms: now.max(row.last_seen_ms),
         ..row
     };
-    let mut effects = vec![Effect::Device(DeviceEffect { uid, row })];
+    let mut effects = vec![Effect::from(DeviceEffect { uid, row })];
     // An earlier snapshot of this device is superseded: its generation is
     // dead, so it can never be acknowledged.
     for slot in user.snapshots.values() {
         if slot.row.device == device && slot.row.phase == SnapshotPhase::Live {
-            effects.push(Effect::Snapshot(SnapshotEffect {
+            effects.push(Effect::from(SnapshotEffect {
                 uid,
                 row: SnapshotRow {
                     phase: SnapshotPhase::Dropped,
@@ -53,7 +53,7 @@ pub(crate) fn decide_begin(
             }));
         }
     }
-    effects.push(Effect::Snapshot(SnapshotEffect {
+    effects.push(Effect::from(SnapshotEffect {
         uid,
         row: SnapshotRow {
             snapshot_id,
@@ -86,14 +86,14 @@ pub(crate) fn decide_begin(
                 'periods: for p in periods.iter().rev() {
                     let hi = p.leave_seq.min(head);
                     let mut seq = hi;
-                    while seq >= p.join_seq && seq > 0 {
+                    while seq >= p.join_seq && seq > MsgSeq(0) {
                         if last.len() == n {
                             break 'periods;
                         }
                         if let Some(m) = c.meta(seq) {
                             last.push((seq, *m));
                         }
-                        seq -= 1;
+                        seq = seq.prev();
                     }
                 }
             }
@@ -162,8 +162,8 @@ pub(crate) fn decide_ack(
     };
     Ok((
         vec![
-            Effect::Device(DeviceEffect { uid, row }),
-            Effect::Snapshot(SnapshotEffect {
+            Effect::from(DeviceEffect { uid, row }),
+            Effect::from(SnapshotEffect {
                 uid,
                 row: SnapshotRow {
                     phase: SnapshotPhase::Installed,

@@ -72,7 +72,14 @@ pub(crate) fn fail(cmd: Command, f: &Fail) {
 }
 
 /// Decides one command against `st` and hands the outcome to `sink`.
-pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn Sink) {
+/// `jobs` is the snapshot builder's queue.
+pub(crate) fn exec(
+    cmd: Command,
+    st: &mut State,
+    env: &Env<'_>,
+    sink: &mut dyn Sink,
+    jobs: &mpsc::Sender<build::Job>,
+) {
     let now = env.now;
     match cmd {
         Command::Begin { uid, device, tx } => {
@@ -85,7 +92,7 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
                     // The content is built from the plan captured at S, on
                     // the builder thread once the step is durable, whether
                     // or not the caller still waits.
-                    let jobs = env.snapshot_jobs.clone();
+                    let jobs = jobs.clone();
                     sink.reply(Box::new(move |fail| match fail {
                         Some(f) => drop(tx.send(Reply::Done(Err(f.to_error())))),
                         None => {

@@ -18,8 +18,15 @@ use std::sync::Arc;
 
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
-use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
+use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
 use crate::inbox::state::{SnapshotPhase, SnapshotRow, SnapshotSlot, State, User};
+
+record_set! {
+    /// The `evt` records the snapshots subsystem owns.
+    pub(crate) enum Records in Effect::Snapshots {
+        Snapshot(SnapshotEffect),
+    }
+}
 
 /// A snapshot row after a change.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +45,7 @@ impl Record for SnapshotEffect {
 
     fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
         Ok(SnapshotEffect {
-            uid: r.u64()?,
+            uid: r.id()?,
             row: get_snapshot_row(r)?,
         })
     }
@@ -92,9 +99,9 @@ pub(crate) fn put_snapshot_row(w: &mut Writer, row: &SnapshotRow) {
 pub(crate) fn get_snapshot_row(r: &mut Reader<'_>) -> DecodeResult<SnapshotRow> {
     Ok(SnapshotRow {
         snapshot_id: r.u64()?,
-        device: r.u64()?,
-        generation: r.u64()?,
-        base_sync_seq: r.u64()?,
+        device: r.id()?,
+        generation: r.id()?,
+        base_sync_seq: r.id()?,
         created_at_ms: r.u64()?,
         expires_at_ms: r.u64()?,
         phase: phase_from_code(r.u8()?)?,
@@ -123,7 +130,7 @@ pub(crate) fn encode_checkpoint_section(w: &mut Writer, st: &State) {
 
 pub(crate) fn decode_checkpoint_section(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
     for _ in 0..r.count(24)? {
-        let uid = r.u64()?;
+        let uid: Uid = r.id()?;
         let next = r.u64()?;
         let mut snapshots = BTreeMap::new();
         for _ in 0..r.count(49)? {

@@ -20,7 +20,7 @@
 //! msg_id u64, sender u64, kind u8, msg_type u16, target u64 (0 = none),
 //! sent_at_ms u64, tombstone u8, payload u32 len + bytes).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,10 +47,89 @@ pub(crate) struct Content {
     pub pages: Vec<Vec<u8>>,
 }
 
-/// Built snapshots, cached from their files.
-#[derive(Default)]
+impl Content {
+    /// The bytes it holds in memory, as the cache counts them.
+    fn bytes(&self) -> u64 {
+        self.pages.iter().map(|p| p.len() as u64 + 24).sum::<u64>() + 64
+    }
+}
+
+type Key = (Uid, u64);
+
+/// Built snapshots in memory, bounded by bytes: inserting past the cap
+/// drops the least recently used ones (their files stay on disk, so a
+/// dropped snapshot is only read again, never lost). A snapshot larger
+/// than the whole cap is served from its file each time.
+pub(crate) struct Cache {
+    cap: u64,
+    bytes: u64,
+    tick: u64,
+    entries: HashMap<Key, (Arc<Content>, u64)>,
+    /// Last use -> key, oldest first.
+    by_use: BTreeMap<u64, Key>,
+}
+
+impl Cache {
+    pub(crate) fn new(cap: u64) -> Self {
+        Self {
+            cap,
+            bytes: 0,
+            tick: 0,
+            entries: HashMap::new(),
+            by_use: BTreeMap::new(),
+        }
+    }
+
+    fn get(&mut self, key: &Key) -> Option<Arc<Content>> {
+        self.tick += 1;
+        let (content, used) = self.entries.get_mut(key)?;
+        self.by_use.remove(used);
+        *used = self.tick;
+        self.by_use.insert(self.tick, *key);
+        Some(Arc::clone(content))
+    }
+
+    fn insert(&mut self, key: Key, content: Arc<Content>) {
+        self.remove(&key);
+        let bytes = content.bytes();
+        if bytes > self.cap {
+            return;
+        }
+        while self.bytes + bytes > self.cap {
+            let Some((_, oldest)) = self.by_use.pop_first() else {
+                break;
+            };
+            if let Some((c, _)) = self.entries.remove(&oldest) {
+                self.bytes -= c.bytes();
+            }
+        }
+        self.tick += 1;
+        self.bytes += bytes;
+        self.by_use.insert(self.tick, key);
+        self.entries.insert(key, (content, self.tick));
+    }
+
+    fn remove(&mut self, key: &Key) {
+        if let Some((c, used)) = self.entries.remove(key) {
+            self.by_use.remove(&used);
+            self.bytes -= c.bytes();
+        }
+    }
+
+    fn contains(&self, key: &Key) -> bool {
+        self.entries.contains_key(key)
+    }
+
+    /// Bytes held and snapshots cached.
+    #[cfg(test)]
+    pub(crate) fn usage(&self) -> (u64, usize) {
+        (self.bytes, self.entries.len())
+    }
+}
+
+/// Built snapshots: their files, and a byte-bounded cache of them.
 pub(crate) struct Store {
-    pub(crate) cache: Mutex<HashMap<(Uid, u64), Arc<Content>>>,
+    pub(crate) cache: Mutex<Cache>,
     /// Set at shutdown: the builder abandons the builds still queued.
     pub(crate) stopping: AtomicBool,
 }
@@ -68,6 +147,18 @@ pub(crate) fn io_err(e: std::io::Error) -> Error {
 }
 
 impl Store {
+    pub fn new(cache_bytes: u64) -> Self {
+        Self {
+            cache: Mutex::new(Cache::new(cache_bytes)),
+            stopping: AtomicBool::new(false),
+        }
+    }
+
+    /// Keeps a freshly built snapshot in the cache.
+    pub fn insert(&self, uid: Uid, id: u64, content: Arc<Content>) {
+        self.cache.lock().insert((uid, id), content);
+    }
+
     /// Makes the builder abandon every build it has not started yet.
     pub fn stop_builder(&self) {
         self.stopping.store(true, Ordering::Release);
@@ -76,7 +167,7 @@ impl Store {
     /// The content of a built snapshot, from the cache or its file.
     pub fn get(&self, data_dir: &Path, uid: Uid, id: u64) -> Result<Option<Arc<Content>>> {
         if let Some(c) = self.cache.lock().get(&(uid, id)) {
-            return Ok(Some(Arc::clone(c)));
+            return Ok(Some(c));
         }
         let path = file_path(data_dir, uid, id);
         let buf = match fs::read(&path) {
@@ -89,12 +180,12 @@ impl Store {
             reason: format!("{}: {}", path.display(), e.0),
         })?;
         let content = Arc::new(content);
-        self.cache.lock().insert((uid, id), Arc::clone(&content));
+        self.insert(uid, id, Arc::clone(&content));
         Ok(Some(content))
     }
 
     pub fn is_ready(&self, data_dir: &Path, uid: Uid, id: u64) -> bool {
-        self.cache.lock().contains_key(&(uid, id)) || file_path(data_dir, uid, id).exists()
+        self.cache.lock().contains(&(uid, id)) || file_path(data_dir, uid, id).exists()
     }
 
     /// Forgets a snapshot and removes its file (compaction, once the row is
@@ -127,7 +218,7 @@ impl Store {
                 parts.next().map(str::parse::<u64>),
                 parts.next().map(str::parse::<u64>),
             ) {
-                out.push((uid, id));
+                out.push((Uid(uid), id));
             }
         }
         Ok(out)
@@ -149,13 +240,13 @@ pub(crate) fn put_conv(w: &mut Writer, c: &ConvSummary) {
 
 pub(crate) fn get_conv(r: &mut Reader<'_>) -> DecodeResult<ConvSummary> {
     Ok(ConvSummary {
-        conv: r.u64()?,
-        last_msg_seq: r.u64()?,
-        last_msg_id: r.u64()?,
-        last_sender: r.u64()?,
+        conv: r.id()?,
+        last_msg_seq: r.id()?,
+        last_msg_id: r.id()?,
+        last_sender: r.id()?,
         last_summary: r.short_bytes()?,
         unread: r.u32()?,
-        read_seq: r.u64()?,
+        read_seq: r.id()?,
         last_activity_ms: r.u64()?,
         muted: r.bool()?,
         pinned: r.bool()?,
@@ -169,17 +260,17 @@ pub(crate) fn put_message(w: &mut Writer, m: &Message) {
     w.u64(m.sender);
     w.u8(kind_code(m.kind));
     w.u16(m.msg_type);
-    w.u64(m.target.unwrap_or(0));
+    w.u64(m.target.unwrap_or(MsgId(0)));
     w.u64(m.sent_at_ms);
     w.bool(m.tombstone);
     w.bytes(&m.payload);
 }
 
 pub(crate) fn get_message(r: &mut Reader<'_>) -> DecodeResult<Message> {
-    let conv = r.u64()?;
-    let msg_seq = r.u64()?;
-    let msg_id = r.u64()?;
-    let sender = r.u64()?;
+    let conv = r.id()?;
+    let msg_seq = r.id()?;
+    let msg_id = r.id()?;
+    let sender = r.id()?;
     let kind = kind_from_code(r.u8()?)?;
     let msg_type = r.u16()?;
     let target = r.u64()?;
@@ -190,7 +281,7 @@ pub(crate) fn get_message(r: &mut Reader<'_>) -> DecodeResult<Message> {
         sender,
         kind,
         msg_type,
-        target: (target != 0).then_some(target),
+        target: (target != 0).then_some(MsgId(target)),
         sent_at_ms: r.u64()?,
         tombstone: r.bool()?,
         payload: Bytes::copy_from_slice(r.bytes()?),
@@ -272,7 +363,7 @@ pub(crate) fn decode_file(buf: &[u8], uid: Uid, id: u64) -> DecodeResult<Content
         return Err(DecodeError("checksum mismatch"));
     }
     let mut r = Reader::new(&data[8..]);
-    if r.u64()? != uid || r.u64()? != id {
+    if r.u64()? != uid.get() || r.u64()? != id {
         return Err(DecodeError("file names another snapshot"));
     }
     let _base = r.u64()?;
@@ -291,4 +382,45 @@ pub(crate) fn decode_file(buf: &[u8], uid: Uid, id: u64) -> DecodeResult<Content
         return Err(DecodeError("manifest digest does not match the pages"));
     }
     Ok(Content { digest, pages })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn content(page_bytes: usize) -> Arc<Content> {
+        Arc::new(Content {
+            digest: [0; 32],
+            pages: vec![vec![0; page_bytes]],
+        })
+    }
+
+    #[test]
+    fn snapshot_cache_stays_under_its_byte_cap_dropping_the_least_recently_used() {
+        let one = content(1000).bytes();
+        let mut cache = Cache::new(one * 3);
+        for id in 1..=3 {
+            cache.insert((Uid(1), id), content(1000));
+        }
+        assert_eq!(cache.usage(), (one * 3, 3));
+        // Reading 1 makes 2 the least recently used, so 4 pushes out 2.
+        assert!(cache.get(&(Uid(1), 1)).is_some());
+        cache.insert((Uid(1), 4), content(1000));
+        assert_eq!(cache.usage(), (one * 3, 3));
+        assert!(cache.contains(&(Uid(1), 1)));
+        assert!(!cache.contains(&(Uid(1), 2)));
+        assert!(cache.contains(&(Uid(1), 3)));
+        assert!(cache.contains(&(Uid(1), 4)));
+        cache.remove(&(Uid(1), 3));
+        assert_eq!(cache.usage(), (one * 2, 2));
+    }
+
+    #[test]
+    fn snapshot_larger_than_the_cache_is_not_kept() {
+        let mut cache = Cache::new(500);
+        cache.insert((Uid(1), 1), content(100));
+        cache.insert((Uid(1), 2), content(1000));
+        assert!(!cache.contains(&(Uid(1), 2)));
+        assert!(cache.contains(&(Uid(1), 1)));
+    }
 }

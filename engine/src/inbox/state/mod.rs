@@ -35,7 +35,7 @@ use crate::api::*;
 pub(crate) use loc::{pack, unpack, PackedLoc, PENDING_LOC};
 pub(crate) use seg_refs::SegRefs;
 
-pub(crate) const OPEN: MsgSeq = u64::MAX;
+pub(crate) const OPEN: MsgSeq = MsgSeq(u64::MAX);
 pub(crate) const FLAG_RECALLED: u8 = 1;
 pub(crate) const FLAG_EDITED: u8 = 2;
 
@@ -97,7 +97,7 @@ pub(crate) struct Conv {
 
 impl Conv {
     pub fn head(&self) -> MsgSeq {
-        self.msgs_base + self.msgs.len() as MsgSeq
+        self.msgs_base.plus(self.msgs.len() as u64)
     }
     pub fn is_member(&self, uid: Uid) -> bool {
         self.members
@@ -116,7 +116,7 @@ impl Conv {
     /// Looks a message up by id: ids grow with seq inside a conversation.
     pub fn seq_of(&self, msg_id: MsgId) -> Option<MsgSeq> {
         let i = self.msgs.binary_search_by_key(&msg_id, |m| m.msg_id).ok()?;
-        Some(self.msgs_base + i as MsgSeq + 1)
+        Some(self.msgs_base.plus(i as u64 + 1))
     }
     /// The retained message at `seq` (`None` at or below `msgs_base`).
     pub fn meta(&self, seq: MsgSeq) -> Option<&MsgMeta> {
@@ -124,14 +124,14 @@ impl Conv {
             return None;
         }
         self.msgs
-            .get(usize::try_from(seq - self.msgs_base - 1).ok()?)
+            .get(usize::try_from(seq.checked_since(self.msgs_base.next())?).ok()?)
     }
     pub fn meta_mut(&mut self, seq: MsgSeq) -> Option<&mut MsgMeta> {
         if seq <= self.msgs_base {
             return None;
         }
         self.msgs
-            .get_mut(usize::try_from(seq - self.msgs_base - 1).ok()?)
+            .get_mut(usize::try_from(seq.checked_since(self.msgs_base.next())?).ok()?)
     }
 }
 
@@ -254,7 +254,7 @@ pub(crate) struct User {
 
 impl User {
     pub fn head(&self) -> SyncSeq {
-        self.events_base + self.events.len() as SyncSeq
+        self.events_base.plus(self.events.len() as u64)
     }
     pub fn device(&self, id: DeviceId) -> Option<&Device> {
         self.devices.iter().find(|d| d.row.device == id)
@@ -309,7 +309,7 @@ pub(crate) struct Totals {
 
 /// The counter part of a msg_id (below the shard bits, R3).
 pub(crate) fn msg_counter(msg_id: MsgId) -> u64 {
-    msg_id & ((1u64 << (64 - MSG_ID_SHARD_BITS)) - 1)
+    msg_id.0 & ((1u64 << (64 - MSG_ID_SHARD_BITS)) - 1)
 }
 
 impl State {
@@ -354,7 +354,10 @@ impl State {
     pub fn patch_event(&mut self, uid: Uid, seq: SyncSeq, loc: PackedLoc) {
         if let Some(user) = self.users.get_mut(&uid).map(Arc::make_mut) {
             if seq > user.events_base {
-                if let Some(slot) = user.events.get_mut((seq - user.events_base - 1) as usize) {
+                if let Some(slot) = user
+                    .events
+                    .get_mut((seq.0 - user.events_base.0 - 1) as usize)
+                {
                     self.evt_refs.replace(*slot, loc);
                     *slot = loc;
                 }

@@ -1,7 +1,9 @@
 //! The one interface every logged record implements: its kind code, its
 //! codec and its `apply`. Each subsystem implements [`Record`] for the
-//! records it owns, next to the commands that decide them; the `Effect`
-//! enum (`inbox/effect.rs`) lists them and dispatches.
+//! records it owns, next to the commands that decide them, and lists them
+//! once with [`record_set!`], which makes the subsystem's enum of records
+//! (a [`RecordSet`]); the `Effect` enum (`inbox/effect.rs`) holds one
+//! variant per subsystem and knows no record kind.
 //!
 //! `apply` is the only code that changes the state. The sequencer calls it
 //! live, right after deciding a command; recovery calls it on replay. It
@@ -10,7 +12,7 @@
 
 use super::loc::PackedLoc;
 use super::State;
-use crate::api::{ConvId, MsgSeq, SyncEvent, SyncSeq, Uid};
+use crate::api::{ConvId, MsgSeq, SyncEvent, SyncSeq, TimestampMs, Uid};
 use crate::inbox::codec::{DecodeResult, Reader, Writer};
 
 /// What an `apply` touched: the sequencer uses it to patch record
@@ -61,7 +63,185 @@ pub(crate) trait Record: Sized {
     /// location into the encoded record (the whole payload, format byte
     /// included) and into the index, once the `msg` batch is placed.
     fn place_body(_record: &mut [u8], _st: &mut State, _loc: PackedLoc) {}
+    /// The time the record was stamped with, for the records that carry
+    /// one (compaction's retention reads it).
+    fn at_ms(&self) -> Option<TimestampMs> {
+        None
+    }
 }
+
+/// The records one subsystem owns, as one enum, dispatching to each
+/// record's [`Record`] impl. Made by [`record_set!`].
+pub(crate) trait RecordSet: Sized {
+    /// Every kind code of the set, in declaration order.
+    const KINDS: &'static [u8];
+    fn kind(&self) -> u8;
+    fn encode_body(&self, w: &mut Writer);
+    /// Reads a body of kind `kind`, or `None` if the kind is not one of
+    /// this set's.
+    fn decode_body(kind: u8, r: &mut Reader<'_>) -> Option<DecodeResult<Self>>;
+    fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError>;
+    fn to_event(&self, sync_seq: SyncSeq) -> Option<SyncEvent>;
+    fn at_ms(&self) -> Option<TimestampMs>;
+    /// [`Record::place_body`] for a record of kind `kind`; false if the
+    /// kind is not one of this set's.
+    fn place_body(kind: u8, record: &mut [u8], st: &mut State, loc: PackedLoc) -> bool;
+}
+
+/// True if no two of `sets` share a kind code and none uses bit 7 (which
+/// marks a copy): the check that two subsystems never claim one kind.
+pub(crate) const fn kinds_are_distinct(sets: &[&[u8]]) -> bool {
+    let mut a = 0;
+    while a < sets.len() {
+        let mut i = 0;
+        while i < sets[a].len() {
+            let k = sets[a][i];
+            if k & 0x80 != 0 {
+                return false;
+            }
+            // Later codes of the same set, then every code of later sets.
+            let mut b = a;
+            let mut j = i + 1;
+            while b < sets.len() {
+                while j < sets[b].len() {
+                    if sets[b][j] == k {
+                        return false;
+                    }
+                    j += 1;
+                }
+                b += 1;
+                j = 0;
+            }
+            i += 1;
+        }
+        a += 1;
+    }
+    true
+}
+
+/// Declares a subsystem's enum of records from the list of its record
+/// types, so a kind is listed exactly once, in the subsystem that owns it:
+///
+/// ```ignore
+/// record_set! {
+///     /// The records messaging owns.
+///     pub(crate) enum Records in Effect::Messaging {
+///         Msg(MsgEffect),
+///         Read(ReadEffect),
+///     }
+/// }
+/// ```
+///
+/// It makes the enum, its [`RecordSet`] impl, a compile-time check that
+/// the set's kind codes are distinct, and `From` each record type for the
+/// enum and for `Effect` (through the named variant).
+macro_rules! record_set {
+    (
+        $(#[$doc:meta])*
+        $vis:vis enum $set:ident in Effect::$effect:ident {
+            $($variant:ident($ty:ty)),+ $(,)?
+        }
+    ) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        $vis enum $set {
+            $($variant($ty),)+
+        }
+
+        impl $crate::inbox::state::record::RecordSet for $set {
+            const KINDS: &'static [u8] = &[$(<$ty as $crate::inbox::state::record::Record>::KIND),+];
+
+            fn kind(&self) -> u8 {
+                match self {
+                    $($set::$variant(_) => <$ty as $crate::inbox::state::record::Record>::KIND,)+
+                }
+            }
+
+            fn encode_body(&self, w: &mut $crate::inbox::codec::Writer) {
+                use $crate::inbox::state::record::Record as _;
+                match self {
+                    $($set::$variant(r) => r.encode_body(w),)+
+                }
+            }
+
+            fn decode_body(
+                kind: u8,
+                r: &mut $crate::inbox::codec::Reader<'_>,
+            ) -> Option<$crate::inbox::codec::DecodeResult<Self>> {
+                $(
+                    if kind == <$ty as $crate::inbox::state::record::Record>::KIND {
+                        return Some(
+                            <$ty as $crate::inbox::state::record::Record>::decode_body(r)
+                                .map($set::$variant),
+                        );
+                    }
+                )+
+                None
+            }
+
+            fn apply(
+                &self,
+                st: &mut $crate::inbox::state::State,
+                at: $crate::inbox::state::record::ApplyAt<'_>,
+            ) -> Result<(), $crate::inbox::state::record::ApplyError> {
+                use $crate::inbox::state::record::Record as _;
+                match self {
+                    $($set::$variant(r) => r.apply(st, at),)+
+                }
+            }
+
+            fn to_event(&self, sync_seq: $crate::api::SyncSeq) -> Option<$crate::api::SyncEvent> {
+                use $crate::inbox::state::record::Record as _;
+                match self {
+                    $($set::$variant(r) => r.to_event(sync_seq),)+
+                }
+            }
+
+            fn at_ms(&self) -> Option<$crate::api::TimestampMs> {
+                use $crate::inbox::state::record::Record as _;
+                match self {
+                    $($set::$variant(r) => r.at_ms(),)+
+                }
+            }
+
+            fn place_body(
+                kind: u8,
+                record: &mut [u8],
+                st: &mut $crate::inbox::state::State,
+                loc: $crate::inbox::state::PackedLoc,
+            ) -> bool {
+                $(
+                    if kind == <$ty as $crate::inbox::state::record::Record>::KIND {
+                        <$ty as $crate::inbox::state::record::Record>::place_body(record, st, loc);
+                        return true;
+                    }
+                )+
+                false
+            }
+        }
+
+        // The set's kind codes are distinct and leave bit 7 to copies.
+        const _: () = assert!($crate::inbox::state::record::kinds_are_distinct(&[
+            <$set as $crate::inbox::state::record::RecordSet>::KINDS
+        ]));
+
+        $(
+            impl From<$ty> for $set {
+                fn from(r: $ty) -> $set {
+                    $set::$variant(r)
+                }
+            }
+
+            impl From<$ty> for $crate::inbox::effect::Effect {
+                fn from(r: $ty) -> $crate::inbox::effect::Effect {
+                    $crate::inbox::effect::Effect::$effect($set::$variant(r))
+                }
+            }
+        )+
+    };
+}
+
+pub(crate) use record_set;
 
 /// The first byte of every `evt` record payload.
 pub(crate) const EFFECT_FORMAT_VERSION: u8 = 1;
