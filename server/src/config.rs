@@ -152,6 +152,12 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_HISTORY_RETENTION_S")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history_retention_s: Option<u64>,
+    /// Bytes of built snapshots kept in memory; the least recently used
+    /// are dropped past it and read from their files again [default: the
+    /// engine's, 64 MiB].
+    #[arg(long, env = "INBOXD_SNAPSHOT_CACHE_BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_cache_bytes: Option<u64>,
 }
 
 /// Where the token comes from, resolved at startup.
@@ -222,6 +228,8 @@ pub struct Config {
     pub compaction_interval: Option<Duration>,
     /// `None` keeps history forever.
     pub history_retention: Option<Duration>,
+    /// `None` keeps the engine's default.
+    pub snapshot_cache_bytes: Option<u64>,
 }
 
 impl Config {
@@ -245,6 +253,9 @@ impl Config {
             engine.compaction_interval = (!interval.is_zero()).then_some(interval);
         }
         engine.history_retention = self.history_retention;
+        if let Some(bytes) = self.snapshot_cache_bytes {
+            engine.snapshot_cache_bytes = bytes;
+        }
         engine
     }
 }
@@ -436,6 +447,7 @@ impl Config {
             safety_window: s.safety_window_s.map(Duration::from_secs),
             compaction_interval: s.compaction_interval_s.map(Duration::from_secs),
             history_retention: s.history_retention_s.map(Duration::from_secs),
+            snapshot_cache_bytes: s.snapshot_cache_bytes,
         })
     }
 }
@@ -601,7 +613,7 @@ mod tests {
         let path = dir.path().join("inboxd.toml");
         std::fs::write(
             &path,
-            "rate_burst = 5\nin_flight_max = 7\nhistory_retention_s = 3600\ntoken = \"from-file\"\n",
+            "rate_burst = 5\nin_flight_max = 7\nhistory_retention_s = 3600\nsnapshot_cache_bytes = 1048576\ntoken = \"from-file\"\n",
         )
         .unwrap();
         // Only this test reads INBOXD_RATE_BURST.
@@ -632,6 +644,7 @@ mod tests {
         );
         let engine = config.engine_config([0; 32]);
         assert_eq!(engine.history_retention, Some(Duration::from_secs(3600)));
+        assert_eq!(engine.snapshot_cache_bytes, 1 << 20);
     }
 
     #[test]
