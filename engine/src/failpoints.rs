@@ -223,7 +223,7 @@ mod tests {
     fn plan_parses_every_failpoint_and_refuses_typos() {
         let dir = Path::new("/data");
         let plan = Plan::parse(
-            "fsync_eio_after=3, enospc_marker=FULL,torn_write_after=7",
+            "fsync_eio_after=3, enospc_marker=FULL,torn_write_after=7,fsync_hold_marker=HOLD",
             dir,
         )
         .unwrap();
@@ -234,8 +234,10 @@ mod tests {
                 enospc_marker: Some(PathBuf::from("/data/FULL")),
                 torn_write_after: Some(7),
                 panic_on_write_after: None,
+                fsync_hold_marker: Some(PathBuf::from("/data/HOLD")),
             }
         );
+        assert!(Plan::parse("fsync_hold_marker=", dir).is_err());
         assert!(Plan::parse("", dir).unwrap().is_empty());
         assert!(Plan::parse("fsync_eio_afterr=3", dir).is_err());
         assert!(Plan::parse("fsync_eio_after=x", dir).is_err());
@@ -253,6 +255,7 @@ mod tests {
                 enospc_marker: Some(marker.clone()),
                 torn_write_after: None,
                 panic_on_write_after: None,
+                fsync_hold_marker: None,
             },
         );
         let file = io.create_preallocated(&dir.path().join("a"), 4096).unwrap();
