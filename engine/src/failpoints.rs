@@ -104,6 +104,23 @@ pub struct FailpointIo {
     plan: Plan,
     syncs: AtomicU64,
     writes: AtomicU64,
+    /// Inodes of segment files being prepared (`prealloc-*`, `recycle-*`).
+    /// Their writes and syncs do not count towards the plan's numbers: the
+    /// preparer runs on its own thread at its own pace, so counting them
+    /// would move the chosen write or sync between runs.
+    preparing: parking_lot::Mutex<std::collections::HashSet<u64>>,
+}
+
+/// Whether `path` names a segment file the log is still preparing.
+fn is_preparing_name(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("prealloc-") || n.starts_with("recycle-"))
+}
+
+fn ino(file: &File) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().ok().map(|m| m.ino())
 }
 
 impl FailpointIo {
@@ -113,7 +130,12 @@ impl FailpointIo {
             plan,
             syncs: AtomicU64::new(0),
             writes: AtomicU64::new(0),
+            preparing: parking_lot::Mutex::new(std::collections::HashSet::new()),
         }
+    }
+
+    fn preparing(&self, file: &File) -> bool {
+        ino(file).is_some_and(|i| self.preparing.lock().contains(&i))
     }
 
     fn out_of_space(&self) -> io::Result<()> {
@@ -158,7 +180,13 @@ impl LogIo for FailpointIo {
 
     fn create_preallocated(&self, path: &Path, len: u64) -> io::Result<File> {
         self.out_of_space()?;
-        self.inner.create_preallocated(path, len)
+        let file = self.inner.create_preallocated(path, len)?;
+        if is_preparing_name(path) {
+            if let Some(i) = ino(&file) {
+                self.preparing.lock().insert(i);
+            }
+        }
+        Ok(file)
     }
 
     fn open_existing(&self, path: &Path) -> io::Result<File> {
@@ -171,6 +199,9 @@ impl LogIo for FailpointIo {
     }
 
     fn write_at(&self, file: &File, offset: u64, buf: &[u8], sync: bool) -> io::Result<()> {
+        if self.preparing(file) {
+            return self.inner.write_at(file, offset, buf, sync);
+        }
         let n = self.writes.fetch_add(1, Ordering::SeqCst);
         if self.plan.panic_on_write_after == Some(n) {
             panic!("failpoint: panic_on_write_after={n}");
@@ -198,12 +229,26 @@ impl LogIo for FailpointIo {
     }
 
     fn sync_data(&self, file: &File) -> io::Result<()> {
-        self.sync_failpoint()?;
+        if !self.preparing(file) {
+            self.sync_failpoint()?;
+        }
         self.inner.sync_data(file)
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
+        self.inner.rename(from, to)?;
+        if let Some(i) = std::fs::metadata(to).ok().map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.ino()
+        }) {
+            let mut preparing = self.preparing.lock();
+            if is_preparing_name(to) {
+                preparing.insert(i);
+            } else {
+                preparing.remove(&i);
+            }
+        }
+        Ok(())
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
