@@ -170,6 +170,7 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
         return Err(DecodeError("trailing bytes in checkpoint"));
     }
     (st.evt_refs, st.body_refs, st.msg_refs) = st.recount_seg_refs();
+    st.totals = st.recount_totals();
     Ok(st)
 }
 

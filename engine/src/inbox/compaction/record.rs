@@ -220,6 +220,7 @@ impl State {
         for loc in user.events.drain(..n) {
             self.evt_refs.remove(loc);
         }
+        self.totals.events = self.totals.events.saturating_sub(n as u64);
         user.events.shrink_to(user.events.len() * 2);
         user.events_base = events_base;
         Ok(())
@@ -277,6 +278,7 @@ impl State {
         let n = usize::try_from(msgs_base.0 - old_base.0)
             .map_err(|_| ApplyError("message trim length overflows".into()))?;
         let gone: Vec<PackedLoc> = c.msgs.drain(..n).map(|m| m.loc).collect();
+        self.totals.messages = self.totals.messages.saturating_sub(n as u64);
         c.msgs.shrink_to(c.msgs.len() * 2);
         c.msgs_base = msgs_base;
         // A trim takes a prefix and an edit is above its target, so the
@@ -364,6 +366,7 @@ mod tests {
         let user = Arc::make_mut(st.users.entry(Uid(1)).or_default());
         user.events = vec![10, 11, 12, 13];
         st.evt_refs = SegRefs::rebuild(&st.users[&Uid(1)].events);
+        st.totals = st.recount_totals();
         st.apply_trim(Uid(1), SyncSeq(2)).unwrap();
         assert_eq!(st.users[&Uid(1)].events_base, SyncSeq(2));
         assert_eq!(st.users[&Uid(1)].events, vec![12, 13]);

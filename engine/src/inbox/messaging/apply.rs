@@ -83,6 +83,7 @@ impl State {
                 conv.head()
             )));
         }
+        self.totals.messages += 1;
         conv.msgs.push(MsgMeta {
             loc: m.msg_loc,
             msg_id: m.msg_id,
