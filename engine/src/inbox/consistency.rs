@@ -41,12 +41,10 @@ fn check_at(ends: &Ends, loc: PackedLoc) -> std::result::Result<(), String> {
             "segment {} offset {}, a segment that does not exist",
             at.segment, at.offset
         )),
-        Some(&end) if u64::from(at.offset) + Log::RECORD_OVERHEAD_BYTES > end => {
-            Err(format!(
-                "segment {} offset {}, beyond the segment's durable end {end}",
-                at.segment, at.offset
-            ))
-        }
+        Some(&end) if u64::from(at.offset) + Log::RECORD_OVERHEAD_BYTES > end => Err(format!(
+            "segment {} offset {}, beyond the segment's durable end {end}",
+            at.segment, at.offset
+        )),
         Some(_) => Ok(()),
     }
 }
