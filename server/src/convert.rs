@@ -22,6 +22,7 @@ pub fn error_reply(err: &Error) -> wire::ErrorReply {
         Error::BadToken => (ErrorCode::BadToken, 0),
         Error::AckBeyondHwm { batch_hwm, .. } => (ErrorCode::AckBeyondHwm, batch_hwm.get()),
         Error::Conflict(_) => (ErrorCode::Conflict, 0),
+        Error::MarkerMoved { version } => (ErrorCode::MarkerMoved, *version),
         Error::NoSpace(_) => (ErrorCode::NoSpace, 0),
         Error::Log(engine::log::LogError::NoSpace(_)) => (ErrorCode::NoSpace, 0),
         Error::Log(engine::log::LogError::Poisoned(_)) => (ErrorCode::Unavailable, 0),

@@ -127,6 +127,8 @@ fn encode_body(w: &mut Writer, st: &State) {
     compaction::put_msg_bases(w, st);
     // Optional too, after the bases: links of edits to their targets.
     messaging::put_edit_links(w, st);
+    // Optional too, after the links: large groups and marker clears.
+    messaging::put_large_groups(w, st);
 }
 
 pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
@@ -157,6 +159,9 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
     }
     if !r.is_empty() {
         messaging::get_edit_links(&mut r, &mut st)?;
+    }
+    if !r.is_empty() {
+        messaging::get_large_groups(&mut r, &mut st)?;
     }
     if !r.is_empty() {
         return Err(DecodeError("trailing bytes in checkpoint"));

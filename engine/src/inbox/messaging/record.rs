@@ -31,6 +31,7 @@ use bytes::Bytes;
 
 use std::sync::Arc;
 
+use super::large::{ClearEffect, ModeEffect};
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
 use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
@@ -42,6 +43,8 @@ record_set! {
         Msg(MsgEffect),
         Read(ReadEffect),
         Flags(FlagsEffect),
+        Mode(ModeEffect),
+        Clear(ClearEffect),
     }
 }
 
