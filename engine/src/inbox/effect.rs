@@ -303,7 +303,9 @@ pub(crate) mod tests {
                 (5, 2),
                 (6, 3),
                 (7, 3),
-                (8, 3)
+                (8, 3),
+                (12, 0),
+                (13, 0)
             ]
         );
         // The same check the build runs refuses a kind claimed twice.
