@@ -250,6 +250,36 @@ pub fn conv_list_page(page: engine::ConvListPage) -> wire::ConvListPage {
     }
 }
 
+pub fn dirty_list(markers: Vec<engine::DirtyMarker>) -> wire::DirtyList {
+    wire::DirtyList {
+        markers: markers
+            .into_iter()
+            .map(|m| wire::DirtyMarker {
+                conv: m.conv.0,
+                target_msg_seq: m.target_msg_seq.0,
+                version: m.version,
+            })
+            .collect(),
+    }
+}
+
+pub fn conv_mode(m: engine::ConvMode) -> wire::ConvMode {
+    wire::ConvMode {
+        conv: m.conv.0,
+        large: m.large,
+        switch_seq: m.switch_seq.map(|s| s.0),
+        head: m.head.0,
+        members: m.members,
+        marker: m.marker.map(|k| wire::MemberMarker {
+            uid: k.uid.0,
+            target_msg_seq: k.target_msg_seq.0,
+            version: k.version,
+            cleared_seq: k.cleared_seq.0,
+            dirty: k.dirty,
+        }),
+    }
+}
+
 pub fn snapshot_info(info: engine::SnapshotInfo) -> wire::SnapshotInfo {
     wire::SnapshotInfo {
         snapshot_id: info.snapshot_id,

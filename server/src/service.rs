@@ -51,6 +51,7 @@ pub fn order_of(request: &Request) -> Order {
         | Request::Ack(_)
         | Request::FinishLease(_)
         | Request::MarkRead(_)
+        | Request::ClearDirty(_)
         | Request::SetConvFlags(_)
         | Request::BeginSnapshot(_)
         | Request::AckSnapshot(_) => Order::Write,
@@ -59,6 +60,8 @@ pub fn order_of(request: &Request) -> Order {
         | Request::Pull(_)
         | Request::History(_)
         | Request::ConvList(_)
+        | Request::Dirty(_)
+        | Request::ConvMode(_)
         | Request::SnapshotInfo(_)
         | Request::SnapshotPage(_)
         | Request::Stats(_)
@@ -212,6 +215,16 @@ fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<
         }
         Request::ConvList(r) => Call::Ready(Response::ConvList(convert::conv_list_page(
             inbox.conv_list(Uid(r.uid), r.limit, r.cursor)?,
+        ))),
+        Request::Dirty(r) => Call::Ready(Response::Dirty(convert::dirty_list(
+            inbox.dirty_markers(Uid(r.uid))?,
+        ))),
+        Request::ClearDirty(r) => later(
+            inbox.clear_dirty(Uid(r.uid), ConvId(r.conv), r.version),
+            |seq| Response::ClearDirty(inbox_wire::ClearDirtyReply { cleared_seq: seq.0 }),
+        ),
+        Request::ConvMode(r) => Call::Ready(Response::ConvMode(convert::conv_mode(
+            inbox.conv_mode(ConvId(r.conv), r.uid.map(Uid))?,
         ))),
         Request::BeginSnapshot(r) => {
             later(inbox.begin_snapshot(Uid(r.uid), DeviceId(r.device)), |s| {
