@@ -146,6 +146,12 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_HISTORY_RETENTION_S")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history_retention_s: Option<u64>,
+    /// A conversation with more current members than this becomes a large
+    /// group (no per-member events); 0 never switches [default: the
+    /// engine's, 500].
+    #[arg(long, env = "INBOXD_LARGE_GROUP_MEMBERS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub large_group_members: Option<u32>,
 }
 
 /// Where the token comes from, resolved at startup.
@@ -215,6 +221,8 @@ pub struct Config {
     pub compaction_interval: Option<Duration>,
     /// `None` keeps history forever.
     pub history_retention: Option<Duration>,
+    /// `None` keeps the engine's default.
+    pub large_group_members: Option<u32>,
 }
 
 impl Config {
@@ -237,6 +245,9 @@ impl Config {
             engine.compaction_interval = (!interval.is_zero()).then_some(interval);
         }
         engine.history_retention = self.history_retention;
+        if let Some(members) = self.large_group_members {
+            engine.large_group_members = members;
+        }
         engine
     }
 }
@@ -412,6 +423,7 @@ impl Config {
             safety_window: s.safety_window_s.map(Duration::from_secs),
             compaction_interval: s.compaction_interval_s.map(Duration::from_secs),
             history_retention: s.history_retention_s.map(Duration::from_secs),
+            large_group_members: s.large_group_members,
         })
     }
 }
