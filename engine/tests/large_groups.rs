@@ -288,3 +288,21 @@ fn a_clear_outside_a_large_group_is_refused() {
     let r = h.ib().clear_dirty(Uid(9), CONV, 1).wait();
     assert!(matches!(r, Err(Error::Forbidden(_))));
 }
+
+#[test]
+fn a_snapshot_of_a_member_carries_the_large_groups_head_and_the_marker_stays() {
+    let h = harness();
+    large_group(&h);
+    let sent = h.send(CONV, Uid(1), 1, "after the switch");
+    h.register(Uid(2), PHONE);
+    let info = h.ib().begin_snapshot(Uid(2), PHONE).wait().unwrap();
+    let page = h.ib().snapshot_page(Uid(2), info.snapshot_id, 0).unwrap();
+    let s = page.convs.iter().find(|c| c.conv == CONV).unwrap();
+    assert_eq!(s.last_msg_seq, sent.msg_seq);
+    assert_eq!(s.last_summary, bytes::Bytes::from("after the switch"));
+    assert!(page
+        .messages
+        .iter()
+        .any(|m| m.conv == CONV && m.msg_seq == sent.msg_seq));
+    assert_eq!(marker(&h, Uid(2)).unwrap().target_msg_seq, sent.msg_seq);
+}

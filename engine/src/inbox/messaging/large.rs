@@ -222,10 +222,22 @@ pub(crate) fn list_row(
     conv: ConvId,
     uc: &UserConv,
 ) -> Option<(ConvSummary, u64)> {
+    row_at(c, uid, conv, uc, c.committed_seq)
+}
+
+/// [`list_row`] as of `upto`: the durable head for reads, the sequencer's
+/// head for a snapshot (decided in the sequencer, served once durable).
+pub(crate) fn row_at(
+    c: &Conv,
+    uid: Uid,
+    conv: ConvId,
+    uc: &UserConv,
+    upto: MsgSeq,
+) -> Option<(ConvSummary, u64)> {
     let large = c.large.as_ref()?;
-    let head = target(c, uid, c.committed_seq);
+    let head = target(c, uid, upto);
     let mut row = uc.clone();
-    if large.last.msg_seq == head && head > uc.last_msg_seq && head <= c.committed_seq {
+    if large.last.msg_seq == head && head > uc.last_msg_seq {
         row.last_msg_seq = head;
         row.last_msg_id = large.last.msg_id;
         row.last_sender = large.last.sender;
@@ -241,7 +253,7 @@ pub(crate) fn list_row(
             row.last_summary = bytes::Bytes::new();
         }
     }
-    row.unread = unread(c, uid, uc, c.committed_seq);
+    row.unread = unread(c, uid, uc, upto);
     let hide = c.meta(row.last_msg_seq).is_some_and(MsgMeta::hides_summary);
     Some((row.summary(conv, hide), large.stamp.max(uc.stamp)))
 }
