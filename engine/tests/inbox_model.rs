@@ -42,7 +42,9 @@ enum Op {
     ConvList(Uid),
     /// A marker clear; `stale` clears a version older than the target.
     ClearDirty(Uid, ConvId, bool),
-    Restart { checkpoint: bool },
+    Restart {
+        checkpoint: bool,
+    },
     Kill,
 }
 

@@ -62,7 +62,10 @@ fn the_join_that_crosses_the_threshold_switches_at_its_own_msg_seq() {
     for uid in 1..=3 {
         h.join(Uid(uid), CONV);
     }
-    assert!(!h.ib().conv_mode(CONV, None).unwrap().large, "3 is not above 3");
+    assert!(
+        !h.ib().conv_mode(CONV, None).unwrap().large,
+        "3 is not above 3"
+    );
     let fourth = h.join(Uid(4), CONV);
     let mode = h.ib().conv_mode(CONV, None).unwrap();
     assert!(mode.large);
@@ -78,7 +81,11 @@ fn a_message_in_a_large_group_writes_no_event_for_any_member() {
     let sent = h.send(CONV, Uid(1), 1, "hello all");
     for uid in 1..=4 {
         let evs = events(&h, Uid(uid));
-        assert_eq!(evs.len(), before[uid as usize - 1], "uid {uid} got an event");
+        assert_eq!(
+            evs.len(),
+            before[uid as usize - 1],
+            "uid {uid} got an event"
+        );
         assert!(evs.iter().all(|e| e.msg_seq <= switch));
     }
     // Every member, the sender too, sees the marker up to the message.
@@ -182,7 +189,10 @@ fn a_leave_concurrent_with_a_message_bounds_the_leaver_at_its_period_end() {
     let after = send.wait().unwrap();
     assert!(after.msg_seq > left.msg_seq);
     let p = pull(&h, Uid(2), MsgSeq(0));
-    assert_eq!(p.max_seq, left.msg_seq, "the leaver's head is its period's end");
+    assert_eq!(
+        p.max_seq, left.msg_seq,
+        "the leaver's head is its period's end"
+    );
     assert_eq!(p.messages.last().unwrap().msg_seq, left.msg_seq);
     assert_eq!(row(&h, Uid(2)).last_msg_seq, left.msg_seq);
     // Its own leave was fanned out to it, so nothing is dirty.

@@ -27,7 +27,8 @@ use std::time::Duration;
 use inbox_server::client::{Client, ClientError};
 use inbox_tests::{all_history, data_dir, inboxd_binary, Daemon};
 use inbox_wire::{
-    ConvListReq, ConvMember, ConvModeReq, Empty, ErrorCode, MarkReadReq, RecallReq, SendReq, UserDevice, UserReq,
+    ConvListReq, ConvMember, ConvModeReq, Empty, ErrorCode, MarkReadReq, RecallReq, SendReq,
+    UserDevice, UserReq,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -260,7 +261,9 @@ async fn check(daemon: &Daemon, ledger: &Ledger) -> (usize, Vec<String>) {
     }
     match client.conv_mode(ConvModeReq { conv: 1, uid: None }).await {
         Ok(mode) if mode.switch_seq == Some(5) => {}
-        other => violations.push(format!("conv 1 is not a large group since seq 5: {other:?}")),
+        other => violations.push(format!(
+            "conv 1 is not a large group since seq 5: {other:?}"
+        )),
     }
     for send in &ledger.sends {
         checked += 1;

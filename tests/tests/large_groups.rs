@@ -62,7 +62,10 @@ async fn a_large_group_is_caught_up_by_marker_pull_and_clear() {
         other => panic!("expected MARKER_MOVED, got {other:?}"),
     }
     let dirty = client.dirty(UserReq { uid: 2 }).await.unwrap();
-    assert_eq!(dirty.markers[0].target_msg_seq, second.msg_seq, "still dirty");
+    assert_eq!(
+        dirty.markers[0].target_msg_seq, second.msg_seq,
+        "still dirty"
+    );
 
     // Pull up to the target, then clear the version seen.
     let pulled = client
@@ -86,14 +89,32 @@ async fn a_large_group_is_caught_up_by_marker_pull_and_clear() {
         .await
         .unwrap();
     assert_eq!(cleared.cleared_seq, second.msg_seq);
-    assert!(client.dirty(UserReq { uid: 2 }).await.unwrap().markers.is_empty());
-    assert_eq!(client.dirty(UserReq { uid: 3 }).await.unwrap().markers.len(), 1);
+    assert!(client
+        .dirty(UserReq { uid: 2 })
+        .await
+        .unwrap()
+        .markers
+        .is_empty());
+    assert_eq!(
+        client
+            .dirty(UserReq { uid: 3 })
+            .await
+            .unwrap()
+            .markers
+            .len(),
+        1
+    );
 
     drop(client);
     daemon.stop();
     let daemon = Daemon::start_with(dir.path(), LARGE);
     let client = daemon.client().await;
-    assert!(client.dirty(UserReq { uid: 2 }).await.unwrap().markers.is_empty());
+    assert!(client
+        .dirty(UserReq { uid: 2 })
+        .await
+        .unwrap()
+        .markers
+        .is_empty());
     let mode = client
         .conv_mode(ConvModeReq {
             conv: CONV,

@@ -624,7 +624,10 @@ fn clear_dirty(run: &mut Run, uid: Uid, conv: ConvId) {
     let faults = run.faults();
     let markers = run.inbox().dirty_markers(uid);
     allowed(&markers, faults, "dirty_markers");
-    let Some(marker) = markers.ok().and_then(|ms| ms.into_iter().find(|m| m.conv == conv)) else {
+    let Some(marker) = markers
+        .ok()
+        .and_then(|ms| ms.into_iter().find(|m| m.conv == conv))
+    else {
         return;
     };
     let reply = run.inbox().clear_dirty(uid, conv, marker.version).wait();
@@ -633,7 +636,10 @@ fn clear_dirty(run: &mut Run, uid: Uid, conv: ConvId) {
         return;
     };
     run.acknowledged("clear_dirty");
-    assert_eq!(cleared, marker.target_msg_seq, "cleared elsewhere than the target");
+    assert_eq!(
+        cleared, marker.target_msg_seq,
+        "cleared elsewhere than the target"
+    );
     let after = run.inbox().dirty_markers(uid).expect("dirty_markers");
     assert!(
         after.iter().all(|m| m.conv != conv),

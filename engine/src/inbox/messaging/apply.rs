@@ -53,7 +53,11 @@ impl State {
         for p in periods {
             let lo = p.join_seq.max(uc.read_seq.next()).max(c.msgs_base.next());
             // Above a large group's switch, unread is derived (`large`).
-            let hi = p.leave_seq.min(up_to).min(c.head()).min(c.fanned_out_until());
+            let hi = p
+                .leave_seq
+                .min(up_to)
+                .min(c.head())
+                .min(c.fanned_out_until());
             for seq in lo.through(hi) {
                 if let Some(m) = c.meta(seq) {
                     if m.kind == MessageKind::Normal

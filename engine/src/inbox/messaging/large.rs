@@ -295,7 +295,10 @@ pub(crate) fn conv_mode(shared: &Shared, conv: ConvId, uid: Option<Uid>) -> Resu
         .convs
         .get(&conv)
         .ok_or_else(|| Error::NotFound(format!("conv {conv}")))?;
-    let members = c.members.values().filter(|ps| ps.last().is_some_and(|p| p.leave_seq == OPEN));
+    let members = c
+        .members
+        .values()
+        .filter(|ps| ps.last().is_some_and(|p| p.leave_seq == OPEN));
     let marker = uid.and_then(|uid| {
         let uc = st.users.get(&uid)?.convs.get(&conv)?;
         let target = target(c, uid, c.committed_seq);
@@ -370,9 +373,7 @@ pub(crate) fn exec_clear(
             )));
         }
         if version < current.0 {
-            return Err(Error::MarkerMoved {
-                version: current.0,
-            });
+            return Err(Error::MarkerMoved { version: current.0 });
         }
         Ok((current, current > uc.cleared_seq))
     })();
