@@ -1,16 +1,27 @@
 //! Segment log append throughput under `SyncPolicy::Always`: 200-byte
-//! records from 1, 4 and 16 concurrent appenders, for both IO backends,
-//! next to the machine's limit measured in the same run on the same disk:
-//! one 4 KiB pwrite + fdatasync.
+//! records from 1, 4 and 16 concurrent appenders, for both IO backends and
+//! both ways of preparing a segment (written in full before use, the
+//! default, or only fallocated), next to the machine's limit measured in
+//! the same run on the same disk: one 4 KiB pwrite + fdatasync that
+//! overwrites written blocks.
+//!
+//! Each case waits until the preparer has its spare segment ready before
+//! it measures: the figures are the steady state, where preparation is
+//! off the commit path (it costs one segment of writes per segment of
+//! data, in the background).
 //!
 //! `cargo bench -p inbox-engine --bench log_append`
 //!
 //! Criterion reports appends/s (one element = one acknowledged append of
 //! one 200-byte record). After the run a summary prints MB/s of payload,
-//! mean ack latency, the mean time of one group commit (write + fdatasync)
-//! in the same case, appends per commit, and ack latency / commit time:
-//! the last two are ratios within one case, so they hold on a disk whose
-//! latency drifts during the run.
+//! mean and median (p50) ack latency (with one appender, one ack is one
+//! group commit), the mean time of one group commit (write + fdatasync) in
+//! the same case, appends per commit, and ack latency / commit time: the
+//! last two are ratios within one case, so they hold on a disk whose
+//! latency drifts during the run. Cases run in pairs next to each other
+//! in time: the two preparations within a backend
+//! (`INBOX_BENCH_FALLOCATED_FIRST=1` swaps them), the backends within an
+//! appender count (`INBOX_BENCH_URING_FIRST=1` swaps them).
 //! The data directory is under the target dir (same disk as the build);
 //! set INBOX_BENCH_DIR to measure another disk.
 
@@ -21,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use inbox_engine::log::{Batch, IoBackend, Log, LogOptions, SyncPolicy};
+use inbox_engine::log::{Batch, IoBackend, Log, LogOptions, SegmentPrep, SyncPolicy};
 use parking_lot::Mutex;
 
 const RECORD_BYTES: usize = 200;
@@ -37,6 +48,8 @@ struct Totals {
     appends: AtomicU64,
     wall_ns: AtomicU64,
     latency_ns: AtomicU64,
+    /// Every ack latency, for the median.
+    samples: Mutex<Vec<u32>>,
 }
 
 struct Line {
@@ -44,6 +57,7 @@ struct Line {
     appends: u64,
     wall: Duration,
     latency_mean: Duration,
+    latency_p50: Duration,
     per_commit: f64,
     /// Mean time of one group commit (write + fdatasync) in this case.
     commit_mean: Duration,
@@ -61,15 +75,37 @@ fn bench_log(c: &mut Criterion, summary: &Mutex<Vec<Line>>) {
     if std::env::var_os("INBOX_BENCH_URING_FIRST").is_some() {
         order.reverse();
     }
+    // Within each backend the two preparations are next to each other too;
+    // INBOX_BENCH_FALLOCATED_FIRST=1 swaps them.
+    let mut preps = [SegmentPrep::Write, SegmentPrep::Fallocate];
+    if std::env::var_os("INBOX_BENCH_FALLOCATED_FIRST").is_some() {
+        preps.reverse();
+    }
+    let cases: Vec<(IoBackend, SegmentPrep)> = order
+        .iter()
+        .flat_map(|io| preps.map(|p| (*io, p)))
+        .collect();
     for appenders in [1usize, 4, 16] {
-        for io in order {
+        for &(io, prep) in &cases {
             let dir = tempfile::tempdir_in(bench_root()).unwrap();
             let mut opts = LogOptions::new(dir.path());
             opts.sync = SyncPolicy::Always;
             opts.io = io;
+            opts.prepare = prep;
             let log = Arc::new(Log::open(opts).unwrap());
+            // Begin the first segment, then let the next spare be ready.
+            let mut first = Batch::new();
+            first.push(1, &[0x5A; RECORD_BYTES]);
+            log.append(first).unwrap();
+            while log.stats().spares_ready == 0 {
+                std::thread::sleep(Duration::from_millis(10));
+            }
             let totals = Arc::new(Totals::default());
-            let name = format!("{io:?}").to_lowercase();
+            let prep_name = match prep {
+                SegmentPrep::Write => "written",
+                SegmentPrep::Fallocate => "fallocated",
+            };
+            let name = format!("{}/{prep_name}", format!("{io:?}").to_lowercase());
             group.bench_function(BenchmarkId::new(&name, appenders), |b| {
                 b.iter_custom(|iters| {
                     let per = iters.div_ceil(appenders as u64);
@@ -80,14 +116,18 @@ fn bench_log(c: &mut Criterion, summary: &Mutex<Vec<Line>>) {
                             std::thread::spawn(move || {
                                 let payload = [0x5Au8; RECORD_BYTES];
                                 let mut lat = 0u64;
+                                let mut samples = Vec::with_capacity(per as usize);
                                 for _ in 0..per {
                                     let mut batch = Batch::new();
                                     batch.push(1, &payload);
                                     let t = Instant::now();
                                     log.append(batch).unwrap();
-                                    lat += t.elapsed().as_nanos() as u64;
+                                    let ns = t.elapsed().as_nanos() as u64;
+                                    lat += ns;
+                                    samples.push(ns.min(u64::from(u32::MAX)) as u32);
                                 }
                                 totals.latency_ns.fetch_add(lat, Ordering::Relaxed);
+                                totals.samples.lock().extend(samples);
                                 totals.appends.fetch_add(per, Ordering::Relaxed);
                             })
                         })
@@ -113,6 +153,7 @@ fn bench_log(c: &mut Criterion, summary: &Mutex<Vec<Line>>) {
                 latency_mean: Duration::from_nanos(
                     totals.latency_ns.load(Ordering::Relaxed) / appends.max(1),
                 ),
+                latency_p50: median(&mut totals.samples.lock()),
                 per_commit: stats.durable_lsn as f64 / stats.commits.max(1) as f64,
                 commit_mean: stats.commit_time / stats.commits.max(1) as u32,
                 bytes_per_op: RECORD_BYTES,
@@ -143,12 +184,15 @@ fn bench_raw(c: &mut Criterion, summary: &Mutex<Vec<Line>>, when: &str) {
     let mut at = 0u64;
     let mut n = 0u64;
     let mut wall = Duration::ZERO;
+    let mut samples: Vec<u32> = Vec::new();
     group.bench_function(BenchmarkId::new("pwrite_4k_fdatasync", when), |b| {
         b.iter_custom(|iters| {
             let start = Instant::now();
             for _ in 0..iters {
+                let t = Instant::now();
                 file.write_all_at(&block, at).unwrap();
                 file.sync_data().unwrap();
+                samples.push(t.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32);
                 at = (at + 4096) % FILE_BYTES;
             }
             let took = start.elapsed();
@@ -163,10 +207,20 @@ fn bench_raw(c: &mut Criterion, summary: &Mutex<Vec<Line>>, when: &str) {
         appends: n,
         wall,
         latency_mean: wall / n.max(1) as u32,
+        latency_p50: median(&mut samples),
         per_commit: 1.0,
         commit_mean: wall / n.max(1) as u32,
         bytes_per_op: block.len(),
     });
+}
+
+fn median(samples: &mut [u32]) -> Duration {
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
+    let mid = samples.len() / 2;
+    let (_, m, _) = samples.select_nth_unstable(mid);
+    Duration::from_nanos(u64::from(*m))
 }
 
 fn main() {
@@ -183,11 +237,12 @@ fn main() {
     c.final_summary();
     println!("\nsummary (log: 200-byte records, SyncPolicy::Always; raw: 4 KiB writes):");
     println!(
-        "{:<36} {:>10} {:>8} {:>14} {:>16} {:>15} {:>10}",
+        "{:<40} {:>10} {:>8} {:>14} {:>13} {:>16} {:>15} {:>10}",
         "case",
         "appends/s",
         "MB/s",
         "mean ack (us)",
+        "p50 ack (us)",
         "mean commit (us)",
         "appends/commit",
         "ack/commit"
@@ -197,11 +252,12 @@ fn main() {
         let rate = l.appends as f64 / secs;
         let mb = rate * l.bytes_per_op as f64 / 1e6;
         println!(
-            "{:<36} {:>10.0} {:>8.2} {:>14.0} {:>16.0} {:>15.1} {:>10.2}",
+            "{:<40} {:>10.0} {:>8.2} {:>14.0} {:>13.0} {:>16.0} {:>15.1} {:>10.2}",
             l.name,
             rate,
             mb,
             l.latency_mean.as_secs_f64() * 1e6,
+            l.latency_p50.as_secs_f64() * 1e6,
             l.commit_mean.as_secs_f64() * 1e6,
             l.per_commit,
             l.latency_mean.as_secs_f64() / l.commit_mean.as_secs_f64().max(1e-9)

@@ -41,11 +41,19 @@ fn unread(h: &Harness, uid: Uid) -> u32 {
     page.convs.iter().find(|c| c.conv == CONV).unwrap().unread
 }
 
+/// The msg log's begun segment files (prepared spares left out).
 fn msg_segment_files(h: &Harness) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(h.dir.path().join("msg"))
+    let dir = h.dir.path().join("msg");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| n.ends_with(".seg"))
+        .filter(|n| {
+            let id = n.trim_end_matches(".seg").parse().unwrap();
+            let bytes = std::fs::read(dir.join(n)).unwrap();
+            !inbox_engine::log::format::decode_segment_header(id, &bytes)
+                .is_ok_and(|h| h.is_prepared())
+        })
         .collect();
     names.sort();
     names

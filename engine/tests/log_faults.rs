@@ -26,6 +26,7 @@ fn poison_then_check(inject: impl Fn(&FaultyIo)) {
         for tag in 0..5 {
             log.append(batch(tag, 2)).unwrap();
         }
+        wait_for_spare(&log);
         inject(&io);
         // The first submit is accepted and fails when written; later ones
         // fail either at submit (already poisoned) or at wait.
@@ -126,6 +127,10 @@ fn no_space_when_reopening_a_short_last_segment_still_opens_and_rolls_later() {
         log.append(batch(0, 1)).unwrap();
     }
     let f = segment_files(dir.path()).pop().unwrap();
+    // Without a prepared spare, the roll has to make a new segment.
+    for spare in prepared_segment_files(dir.path()) {
+        std::fs::remove_file(spare).unwrap();
+    }
     std::fs::OpenOptions::new()
         .write(true)
         .open(&f)
@@ -227,6 +232,7 @@ fn interval_policy_acknowledges_before_the_sync() {
     o.sync = inbox_engine::log::SyncPolicy::Interval(Duration::from_secs(3600));
     let log = Log::open_with_io(o, io.clone()).unwrap();
     log.append(batch(0, 1)).unwrap(); // creates the segment (synced)
+    wait_for_spare(&log); // the next segment is prepared (synced) too
     let before = io.syncs();
     for tag in 1..50 {
         log.append(batch(tag, 1)).unwrap();

@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use figment::providers::{Format as _, Serialized, Toml};
 use figment::Figment;
-use inbox_engine::log::SyncPolicy;
+use inbox_engine::log::{IoBackend, SyncPolicy};
 use inbox_engine::InboxConfig;
 use serde::{Deserialize, Serialize};
 
@@ -117,6 +117,12 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_SYNC")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sync: Option<String>,
+    /// How the logs write: `pwrite` (pwrite + fdatasync, portable) or
+    /// `io_uring` (write linked to fdatasync); the daemon refuses to start
+    /// if io_uring cannot be set up [default: pwrite].
+    #[arg(long, env = "INBOXD_IO_BACKEND")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io_backend: Option<String>,
     /// Seconds to wait for in-flight requests at shutdown [default: 30].
     #[arg(long, env = "INBOXD_SHUTDOWN_GRACE_S")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -146,6 +152,12 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_HISTORY_RETENTION_S")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history_retention_s: Option<u64>,
+    /// Bytes of built snapshots kept in memory; the least recently used
+    /// are dropped past it and read from their files again [default: the
+    /// engine's, 64 MiB].
+    #[arg(long, env = "INBOXD_SNAPSHOT_CACHE_BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_cache_bytes: Option<u64>,
     /// A conversation with more current members than this becomes a large
     /// group (no per-member events); 0 never switches [default: the
     /// engine's, 500].
@@ -209,6 +221,7 @@ pub struct Config {
     pub tls: Option<ServerTls>,
     pub limits: Limits,
     pub sync: SyncPolicy,
+    pub io_backend: IoBackend,
     pub shutdown_grace: Duration,
     /// `None` keeps the engine's default.
     pub batch_token_ttl: Option<Duration>,
@@ -222,6 +235,7 @@ pub struct Config {
     /// `None` keeps history forever.
     pub history_retention: Option<Duration>,
     /// `None` keeps the engine's default.
+    pub snapshot_cache_bytes: Option<u64>,
     pub large_group_members: Option<u32>,
 }
 
@@ -231,6 +245,7 @@ impl Config {
     pub fn engine_config(&self, token_key: [u8; 32]) -> InboxConfig {
         let mut engine = InboxConfig::new(&self.data_dir);
         engine.sync = self.sync;
+        engine.io = self.io_backend;
         engine.token_key = token_key;
         if let Some(ttl) = self.batch_token_ttl {
             engine.batch_token_ttl = ttl;
@@ -245,6 +260,9 @@ impl Config {
             engine.compaction_interval = (!interval.is_zero()).then_some(interval);
         }
         engine.history_retention = self.history_retention;
+        if let Some(bytes) = self.snapshot_cache_bytes {
+            engine.snapshot_cache_bytes = bytes;
+        }
         if let Some(members) = self.large_group_members {
             engine.large_group_members = members;
         }
@@ -281,6 +299,17 @@ fn parse_sync(text: &str) -> Result<SyncPolicy, ConfigError> {
             let ms: u64 = ms.parse().map_err(|_| invalid())?;
             Ok(SyncPolicy::Interval(Duration::from_millis(ms)))
         }
+    }
+}
+
+fn parse_io_backend(text: &str) -> Result<IoBackend, ConfigError> {
+    match text {
+        "pwrite" => Ok(IoBackend::Pwrite),
+        "io_uring" => Ok(IoBackend::IoUring),
+        other => Err(ConfigError::Invalid {
+            key: "io_backend",
+            reason: format!("{other:?}: expected pwrite or io_uring"),
+        }),
     }
 }
 
@@ -404,6 +433,10 @@ impl Config {
             Some(text) => parse_sync(&text)?,
             None => SyncPolicy::Always,
         };
+        let io_backend = match s.io_backend {
+            Some(text) => parse_io_backend(&text)?,
+            None => IoBackend::default(),
+        };
         Ok(Config {
             data_dir,
             listen: s
@@ -417,12 +450,14 @@ impl Config {
             tls,
             limits,
             sync,
+            io_backend,
             shutdown_grace: Duration::from_secs(s.shutdown_grace_s.unwrap_or(30)),
             batch_token_ttl: s.batch_token_ttl_s.map(Duration::from_secs),
             segment_bytes: s.segment_bytes,
             safety_window: s.safety_window_s.map(Duration::from_secs),
             compaction_interval: s.compaction_interval_s.map(Duration::from_secs),
             history_retention: s.history_retention_s.map(Duration::from_secs),
+            snapshot_cache_bytes: s.snapshot_cache_bytes,
             large_group_members: s.large_group_members,
         })
     }
@@ -537,7 +572,8 @@ mod tests {
         let path = dir.path().join("inboxd.toml");
         std::fs::write(
             &path,
-            "listen = \"127.0.0.1:9000\"\nin_flight_max = 7\nsync = \"interval:5\"\n",
+            "listen = \"127.0.0.1:9000\"\nin_flight_max = 7\nsync = \"interval:5\"\n\
+             io_backend = \"io_uring\"\n",
         )
         .unwrap();
         let args = ServeArgs {
@@ -553,6 +589,21 @@ mod tests {
             "file beats default"
         );
         assert_eq!(config.sync, SyncPolicy::Interval(Duration::from_millis(5)));
+        assert_eq!(config.io_backend, IoBackend::IoUring);
+        assert_eq!(config.engine_config([0; 32]).io, IoBackend::IoUring);
+        let flag = ServeArgs {
+            io_backend: Some("pwrite".into()),
+            ..args.clone()
+        };
+        assert_eq!(
+            Config::resolve(&flag).unwrap().io_backend,
+            IoBackend::Pwrite
+        );
+        assert_eq!(
+            Config::resolve(&ServeArgs::default()).unwrap().io_backend,
+            IoBackend::Pwrite,
+            "the default"
+        );
         assert_eq!(config.metrics_listen, "127.0.0.1:7071".parse().unwrap());
         assert_eq!(config.data_dir, PathBuf::from("./data"));
         assert_eq!(
@@ -573,7 +624,7 @@ mod tests {
         let path = dir.path().join("inboxd.toml");
         std::fs::write(
             &path,
-            "rate_burst = 5\nin_flight_max = 7\nhistory_retention_s = 3600\ntoken = \"from-file\"\n",
+            "rate_burst = 5\nin_flight_max = 7\nhistory_retention_s = 3600\nsnapshot_cache_bytes = 1048576\ntoken = \"from-file\"\n",
         )
         .unwrap();
         // Only this test reads INBOXD_RATE_BURST.
@@ -604,6 +655,7 @@ mod tests {
         );
         let engine = config.engine_config([0; 32]);
         assert_eq!(engine.history_retention, Some(Duration::from_secs(3600)));
+        assert_eq!(engine.snapshot_cache_bytes, 1 << 20);
     }
 
     #[test]
@@ -623,6 +675,14 @@ mod tests {
         assert!(matches!(
             Config::resolve(&args),
             Err(ConfigError::Invalid { key: "sync", .. })
+        ));
+        std::fs::write(&path, "io_backend = \"aio\"\n").unwrap();
+        assert!(matches!(
+            Config::resolve(&args),
+            Err(ConfigError::Invalid {
+                key: "io_backend",
+                ..
+            })
         ));
     }
 

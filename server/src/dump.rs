@@ -86,10 +86,23 @@ pub fn dump_stream(
                 continue;
             }
         };
+        if header.is_prepared() {
+            writeln!(
+                out,
+                "{stream_name} segment {id}: prepared, not begun (no records) file_bytes {}",
+                data.len()
+            )?;
+            continue;
+        }
         writeln!(
             out,
-            "{stream_name} segment {id}: first_lsn {} file_bytes {}",
+            "{stream_name} segment {id}: first_lsn {}{} file_bytes {}",
             header.first_lsn,
+            if header.is_recycled() {
+                " recycled"
+            } else {
+                ""
+            },
             data.len()
         )?;
         let mut pos = SEGMENT_HEADER_LEN;

@@ -32,6 +32,11 @@ pub enum ServeError {
     SameTokens,
     #[error("{0}")]
     Tls(#[from] crate::tls::TlsError),
+    #[error(
+        "io_backend = \"io_uring\" was asked for, but io_uring cannot be set up: {0}; \
+         refusing to start (io_backend = \"pwrite\" works everywhere)"
+    )]
+    IoUring(std::io::Error),
     #[error("cannot open the store: {0}")]
     Open(inbox_engine::Error),
     #[error("cannot listen on {addr}: {source}")]
@@ -80,6 +85,11 @@ pub async fn run(
             source,
         })?;
 
+    if config.io_backend == inbox_engine::log::IoBackend::IoUring {
+        // Asked for explicitly: fail here, naming the option, rather than
+        // deep inside opening the store (and never fall back silently).
+        inbox_engine::log::UringIo::new().map_err(ServeError::IoUring)?;
+    }
     let engine_config = config.engine_config(token_key);
     let inbox = tokio::task::spawn_blocking(move || Inbox::open(engine_config))
         .await

@@ -65,9 +65,60 @@ struct Model {
     failures_fired: u64,
     /// Those of them that hit a log segment (`*.seg`).
     segment_failures_fired: u64,
+    /// Fail the next sync of a file whose name ends with this.
+    fail_sync_of_name: Option<String>,
+    /// Write a crash image after every mutating step.
+    step_images: Option<StepImages>,
+}
+
+#[derive(Debug)]
+struct StepImages {
+    root: PathBuf,
+    to: PathBuf,
+    torn: bool,
+    taken: u64,
 }
 
 impl Model {
+    /// Whether `file` is currently named `*<suffix>`.
+    fn named(&self, file: &File, suffix: &str) -> bool {
+        ino(file).is_ok_and(|ino| {
+            self.names.iter().any(|(path, i)| {
+                *i == ino
+                    && path
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.ends_with(suffix))
+            })
+        })
+    }
+
+    /// Whether `file` is a segment being prepared by the log.
+    fn preparing(&self, file: &File) -> bool {
+        ino(file).is_ok_and(|ino| {
+            self.names.iter().any(|(path, i)| {
+                *i == ino
+                    && path
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("prealloc-") || n.starts_with("recycle-"))
+            })
+        })
+    }
+
+    /// Takes the next crash image, if images are being taken.
+    fn step(&mut self) -> io::Result<()> {
+        let Some(s) = self.step_images.as_mut() else {
+            return Ok(());
+        };
+        s.taken += 1;
+        let to = s.to.join(format!("{:06}", s.taken));
+        let root = s.root.clone();
+        let seed = s.torn.then_some(s.taken);
+        std::fs::create_dir_all(&to)?;
+        write_image(self, Some(&root), &to, seed)
+    }
+
     fn fire(&mut self, file: &File) {
         self.failures_fired += 1;
         let on_segment = ino(file).is_ok_and(|ino| {
@@ -116,16 +167,59 @@ impl FaultyIo {
         self.model.lock().no_space = on;
     }
 
-    /// The `n`th sync from now (1 = the next one) fails with EIO.
+    /// The `n`th sync from now (1 = the next one) fails with EIO. Syncs
+    /// of segments being prepared (`prealloc-*`, `recycle-*`) do not count:
+    /// the preparer runs on its own thread at its own pace, so counting
+    /// them would make the count depend on timing (see
+    /// [`FaultyIo::fail_next_sync_of_file_named`] to fail those).
     pub fn fail_nth_sync(&self, n: u64) {
         assert!(n >= 1);
         self.model.lock().syncs_until_failure = Some(n - 1);
     }
 
     /// The `n`th data write from now (1 = the next one) fails with EIO.
+    /// Writes of segments being prepared do not count (as for
+    /// [`FaultyIo::fail_nth_sync`]).
     pub fn fail_nth_write(&self, n: u64) {
         assert!(n >= 1);
         self.model.lock().writes_until_failure = Some(n - 1);
+    }
+
+    /// The next sync of a file whose name ends with `suffix` (e.g.
+    /// `".tmp"`, a segment being prepared) fails with EIO.
+    pub fn fail_next_sync_of_file_named(&self, suffix: &str) {
+        self.model.lock().fail_sync_of_name = Some(suffix.to_owned());
+    }
+
+    /// From now on, after every mutating step (create, write, sync,
+    /// rename, remove, directory sync), writes what a power cut right then
+    /// would leave of the files under `root` into `to/NNNNNN` (numbered
+    /// from 1; see [`FaultyIo::crash_image_tree`]). With `torn`, each
+    /// image also gets a torn prefix of the unsynced writes, seeded by its
+    /// number.
+    pub fn crash_image_at_every_step(&self, root: &Path, to: &Path, torn: bool) {
+        self.model.lock().step_images = Some(StepImages {
+            root: root.to_path_buf(),
+            to: to.to_path_buf(),
+            torn,
+            taken: 0,
+        });
+    }
+
+    /// Stops [`FaultyIo::crash_image_at_every_step`].
+    pub fn stop_crash_images(&self) {
+        self.model.lock().step_images = None;
+    }
+
+    /// Crash images taken so far by [`FaultyIo::crash_image_at_every_step`]:
+    /// every image numbered at least this includes whatever was durable
+    /// now.
+    pub fn crash_images_taken(&self) -> u64 {
+        self.model
+            .lock()
+            .step_images
+            .as_ref()
+            .map_or(0, |s| s.taken)
     }
 
     /// Successful data syncs so far.
@@ -172,7 +266,17 @@ impl FaultyIo {
         to: &Path,
         torn_seed: Option<u64>,
     ) -> io::Result<()> {
-        let model = self.model.lock();
+        write_image(&self.model.lock(), root, to, torn_seed)
+    }
+}
+
+fn write_image(
+    model: &Model,
+    root: Option<&Path>,
+    to: &Path,
+    torn_seed: Option<u64>,
+) -> io::Result<()> {
+    {
         let mut rng = torn_seed.map(|s| s | 1);
         let mut next = move |bound: usize| -> usize {
             // xorshift64: enough to pick cut points reproducibly.
@@ -246,6 +350,7 @@ impl LogIo for FaultyIo {
             },
         );
         m.names.insert(path.to_path_buf(), ino);
+        m.step()?;
         Ok(file)
     }
 
@@ -281,7 +386,7 @@ impl LogIo for FaultyIo {
 
     fn write_at(&self, file: &File, offset: u64, buf: &[u8], sync: bool) -> io::Result<()> {
         let mut m = self.model.lock();
-        if countdown(&mut m.writes_until_failure) {
+        if !m.preparing(file) && countdown(&mut m.writes_until_failure) {
             m.fire(file);
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
@@ -290,6 +395,7 @@ impl LogIo for FaultyIo {
         if let Some(f) = m.files.get_mut(&ino) {
             f.pending.push((offset, buf.to_vec()));
         }
+        m.step()?;
         if sync {
             drop(m);
             self.sync_data(file)?;
@@ -299,7 +405,14 @@ impl LogIo for FaultyIo {
 
     fn sync_data(&self, file: &File) -> io::Result<()> {
         let mut m = self.model.lock();
-        if countdown(&mut m.syncs_until_failure) {
+        let named = match &m.fail_sync_of_name {
+            Some(suffix) => m.named(file, suffix),
+            None => false,
+        };
+        if named {
+            m.fail_sync_of_name = None;
+        }
+        if named || (!m.preparing(file) && countdown(&mut m.syncs_until_failure)) {
             m.fire(file);
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
@@ -308,7 +421,7 @@ impl LogIo for FaultyIo {
         if let Some(f) = m.files.get_mut(&ino(file)?) {
             f.sync();
         }
-        Ok(())
+        m.step()
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
@@ -317,14 +430,14 @@ impl LogIo for FaultyIo {
         if let Some(ino) = m.names.remove(from) {
             m.names.insert(to.to_path_buf(), ino);
         }
-        Ok(())
+        m.step()
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
         let mut m = self.model.lock();
         self.inner.remove(path)?;
         m.names.remove(path);
-        Ok(())
+        m.step()
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -338,6 +451,6 @@ impl LogIo for FaultyIo {
             .collect();
         m.durable_names.retain(|p, _| p.parent() != Some(dir));
         m.durable_names.extend(names);
-        Ok(())
+        m.step()
     }
 }

@@ -26,6 +26,16 @@ pub const BATCH_HEADER_LEN: usize = 24;
 pub const RECORD_HEADER_LEN: usize = 16;
 /// Frame type of a batch of records. Zero is reserved for "no frame".
 pub const FRAME_TYPE_BATCH: u8 = 1;
+/// Segment header flag: a prepared segment, written ahead of need and not
+/// yet begun. It holds no records; its `first_lsn` means nothing (1). Only
+/// the newest segments of a log may carry it.
+pub const SEGMENT_FLAG_PREPARED: u32 = 1;
+/// Segment header flag: the file once held another segment. Past the end
+/// of this segment's data (an all-zero batch header) lie stale bytes of
+/// the old segment, which never verify here (every CRC is bound to the
+/// segment id, and ids never repeat).
+pub const SEGMENT_FLAG_RECYCLED: u32 = 2;
+const SEGMENT_FLAGS_KNOWN: u32 = SEGMENT_FLAG_PREPARED | SEGMENT_FLAG_RECYCLED;
 
 const _: () = assert!(SEGMENT_HEADER_LEN == 8 + 4 + 4 + 8 + 4 + 4);
 const _: () = assert!(BATCH_HEADER_LEN == 4 + 1 + 1 + 2 + 8 + 4 + 4);
@@ -38,22 +48,49 @@ pub struct SegmentHeader {
     /// LSN of the first batch this segment holds (or will hold). LSNs
     /// continue from it even when every older segment has been deleted.
     pub first_lsn: Lsn,
+    /// [`SEGMENT_FLAG_PREPARED`], [`SEGMENT_FLAG_RECYCLED`].
+    pub flags: u32,
 }
 
-/// Encodes the segment header (layout on [`BatchEncoder`]).
+impl SegmentHeader {
+    /// A prepared segment not yet begun: no records, no LSN.
+    pub fn is_prepared(&self) -> bool {
+        self.flags & SEGMENT_FLAG_PREPARED != 0
+    }
+    /// Stale bytes of an older segment may follow the data.
+    pub fn is_recycled(&self) -> bool {
+        self.flags & SEGMENT_FLAG_RECYCLED != 0
+    }
+}
+
+/// Encodes the header of a begun segment (layout on [`BatchEncoder`]).
 pub fn encode_segment_header(segment: SegmentId, first_lsn: Lsn) -> [u8; SEGMENT_HEADER_LEN] {
+    encode_segment_header_with_flags(segment, first_lsn, 0)
+}
+
+/// Encodes a segment header with flags.
+pub fn encode_segment_header_with_flags(
+    segment: SegmentId,
+    first_lsn: Lsn,
+    flags: u32,
+) -> [u8; SEGMENT_HEADER_LEN] {
     assert!(first_lsn >= 1, "LSNs start at 1");
+    assert_eq!(flags & !SEGMENT_FLAGS_KNOWN, 0, "unknown segment flags");
     let mut h = [0u8; SEGMENT_HEADER_LEN];
     h[0..8].copy_from_slice(&SEGMENT_MAGIC);
     h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
     h[12..16].copy_from_slice(&segment.to_le_bytes());
     h[16..24].copy_from_slice(&first_lsn.to_le_bytes());
-    // 24..28 reserved, zero.
+    h[24..28].copy_from_slice(&flags.to_le_bytes());
     let crc = crc32fast::hash(&h[0..28]);
     h[28..32].copy_from_slice(&crc.to_le_bytes());
     debug_assert_eq!(
         decode_segment_header(segment, &h),
-        Ok(SegmentHeader { segment, first_lsn })
+        Ok(SegmentHeader {
+            segment,
+            first_lsn,
+            flags
+        })
     );
     h
 }
@@ -87,7 +124,15 @@ pub fn decode_segment_header(segment: SegmentId, bytes: &[u8]) -> Result<Segment
     if first_lsn == 0 {
         return Err("header first LSN is 0".into());
     }
-    Ok(SegmentHeader { segment, first_lsn })
+    let flags = u32_at(h, 24);
+    if flags & !SEGMENT_FLAGS_KNOWN != 0 {
+        return Err(format!("unknown segment header flags {flags:#x}"));
+    }
+    Ok(SegmentHeader {
+        segment,
+        first_lsn,
+        flags,
+    })
 }
 
 /// Encodes batches of records into frames.
@@ -98,10 +143,12 @@ pub fn decode_segment_header(segment: SegmentId, bytes: &[u8]) -> Result<Segment
 /// segment header (32 bytes)
 ///  0        8         12        16                24        28        32
 ///  +--------+---------+---------+-----------------+---------+---------+
-///  | magic  | version | segment | first_lsn       | reserved| hdr_crc |
-///  | 8 B    | u32     | id u32  | u64             | u32 = 0 | u32     |
+///  | magic  | version | segment | first_lsn       | flags   | hdr_crc |
+///  | 8 B    | u32     | id u32  | u64             | u32     | u32     |
 ///  +--------+---------+---------+-----------------+---------+---------+
 ///  hdr_crc = crc32(bytes 0..28)
+///  flags   = 1 prepared (not yet begun: no records, first_lsn = 1)
+///          | 2 recycled (stale bytes of an older segment follow the data)
 ///
 /// then batch frames, back to back, then zeros (preallocated space):
 ///
@@ -477,9 +524,25 @@ mod tests {
             decode_segment_header(17, &h),
             Ok(SegmentHeader {
                 segment: 17,
-                first_lsn: 1234
+                first_lsn: 1234,
+                flags: 0,
             })
         );
         assert!(decode_segment_header(18, &h).is_err());
+    }
+
+    #[test]
+    fn segment_header_flags_round_trip_and_unknown_flags_are_refused() {
+        let h =
+            encode_segment_header_with_flags(3, 1, SEGMENT_FLAG_PREPARED | SEGMENT_FLAG_RECYCLED);
+        let d = decode_segment_header(3, &h).unwrap();
+        assert!(d.is_prepared() && d.is_recycled());
+        let mut bad = h;
+        bad[24] |= 0x80;
+        let crc = crc32fast::hash(&bad[0..28]);
+        bad[28..32].copy_from_slice(&crc.to_le_bytes());
+        assert!(decode_segment_header(3, &bad)
+            .unwrap_err()
+            .contains("flags"));
     }
 }

@@ -36,6 +36,13 @@ pub trait LogIo: Send + Sync + std::fmt::Debug {
     fn write_at(&self, file: &File, offset: u64, buf: &[u8], sync: bool) -> io::Result<()>;
     /// fdatasync.
     fn sync_data(&self, file: &File) -> io::Result<()>;
+    /// [`LogIo::write_at`] for preparing a segment ahead of need, on the
+    /// preparer thread: bulk writes of zeros and a header, and the sync of
+    /// a whole new file. A backend that serializes commits (one shared
+    /// submission ring) must not make commits wait behind these.
+    fn write_prepared(&self, file: &File, offset: u64, buf: &[u8], sync: bool) -> io::Result<()> {
+        self.write_at(file, offset, buf, sync)
+    }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// fsync of a directory, making creates, renames and deletes in it

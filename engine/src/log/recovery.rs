@@ -8,16 +8,24 @@
 //!   so a later, shorter batch can never be followed by stale bytes that
 //!   line up as a frame);
 //! - LSNs are contiguous inside a segment and across segments with
-//!   consecutive ids; across a gap in ids (deleted segments) they only grow.
+//!   consecutive ids; across a gap in ids (deleted segments) they only grow;
+//! - prepared segments (written ahead, never begun: no records) after the
+//!   last begun segment are the spares, in id order; a prepared segment
+//!   below a begun one was refused or left over and is removed. Neither is
+//!   damage. The last *begun* segment is the one whose tail may be torn;
+//! - the next segment id is above every segment file found, so ids never
+//!   repeat (a recycled file's stale frames carry an older id).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use memmap2::Mmap;
 
+use super::format::decode_segment_header;
 use super::format::SEGMENT_HEADER_LEN;
 use super::io::{is_no_space, LogIo};
-use super::segment::{self, Segment, Tail};
+use super::prepare::Spare;
+use super::segment::{self, FileKind, Segment, Tail};
 use super::{LogError, Lsn, RecoveryMode, SegmentId};
 
 /// What recovery cut from the tail of the last segment.
@@ -51,6 +59,8 @@ pub(crate) struct Recovered {
     pub active: Option<Active>,
     pub next_lsn: Lsn,
     pub next_segment_id: SegmentId,
+    /// Prepared segments after the last begun one, lowest id first.
+    pub spares: Vec<Spare>,
     pub report: RecoveryReport,
 }
 
@@ -67,8 +77,74 @@ pub(crate) fn recover(
         // they never held acknowledged data.
         io.remove(&tmp)?;
     }
+    let next_segment_id = match segs.last() {
+        Some((id, _)) => id
+            .checked_add(1)
+            .ok_or_else(|| LogError::InvalidArgument("segment ids exhausted".into()))?,
+        None => 1,
+    };
+    let kinds = segment::classify(&segs)?;
+    let mut begun = Vec::with_capacity(segs.len());
+    let mut prepared = Vec::new();
+    let mut interrupted = None;
+    for ((id, path), kind) in segs.into_iter().zip(kinds) {
+        match kind {
+            FileKind::Begun => begun.push((id, path)),
+            FileKind::Prepared => prepared.push((id, path)),
+            FileKind::InterruptedBegin => {
+                // No batch goes into a segment before its header is synced,
+                // and the segment before it is sealed only after: nothing
+                // was acknowledged in it, nothing before it is missing.
+                tracing::warn!(
+                    segment = id,
+                    "removing a segment whose begin was cut by a power cut (no batch in it)"
+                );
+                io.remove(&path)?;
+                interrupted = Some(TruncatedTail {
+                    segment: id,
+                    offset: 0,
+                    bytes: SEGMENT_HEADER_LEN as u64,
+                    reason: "segment header rewrite cut by a power cut; the empty segment \
+                             was removed"
+                        .into(),
+                });
+            }
+        }
+    }
+    let last_begun = begun.last().map(|(id, _)| *id);
+    let mut spares = Vec::new();
+    for (id, path) in prepared {
+        if last_begun.is_some_and(|last| id < last) {
+            tracing::info!(
+                segment = id,
+                "removing a prepared segment that was never begun"
+            );
+            io.remove(&path)?;
+            continue;
+        }
+        let file = io.open_existing(&path)?;
+        if file.metadata()?.len() != segment_bytes {
+            // Prepared for another segment size: never held data.
+            drop(file);
+            io.remove(&path)?;
+            continue;
+        }
+        let recycled = {
+            let mut head = [0u8; SEGMENT_HEADER_LEN];
+            std::os::unix::fs::FileExt::read_exact_at(&file, &mut head, 0)?;
+            decode_segment_header(id, &head).is_ok_and(|h| h.is_recycled())
+        };
+        spares.push(Spare {
+            id,
+            path,
+            file,
+            recycled,
+        });
+    }
+    let segs = begun;
     let mut report = RecoveryReport {
         segments: segs.len(),
+        truncated: interrupted,
         ..Default::default()
     };
     let mut out = Vec::with_capacity(segs.len());
@@ -157,7 +233,7 @@ pub(crate) fn recover(
                 Err(e) => return Err(e.into()),
             }
         }
-        let seg = Arc::new(Segment::new(
+        let mut seg = Segment::new(
             *id,
             path.clone(),
             file,
@@ -165,7 +241,11 @@ pub(crate) fn recover(
             scan.last_lsn,
             end.max(SEGMENT_HEADER_LEN as u64),
             !is_last,
-        ));
+        );
+        if scan.recycled {
+            seg = seg.with_end_marker(capacity);
+        }
+        let seg = Arc::new(seg);
         if is_last {
             active = Some(Active {
                 seg: Arc::clone(&seg),
@@ -176,17 +256,12 @@ pub(crate) fn recover(
         out.push(seg);
     }
     report.last_lsn = next_lsn - 1;
-    let next_segment_id = match segs.last() {
-        Some((id, _)) => id
-            .checked_add(1)
-            .ok_or_else(|| LogError::InvalidArgument("segment ids exhausted".into()))?,
-        None => 1,
-    };
     Ok(Recovered {
         segments: out,
         active,
         next_lsn,
         next_segment_id,
+        spares,
         report,
     })
 }

@@ -52,6 +52,9 @@ pub struct Segment {
     durable_len: AtomicU64,
     sealed: AtomicBool,
     map: Mutex<Option<Arc<Mmap>>>,
+    /// For a recycled file (stale bytes past the data): its capacity. Every
+    /// write is followed by an all-zero batch header, the end of the data.
+    end_marker: Option<u64>,
 }
 
 impl Segment {
@@ -75,7 +78,36 @@ impl Segment {
             durable_len: AtomicU64::new(durable_len),
             sealed: AtomicBool::new(sealed),
             map: Mutex::new(None),
+            end_marker: None,
         }
+    }
+
+    /// Marks the segment as a recycled file of `capacity` bytes: the
+    /// writer ends every write with an all-zero batch header (when it
+    /// fits), because what follows the data is not zeros.
+    pub fn with_end_marker(mut self, capacity: u64) -> Self {
+        self.end_marker = Some(capacity);
+        self
+    }
+
+    /// Zero bytes to write after data ending at `end` (see
+    /// [`Segment::with_end_marker`]).
+    pub fn end_marker_len(&self, end: u64) -> usize {
+        match self.end_marker {
+            Some(cap) => cap.saturating_sub(end).min(format::BATCH_HEADER_LEN as u64) as usize,
+            None => 0,
+        }
+    }
+
+    /// Whether nothing but this handle uses the segment: no reader holds
+    /// it or its mapping, so its file may be reused.
+    pub fn is_idle(self: &Arc<Self>) -> bool {
+        Arc::strong_count(self) == 1
+            && self
+                .map
+                .lock()
+                .as_ref()
+                .is_none_or(|m| Arc::strong_count(m) == 1)
     }
 
     pub fn durable_len(&self) -> u64 {
@@ -204,6 +236,11 @@ pub enum Tail {
 pub struct Scan {
     /// `None` when the header itself is bad (then `tail` is `Corrupt`).
     pub first_lsn: Option<Lsn>,
+    /// A prepared segment, not yet begun: no records, `first_lsn` means
+    /// nothing, the bytes after the header are not looked at.
+    pub prepared: bool,
+    /// A recycled file: stale bytes may follow the end of the data.
+    pub recycled: bool,
     /// Last LSN of the valid batches (`first_lsn - 1` when none).
     pub last_lsn: Lsn,
     /// Offset just past the last valid batch.
@@ -220,6 +257,8 @@ pub struct Scan {
 pub fn scan(id: SegmentId, data: &[u8], is_last: bool) -> Scan {
     let mut s = Scan {
         first_lsn: None,
+        prepared: false,
+        recycled: false,
         last_lsn: 0,
         end: 0,
         batches: 0,
@@ -235,6 +274,12 @@ pub fn scan(id: SegmentId, data: &[u8], is_last: bool) -> Scan {
     };
     s.first_lsn = Some(header.first_lsn);
     s.last_lsn = header.first_lsn - 1;
+    s.end = SEGMENT_HEADER_LEN as u64;
+    s.prepared = header.is_prepared();
+    s.recycled = header.is_recycled();
+    if s.prepared {
+        return s;
+    }
     let mut pos = SEGMENT_HEADER_LEN;
     let reason = loop {
         match format::decode_batch(id, data, pos, 0) {
@@ -261,6 +306,9 @@ pub fn scan(id: SegmentId, data: &[u8], is_last: bool) -> Scan {
         }
     };
     s.end = pos as u64;
+    if s.recycled {
+        return scan_recycled_tail(id, data, pos, reason, is_last, s);
+    }
     // Whatever follows the valid data must be zeros, or a torn write.
     let rest = &data[pos..];
     let Some(last_nonzero) = rest.iter().rposition(|&b| b != 0) else {
@@ -292,6 +340,102 @@ pub fn scan(id: SegmentId, data: &[u8], is_last: bool) -> Scan {
         reason,
     };
     s
+}
+
+/// The end of a recycled segment's data. Every write into it ends with an
+/// all-zero batch header, so a clean end is that marker (or the end of the
+/// file) and what lies past it is stale. An invalid frame instead is a
+/// torn write in the last begun segment (cut by zeroing its header: the
+/// stale bytes after it never verify under this id), and damage anywhere
+/// else; so is a valid batch of this segment past the invalid frame.
+fn scan_recycled_tail(
+    id: SegmentId,
+    data: &[u8],
+    pos: usize,
+    reason: Option<String>,
+    is_last: bool,
+    mut s: Scan,
+) -> Scan {
+    let Some(reason) = reason else {
+        return s;
+    };
+    if !is_last {
+        s.tail = Tail::Corrupt {
+            offset: pos as u64,
+            reason: format!("{reason} (in a sealed segment)"),
+        };
+        return s;
+    }
+    for p in pos + 1..data.len() {
+        if let Some(lsn) = format::valid_batch_at(id, data, p, 0, s.last_lsn) {
+            s.tail = Tail::Corrupt {
+                offset: pos as u64,
+                reason: format!("{reason}, followed by a valid batch (LSN {lsn}) at offset {p}"),
+            };
+            return s;
+        }
+    }
+    s.tail = Tail::Torn {
+        start: pos as u64,
+        end: (pos + format::BATCH_HEADER_LEN).min(data.len()) as u64,
+        reason,
+    };
+    s
+}
+
+/// What a segment file is, as far as its header tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    /// A begun segment (or a damaged one: the scan decides).
+    Begun,
+    /// Prepared ahead of need, never begun: no records.
+    Prepared,
+    /// The newest non-prepared file, whose begin (the in-place rewrite of
+    /// its prepared header, synced before any batch goes in) was cut by a
+    /// power cut: magic, version and id are intact, the checksum fails,
+    /// and no batch of this segment is anywhere in it. It holds nothing.
+    InterruptedBegin,
+}
+
+fn read_header(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(SEGMENT_HEADER_LEN);
+    File::open(path)?
+        .take(SEGMENT_HEADER_LEN as u64)
+        .read_to_end(&mut head)?;
+    Ok(head)
+}
+
+/// Classifies the segment files of a directory, sorted by id.
+pub fn classify(segs: &[(SegmentId, PathBuf)]) -> std::io::Result<Vec<FileKind>> {
+    let mut kinds = Vec::with_capacity(segs.len());
+    let mut torn_candidate = Vec::with_capacity(segs.len());
+    for (id, path) in segs {
+        let head = read_header(path)?;
+        let prepared = format::decode_segment_header(*id, &head).is_ok_and(|h| h.is_prepared());
+        kinds.push(if prepared {
+            FileKind::Prepared
+        } else {
+            FileKind::Begun
+        });
+        let intact_prefix = head.len() == SEGMENT_HEADER_LEN
+            && head[0..8] == format::SEGMENT_MAGIC
+            && head[8..12] == format::FORMAT_VERSION.to_le_bytes()
+            && head[12..16] == id.to_le_bytes();
+        torn_candidate.push(intact_prefix && format::decode_segment_header(*id, &head).is_err());
+    }
+    if let Some(i) = kinds.iter().rposition(|k| *k == FileKind::Begun) {
+        if torn_candidate[i] {
+            let (id, path) = &segs[i];
+            let data = std::fs::read(path)?;
+            let any_batch = (SEGMENT_HEADER_LEN..data.len())
+                .any(|p| format::valid_batch_at(*id, &data, p, 0, 0).is_some());
+            if !any_batch {
+                kinds[i] = FileKind::InterruptedBegin;
+            }
+        }
+    }
+    Ok(kinds)
 }
 
 /// Segment files by id, and leftover preallocation files.

@@ -150,6 +150,13 @@ impl LogIo for UringIo {
         Ok(())
     }
 
+    /// Through pwrite, not the ring: preparing a segment writes and syncs
+    /// a whole file, and commits must not wait behind the ring's mutex
+    /// meanwhile.
+    fn write_prepared(&self, file: &File, offset: u64, buf: &[u8], sync: bool) -> io::Result<()> {
+        self.std.write_at(file, offset, buf, sync)
+    }
+
     fn sync_data(&self, file: &File) -> io::Result<()> {
         let mut ring = self.ring.lock();
         let e = opcode::Fsync::new(types::Fd(file.as_raw_fd()))

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use memmap2::Mmap;
 
-use super::segment::{self, Tail};
+use super::segment::{self, FileKind, Tail};
 use super::{LogError, Lsn, SegmentId};
 
 /// What kind of problem was found.
@@ -54,8 +54,11 @@ pub struct SegmentReport {
     pub file_bytes: u64,
     pub batches: u64,
     pub records: u64,
-    /// `None` when the segment header is unreadable.
+    /// `None` when the segment header is unreadable, or for a prepared
+    /// segment (not begun, no LSN yet).
     pub first_lsn: Option<Lsn>,
+    /// A segment prepared ahead of need and not begun: no records.
+    pub prepared: bool,
     pub last_lsn: Lsn,
     pub problem: Option<Problem>,
 }
@@ -100,8 +103,41 @@ pub fn verify_with_progress(
     let (segs, _tmps) = segment::list_dir(dir)?;
     let mut report = VerifyReport::default();
     let mut prev: Option<(SegmentId, Lsn)> = None;
-    let n = segs.len();
-    for (i, (id, path)) in segs.iter().enumerate() {
+    // Only the last begun segment may have a torn tail; prepared segments
+    // (written ahead, never begun) hold no records and are not damage.
+    let kinds = segment::classify(&segs)?;
+    let last_begun = segs
+        .iter()
+        .zip(&kinds)
+        .filter(|(_, k)| **k == FileKind::Begun)
+        .map(|((id, _), _)| *id)
+        .next_back();
+    for ((id, path), kind) in segs.iter().zip(&kinds) {
+        if *kind == FileKind::InterruptedBegin {
+            let problem = Problem {
+                kind: ProblemKind::TornTail,
+                segment: *id,
+                offset: 0,
+                reason: "segment header rewrite cut by a power cut, no batch in it; \
+                         the segment would be removed at open"
+                    .into(),
+            };
+            let seg = SegmentReport {
+                id: *id,
+                bytes: 0,
+                file_bytes: std::fs::metadata(path)?.len(),
+                batches: 0,
+                records: 0,
+                first_lsn: None,
+                prepared: false,
+                last_lsn: 0,
+                problem: Some(problem.clone()),
+            };
+            report.problems.push(problem);
+            progress(&seg);
+            report.segments.push(seg);
+            continue;
+        }
         let file = std::fs::File::open(path)?;
         let file_bytes = file.metadata()?.len();
         let scan = {
@@ -116,7 +152,7 @@ pub fn verify_with_progress(
                 map = unsafe { Mmap::map(&file)? };
                 &map
             };
-            segment::scan(*id, data, i + 1 == n)
+            segment::scan(*id, data, Some(*id) == last_begun)
         };
         let mut problem = match &scan.tail {
             Tail::Clean => None,
@@ -133,7 +169,7 @@ pub fn verify_with_progress(
                 reason: reason.clone(),
             }),
         };
-        if let Some(first) = scan.first_lsn {
+        if let Some(first) = scan.first_lsn.filter(|_| !scan.prepared) {
             if let Err(reason) = segment::check_sequence(prev, *id, first) {
                 problem.get_or_insert(Problem {
                     kind: ProblemKind::Corruption,
@@ -154,8 +190,9 @@ pub fn verify_with_progress(
             file_bytes,
             batches: scan.batches,
             records: scan.records,
-            first_lsn: scan.first_lsn,
-            last_lsn: scan.last_lsn,
+            first_lsn: scan.first_lsn.filter(|_| !scan.prepared),
+            prepared: scan.prepared,
+            last_lsn: if scan.prepared { 0 } else { scan.last_lsn },
             problem: problem.clone(),
         };
         report.batches += scan.batches;

@@ -9,8 +9,13 @@
 //!
 //! Invariants:
 //! - batches become durable in LSN order; `durable_lsn` only grows;
-//! - a segment is synced in full before the next segment's file gets its
-//!   final name, so only the last segment can ever have a torn tail;
+//! - a segment is synced in full before the next segment is begun (its
+//!   prepared header overwritten with its first LSN, and synced), so only
+//!   the last begun segment can ever have a torn tail;
+//! - the new segment's header is durable before the old one is sealed (and
+//!   so may be deleted): the LSN chain never rests on a deleted segment;
+//! - in a recycled segment every write ends with an all-zero batch header,
+//!   so the data's end is marked even though stale bytes follow it.
 //! - after any write or sync error the log is poisoned: nothing queued or
 //!   submitted later is written or reported durable.
 
@@ -19,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use super::format::SEGMENT_HEADER_LEN;
 use super::segment::Segment;
-use super::{LogError, Lsn, Shared, SyncPolicy};
+use super::shared::Shared;
+use super::{LogError, Lsn, SyncPolicy};
 
 /// Work for the writer, in submission order.
 pub(crate) enum Item {
@@ -29,11 +35,10 @@ pub(crate) enum Item {
         lsn: Lsn,
         bytes: Vec<u8>,
     },
-    /// Seal `old` (if any) and bring `new` into being under its final name.
+    /// Begin `new` (a prepared spare: write its real header) and seal `old`.
     Roll {
         old: Option<Arc<Segment>>,
         new: Arc<Segment>,
-        tmp: std::path::PathBuf,
         header: [u8; SEGMENT_HEADER_LEN],
     },
     /// Write and fdatasync everything before it, whatever the policy.
@@ -91,10 +96,10 @@ impl Writer {
             _ => None,
         };
         loop {
-            let (items, shutdown, want_spare) = {
+            let (items, shutdown) = {
                 let mut st = self.shared.state.lock();
                 loop {
-                    if !st.queue.is_empty() || st.shutdown || st.spare_wanted {
+                    if !st.queue.is_empty() || st.shutdown {
                         break;
                     }
                     match (interval, &self.unsynced) {
@@ -109,17 +114,13 @@ impl Writer {
                         _ => self.shared.work.wait(&mut st),
                     }
                 }
-                let want_spare = std::mem::take(&mut st.spare_wanted);
-                (std::mem::take(&mut st.queue), st.shutdown, want_spare)
+                (std::mem::take(&mut st.queue), st.shutdown)
             };
             self.process(items);
             if let Some(d) = interval {
                 if self.unsynced.is_some() && self.last_sync.elapsed() >= d {
                     self.sync_unsynced();
                 }
-            }
-            if want_spare {
-                self.shared.preallocate_spare_in_background();
             }
             if shutdown && self.shared.state.lock().queue.is_empty() {
                 self.sync_unsynced();
@@ -160,12 +161,7 @@ impl Writer {
                     self.run.buf.extend_from_slice(&bytes);
                     self.run.last_lsn = lsn;
                 }
-                Item::Roll {
-                    old,
-                    new,
-                    tmp,
-                    header,
-                } => {
+                Item::Roll { old, new, header } => {
                     self.write_run(true);
                     if let Some(old) = &old {
                         if self.unsynced.as_ref().is_some_and(|s| Arc::ptr_eq(s, old)) {
@@ -175,7 +171,7 @@ impl Writer {
                     if self.poisoned() {
                         continue;
                     }
-                    if let Err(e) = self.roll(old.as_deref(), &new, &tmp, &header) {
+                    if let Err(e) = self.roll(old.as_deref(), &new, &header) {
                         self.shared
                             .poison(format!("creating segment {}: {e}", new.id));
                     }
@@ -200,16 +196,14 @@ impl Writer {
         &mut self,
         old: Option<&Segment>,
         new: &Arc<Segment>,
-        tmp: &std::path::Path,
         header: &[u8],
     ) -> std::io::Result<()> {
-        let io = &self.shared.io;
+        // The prepared file already has its name, its directory entry and
+        // written blocks: beginning it is one overwrite of its first block.
+        self.shared.io.write_at(&new.file, 0, header, true)?;
         if let Some(old) = old {
             old.seal();
         }
-        io.write_at(&new.file, 0, header, true)?;
-        io.rename(tmp, &new.path)?;
-        io.sync_dir(&self.shared.dir)?;
         self.shared.segments.write().insert(new.id, Arc::clone(new));
         tracing::debug!(
             segment = new.id,
@@ -242,6 +236,8 @@ impl Writer {
             seg.durable_len(),
             "runs must extend the durable data"
         );
+        let marker = seg.end_marker_len(end);
+        self.run.buf.resize(self.run.buf.len() + marker, 0);
         let t = Instant::now();
         let res = self
             .shared

@@ -49,8 +49,25 @@ pub fn replayed_lsns(log: &Log) -> Vec<Lsn> {
     lsns
 }
 
-/// Segment files in `dir`, sorted.
+/// Begun segment files in `dir` (the ones that hold or will hold
+/// records), sorted; prepared spares are left out.
 pub fn segment_files(dir: &Path) -> Vec<PathBuf> {
+    all_segment_files(dir)
+        .into_iter()
+        .filter(|p| !is_prepared(p))
+        .collect()
+}
+
+/// Prepared (never begun) segment files in `dir`, sorted.
+pub fn prepared_segment_files(dir: &Path) -> Vec<PathBuf> {
+    all_segment_files(dir)
+        .into_iter()
+        .filter(|p| is_prepared(p))
+        .collect()
+}
+
+/// Every `*.seg` file in `dir`, sorted.
+pub fn all_segment_files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -60,10 +77,35 @@ pub fn segment_files(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// Whether the segment header carries the prepared flag.
+pub fn is_prepared(path: &Path) -> bool {
+    let bytes = std::fs::read(path).unwrap();
+    let id = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    inbox_engine::log::format::decode_segment_header(id, &bytes).is_ok_and(|h| h.is_prepared())
+}
+
 /// Copies the segment files of `from` into a fresh directory `to`.
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for f in segment_files(from) {
         std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+    }
+}
+
+/// Waits until the log's preparer has a spare segment ready (and so is
+/// idle), for tests that count syncs or inject a failure into the next
+/// one. Panics after a bound far beyond any scheduling delay.
+pub fn wait_for_spare(log: &Log) {
+    let start = std::time::Instant::now();
+    while log.stats().spares_ready == 0 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "no spare segment was prepared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }

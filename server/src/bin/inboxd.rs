@@ -277,10 +277,11 @@ fn verify(data_dir: &std::path::Path) -> ExitCode {
                 segment.bytes,
                 segment.batches,
                 segment.records,
-                segment
-                    .problem
-                    .as_ref()
-                    .map_or_else(|| "ok".to_string(), ToString::to_string),
+                match &segment.problem {
+                    Some(problem) => problem.to_string(),
+                    None if segment.prepared => "ok (prepared, not begun)".to_string(),
+                    None => "ok".to_string(),
+                },
             );
         };
         match inbox_engine::log::verify_with_progress(&dir, &mut on_segment) {

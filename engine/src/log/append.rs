@@ -1,0 +1,337 @@
+//! The [`Log`] handle: open, the append side (submit, wait, flush),
+//! segment deletion, counters and shutdown. Reads are in [`super::read`].
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use super::batch::{AppendTicket, Appended, Batch, Waiter};
+use super::format::{self, BatchEncoder, SEGMENT_HEADER_LEN};
+use super::io::{LogIo, PwriteIo};
+use super::lock::lock_dir;
+use super::prepare::{self, Freed, Preparer};
+use super::recovery::{self, RecoveryReport};
+use super::shared::{ActiveTail, Shared, SubmitState};
+use super::uring::UringIo;
+use super::writer::{self, Item};
+use super::{
+    IoBackend, LogError, LogOptions, LogStats, SegmentId, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
+};
+
+/// An append-only segment log. Cheap to share by reference across threads.
+pub struct Log {
+    pub(super) shared: Arc<Shared>,
+    writer: Option<JoinHandle<()>>,
+    preparer: Option<JoinHandle<()>>,
+    report: RecoveryReport,
+    /// Held for the life of the log: one process per directory.
+    _lock: File,
+}
+
+impl std::fmt::Debug for Log {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Log")
+            .field("dir", &self.shared.dir)
+            .field("durable_lsn", &self.durable_lsn())
+            .finish()
+    }
+}
+
+impl Log {
+    /// Bytes a record costs in a batch besides its payload (its header).
+    /// Callers that size batches count with this instead of the layout.
+    pub const RECORD_OVERHEAD_BYTES: u64 = format::RECORD_HEADER_LEN as u64;
+
+    /// The most record bytes (payloads plus [`Log::RECORD_OVERHEAD_BYTES`]
+    /// each) one batch may hold: a batch is one frame, and a frame must
+    /// fit a segment after the segment's header. [`Log::submit`] refuses a
+    /// larger batch with [`LogError::TooLarge`].
+    pub fn batch_records_bytes_max(&self) -> u64 {
+        Self::batch_records_bytes_max_for(self.shared.segment_bytes)
+    }
+
+    /// [`Log::batch_records_bytes_max`] for a log of `segment_bytes`
+    /// segments, before one is open.
+    pub fn batch_records_bytes_max_for(segment_bytes: u64) -> u64 {
+        segment_bytes.saturating_sub((SEGMENT_HEADER_LEN + format::BATCH_HEADER_LEN) as u64)
+    }
+
+    /// Opens the log in `opts.dir`, recovering it (see [`RecoveryMode`]).
+    pub fn open(opts: LogOptions) -> Result<Log, LogError> {
+        let io: Arc<dyn LogIo> = match opts.io {
+            IoBackend::Pwrite => Arc::new(PwriteIo),
+            IoBackend::IoUring => Arc::new(UringIo::new().map_err(|e| {
+                LogError::Io(std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "io_uring setup failed ({e}); the kernel may lack io_uring or have it \
+                         disabled: use the pwrite backend"
+                    ),
+                ))
+            })?),
+        };
+        Self::open_with_io(opts, io)
+    }
+
+    /// [`Log::open`] with a given IO backend (e.g. [`FaultyIo`] in tests);
+    /// `opts.io` is ignored.
+    pub fn open_with_io(opts: LogOptions, io: Arc<dyn LogIo>) -> Result<Log, LogError> {
+        if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&opts.segment_bytes) {
+            return Err(LogError::InvalidArgument(format!(
+                "segment_bytes {} is outside {SEGMENT_BYTES_MIN}..={SEGMENT_BYTES_MAX}",
+                opts.segment_bytes
+            )));
+        }
+        std::fs::create_dir_all(&opts.dir)?;
+        let lock = lock_dir(&opts.dir)?;
+        let rec = recovery::recover(&opts.dir, io.as_ref(), opts.segment_bytes, opts.recovery)?;
+        tracing::info!(
+            dir = %opts.dir.display(),
+            segments = rec.report.segments,
+            batches = rec.report.batches,
+            last_lsn = rec.report.last_lsn,
+            io = io.name(),
+            "segment log recovered"
+        );
+        let segments = rec.segments.iter().map(|s| (s.id, Arc::clone(s))).collect();
+        let active = rec.active.map(|a| ActiveTail {
+            seg: a.seg,
+            write_offset: a.write_offset,
+            capacity: a.capacity,
+        });
+        let shared = Arc::new(Shared {
+            dir: opts.dir.clone(),
+            segment_bytes: opts.segment_bytes,
+            sync: opts.sync,
+            io,
+            state: Mutex::new(SubmitState {
+                next_lsn: rec.next_lsn,
+                active,
+                queue: Vec::new(),
+                shutdown: false,
+            }),
+            work: Condvar::new(),
+            durable: Mutex::new(None),
+            durable_cv: Condvar::new(),
+            durable_lsn: AtomicU64::new(rec.next_lsn - 1),
+            poisoned: AtomicBool::new(false),
+            segments: RwLock::new(segments),
+            prep: Preparer::new(
+                rec.next_segment_id,
+                opts.spare_segments,
+                opts.prepare,
+                rec.spares,
+            ),
+            stats: writer::Stats::default(),
+        });
+        let w = Arc::clone(&shared);
+        let writer = std::thread::Builder::new()
+            .name("log-writer".into())
+            .spawn(move || writer::run(w))?;
+        let p = Arc::clone(&shared);
+        let preparer = match std::thread::Builder::new()
+            .name("log-preparer".into())
+            .spawn(move || prepare::run(p))
+        {
+            Ok(h) => h,
+            Err(e) => {
+                shared.state.lock().shutdown = true;
+                shared.work.notify_all();
+                let _ = writer.join();
+                return Err(e.into());
+            }
+        };
+        Ok(Log {
+            shared,
+            writer: Some(writer),
+            preparer: Some(preparer),
+            report: rec.report,
+            _lock: lock,
+        })
+    }
+
+    /// Assigns the batch its LSN and locations and queues it for the group
+    /// commit writer. Fails at once, changing nothing, if the log is
+    /// poisoned or no space can be reserved.
+    pub fn submit(&self, batch: Batch) -> Result<AppendTicket, LogError> {
+        let frame_len = batch.encoded_len();
+        let room = self.shared.segment_bytes - SEGMENT_HEADER_LEN as u64;
+        if frame_len > room {
+            return Err(LogError::TooLarge(frame_len));
+        }
+        let mut st = self.shared.state.lock();
+        if self.shared.is_poisoned() {
+            return Err(self.shared.poison_error());
+        }
+        let fits = st
+            .active
+            .as_ref()
+            .is_some_and(|a| a.write_offset + frame_len <= a.capacity);
+        if !fits {
+            self.shared.roll(&mut st)?;
+        }
+        let lsn = st.next_lsn;
+        let active = st.active.as_mut().expect("rolled above");
+        let offset = active.write_offset;
+        assert!(offset + frame_len <= active.capacity);
+        let seg = Arc::clone(&active.seg);
+        let mut bytes = Vec::with_capacity(frame_len as usize);
+        let offset32 = u32::try_from(offset).expect("segment_bytes is at most u32::MAX");
+        let locs = BatchEncoder::encode(seg.id, offset32, lsn, &batch.records, &mut bytes);
+        active.write_offset += frame_len;
+        st.next_lsn += 1;
+        st.queue.push(Item::Batch {
+            seg,
+            offset,
+            lsn,
+            bytes,
+        });
+        drop(st);
+        self.shared.work.notify_one();
+        Ok(AppendTicket {
+            lsn,
+            locs,
+            log: Waiter(Arc::clone(&self.shared)),
+        })
+    }
+
+    /// `submit` then `wait`.
+    pub fn append(&self, batch: Batch) -> Result<Appended, LogError> {
+        self.submit(batch)?.wait()
+    }
+
+    /// Deletes a sealed segment and fsyncs the directory. O(1): the file
+    /// is renamed or unlinked whole. Reads already holding the segment
+    /// finish normally; later reads of its locations get `BadLocation`.
+    ///
+    /// When no reader holds the segment and fewer than
+    /// [`prepare::RECYCLED_SPARES_MAX`] spares are kept, the file is not
+    /// unlinked but renamed to `recycle-<id>.tmp` and handed to the
+    /// preparer, which makes it the next spare (see [`super::prepare`]).
+    /// Either way the old segment's name is gone, durably, on return.
+    ///
+    /// A poisoned log deletes nothing: the caller decided the segment was
+    /// unneeded from writes that may not be on disk (a relocation whose
+    /// fsync failed), and recovery reads only what is, so the file stays
+    /// for whatever the durable log still points into it.
+    pub fn delete_segment(&self, id: SegmentId) -> Result<(), LogError> {
+        if self.shared.is_poisoned() {
+            return Err(self.shared.poison_error());
+        }
+        let mut segments = self.shared.segments.write();
+        let seg = segments
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| LogError::InvalidArgument(format!("no segment {id}")))?;
+        if !seg.is_sealed() {
+            return Err(LogError::InvalidArgument(format!(
+                "segment {id} is the active segment; only sealed segments can be deleted"
+            )));
+        }
+        let (first_lsn, last_lsn) = (seg.first_lsn, seg.last_lsn());
+        segments.remove(&id);
+        let recycle = seg.is_idle()
+            && seg
+                .file
+                .metadata()
+                .is_ok_and(|m| m.len() == self.shared.segment_bytes)
+            && self.shared.prep.accepts_freed();
+        // Rename or unlink first: if that fails, nothing has changed.
+        // Readers holding the segment keep their descriptor and mapping.
+        let tmp = self.shared.dir.join(format!("recycle-{id}.tmp"));
+        let res = if recycle {
+            self.shared.io.rename(&seg.path, &tmp)
+        } else {
+            self.shared.io.remove(&seg.path)
+        };
+        if let Err(e) = res {
+            segments.insert(id, seg);
+            return Err(e.into());
+        }
+        drop(segments);
+        drop(seg);
+        self.shared.io.sync_dir(&self.shared.dir)?;
+        if recycle {
+            self.shared.prep.push_freed(Freed { path: tmp });
+        }
+        tracing::info!(
+            segment = id,
+            first_lsn,
+            last_lsn,
+            recycled = recycle,
+            "segment deleted"
+        );
+        Ok(())
+    }
+
+    /// Writes and fsyncs everything queued; used at shutdown.
+    pub fn flush(&self) -> Result<(), LogError> {
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut st = self.shared.state.lock();
+            if self.shared.is_poisoned() {
+                return Err(self.shared.poison_error());
+            }
+            st.queue.push(Item::Flush(tx));
+        }
+        self.shared.work.notify_one();
+        rx.recv()
+            .unwrap_or_else(|_| Err(LogError::Poisoned("the log writer thread is gone".into())))
+    }
+
+    /// Why the log is poisoned, if it is.
+    pub fn poisoned(&self) -> Option<String> {
+        self.shared.durable.lock().clone()
+    }
+
+    /// What recovery found at open (torn tail cut, counts).
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.report
+    }
+
+    /// Writer counters.
+    pub fn stats(&self) -> LogStats {
+        let s = &self.shared.stats;
+        LogStats {
+            commits: s.commits.load(Ordering::Relaxed),
+            bytes_written: s.bytes.load(Ordering::Relaxed),
+            commit_time: Duration::from_nanos(s.commit_ns.load(Ordering::Relaxed)),
+            durable_lsn: self.durable_lsn(),
+            spares_ready: self.shared.spares_ready(),
+            spare_failures: self.shared.prep.failures.load(Ordering::Relaxed),
+            segments_recycled: self.shared.prep.recycled.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The IO backend this log writes through, for files kept beside it
+    /// (see [`write_file_durably`]).
+    pub fn io(&self) -> &Arc<dyn LogIo> {
+        &self.shared.io
+    }
+
+    /// The directory of the log.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+}
+
+impl Drop for Log {
+    /// Writes and syncs what is queued, then stops the writer.
+    /// Prepared spares stay on disk: the next open takes them up again.
+    fn drop(&mut self) {
+        prepare::shutdown(&self.shared);
+        if let Some(p) = self.preparer.take() {
+            let _ = p.join();
+        }
+        self.shared.state.lock().shutdown = true;
+        self.shared.work.notify_all();
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! The read side of [`Log`]: single records by location, replay of whole
+//! segments, and the segment list. Reads never see bytes that are not
+//! durable (see [`super::segment`]).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::batch::Record;
+use super::format::{self, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
+use super::segment::{self, Segment};
+use super::{Log, LogError, Lsn, RecordLoc, ReplayFn, SegmentId, SegmentInfo};
+
+impl Log {
+    /// Reads one durable record, checking its CRC.
+    pub fn read(&self, loc: RecordLoc) -> Result<Record, LogError> {
+        let bad = || LogError::BadLocation {
+            segment: loc.segment,
+            offset: loc.offset,
+        };
+        let seg = self
+            .shared
+            .segments
+            .read()
+            .get(&loc.segment)
+            .cloned()
+            .ok_or_else(bad)?;
+        let r = seg.reader()?;
+        let off = u64::from(loc.offset);
+        let hdr_end = off + RECORD_HEADER_LEN as u64;
+        if off < (SEGMENT_HEADER_LEN + format::BATCH_HEADER_LEN) as u64 || hdr_end > r.limit() {
+            return Err(bad());
+        }
+        let header = r.get(off, hdr_end)?;
+        let h = format::decode_record_header(&header);
+        let end = hdr_end + u64::from(h.len);
+        if end <= r.limit() {
+            let payload = r.get(hdr_end, end)?;
+            if format::record_crc_ok(seg.id, loc.offset, &header, &payload) {
+                return Ok(Record {
+                    kind: h.kind,
+                    payload: payload.into_owned(),
+                });
+            }
+        }
+        // Not a valid record here: a damaged record, or not a record start
+        // at all. Walk the batch the header points back to to tell which.
+        if is_record_start(&r, off, h.back)? {
+            Err(LogError::Corruption {
+                segment: seg.id,
+                offset: off,
+                reason: "record checksum mismatch".into(),
+            })
+        } else {
+            Err(bad())
+        }
+    }
+
+    /// Calls `f` for every durable record of every batch with LSN > `after`,
+    /// in log order.
+    pub fn replay(&self, after: Lsn, f: &mut ReplayFn<'_>) -> Result<(), LogError> {
+        let segs: Vec<Arc<Segment>> = self.shared.segments.read().values().cloned().collect();
+        for seg in segs {
+            if seg.last_lsn() <= after {
+                continue;
+            }
+            replay_segment(&seg, after, f)?;
+        }
+        Ok(())
+    }
+
+    /// [`Log::replay`] restricted to one segment (for compaction, which
+    /// looks at one segment at a time). Unknown segment: `InvalidArgument`.
+    pub fn replay_segment(&self, id: SegmentId, f: &mut ReplayFn<'_>) -> Result<(), LogError> {
+        let seg = self
+            .shared
+            .segments
+            .read()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| LogError::InvalidArgument(format!("no segment {id}")))?;
+        replay_segment(&seg, 0, f)
+    }
+
+    /// The highest LSN known durable.
+    pub fn durable_lsn(&self) -> Lsn {
+        self.shared.durable_lsn.load(Ordering::Acquire)
+    }
+
+    /// The segments, oldest first. The newest one, if any, is the active
+    /// (unsealed) one.
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        self.shared
+            .segments
+            .read()
+            .values()
+            .map(|s| SegmentInfo {
+                id: s.id,
+                bytes: s.durable_len(),
+                sealed: s.is_sealed(),
+                first_lsn: s.first_lsn,
+                last_lsn: s.last_lsn(),
+            })
+            .collect()
+    }
+}
+
+fn replay_segment(seg: &Segment, after: Lsn, f: &mut ReplayFn<'_>) -> Result<(), LogError> {
+    let data = seg.durable_view()?;
+    let mut pos = SEGMENT_HEADER_LEN;
+    while pos < data.len() {
+        let b = format::decode_batch(seg.id, &data, pos, 0).map_err(|e| LogError::Corruption {
+            segment: seg.id,
+            offset: pos as u64,
+            reason: format!("durable batch does not verify: {e:?}"),
+        })?;
+        if b.lsn > after {
+            for (loc, kind, payload) in b.records() {
+                f(b.lsn, loc, kind, payload)?;
+            }
+        }
+        pos += b.frame_len;
+    }
+    Ok(())
+}
+
+/// Whether `off` is the start of a record of the batch `back` bytes before
+/// it, judged by walking that batch's record headers.
+fn is_record_start(r: &segment::Reader<'_>, off: u64, back: u32) -> Result<bool, LogError> {
+    let Some(batch_off) = off.checked_sub(u64::from(back)) else {
+        return Ok(false);
+    };
+    let bh_end = batch_off + format::BATCH_HEADER_LEN as u64;
+    if batch_off < SEGMENT_HEADER_LEN as u64 || bh_end > r.limit() {
+        return Ok(false);
+    }
+    let bh = r.get(batch_off, bh_end)?;
+    let Some((len, kind, count)) = format::peek_batch_header(&bh) else {
+        return Ok(false);
+    };
+    let frame_end = batch_off + u64::from(len);
+    if kind != format::FRAME_TYPE_BATCH || frame_end > r.limit() || off >= frame_end {
+        return Ok(false);
+    }
+    let mut pos = bh_end;
+    for _ in 0..count {
+        if pos == off {
+            return Ok(true);
+        }
+        if pos > off || pos + RECORD_HEADER_LEN as u64 > frame_end {
+            return Ok(false);
+        }
+        let h = r.get(pos, pos + RECORD_HEADER_LEN as u64)?;
+        pos += RECORD_HEADER_LEN as u64 + u64::from(format::decode_record_header(&h).len);
+    }
+    Ok(false)
+}

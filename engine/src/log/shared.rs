@@ -1,0 +1,127 @@
+//! State shared by the log handle, the tickets and the writer thread: the
+//! submit side (LSN and space assignment, the queue), the durable LSN and
+//! the poison flag, and rolling to a new segment.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use super::format::{self, SEGMENT_HEADER_LEN};
+use super::io::LogIo;
+use super::prepare::Preparer;
+use super::segment::Segment;
+use super::writer::{self, Item};
+use super::{LogError, Lsn, SegmentId, SyncPolicy};
+
+/// The submit side, under one mutex: LSN and space assignment, the queue.
+pub(super) struct SubmitState {
+    pub(super) next_lsn: Lsn,
+    pub(super) active: Option<ActiveTail>,
+    pub(super) queue: Vec<Item>,
+    pub(super) shutdown: bool,
+}
+
+pub(super) struct ActiveTail {
+    pub(super) seg: Arc<Segment>,
+    /// Where the next batch goes (reserved, not necessarily written).
+    pub(super) write_offset: u64,
+    pub(super) capacity: u64,
+}
+
+/// State shared by the log handle, tickets and the writer thread.
+pub(super) struct Shared {
+    pub(super) dir: PathBuf,
+    pub(super) segment_bytes: u64,
+    pub(super) sync: SyncPolicy,
+    pub(super) io: Arc<dyn LogIo>,
+    pub(super) state: Mutex<SubmitState>,
+    /// Wakes the writer.
+    pub(super) work: Condvar,
+    /// Durable LSN and poison reason, for waiters.
+    pub(super) durable: Mutex<Option<String>>,
+    pub(super) durable_cv: Condvar,
+    pub(super) durable_lsn: AtomicU64,
+    pub(super) poisoned: AtomicBool,
+    pub(super) segments: RwLock<BTreeMap<SegmentId, Arc<Segment>>>,
+    pub(super) prep: Preparer,
+    pub(super) stats: writer::Stats,
+}
+
+impl Shared {
+    pub(super) fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    pub(super) fn poison_error(&self) -> LogError {
+        let reason = self.durable.lock().clone().unwrap_or_default();
+        LogError::Poisoned(reason)
+    }
+
+    /// Stops the log for good (R21) and fails every waiter not yet durable.
+    pub(super) fn poison(&self, reason: String) {
+        let mut p = self.durable.lock();
+        if p.is_none() {
+            tracing::error!(dir = %self.dir.display(), %reason, "segment log poisoned; appends fail until restart");
+            *p = Some(reason);
+        }
+        self.poisoned.store(true, Ordering::Release);
+        self.durable_cv.notify_all();
+    }
+
+    pub(super) fn publish_durable(&self, lsn: Lsn) {
+        let _g = self.durable.lock();
+        debug_assert!(lsn >= self.durable_lsn.load(Ordering::Relaxed));
+        self.durable_lsn.store(lsn, Ordering::Release);
+        self.durable_cv.notify_all();
+    }
+
+    pub(super) fn wait_durable(&self, lsn: Lsn) -> Result<(), LogError> {
+        let mut p = self.durable.lock();
+        loop {
+            if self.durable_lsn.load(Ordering::Acquire) >= lsn {
+                return Ok(());
+            }
+            if let Some(reason) = p.as_ref() {
+                return Err(LogError::Poisoned(reason.clone()));
+            }
+            self.durable_cv.wait(&mut p);
+        }
+    }
+
+    /// Starts the next segment for a batch that does not fit. On error
+    /// nothing has changed.
+    pub(super) fn roll(&self, st: &mut SubmitState) -> Result<(), LogError> {
+        let spare = self.take_spare()?;
+        let first_lsn = st.next_lsn;
+        let mut seg = Segment::new(
+            spare.id,
+            spare.path,
+            spare.file,
+            first_lsn,
+            first_lsn - 1,
+            SEGMENT_HEADER_LEN as u64,
+            false,
+        );
+        let mut flags = 0;
+        if spare.recycled {
+            seg = seg.with_end_marker(self.segment_bytes);
+            flags |= format::SEGMENT_FLAG_RECYCLED;
+        }
+        let seg = Arc::new(seg);
+        let old = st.active.take().map(|a| a.seg);
+        st.queue.push(Item::Roll {
+            old,
+            new: Arc::clone(&seg),
+            header: format::encode_segment_header_with_flags(spare.id, first_lsn, flags),
+        });
+        st.active = Some(ActiveTail {
+            seg,
+            write_offset: SEGMENT_HEADER_LEN as u64,
+            capacity: self.segment_bytes,
+        });
+        Ok(())
+    }
+}
