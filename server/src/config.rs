@@ -236,6 +236,7 @@ pub struct Config {
     pub history_retention: Option<Duration>,
     /// `None` keeps the engine's default.
     pub snapshot_cache_bytes: Option<u64>,
+    /// `None` keeps the engine's default.
     pub large_group_members: Option<u32>,
 }
 
