@@ -973,6 +973,45 @@ fn long_offline_scenario(
             bytes,
         ));
     }
+    // The other way back: a device that asks for at most one event of
+    // replay is told to reset and installs a snapshot instead.
+    let by_snapshot = system
+        .connect()
+        .and_then(|mut conn| conn.catch_up_by_snapshot(scenario.user, 2));
+    match by_snapshot {
+        Ok(s) => {
+            println!(
+                "{name}: long-offline by snapshot (max_replay 1): first page ({} B) in {:.1} ms; {} pages ({} convs, {} messages) installed in {:.1} ms, {} B",
+                s.first_page_bytes,
+                s.first_screen.as_secs_f64() * 1e3,
+                s.pages,
+                s.convs,
+                s.messages,
+                s.total.as_secs_f64() * 1e3,
+                s.bytes
+            );
+            for (row, took, bytes) in [
+                (
+                    "long-offline-snapshot-first-screen",
+                    s.first_screen,
+                    s.first_page_bytes,
+                ),
+                ("long-offline-snapshot-total", s.total, s.bytes),
+            ] {
+                let mut latency = Latency::new();
+                latency.record(took);
+                report.results.push(ResultRow::new(
+                    row,
+                    &name,
+                    1,
+                    per_second(1, took),
+                    &latency,
+                    bytes,
+                ));
+            }
+        }
+        Err(e) => println!("{name}: long-offline by snapshot: skipped: {e}"),
+    }
     Ok(())
 }
 

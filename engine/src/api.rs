@@ -233,6 +233,20 @@ pub struct SyncEvent {
 
 pub const SUMMARY_BYTES_MAX: usize = 64;
 
+/// What a device may ask of a sync besides the request itself (on the
+/// wire, `SYNC`'s optional fields).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncOptions {
+    /// When a batch starts (no batch token) with more events than this
+    /// between the device's cursor and the high-water mark, the answer is
+    /// `RESET_REQUIRED` (the device installs a snapshot instead of
+    /// replaying). `None`: no limit. 0 is refused: a limit is at least 1.
+    pub max_replay: Option<u64>,
+    /// The events carry no message summaries (`summary` empty): a device
+    /// that fetches bodies with `PULL` anyway saves the bytes.
+    pub without_summaries: bool,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SyncRequest {
     pub uid: Uid,

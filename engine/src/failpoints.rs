@@ -10,6 +10,7 @@
 //! | `fsync_eio_after=N` | the first N data syncs succeed, the next one fails with EIO, and later ones succeed again (a disk that "recovers" after losing dirty pages: the engine must not carry on as if the failed sync had worked) |
 //! | `enospc_marker=NAME` | while the file `DATA_DIR/NAME` exists, preallocating or extending a segment fails with ENOSPC (the only place a full disk can show up: segments are written only inside preallocated space); deleting the file frees the space |
 //! | `torn_write_after=N` | the first N data writes succeed; the next one writes only the first half of its bytes and fails with EIO (a torn write in the middle of a group-committed batch); later writes succeed |
+//! | `fsync_hold_marker=NAME` | while the file `DATA_DIR/NAME` exists, every data sync waits (the log writer is stuck in its fsync, as on a stalled disk); the first sync held creates `DATA_DIR/NAME.held`, so a test knows a round is stuck; deleting `NAME` lets them all go on |
 //! | `panic_on_write_after=N` | the first N data writes succeed; the next one panics on the thread that makes it (the log writer): a bug in an engine thread, for the daemon's fatal-panic path |
 //!
 //! Counts are shared by the `msg` and `evt` logs. Directory syncs, renames
@@ -38,6 +39,8 @@ pub struct Plan {
     pub enospc_marker: Option<PathBuf>,
     pub torn_write_after: Option<u64>,
     pub panic_on_write_after: Option<u64>,
+    /// Absolute path of the marker file that holds data syncs.
+    pub fsync_hold_marker: Option<PathBuf>,
 }
 
 impl Plan {
@@ -58,6 +61,9 @@ impl Plan {
                 "panic_on_write_after" => plan.panic_on_write_after = Some(count()?),
                 "enospc_marker" if !value.is_empty() => {
                     plan.enospc_marker = Some(data_dir.join(value));
+                }
+                "fsync_hold_marker" if !value.is_empty() => {
+                    plan.fsync_hold_marker = Some(data_dir.join(value));
                 }
                 _ => return Err(bad("unknown failpoint")),
             }
@@ -98,6 +104,23 @@ pub struct FailpointIo {
     plan: Plan,
     syncs: AtomicU64,
     writes: AtomicU64,
+    /// Inodes of segment files being prepared (`prealloc-*`, `recycle-*`).
+    /// Their writes and syncs do not count towards the plan's numbers: the
+    /// preparer runs on its own thread at its own pace, so counting them
+    /// would move the chosen write or sync between runs.
+    preparing: parking_lot::Mutex<std::collections::HashSet<u64>>,
+}
+
+/// Whether `path` names a segment file the log is still preparing.
+fn is_preparing_name(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("prealloc-") || n.starts_with("recycle-"))
+}
+
+fn ino(file: &File) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().ok().map(|m| m.ino())
 }
 
 impl FailpointIo {
@@ -107,7 +130,12 @@ impl FailpointIo {
             plan,
             syncs: AtomicU64::new(0),
             writes: AtomicU64::new(0),
+            preparing: parking_lot::Mutex::new(std::collections::HashSet::new()),
         }
+    }
+
+    fn preparing(&self, file: &File) -> bool {
+        ino(file).is_some_and(|i| self.preparing.lock().contains(&i))
     }
 
     fn out_of_space(&self) -> io::Result<()> {
@@ -120,8 +148,22 @@ impl FailpointIo {
         }
     }
 
-    /// Counts one data sync; fails it when it is the chosen one.
+    /// Counts one data sync; holds it while the hold marker exists; fails
+    /// it when it is the chosen one.
     fn sync_failpoint(&self) -> io::Result<()> {
+        if let Some(marker) = &self.plan.fsync_hold_marker {
+            let mut told = false;
+            while marker.exists() {
+                if !told {
+                    tracing::warn!(marker = %marker.display(), "failpoint: fsync held");
+                    let mut held = marker.clone().into_os_string();
+                    held.push(".held");
+                    std::fs::write(held, b"")?;
+                    told = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
         let n = self.syncs.fetch_add(1, Ordering::SeqCst);
         if self.plan.fsync_eio_after == Some(n) {
             tracing::warn!(sync = n + 1, "failpoint: fsync fails with EIO");
@@ -138,7 +180,13 @@ impl LogIo for FailpointIo {
 
     fn create_preallocated(&self, path: &Path, len: u64) -> io::Result<File> {
         self.out_of_space()?;
-        self.inner.create_preallocated(path, len)
+        let file = self.inner.create_preallocated(path, len)?;
+        if is_preparing_name(path) {
+            if let Some(i) = ino(&file) {
+                self.preparing.lock().insert(i);
+            }
+        }
+        Ok(file)
     }
 
     fn open_existing(&self, path: &Path) -> io::Result<File> {
@@ -151,6 +199,9 @@ impl LogIo for FailpointIo {
     }
 
     fn write_at(&self, file: &File, offset: u64, buf: &[u8], sync: bool) -> io::Result<()> {
+        if self.preparing(file) {
+            return self.inner.write_at(file, offset, buf, sync);
+        }
         let n = self.writes.fetch_add(1, Ordering::SeqCst);
         if self.plan.panic_on_write_after == Some(n) {
             panic!("failpoint: panic_on_write_after={n}");
@@ -178,12 +229,26 @@ impl LogIo for FailpointIo {
     }
 
     fn sync_data(&self, file: &File) -> io::Result<()> {
-        self.sync_failpoint()?;
+        if !self.preparing(file) {
+            self.sync_failpoint()?;
+        }
         self.inner.sync_data(file)
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
+        self.inner.rename(from, to)?;
+        if let Some(i) = std::fs::metadata(to).ok().map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.ino()
+        }) {
+            let mut preparing = self.preparing.lock();
+            if is_preparing_name(to) {
+                preparing.insert(i);
+            } else {
+                preparing.remove(&i);
+            }
+        }
+        Ok(())
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
@@ -203,7 +268,7 @@ mod tests {
     fn plan_parses_every_failpoint_and_refuses_typos() {
         let dir = Path::new("/data");
         let plan = Plan::parse(
-            "fsync_eio_after=3, enospc_marker=FULL,torn_write_after=7",
+            "fsync_eio_after=3, enospc_marker=FULL,torn_write_after=7,fsync_hold_marker=HOLD",
             dir,
         )
         .unwrap();
@@ -214,8 +279,10 @@ mod tests {
                 enospc_marker: Some(PathBuf::from("/data/FULL")),
                 torn_write_after: Some(7),
                 panic_on_write_after: None,
+                fsync_hold_marker: Some(PathBuf::from("/data/HOLD")),
             }
         );
+        assert!(Plan::parse("fsync_hold_marker=", dir).is_err());
         assert!(Plan::parse("", dir).unwrap().is_empty());
         assert!(Plan::parse("fsync_eio_afterr=3", dir).is_err());
         assert!(Plan::parse("fsync_eio_after=x", dir).is_err());
@@ -233,6 +300,7 @@ mod tests {
                 enospc_marker: Some(marker.clone()),
                 torn_write_after: None,
                 panic_on_write_after: None,
+                fsync_hold_marker: None,
             },
         );
         let file = io.create_preallocated(&dir.path().join("a"), 4096).unwrap();

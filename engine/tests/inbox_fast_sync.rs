@@ -209,7 +209,7 @@ fn a_sync_that_changes_nothing_does_not_wait_for_a_pending_fsync() {
 }
 
 #[test]
-fn a_sync_that_must_refresh_last_seen_still_waits_for_its_round() {
+fn a_sync_that_only_refreshes_last_seen_is_answered_while_the_refresh_waits_for_its_round() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
     let mut cfg = config(dir.path(), &clock);
@@ -224,7 +224,9 @@ fn a_sync_that_must_refresh_last_seen_still_waits_for_its_round() {
         .device
         .generation;
 
-    // A second later the sync must log `last_seen`: through the sequencer.
+    // A second later the sync must log `last_seen`: the page does not
+    // reveal it, so the page is answered while the refresh, logged on its
+    // own, is held in its fsync.
     clock.advance(Duration::from_secs(1));
     io.shut();
     let (page_tx, page_rx) = mpsc::channel();
@@ -238,11 +240,12 @@ fn a_sync_that_must_refresh_last_seen_still_waits_for_its_round() {
         })
     };
     io.wait_for_held_sync();
-    let early = page_rx.try_recv();
+    let page = page_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the page is answered while the refresh's fsync is held");
+    assert_eq!(page.unwrap().generation, gen);
     io.open();
     syncer.join().unwrap();
-    assert!(early.is_err(), "not answered before its round is durable");
-    page_rx.recv().unwrap().unwrap();
     let devices = ib.devices(Uid(3)).unwrap();
     assert_eq!(
         devices[0].last_seen_ms,
@@ -266,19 +269,28 @@ fn fast_and_sequenced_syncs_give_identical_pages() {
         h.send(ConvId(10), Uid(1), i, &format!("m{i}"));
     }
 
-    // First page: one second on, the sync must refresh `last_seen`, so it
-    // goes through the sequencer; the same request right after changes
-    // nothing and is answered directly. Same clock, so same token.
+    // First page: one second on, the sync must refresh `last_seen`; the
+    // page is answered from durable state and the refresh logged in a
+    // round of its own. The same request once that round is written
+    // changes nothing. Same clock, so same token.
     h.advance(Duration::from_secs(1));
     let before = rounds(&h);
     let slow = h
         .sync(Uid(2), PHONE, Some(gen), SyncSeq(0), 10, None)
         .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while rounds(&h) < before + 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the refresh was never logged"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let after_slow = rounds(&h);
     let fast = h
         .sync(Uid(2), PHONE, Some(gen), SyncSeq(0), 10, None)
         .unwrap();
-    assert_eq!(after_slow, before + 1, "the refresh went through a round");
+    assert_eq!(after_slow, before + 1, "the refresh went through one round");
     assert_eq!(rounds(&h), after_slow, "the unchanged sync took no round");
     assert_eq!(fast, slow);
     assert_eq!(slow.events.len(), 10);

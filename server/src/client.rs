@@ -215,6 +215,17 @@ impl Client {
     /// Sends any request and waits for its reply. A server error reply is
     /// returned as [`ClientError::Server`].
     pub async fn call(&self, request: Request) -> Result<Response, ClientError> {
+        self.queue(request).await?.await
+    }
+
+    /// Writes `request` now and returns what waits for its reply: requests
+    /// queued one after another (each `queue` awaited before the next) go
+    /// out, and take effect, in that order, while their replies are still
+    /// outstanding. The way to pipeline requests whose order matters.
+    pub async fn queue(
+        &self,
+        request: Request,
+    ) -> Result<impl std::future::Future<Output = Result<Response, ClientError>>, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
@@ -227,11 +238,13 @@ impl Client {
         if self.outgoing.send(request.to_frame(id)).await.is_err() {
             return Err(ClientError::Closed("writer stopped".into()));
         }
-        match rx.await {
-            Ok(Ok(Response::Error(err))) => Err(err.into()),
-            Ok(result) => result,
-            Err(_) => Err(ClientError::Closed("connection is closed".into())),
-        }
+        Ok(async move {
+            match rx.await {
+                Ok(Ok(Response::Error(err))) => Err(err.into()),
+                Ok(result) => result,
+                Err(_) => Err(ClientError::Closed("connection is closed".into())),
+            }
+        })
     }
 }
 
@@ -329,6 +342,7 @@ impl Client {
             local_applied_seq,
             limit: 0,
             batch_token: None,
+            ..SyncReq::default()
         };
         loop {
             let page = self.sync(request.clone()).await?;
@@ -368,5 +382,118 @@ impl Client {
             request.local_applied_seq = page.next_cursor;
             request.batch_token = Some(page.batch_token);
         }
+    }
+}
+
+/// How [`Client::catch_up`] asks for its pages.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CatchUpOptions {
+    /// Page size; 0 asks for the server's default.
+    pub limit: u32,
+    /// `SYNC`'s `max_replay`: a longer backlog answers `RESET_REQUIRED`.
+    pub max_replay: Option<u64>,
+    /// `SYNC`'s `without_summaries`.
+    pub without_summaries: bool,
+}
+
+impl Client {
+    /// A device's whole catch-up on one batch, pipelined (PROTOCOL.md,
+    /// "Pipelined catch-up"): once a page with more to come is applied,
+    /// the next page's `SYNC` and this page's `ACK` are written back to
+    /// back, and the `ACK` reply is awaited only after the next page has
+    /// been asked for, so a page costs one round trip, not two. At most
+    /// one `ACK` is in flight. After the last page: its `ACK`, then
+    /// `FINISH_LEASE` if the batch was a lease. Without `ack` nothing is
+    /// acknowledged (pages are then fetched one after another).
+    ///
+    /// Every event of the batch is returned exactly once, in order; the
+    /// first error stops the run (a failed `ACK` included).
+    pub async fn catch_up(
+        &self,
+        uid: u64,
+        device: u64,
+        generation: Option<u64>,
+        local_applied_seq: u64,
+        ack: bool,
+        options: CatchUpOptions,
+    ) -> Result<SyncRun, ClientError> {
+        let mut run = SyncRun::default();
+        let request = |generation, local_applied_seq, batch_token| SyncReq {
+            uid,
+            device,
+            generation,
+            local_applied_seq,
+            limit: options.limit,
+            batch_token,
+            max_replay: options.max_replay,
+            without_summaries: options.without_summaries,
+        };
+        // The first page decides the batch: nothing is written after it
+        // until it has come.
+        let mut page = self
+            .sync(request(generation, local_applied_seq, None))
+            .await?;
+        let mut ack_in_flight = None;
+        loop {
+            run.pages += 1;
+            run.generation = page.generation;
+            run.acked_sync_seq = run.acked_sync_seq.max(page.acked_sync_seq);
+            run.batch_hwm = page.batch_hwm;
+            run.lease = page.lease.clone().or(run.lease);
+            run.events.extend(std::mem::take(&mut page.events));
+            let next = if page.has_more {
+                let next = request(
+                    Some(page.generation),
+                    page.next_cursor,
+                    Some(page.batch_token.clone()),
+                );
+                Some(self.queue(Request::Sync(next)).await?)
+            } else {
+                None
+            };
+            if ack && page.next_cursor > run.acked_sync_seq {
+                let acked = self
+                    .queue(Request::Ack(AckReq {
+                        uid,
+                        device,
+                        generation: page.generation,
+                        seq: page.next_cursor,
+                        batch_token: page.batch_token.clone(),
+                    }))
+                    .await?;
+                if let Some(earlier) = ack_in_flight.replace(acked) {
+                    run.acked_sync_seq = acked_seq(earlier.await?)?.max(run.acked_sync_seq);
+                }
+            }
+            let Some(next) = next else {
+                break;
+            };
+            page = match next.await? {
+                Response::Sync(page) => page,
+                other => return Err(unexpected(&other)),
+            };
+        }
+        if let Some(last) = ack_in_flight {
+            run.acked_sync_seq = acked_seq(last.await?)?.max(run.acked_sync_seq);
+        }
+        if ack {
+            if let Some(lease) = &run.lease {
+                self.finish_lease(FinishLeaseReq {
+                    uid,
+                    device,
+                    lease_id: lease.lease_id,
+                    generation: run.generation,
+                })
+                .await?;
+            }
+        }
+        Ok(run)
+    }
+}
+
+fn acked_seq(response: Response) -> Result<u64, ClientError> {
+    match response {
+        Response::Ack(a) => Ok(a.acked_sync_seq),
+        other => Err(unexpected(&other)),
     }
 }

@@ -57,6 +57,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::config::Limits;
 use crate::metrics::Metrics;
+use crate::read_pool::ReadPool;
 use crate::service;
 
 /// Longest wait for a complete `HELLO` on a new connection (or the idle
@@ -71,6 +72,8 @@ pub struct Shared {
     pub limits: Limits,
     pub token: Bytes,
     pub admin_token: Bytes,
+    /// Where reads that may touch the disk run.
+    pub read_pool: ReadPool,
 }
 
 /// What the token presented in `HELLO` allows.
@@ -500,6 +503,7 @@ pub async fn serve<R, W>(
                 };
                 let op = request.op();
                 let order = service::order_of(&request);
+                let reads_when_awaited = service::reads_when_awaited(&request);
                 let earlier = writes_done.clone();
                 let done = match order {
                     service::Order::Read => None,
@@ -518,7 +522,7 @@ pub async fn serve<R, W>(
                         // Queued on the sequencer right here, in arrival
                         // order, once every earlier read has been answered.
                         let _no_reads = reads.write().await;
-                        service::start(&shared.inbox, &shared.metrics, request)
+                        service::start(&shared.inbox, &shared.metrics, &shared.read_pool, request)
                     }
                     service::Order::Read | service::Order::ReadWrite => {
                         // Holds later writes back until this one has read.
@@ -528,9 +532,24 @@ pub async fn serve<R, W>(
                             if let Some(earlier) = earlier {
                                 wait_done(earlier).await;
                             }
-                            let reply = service::start(&shared.inbox, &shared.metrics, request);
+                            let reply = service::start(
+                                &shared.inbox,
+                                &shared.metrics,
+                                &shared.read_pool,
+                                request,
+                            );
+                            // Most reads run when awaited: they must have
+                            // read before a later write of this connection
+                            // is queued. A sync has decided (or been
+                            // queued) inside `start` already, and so have
+                            // compaction and checkpoint requests.
+                            if !reads_when_awaited {
+                                drop(reading);
+                                return reply.await;
+                            }
+                            let response = reply.await;
                             drop(reading);
-                            reply.await
+                            response
                         })
                     }
                 };

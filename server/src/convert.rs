@@ -117,6 +117,14 @@ pub fn sync_req(req: wire::SyncReq) -> engine::SyncRequest {
     }
 }
 
+/// The device's options of a `SYNC` (its optional fields).
+pub fn sync_options(req: &wire::SyncReq) -> engine::SyncOptions {
+    engine::SyncOptions {
+        max_replay: req.max_replay,
+        without_summaries: req.without_summaries,
+    }
+}
+
 /// An engine event as it goes on the wire. A kind the engine marks as
 /// unknown keeps its code and carries the standard fields as its raw body,
 /// so a newer client can still read it.

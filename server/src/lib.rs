@@ -16,6 +16,7 @@ pub mod conn;
 pub mod convert;
 pub mod dump;
 pub mod metrics;
+pub mod read_pool;
 pub mod server;
 pub mod service;
 pub mod tls;

@@ -137,6 +137,7 @@ pub async fn run(
         limits: config.limits.clone(),
         token,
         admin_token,
+        read_pool: crate::read_pool::ReadPool::with_default_limit(),
     });
     let slots = Arc::new(Semaphore::new(config.limits.max_connections as usize));
     let mut connections = JoinSet::new();

@@ -15,11 +15,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use inbox_engine::inbox::Read;
 use inbox_engine::{ConvFlags, ConvId, DeviceId, Error, Generation, Inbox, MsgSeq, Uid};
 use inbox_wire::{Empty, Request, Response};
 
 use crate::convert;
 use crate::metrics::Metrics;
+use crate::read_pool::ReadPool;
 
 /// The rest of a started request: waits for the engine's reply.
 pub type Started = Pin<Box<dyn Future<Output = Response> + Send>>;
@@ -76,11 +78,36 @@ pub fn order_of(request: &Request) -> Order {
     }
 }
 
+/// Whether `request` reads the state only when its [`Started`] future is
+/// polled (so the connection holds later writes back until it is done),
+/// rather than inside [`start`].
+pub fn reads_when_awaited(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Devices(_)
+            | Request::Pull(_)
+            | Request::History(_)
+            | Request::ConvList(_)
+            | Request::SnapshotInfo(_)
+            | Request::SnapshotPage(_)
+            | Request::Explain(_)
+            | Request::ExplainSegment(_)
+    )
+}
+
 /// Makes the engine call for `request` now and returns what waits for its
-/// reply. Reads are synchronous and fast and are answered here; compaction
-/// and checkpoints can take a while and run on the blocking pool.
-pub fn start(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Started {
-    match call(inbox, metrics, request) {
+/// reply. A write is queued here; a read is prepared here and runs when the
+/// returned future is polled: waits for a round to settle are awaited, and
+/// attempts that may read the disk run on `pool` (see [`ReadPool`]), so no
+/// worker thread ever blocks. Compaction and checkpoints run on the
+/// blocking pool.
+pub fn start(
+    inbox: &Arc<Inbox>,
+    metrics: &Arc<Metrics>,
+    pool: &ReadPool,
+    request: Request,
+) -> Started {
+    match call(inbox, metrics, pool, request) {
         Ok(Call::Ready(response)) => Box::pin(std::future::ready(response)),
         Ok(Call::Later(later)) => Box::pin(async move {
             later
@@ -108,6 +135,16 @@ fn later<T: Send + 'static>(
     Call::Later(Box::pin(async move { pending.await.map(reply) }))
 }
 
+/// Runs a prepared engine read on `pool`.
+fn read<T: Send + 'static>(
+    pool: &ReadPool,
+    read: Read<T>,
+    reply: impl FnOnce(T) -> Response + Send + 'static,
+) -> Call {
+    let pool = pool.clone();
+    later(async move { pool.run(read).await }, reply)
+}
+
 fn blocking<T: Send + 'static>(
     inbox: &Arc<Inbox>,
     f: impl FnOnce(&Inbox) -> Result<T, Error> + Send + 'static,
@@ -124,7 +161,12 @@ fn blocking<T: Send + 'static>(
     )
 }
 
-fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<Call, Error> {
+fn call(
+    inbox: &Arc<Inbox>,
+    metrics: &Arc<Metrics>,
+    pool: &ReadPool,
+    request: Request,
+) -> Result<Call, Error> {
     Ok(match request {
         Request::Join(r) => later(inbox.join(Uid(r.uid), ConvId(r.conv)), |m| {
             Response::Join(convert::membership(m))
@@ -151,19 +193,25 @@ fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<
                 Response::RevokeDevice(convert::device_info(d))
             })
         }
-        Request::Devices(r) => Call::Ready(Response::Devices(inbox_wire::DeviceList {
-            devices: inbox
-                .devices(Uid(r.uid))?
-                .into_iter()
-                .map(convert::device_info)
-                .collect(),
-        })),
+        Request::Devices(r) => read(pool, inbox.read_devices(Uid(r.uid)), |devices| {
+            Response::Devices(inbox_wire::DeviceList {
+                devices: devices.into_iter().map(convert::device_info).collect(),
+            })
+        }),
         Request::Sync(r) => {
             let metrics = Arc::clone(metrics);
-            later(inbox.sync(convert::sync_req(r)), move |page| {
-                metrics.observe_sync_page(&page);
-                Response::Sync(convert::sync_page(page))
-            })
+            let options = convert::sync_options(&r);
+            let pending = inbox.sync_with(convert::sync_req(r), options);
+            let pool = pool.clone();
+            // Released once durable; the page's events are read on the
+            // pool, not inside this future's poll.
+            later(
+                async move { pool.run(pending.released().await).await },
+                move |page| {
+                    metrics.observe_sync_page(&page);
+                    Response::Sync(convert::sync_page(page))
+                },
+            )
         }
         Request::Ack(r) => later(inbox.ack(convert::ack_req(r)), |a| {
             Response::Ack(inbox_wire::AckReply {
@@ -185,20 +233,28 @@ fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<
                 .iter()
                 .map(|c| (ConvId(c.conv), MsgSeq(c.after_seq)))
                 .collect();
-            let pulled = inbox.pull(Uid(r.uid), &cursors, r.per_conv_limit)?;
-            metrics.observe_pull(&pulled);
-            Call::Ready(Response::Pull(inbox_wire::PullReply {
-                convs: pulled.into_iter().map(convert::conv_pull).collect(),
-            }))
+            let metrics = Arc::clone(metrics);
+            read(
+                pool,
+                inbox.read_pull(Uid(r.uid), cursors, r.per_conv_limit),
+                move |pulled| {
+                    metrics.observe_pull(&pulled);
+                    Response::Pull(inbox_wire::PullReply {
+                        convs: pulled.into_iter().map(convert::conv_pull).collect(),
+                    })
+                },
+            )
         }
-        Request::History(r) => {
-            Call::Ready(Response::History(convert::history_page(inbox.history(
+        Request::History(r) => read(
+            pool,
+            inbox.read_history(
                 Uid(r.uid),
                 ConvId(r.conv),
                 r.before_seq.map(MsgSeq),
                 r.limit,
-            )?)))
-        }
+            ),
+            |page| Response::History(convert::history_page(page)),
+        ),
         Request::MarkRead(r) => later(
             inbox.mark_read(Uid(r.uid), ConvId(r.conv), MsgSeq(r.read_to_seq)),
             |m| Response::MarkRead(convert::read_reply(m)),
@@ -213,12 +269,14 @@ fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<
                 |()| Response::SetConvFlags(Empty {}),
             )
         }
-        Request::ConvList(r) => Call::Ready(Response::ConvList(convert::conv_list_page(
-            inbox.conv_list(Uid(r.uid), r.limit, r.cursor)?,
-        ))),
-        Request::Dirty(r) => Call::Ready(Response::Dirty(convert::dirty_list(
-            inbox.dirty_markers(Uid(r.uid))?,
-        ))),
+        Request::ConvList(r) => read(
+            pool,
+            inbox.read_conv_list(Uid(r.uid), r.limit, r.cursor),
+            |p| Response::ConvList(convert::conv_list_page(p)),
+        ),
+        Request::Dirty(r) => read(pool, inbox.read_dirty_markers(Uid(r.uid)), |m| {
+            Response::Dirty(convert::dirty_list(m))
+        }),
         Request::ClearDirty(r) => later(
             inbox.clear_dirty(Uid(r.uid), ConvId(r.conv), r.version),
             |seq| Response::ClearDirty(inbox_wire::ClearDirtyReply { cleared_seq: seq.0 }),
@@ -231,12 +289,16 @@ fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<
                 Response::BeginSnapshot(convert::snapshot_info(s))
             })
         }
-        Request::SnapshotInfo(r) => Call::Ready(Response::SnapshotInfo(convert::snapshot_info(
-            inbox.snapshot_info(Uid(r.uid), r.snapshot_id)?,
-        ))),
-        Request::SnapshotPage(r) => Call::Ready(Response::SnapshotPage(convert::snapshot_page(
-            inbox.snapshot_page(Uid(r.uid), r.snapshot_id, r.page)?,
-        ))),
+        Request::SnapshotInfo(r) => read(
+            pool,
+            inbox.read_snapshot_info(Uid(r.uid), r.snapshot_id),
+            |s| Response::SnapshotInfo(convert::snapshot_info(s)),
+        ),
+        Request::SnapshotPage(r) => read(
+            pool,
+            inbox.read_snapshot_page(Uid(r.uid), r.snapshot_id, r.page),
+            |p| Response::SnapshotPage(convert::snapshot_page(p)),
+        ),
         Request::AckSnapshot(r) => later(
             inbox.ack_snapshot(
                 Uid(r.uid),
@@ -247,12 +309,17 @@ fn call(inbox: &Arc<Inbox>, metrics: &Arc<Metrics>, request: Request) -> Result<
             |d| Response::AckSnapshot(convert::device_info(d)),
         ),
         Request::Stats(_) => Call::Ready(Response::Stats(convert::stats(&inbox.stats()))),
-        Request::Explain(r) => Call::Ready(Response::Explain(convert::user_explain(
-            inbox.explain(Uid(r.uid))?,
-        ))),
-        Request::ExplainSegment(r) => Call::Ready(Response::ExplainSegment(
-            convert::segment_explain(inbox.explain_segment(&r.stream, r.segment)?),
-        )),
+        // Both read log records: off the workers, like compaction.
+        Request::Explain(r) => blocking(
+            inbox,
+            move |inbox| inbox.explain(Uid(r.uid)),
+            |e| Response::Explain(convert::user_explain(e)),
+        ),
+        Request::ExplainSegment(r) => blocking(
+            inbox,
+            move |inbox| inbox.explain_segment(&r.stream, r.segment),
+            |e| Response::ExplainSegment(convert::segment_explain(e)),
+        ),
         Request::Compact(_) => blocking(inbox, Inbox::compact, |c| {
             Response::Compact(convert::compaction(c))
         }),

@@ -27,6 +27,7 @@ async fn first_page(client: &Client, generation: u64) -> SyncPage {
             local_applied_seq: 0,
             limit: 100,
             batch_token: None,
+            ..SyncReq::default()
         })
         .await
         .unwrap()

@@ -375,6 +375,7 @@ async fn full_disk_fails_sends_with_no_space_keeps_reads_and_syncs_working_and_w
                 local_applied_seq: 0,
                 limit: 0,
                 batch_token: None,
+                ..SyncReq::default()
             })
         );
         n += 1;

@@ -141,6 +141,7 @@ async fn acks_arriving_out_of_order_never_move_the_cursor_back() {
             local_applied_seq: 0,
             limit: 500,
             batch_token: None,
+            ..SyncReq::default()
         })
         .await
         .unwrap();
@@ -179,6 +180,7 @@ async fn pulling_is_not_acking_a_crash_mid_page_reserves_the_same_page() {
         local_applied_seq: 0,
         limit: 4,
         batch_token: None,
+        ..SyncReq::default()
     };
     let before = client.sync(request.clone()).await.unwrap();
     assert_eq!(before.events.len(), 4);
@@ -213,6 +215,7 @@ async fn late_ack_from_an_old_generation_is_refused_after_a_reset() {
             local_applied_seq: 0,
             limit: 100,
             batch_token: None,
+            ..SyncReq::default()
         })
         .await
         .unwrap();
@@ -225,6 +228,7 @@ async fn late_ack_from_an_old_generation_is_refused_after_a_reset() {
             local_applied_seq: 0,
             limit: 100,
             batch_token: None,
+            ..SyncReq::default()
         })
         .await;
     let new_generation = match reinstall {
@@ -481,6 +485,7 @@ async fn back_after_5_days_first_page_per_conversation_and_one_to_one_chats_comp
             local_applied_seq: 0,
             limit: 100,
             batch_token: None,
+            ..SyncReq::default()
         })
         .await
         .unwrap();

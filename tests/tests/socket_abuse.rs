@@ -381,6 +381,7 @@ fn random_request(rng: &mut StdRng) -> Request {
             local_applied_seq: rng.gen_range(0..10),
             limit: rng.gen_range(0..600),
             batch_token: rng.gen::<bool>().then(|| Bytes::from(payload.clone())),
+            ..SyncReq::default()
         }),
         4 => Request::Ack(AckReq {
             uid,

@@ -182,18 +182,120 @@ wire_struct! {
     }
 }
 
-wire_struct! {
-    pub struct SyncReq {
-        pub uid: u64,
-        pub device: u64,
-        /// `None` after a reinstall.
-        pub generation: Option<u64>,
-        pub local_applied_seq: u64,
-        /// 0 asks for the server's default page size.
-        pub limit: u32,
-        /// Present on every page after the first of a batch.
-        #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::opt_hex"))]
-        pub batch_token: Option<Bytes>,
+/// `SYNC`. The six fixed fields, then the optional fields (PROTOCOL.md,
+/// "Optional fields"): each `u8 tag` + `bytes value`, in ascending tag
+/// order, each at most once, only those that are set. A request with none
+/// is byte for byte the layout without them, so older clients are
+/// unaffected; an unknown tag is refused, never skipped, so an option a
+/// client relies on is never silently ignored.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct SyncReq {
+    pub uid: u64,
+    pub device: u64,
+    /// `None` after a reinstall.
+    pub generation: Option<u64>,
+    pub local_applied_seq: u64,
+    /// 0 asks for the server's default page size.
+    pub limit: u32,
+    /// Present on every page after the first of a batch.
+    #[cfg_attr(
+        feature = "serde",
+        serde(serialize_with = "crate::serde_text::opt_hex")
+    )]
+    pub batch_token: Option<Bytes>,
+    /// Optional field 1 (value: `u64`): when a batch starts with more
+    /// events than this to replay, answer `RESET_REQUIRED`. At least 1.
+    pub max_replay: Option<u64>,
+    /// Optional field 2 (value: empty; present = on): events without
+    /// their summaries.
+    pub without_summaries: bool,
+}
+
+/// Tags of `SYNC`'s optional fields.
+pub const SYNC_OPT_MAX_REPLAY: u8 = 1;
+pub const SYNC_OPT_WITHOUT_SUMMARIES: u8 = 2;
+
+impl Field for SyncReq {
+    const MIN_BYTES: usize = 8 + 8 + 1 + 8 + 4 + 1;
+    fn put(&self, out: &mut BytesMut) {
+        self.uid.put(out);
+        self.device.put(out);
+        self.generation.put(out);
+        self.local_applied_seq.put(out);
+        self.limit.put(out);
+        self.batch_token.put(out);
+        if let Some(max) = self.max_replay {
+            out.put_u8(SYNC_OPT_MAX_REPLAY);
+            Bytes::copy_from_slice(&max.to_le_bytes()).put(out);
+        }
+        if self.without_summaries {
+            out.put_u8(SYNC_OPT_WITHOUT_SUMMARIES);
+            Bytes::new().put(out);
+        }
+    }
+    fn get(r: &mut Reader) -> Result<Self, WireError> {
+        let mut req = SyncReq {
+            uid: u64::get(r)?,
+            device: u64::get(r)?,
+            generation: Option::<u64>::get(r)?,
+            local_applied_seq: u64::get(r)?,
+            limit: u32::get(r)?,
+            batch_token: Option::<Bytes>::get(r)?,
+            max_replay: None,
+            without_summaries: false,
+        };
+        let mut last = 0u8;
+        while r.remaining() > 0 {
+            let tag = r.u8()?;
+            if tag <= last {
+                return Err(WireError::Malformed(format!(
+                    "SYNC optional field {tag} after field {last}: tags must ascend, each once"
+                )));
+            }
+            last = tag;
+            let value = Bytes::get(r)?;
+            match tag {
+                SYNC_OPT_MAX_REPLAY => {
+                    let bytes: [u8; 8] = value.as_ref().try_into().map_err(|_| {
+                        WireError::Malformed(format!(
+                            "SYNC max_replay is {} bytes, not a u64",
+                            value.len()
+                        ))
+                    })?;
+                    req.max_replay = Some(u64::from_le_bytes(bytes));
+                }
+                SYNC_OPT_WITHOUT_SUMMARIES if value.is_empty() => req.without_summaries = true,
+                SYNC_OPT_WITHOUT_SUMMARIES => {
+                    return Err(WireError::Malformed(
+                        "SYNC without_summaries carries no value".into(),
+                    ))
+                }
+                other => {
+                    return Err(WireError::Malformed(format!(
+                        "SYNC optional field {other} is unknown to this server"
+                    )))
+                }
+            }
+        }
+        Ok(req)
+    }
+}
+
+#[cfg(test)]
+impl crate::field::sample::Sample for SyncReq {
+    fn sample(g: &mut crate::field::sample::Gen) -> Self {
+        use crate::field::sample::Sample;
+        Self {
+            uid: Sample::sample(g),
+            device: Sample::sample(g),
+            generation: Sample::sample(g),
+            local_applied_seq: Sample::sample(g),
+            limit: Sample::sample(g),
+            batch_token: Sample::sample(g),
+            max_replay: Sample::sample(g),
+            without_summaries: Sample::sample(g),
+        }
     }
 }
 

@@ -582,3 +582,65 @@ fn protocol_doc_example_dirty_reply() {
     });
     assert_doc_response("dirty-reply", &dirty, 4);
 }
+
+fn sync_body(req: &SyncReq) -> BytesMut {
+    let mut out = BytesMut::new();
+    req.put(&mut out);
+    out
+}
+
+fn base_sync() -> SyncReq {
+    SyncReq {
+        uid: 7,
+        device: 1,
+        generation: Some(3),
+        local_applied_seq: 40,
+        limit: 100,
+        batch_token: None,
+        ..SyncReq::default()
+    }
+}
+
+#[test]
+fn sync_without_optional_fields_keeps_the_fixed_layout() {
+    // uid, device, option<generation>, local_applied_seq, limit, option<token>
+    assert_eq!(sync_body(&base_sync()).len(), 8 + 8 + 9 + 8 + 4 + 1);
+}
+
+#[test]
+fn sync_optional_fields_round_trip_and_follow_the_fixed_fields() {
+    let req = SyncReq {
+        max_replay: Some(5_000),
+        without_summaries: true,
+        ..base_sync()
+    };
+    let body = sync_body(&req);
+    let fixed = sync_body(&base_sync()).len();
+    assert_eq!(
+        hex(&body[fixed..]),
+        "01 08 00 00 00 88 13 00 00 00 00 00 00 02 00 00 00 00"
+    );
+    let back = Request::decode(Op::Sync as u8, body.freeze()).expect("decodes");
+    assert_eq!(back, Request::Sync(req));
+}
+
+#[test]
+fn sync_optional_fields_that_are_unknown_repeated_or_malformed_are_refused() {
+    let fixed = sync_body(&base_sync());
+    let with = |tail: &[u8]| {
+        let mut b = fixed.clone();
+        b.put_slice(tail);
+        Request::decode(Op::Sync as u8, b.freeze())
+    };
+    let unknown = with(&[9, 0, 0, 0, 0]).expect_err("unknown tag");
+    assert!(unknown.to_string().contains("unknown"), "{unknown}");
+    let repeated = with(&[2, 0, 0, 0, 0, 2, 0, 0, 0, 0]).expect_err("repeated");
+    assert!(repeated.to_string().contains("ascend"), "{repeated}");
+    let descending = with(&[2, 0, 0, 0, 0, 1, 8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+    assert!(descending.is_err());
+    let short = with(&[1, 4, 0, 0, 0, 1, 0, 0, 0]).expect_err("short max_replay");
+    assert!(short.to_string().contains("max_replay"), "{short}");
+    let valued = with(&[2, 1, 0, 0, 0, 1]).expect_err("without_summaries with a value");
+    assert!(valued.to_string().contains("without_summaries"), "{valued}");
+    assert!(with(&[1]).is_err(), "a tag without its value");
+}

@@ -20,12 +20,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use inbox_server::client::{Client, ClientError};
 use inbox_wire::{
-    AckReq, ConvListReq, ConvMember, Empty, Event, FinishLeaseReq, PullCursor, PullReq, SendReq,
-    SyncReq, UserDevice, UserReq,
+    AckReq, AckSnapshotReq, ConvListReq, ConvMember, Empty, ErrorCode, Event, FinishLeaseReq,
+    PullCursor, PullReq, SendReq, SnapshotPageReq, SyncReq, UserDevice, UserReq,
 };
 
 use super::process::{find_binary, ChildGuard};
-use super::{dir_bytes, Conn, DeviceCursor, Page, Result, Screen, System};
+use super::{dir_bytes, Conn, DeviceCursor, Page, Result, Screen, SnapshotCatchUp, System};
 use crate::procfs::{self, Measured};
 use crate::workload::{Outgoing, Setup, Uid};
 
@@ -403,6 +403,7 @@ impl Conn for InboxdConn {
                     limit,
                     batch_token: (!device.position.is_empty())
                         .then(|| Bytes::from(device.position.clone())),
+                    ..SyncReq::default()
                 })
                 .await?;
             let read = read_started.elapsed();
@@ -444,6 +445,76 @@ impl Conn for InboxdConn {
                 has_more: page.has_more,
                 read,
             })
+        })
+    }
+
+    fn catch_up_by_snapshot(&mut self, uid: Uid, device: u64) -> Result<SnapshotCatchUp> {
+        let client = &self.client;
+        self.rt.block_on(async {
+            let generation = client
+                .register_device(UserDevice { uid, device })
+                .await?
+                .device
+                .generation;
+            let start = Instant::now();
+            let asked = client
+                .sync(SyncReq {
+                    uid,
+                    device,
+                    generation: Some(generation),
+                    local_applied_seq: 0,
+                    limit: 0,
+                    batch_token: None,
+                    max_replay: Some(1),
+                    without_summaries: false,
+                })
+                .await;
+            match asked {
+                Err(ClientError::Server {
+                    code: ErrorCode::ResetRequired,
+                    ..
+                }) => {}
+                Ok(_) => return Err("a backlog of at most one event: nothing to reset".into()),
+                Err(e) => return Err(e.into()),
+            }
+            let info = client.begin_snapshot(UserDevice { uid, device }).await?;
+            let mut out = SnapshotCatchUp::default();
+            for page in 0..info.pages {
+                let p = client
+                    .snapshot_page(SnapshotPageReq {
+                        uid,
+                        snapshot_id: info.snapshot_id,
+                        page,
+                    })
+                    .await?;
+                let bytes = p
+                    .convs
+                    .iter()
+                    .map(|c| CONV_SUMMARY_BYTES + c.last_summary.len() as u64)
+                    .sum::<u64>()
+                    + p.messages
+                        .iter()
+                        .map(|m| MESSAGE_BYTES + m.payload.len() as u64)
+                        .sum::<u64>();
+                if page == 0 {
+                    out.first_screen = start.elapsed();
+                    out.first_page_bytes = bytes;
+                }
+                out.pages += 1;
+                out.convs += u32::try_from(p.convs.len()).unwrap_or(u32::MAX);
+                out.messages += u32::try_from(p.messages.len()).unwrap_or(u32::MAX);
+                out.bytes += bytes;
+            }
+            client
+                .ack_snapshot(AckSnapshotReq {
+                    uid,
+                    device,
+                    snapshot_id: info.snapshot_id,
+                    generation: info.generation,
+                })
+                .await?;
+            out.total = start.elapsed();
+            Ok(out)
         })
     }
 

@@ -107,6 +107,29 @@ pub trait Conn {
     fn first_screen(&mut self, _uid: Uid, _per_conv: u32) -> Result<Screen> {
         Err("no conversation list in this system's layout".into())
     }
+
+    /// The other way back for a long-offline user: a fresh `device` asks
+    /// for at most one event of replay, is told to reset, and installs a
+    /// snapshot instead of replaying the backlog.
+    fn catch_up_by_snapshot(&mut self, _uid: Uid, _device: u64) -> Result<SnapshotCatchUp> {
+        Err("no snapshots in this system".into())
+    }
+}
+
+/// What [`Conn::catch_up_by_snapshot`] measured.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SnapshotCatchUp {
+    /// From the first `SYNC` until the first snapshot page (conversation
+    /// list and newest messages) is in hand.
+    pub first_screen: std::time::Duration,
+    /// Until every page is fetched and the install acknowledged.
+    pub total: std::time::Duration,
+    pub pages: u32,
+    pub convs: u32,
+    pub messages: u32,
+    /// Bytes of conversation summaries and messages in the pages.
+    pub bytes: u64,
+    pub first_page_bytes: u64,
 }
 
 pub trait System: Sync {

@@ -107,6 +107,18 @@ class ProtocolDocExamples(unittest.TestCase):
         hints = c.Hints([c.Hint(1, 12)])
         self.check_reply("hint", c.Frame(c.OP_HINT, 0, c.encode_body(hints)), hints)
 
+    def test_sync_optional_fields_follow_the_fixed_fields(self) -> None:
+        base = c.SyncReq(7, 1, 3, 40, 100, None)
+        full = c.SyncReq(7, 1, 3, 40, 100, None, max_replay=5000, without_summaries=True)
+        tail = c.encode_body(full)[len(c.encode_body(base)) :]
+        self.assertEqual(
+            tail.hex(" "), "01 08 00 00 00 88 13 00 00 00 00 00 00 02 00 00 00 00"
+        )
+        self.assertEqual(c.decode_body(c.SyncReq, c.encode_body(full)), full)
+        self.assertEqual(c.decode_body(c.SyncReq, c.encode_body(base)), base)
+        with self.assertRaises(c.ProtocolError):
+            c.decode_body(c.SyncReq, c.encode_body(base) + b"\x09\x00\x00\x00\x00")
+
     def test_sync_page_with_one_event(self) -> None:
         page = c.SyncPage(
             events=[c.Event(1, c.EventKind.MSG, 100, 3, 0x400, 0, b"hi")],

@@ -212,6 +212,24 @@ class AgainstTheDaemon(unittest.TestCase):
                 inbox.sync(55, 1, info.generation, 0)
             self.assertEqual(caught.exception.detail, info.generation)
 
+    def test_sync_options_a_replay_limit_and_no_summaries(self) -> None:
+        with self.connect() as inbox:
+            inbox.join(conv=70, uid=70)
+            inbox.join(conv=70, uid=71)
+            gen = inbox.register_device(uid=71, device=1).device.generation
+            for i in range(5):
+                inbox.send(70, 70, 100 + i, b"hello %d" % i)
+            with self.assertRaises(BadRequestError):
+                inbox.sync(71, 1, gen, 0, max_replay=0)
+            self.assertEqual(inbox.devices(71)[0].generation, gen, "a refused sync changes nothing")
+            page = inbox.sync(71, 1, gen, 0, without_summaries=True)
+            self.assertTrue(page.events)
+            self.assertTrue(all(e.summary == b"" for e in page.events))
+            self.assertEqual(page.generation, gen)
+            with self.assertRaises(ResetRequiredError) as caught:
+                inbox.sync(71, 1, gen, 0, max_replay=page.batch_hwm - 1)
+            self.assertEqual(caught.exception.detail, gen + 1)
+
     def test_hints_after_subscribe(self) -> None:
         with self.connect() as watcher, self.connect() as writer:
             watcher.subscribe([60])

@@ -172,6 +172,7 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
             .values()
             .flat_map(|c| c.msgs.iter().map(|m| &m.loc)),
     );
+    st.totals = st.recount_totals();
     Ok(st)
 }
 

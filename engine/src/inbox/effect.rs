@@ -168,8 +168,9 @@ impl Effect {
                 touched,
             },
         );
-        st.evt_refs
-            .add(evt_loc, (touched.events.len() - before) as u64);
+        let added = (touched.events.len() - before) as u64;
+        st.evt_refs.add(evt_loc, added);
+        st.totals.events += added;
         result?;
         st.check_touched(touched)
     }

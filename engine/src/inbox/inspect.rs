@@ -4,14 +4,20 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{checkpoint, Inbox, RecoveryReport};
+use super::{checkpoint, state, Inbox, RecoveryReport};
 use crate::api::Stats;
 use crate::log::SyncPolicy;
 
 impl Inbox {
+    /// O(segments): the entry counts are kept on apply, and the index
+    /// sizes are estimated from them, so no user or conversation is
+    /// walked under the state lock.
     pub fn stats(&self) -> Stats {
-        let st = self.shared.state.read();
-        let (event_index, msg_index) = st.index_bytes();
+        let (users, conversations, totals) = {
+            let st = self.shared.state.read();
+            (st.users.len() as u64, st.convs.len() as u64, st.totals)
+        };
+        let (event_index, msg_index) = state::index_bytes_estimate(&totals);
         let segs = self
             .shared
             .msg_log
@@ -31,11 +37,11 @@ impl Inbox {
         Stats {
             fsyncs,
             fsync_latency_us_sum: u64::try_from(commit_us.as_micros()).unwrap_or(u64::MAX),
-            users: st.users.len() as u64,
-            conversations: st.convs.len() as u64,
-            devices: st.users.values().map(|u| u.devices.len() as u64).sum(),
-            messages: st.convs.values().map(|c| c.msgs.len() as u64).sum(),
-            events_live: st.users.values().map(|u| u.events.len() as u64).sum(),
+            users,
+            conversations,
+            devices: totals.devices,
+            messages: totals.messages,
+            events_live: totals.events,
             write_batches: self.shared.rounds_written.load(Ordering::Relaxed),
             bytes_on_disk: segs.map(|s| s.bytes).sum(),
             index_bytes: event_index + msg_index,

@@ -52,6 +52,8 @@ mod effect;
 mod inspect;
 mod messaging;
 mod pending;
+mod read;
+mod read_api;
 mod recover;
 mod round;
 mod sequencer;
@@ -63,6 +65,7 @@ mod token;
 pub use compaction::{CompactionStep, SpaceUsage};
 pub use config::{Clock, InboxConfig, ManualClock, SystemClock};
 pub use pending::Pending;
+pub use read::Read;
 pub use recover::RecoveryReport;
 pub use shared::Hint;
 
@@ -132,6 +135,7 @@ impl Inbox {
             evt_log,
             progress: Mutex::new(Progress::default()),
             progress_cv: Condvar::new(),
+            settled_watch: tokio::sync::watch::Sender::new((0, false)),
             hints,
             rounds_written: AtomicU64::new(0),
             recovery,
@@ -330,6 +334,11 @@ impl Inbox {
     /// sequencer; one that changes nothing is answered from durable state
     /// on the caller's thread, without waiting for any round's fsync.
     pub fn sync(&self, req: SyncRequest) -> Pending<SyncPage> {
+        self.sync_with(req, SyncOptions::default())
+    }
+    /// [`Inbox::sync`] with the device's [`SyncOptions`] (a replay limit,
+    /// events without summaries).
+    pub fn sync_with(&self, req: SyncRequest, options: SyncOptions) -> Pending<SyncPage> {
         let now = self.now_ms();
         let claims = match &req.batch_token {
             None => None,
@@ -340,9 +349,20 @@ impl Inbox {
         };
         // After shutdown every sync gets the sequencer's "shut down" answer.
         if self.tx.lock().is_some() {
-            match devices::read::sync_unchanged(&self.shared, now, &req, claims.as_ref()) {
+            match devices::read::sync_unchanged(&self.shared, now, &req, &options, claims.as_ref())
+            {
                 Some(Err(e)) => return Pending::ready(Err(e)),
-                Some(Ok(plan)) => {
+                Some(Ok((plan, touch))) => {
+                    if touch {
+                        // Logged on its own; nobody waits for it, and a
+                        // failure loses only a `last_seen` refresh.
+                        drop(self.submit(|tx| devices::Command::Touch {
+                            uid: req.uid,
+                            device: req.device,
+                            generation: plan.generation,
+                            tx,
+                        }));
+                    }
                     let (tx, pending) = Pending::channel();
                     let shared = Arc::clone(&self.shared);
                     // The receiver is alive in `pending`, so this cannot fail.
@@ -354,7 +374,12 @@ impl Inbox {
                 None => {}
             }
         }
-        self.submit(|tx| devices::Command::Sync { req, claims, tx })
+        self.submit(|tx| devices::Command::Sync {
+            req,
+            options,
+            claims,
+            tx,
+        })
     }
     pub fn ack(&self, req: AckRequest) -> Pending<AckReply> {
         let claims = match token::verify(

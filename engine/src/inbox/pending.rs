@@ -4,6 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use super::read::Read;
 use crate::error::{Error, Result};
 
 /// The sending half of a [`Pending`] reply.
@@ -48,9 +49,25 @@ impl<T> Pending<T> {
     /// Blocks until the reply is ready. Must not be called from inside an
     /// async runtime; await the `Pending` there instead.
     pub fn wait(self) -> Result<T> {
+        self.wait_read().wait()
+    }
+
+    /// Blocks until the reply is released; what is left is a [`Read`]
+    /// (a sync page still has to read its events).
+    fn wait_read(self) -> Read<T> {
         match self.0.blocking_recv() {
-            Ok(reply) => reply.finish(),
-            Err(_) => Err(stopped()),
+            Ok(reply) => Read::from_reply(reply),
+            Err(_) => Read::ready(Err(stopped())),
+        }
+    }
+
+    /// Resolves once the reply is released, without reading anything: an
+    /// async server then runs the returned [`Read`] where IO is allowed
+    /// (awaiting the `Pending` itself would read the log inside `poll`).
+    pub async fn released(self) -> Read<T> {
+        match self.0.await {
+            Ok(reply) => Read::from_reply(reply),
+            Err(_) => Read::ready(Err(stopped())),
         }
     }
 }

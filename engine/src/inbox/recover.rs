@@ -57,6 +57,7 @@ pub(crate) fn load_state_reporting(
     }
     let mut state = state.unwrap_or_else(|| State::new(ttl_ms));
     state.idem_ttl_ms = ttl_ms;
+    state.totals = state.recount_totals();
     let after = state.evt_lsn;
     // Compaction deletes whole segments once checkpoints cover them; a log
     // that starts after the state's LSN has lost records this replay needs.

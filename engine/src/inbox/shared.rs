@@ -15,6 +15,37 @@ use crate::api::*;
 use crate::error::{Error, Result};
 use crate::log::{Log, LogError};
 
+/// Why one attempt at a read gave no answer.
+#[derive(Debug)]
+pub(crate) enum Miss {
+    /// The answer is this error.
+    Err(Error),
+    /// A row it would return was changed in this round, which has not
+    /// settled yet: wait for it and read again.
+    Unsettled(u64),
+}
+
+impl From<Error> for Miss {
+    fn from(e: Error) -> Self {
+        Miss::Err(e)
+    }
+}
+
+/// Runs `attempt` until it answers, blocking the thread on unsettled
+/// rounds: for plain threads (tests, the blocking API).
+pub(crate) fn blocking<T>(
+    shared: &Shared,
+    mut attempt: impl FnMut() -> std::result::Result<T, Miss>,
+) -> Result<T> {
+    loop {
+        match attempt() {
+            Ok(v) => return Ok(v),
+            Err(Miss::Err(e)) => return Err(e),
+            Err(Miss::Unsettled(round)) => shared.wait_settled(round),
+        }
+    }
+}
+
 /// Called on the checkpoint writer's thread with the LSN of each
 /// checkpoint before its file is written (tests hold the writer there).
 pub(crate) type CheckpointHook = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
@@ -44,6 +75,10 @@ pub(crate) struct Shared {
     pub(crate) evt_log: Log,
     pub(crate) progress: Mutex<Progress>,
     pub(crate) progress_cv: Condvar,
+    /// The settled round and whether the engine is poisoned, for readers
+    /// that must not block a thread while they wait (async servers): the
+    /// same news as `progress_cv`, as a value they can await.
+    pub(crate) settled_watch: tokio::sync::watch::Sender<(u64, bool)>,
     pub(crate) hints: tokio::sync::broadcast::Sender<Vec<Hint>>,
     pub(crate) rounds_written: AtomicU64,
     pub(crate) recovery: RecoveryReport,
@@ -61,6 +96,28 @@ impl Shared {
         let mut p = self.progress.lock();
         p.settled = p.settled.max(round);
         self.progress_cv.notify_all();
+        let news = (p.settled, p.poisoned.is_some());
+        self.settled_watch.send_replace(news);
+    }
+
+    /// Waits until `round` has settled or the engine is poisoned, without
+    /// blocking the thread: the caller reads again and learns which.
+    pub(crate) async fn settled_async(&self, round: u64) {
+        let mut rx = self.settled_watch.subscribe();
+        // `Err` only if the sender is gone, and it lives as long as `self`.
+        let _ = rx
+            .wait_for(|&(settled, poisoned)| settled >= round || poisoned)
+            .await;
+    }
+
+    /// `Ok` if a change made in `round` may be revealed; the round to wait
+    /// for if not yet; an error if it never will be (poisoned).
+    pub(crate) fn check_settled(&self, round: u64) -> std::result::Result<(), Miss> {
+        if self.is_settled(round)? {
+            Ok(())
+        } else {
+            Err(Miss::Unsettled(round))
+        }
     }
 
     pub(crate) fn wait_settled(&self, round: u64) {
@@ -90,6 +147,8 @@ impl Shared {
             p.poisoned = Some((first_bad, why));
         }
         self.progress_cv.notify_all();
+        let news = (p.settled, true);
+        self.settled_watch.send_replace(news);
     }
 
     pub(crate) fn poisoned(&self) -> Option<String> {

@@ -6,9 +6,13 @@
 //!   touches lies below it (reads check it first);
 //! - a sealed segment is immutable: it is read through one `Arc<Mmap>` of
 //!   exactly its durable length, made on first read. The active segment is
-//!   read with pread below its durable length instead, because that length
-//!   keeps growing and remapping on each group commit would cost more than
-//!   the copy, and a mapping must never cover bytes that are not durable;
+//!   read through one mapping of its whole preallocated file, made on first
+//!   read (and made again only if the file was extended past it): reads
+//!   still stop at the durable length, and only ever form references to
+//!   bytes below it, which never change again; the bytes above it may be
+//!   written meanwhile, but nothing looks at them through the mapping. So a
+//!   read of the hot tail costs no syscall (see `docs/ARCHITECTURE.md`,
+//!   "Reading the hot tail");
 //! - deleting a segment only unlinks the file: readers holding the `Arc`
 //!   keep a valid descriptor and mapping until they drop it.
 
@@ -19,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use memmap2::{Mmap, MmapOptions};
+use memmap2::{Mmap, MmapOptions, MmapRaw};
 use parking_lot::Mutex;
 
 use super::format::{self, FrameError, SEGMENT_HEADER_LEN};
@@ -52,6 +56,9 @@ pub struct Segment {
     durable_len: AtomicU64,
     sealed: AtomicBool,
     map: Mutex<Option<Arc<Mmap>>>,
+    /// While active: a mapping of the whole file as preallocated.
+    /// (Raw: its bytes above the durable length change under it.)
+    active_map: Mutex<Option<Arc<MmapRaw>>>,
     /// For a recycled file (stale bytes past the data): its capacity. Every
     /// write is followed by an all-zero batch header, the end of the data.
     end_marker: Option<u64>,
@@ -78,6 +85,7 @@ impl Segment {
             durable_len: AtomicU64::new(durable_len),
             sealed: AtomicBool::new(sealed),
             map: Mutex::new(None),
+            active_map: Mutex::new(None),
             end_marker: None,
         }
     }
@@ -108,6 +116,11 @@ impl Segment {
                 .lock()
                 .as_ref()
                 .is_none_or(|m| Arc::strong_count(m) == 1)
+            && self
+                .active_map
+                .lock()
+                .as_ref()
+                .is_none_or(|m| Arc::strong_count(m) == 1)
     }
 
     pub fn durable_len(&self) -> u64 {
@@ -134,6 +147,8 @@ impl Segment {
     /// of it is synced.
     pub fn seal(&self) {
         self.sealed.store(true, Ordering::Release);
+        // Readers that still hold the active mapping keep it alive.
+        self.active_map.lock().take();
     }
 
     /// A reader of the bytes durable right now.
@@ -142,10 +157,42 @@ impl Segment {
         if self.is_sealed() {
             return Ok(Reader::Mapped(self.mapping()?));
         }
-        Ok(Reader::File {
-            file: &self.file,
-            limit,
-        })
+        match self.active_mapping(limit)? {
+            Some(map) => Ok(Reader::Active { map, limit }),
+            None => Ok(Reader::File {
+                file: &self.file,
+                limit,
+            }),
+        }
+    }
+
+    /// The mapping of the active segment's whole file, if it covers
+    /// `limit` bytes (it does unless the file is shorter than its durable
+    /// length claims, which only a foreign truncation could cause: then
+    /// reads fall back to pread and fail there, with an IO error).
+    fn active_mapping(&self, limit: u64) -> std::io::Result<Option<Arc<MmapRaw>>> {
+        let mut slot = self.active_map.lock();
+        if let Some(m) = slot.as_ref() {
+            if m.len() as u64 >= limit {
+                return Ok(Some(Arc::clone(m)));
+            }
+        }
+        let file_len = self.file.metadata()?.len();
+        if file_len < limit {
+            return Ok(None);
+        }
+        // The file is preallocated to `file_len` and the log never shrinks
+        // a segment file, so no page of the mapping is beyond the end of
+        // the file. A raw mapping: readers form references only to bytes
+        // below the durable length ([`Reader::get`]), which are never
+        // written again; the bytes above it are written through the file
+        // meanwhile and nothing reads them through this mapping.
+        let map = MmapOptions::new()
+            .len(file_len as usize)
+            .map_raw_read_only(&self.file)?;
+        let map = Arc::new(map);
+        *slot = Some(Arc::clone(&map));
+        Ok(Some(map))
     }
 
     /// The whole durable region, for scans: the sealed segment's mapping,
@@ -184,8 +231,17 @@ impl Segment {
 
 /// Reads byte ranges below the durable length seen when it was made.
 pub enum Reader<'a> {
+    /// A sealed segment's mapping, of exactly its bytes.
     Mapped(Arc<Mmap>),
-    File { file: &'a File, limit: u64 },
+    /// The whole active file, read below `limit` only.
+    Active {
+        map: Arc<MmapRaw>,
+        limit: u64,
+    },
+    File {
+        file: &'a File,
+        limit: u64,
+    },
 }
 
 impl Reader<'_> {
@@ -193,7 +249,7 @@ impl Reader<'_> {
     pub fn limit(&self) -> u64 {
         match self {
             Reader::Mapped(m) => m.len() as u64,
-            Reader::File { limit, .. } => *limit,
+            Reader::Active { limit, .. } | Reader::File { limit, .. } => *limit,
         }
     }
 
@@ -205,6 +261,17 @@ impl Reader<'_> {
         );
         match self {
             Reader::Mapped(m) => Ok(Cow::Borrowed(&m[start as usize..end as usize])),
+            Reader::Active { map, .. } => {
+                // Only the bytes below the durable length are referenced:
+                // the rest of an active mapping may be being written.
+                let len = (end - start) as usize;
+                // SAFETY: `start..end` is within the mapping (`limit` is at
+                // most its length) and below the durable length, so those
+                // bytes stay mapped while `map` lives and never change.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(map.as_ptr().add(start as usize), len) };
+                Ok(Cow::Borrowed(bytes))
+            }
             Reader::File { file, .. } => {
                 let mut buf = vec![0u8; (end - start) as usize];
                 file.read_exact_at(&mut buf, start)?;

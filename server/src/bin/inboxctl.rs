@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
-use inbox_server::client::{Client, ClientError, ClientTls};
+use inbox_server::client::{CatchUpOptions, Client, ClientError, ClientTls};
 use inbox_wire::*;
 use serde_json::{json, Map, Value};
 
@@ -145,9 +145,17 @@ enum Command {
         /// The highest sync_seq the device applied [default: its ACK].
         #[arg(long)]
         local: Option<u64>,
-        /// ACK the end of the batch (and finish a recovery lease).
+        /// ACK what was applied, page by page, each ACK in flight while
+        /// the next page is fetched (and finish a recovery lease).
         #[arg(long)]
         ack: bool,
+        /// Ask for RESET_REQUIRED instead of replaying more than this many
+        /// events (at least 1).
+        #[arg(long)]
+        max_replay: Option<u64>,
+        /// Events without their summaries.
+        #[arg(long)]
+        without_summaries: bool,
     },
     /// ACK a sync_seq with the batch token a sync printed.
     Ack {
@@ -432,6 +440,8 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
             generation,
             local,
             ack,
+            max_replay,
+            without_summaries,
         } => {
             let (generation, local) = match generation {
                 Some(generation) => (Some(*generation), local.unwrap_or(0)),
@@ -443,8 +453,13 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                     }
                 }
             };
+            let options = CatchUpOptions {
+                limit: 0,
+                max_replay: *max_replay,
+                without_summaries: *without_summaries,
+            };
             let run = client
-                .sync_to_end(*uid, *device, generation, local, *ack)
+                .catch_up(*uid, *device, generation, local, *ack, options)
                 .await?;
             let mut value = json!({
                 "events": to_json(&run.events),

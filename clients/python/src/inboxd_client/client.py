@@ -198,10 +198,24 @@ class Client:
         local_applied_seq: int,
         limit: int = 0,
         batch_token: bytes | None = None,
+        *,
+        max_replay: int | None = None,
+        without_summaries: bool = False,
     ) -> c.SyncPage:
-        return self.call(
-            c.Op.SYNC, c.SyncReq(uid, device, generation, local_applied_seq, limit, batch_token)
+        """One SYNC page. ``max_replay``: a batch with more events than this
+        to replay answers RESET_REQUIRED instead (install a snapshot);
+        ``without_summaries``: events without their summaries."""
+        req = c.SyncReq(
+            uid,
+            device,
+            generation,
+            local_applied_seq,
+            limit,
+            batch_token,
+            max_replay,
+            without_summaries,
         )
+        return self.call(c.Op.SYNC, req)
 
     def ack(self, uid: int, device: int, generation: int, seq: int, batch_token: bytes) -> int:
         return self.call(c.Op.ACK, c.AckReq(uid, device, generation, seq, batch_token)).acked_sync_seq

@@ -43,6 +43,12 @@ class Reader:
     def unpack(self, fmt: str) -> Any:
         return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt)))[0]
 
+    def remaining(self) -> int:
+        return len(self._data) - self._at
+
+    def peek(self) -> int:
+        return self._data[self._at]
+
     def finish(self) -> None:
         if self._at != len(self._data):
             raise ProtocolError(f"{len(self._data) - self._at} trailing bytes after the body")
@@ -106,6 +112,33 @@ def option(inner: Codec[T]) -> Codec[T | None]:
         raise ProtocolError(f"option tag {tag}")
 
     return Codec(lambda v: b"\x00" if v is None else b"\x01" + inner.put(v), get)
+
+
+def optional_field(tag: int, inner: Codec[T]) -> Codec[T | None]:
+    """One of a request's optional fields (PROTOCOL.md, "Optional
+    fields"): ``u8 tag`` + ``bytes value`` when set, nothing when ``None``.
+    Declare them last, in ascending tag order."""
+
+    def put(v: T | None) -> bytes:
+        return b"" if v is None else struct.pack("<B", tag) + BYTES.put(inner.put(v))
+
+    def get(r: Reader) -> T | None:
+        if r.remaining() == 0 or r.peek() != tag:
+            return None
+        r.take(1)
+        value = Reader(_get_bytes(r))
+        out = inner.get(value)
+        value.finish()
+        return out
+
+    return Codec(put, get)
+
+
+def optional_flag(tag: int) -> Codec[bool]:
+    """An optional field with no value: present means on."""
+    empty: Codec[bool] = Codec(lambda v: b"", lambda r: True)
+    field = optional_field(tag, empty)
+    return Codec(lambda v: field.put(True if v else None), lambda r: field.get(r) is True)
 
 
 def list_of(inner: Codec[T]) -> Codec[list[T]]:
@@ -330,15 +363,34 @@ class DeviceList:
     devices: list[DeviceInfo]
 
 
-@layout(U64, U64, option(U64), U64, U32, option(BYTES))
+SYNC_OPT_MAX_REPLAY = 1
+SYNC_OPT_WITHOUT_SUMMARIES = 2
+
+
+@layout(
+    U64,
+    U64,
+    option(U64),
+    U64,
+    U32,
+    option(BYTES),
+    optional_field(SYNC_OPT_MAX_REPLAY, U64),
+    optional_flag(SYNC_OPT_WITHOUT_SUMMARIES),
+)
 @dataclass(frozen=True)
 class SyncReq:
+    """``max_replay``: when a batch starts with more events than this to
+    replay, the server answers RESET_REQUIRED (at least 1; ``None`` = no
+    limit). ``without_summaries``: events come with empty summaries."""
+
     uid: int
     device: int
     generation: int | None
     local_applied_seq: int
     limit: int
     batch_token: bytes | None
+    max_replay: int | None = None
+    without_summaries: bool = False
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,7 @@ impl State {
         for loc in user.events.drain(..n) {
             self.evt_refs.remove(loc);
         }
+        self.totals.events = self.totals.events.saturating_sub(n as u64);
         user.events.shrink_to(user.events.len() * 2);
         user.events_base = events_base;
         Ok(())
@@ -224,6 +225,7 @@ impl State {
         for m in c.msgs.drain(..n) {
             self.msg_refs.remove(m.loc);
         }
+        self.totals.messages = self.totals.messages.saturating_sub(n as u64);
         c.msgs.shrink_to(c.msgs.len() * 2);
         c.msgs_base = msgs_base;
         // A trim takes a prefix and an edit is above its target, so the
@@ -293,6 +295,7 @@ mod tests {
         let user = Arc::make_mut(st.users.entry(Uid(1)).or_default());
         user.events = vec![10, 11, 12, 13];
         st.evt_refs = SegRefs::rebuild(&st.users[&Uid(1)].events);
+        st.totals = st.recount_totals();
         st.apply_trim(Uid(1), SyncSeq(2)).unwrap();
         assert_eq!(st.users[&Uid(1)].events_base, SyncSeq(2));
         assert_eq!(st.users[&Uid(1)].events, vec![12, 13]);

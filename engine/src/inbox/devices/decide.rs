@@ -42,6 +42,8 @@ pub(crate) struct SyncPlan {
     pub generation: Generation,
     pub token: Bytes,
     pub lease: Option<LeaseInfo>,
+    /// Serve the events without their summaries.
+    pub without_summaries: bool,
 }
 
 pub(crate) enum SyncOutcome {
@@ -176,8 +178,22 @@ pub(crate) fn decide_sync(
     cfg: &InboxConfig,
     now: TimestampMs,
     req: &SyncRequest,
+    options: &SyncOptions,
     claims: Option<&TokenClaims>,
 ) -> Result<(Vec<Effect>, SyncOutcome)> {
+    if options.max_replay == Some(0) {
+        return Err(Error::BadRequest(
+            "sync max_replay 0 is refused: a replay limit is at least 1 (leave it out for no limit)"
+                .into(),
+        ));
+    }
+    // Starting a batch whose backlog is over the device's own limit: a
+    // snapshot instead (the same reset as any other).
+    let over_limit = |resume_from: SyncSeq, hwm: SyncSeq| {
+        options
+            .max_replay
+            .is_some_and(|m| hwm.0.saturating_sub(resume_from.0) > m)
+    };
     let limit = if req.limit == 0 {
         cfg.sync_page_default
     } else {
@@ -225,6 +241,7 @@ pub(crate) fn decide_sync(
                 generation: row.generation,
                 token,
                 lease: row.lease,
+                without_summaries: options.without_summaries,
             })
         };
     let sign = |generation, resume_from, hwm, expires_at_ms| {
@@ -272,7 +289,10 @@ pub(crate) fn decide_sync(
         });
     }
     if let (DeviceState::Recovering, Some(lease)) = (row.state, row.lease) {
-        if now > lease.expires_at_ms || lease.resume_from < base {
+        if now > lease.expires_at_ms
+            || lease.resume_from < base
+            || over_limit(lease.resume_from, lease.hwm)
+        {
             // An expired lease no longer fences its events: only a
             // snapshot can bring the device back without a gap.
             return Ok(reset(row));
@@ -297,7 +317,7 @@ pub(crate) fn decide_sync(
         && req.local_applied_seq >= row.acked_sync_seq
     {
         let resume_from = row.acked_sync_seq;
-        if resume_from < base {
+        if resume_from < base || over_limit(resume_from, committed) {
             return Ok(reset(row));
         }
         let mut effects = Vec::new();
@@ -322,7 +342,7 @@ pub(crate) fn decide_sync(
     // generation: bump the generation, then lease or reset (R10).
     let from = req.local_applied_seq.min(row.acked_sync_seq);
     let gap = row.acked_sync_seq.0 - from.0;
-    if gap > cfg.recovery_lease_events_max || from < base {
+    if gap > cfg.recovery_lease_events_max || from < base || over_limit(from, committed) {
         return Ok(reset(row));
     }
     let lease = LeaseInfo {
@@ -417,4 +437,30 @@ pub(crate) fn decide_finish_lease(
         ..row
     };
     Ok((vec![Effect::from(DeviceEffect { uid, row })], info(&row)))
+}
+
+/// Records that a device was seen at `now`: the `last_seen` refresh of a
+/// sync answered without the sequencer (see `read::sync_unchanged`), logged
+/// on its own. Changes nothing when the row moved on meanwhile (another
+/// generation, revoked) or was refreshed within the granularity: a stale
+/// refresh is dropped, never applied over a newer row.
+pub(crate) fn decide_touch(
+    st: &State,
+    now: TimestampMs,
+    uid: Uid,
+    device: DeviceId,
+    generation: Generation,
+) -> Result<(Vec<Effect>, ())> {
+    let row = device_row(st, uid, device)?;
+    if row.generation != generation
+        || row.state == DeviceState::Revoked
+        || now < row.last_seen_ms.saturating_add(LAST_SEEN_GRANULARITY_MS)
+    {
+        return Ok((Vec::new(), ()));
+    }
+    let row = DeviceRow {
+        last_seen_ms: now,
+        ..row
+    };
+    Ok((vec![Effect::from(DeviceEffect { uid, row })], ()))
 }

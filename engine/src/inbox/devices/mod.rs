@@ -33,6 +33,7 @@ pub(crate) enum Command {
     },
     Sync {
         req: SyncRequest,
+        options: SyncOptions,
         claims: Option<TokenClaims>,
         tx: Tx<SyncPage>,
     },
@@ -48,6 +49,13 @@ pub(crate) enum Command {
         generation: Generation,
         tx: Tx<DeviceInfo>,
     },
+    /// The `last_seen` refresh of a sync answered from durable state.
+    Touch {
+        uid: Uid,
+        device: DeviceId,
+        generation: Generation,
+        tx: Tx<()>,
+    },
 }
 
 /// Answers a command with a failure without running it.
@@ -57,6 +65,7 @@ pub(crate) fn fail(cmd: Command, f: &Fail) {
         Command::Revoke { tx, .. } | Command::FinishLease { tx, .. } => fail_now(tx, f),
         Command::Sync { tx, .. } => fail_now(tx, f),
         Command::Ack { tx, .. } => fail_now(tx, f),
+        Command::Touch { tx, .. } => fail_now(tx, f),
     }
 }
 
@@ -89,8 +98,13 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
             let decided = decide::decide_revoke(st, uid, device);
             finish(st, sink, tx, decided);
         }
-        Command::Sync { req, claims, tx } => {
-            match decide::decide_sync(st, cfg, now, &req, claims.as_ref()) {
+        Command::Sync {
+            req,
+            options,
+            claims,
+            tx,
+        } => {
+            match decide::decide_sync(st, cfg, now, &req, &options, claims.as_ref()) {
                 Err(e) => sink.reply(reply_with(tx, Err(e))),
                 Ok((effects, outcome)) => {
                     for e in effects {
@@ -125,6 +139,15 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
                     }
                 }
             }
+        }
+        Command::Touch {
+            uid,
+            device,
+            generation,
+            tx,
+        } => {
+            let decided = decide::decide_touch(st, now, uid, device, generation);
+            finish(st, sink, tx, decided);
         }
         Command::Ack { req, claims, tx } => {
             let decided = decide::decide_ack(st, now, &req, &claims);

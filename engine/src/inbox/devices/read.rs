@@ -12,12 +12,13 @@
 use bytes::Bytes;
 
 use super::decide::{self as sync, info, SyncOutcome, SyncPlan};
+use super::record::Records;
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::effect::Effect;
 use crate::inbox::messaging::read::corrupt;
-use crate::inbox::shared::Shared;
-use crate::inbox::state::{unpack, MsgMeta, PackedLoc};
+use crate::inbox::shared::{blocking, Miss, Shared};
+use crate::inbox::state::{unpack, DeviceRow, MsgMeta, PackedLoc};
 use crate::inbox::token::TokenClaims;
 
 /// Decides a sync without the sequencer when it changes nothing: the
@@ -27,15 +28,22 @@ use crate::inbox::token::TokenClaims;
 /// is then the one the sequencer would give, only earlier: no command of
 /// a later round can have been acknowledged to anyone yet.
 ///
-/// `None` means the sync needs a state change (generation bump, lease,
-/// reset, `last_seen` refresh), depends on a change that is not durable
-/// yet, or the engine is poisoned: send it to the sequencer.
+/// The one change such a sync may still want is a `last_seen` refresh
+/// (at most once a second per device): the page does not reveal it, so
+/// the sync is answered here all the same, and the answer says `true`: log
+/// the refresh on its own (`Command::Touch`), without holding the page
+/// for its fsync.
+///
+/// `None` means the sync needs a state change the page depends on
+/// (generation bump, lease, reset), depends on a change that is not
+/// durable yet, or the engine is poisoned: send it to the sequencer.
 pub(crate) fn sync_unchanged(
     shared: &Shared,
     now: TimestampMs,
     req: &SyncRequest,
+    options: &SyncOptions,
     claims: Option<&TokenClaims>,
-) -> Option<Result<SyncPlan>> {
+) -> Option<Result<(SyncPlan, bool)>> {
     if shared.poisoned().is_some() {
         return None;
     }
@@ -45,14 +53,24 @@ pub(crate) fn sync_unchanged(
         let stamp = user
             .and_then(|u| u.device(req.device))
             .map_or(0, |d| d.stamp);
-        let decided = match sync::decide_sync(&st, &shared.config, now, req, claims) {
+        let row = user.and_then(|u| u.device(req.device)).map(|d| d.row);
+        let decided = match sync::decide_sync(&st, &shared.config, now, req, options, claims) {
             Err(e) => Err(e),
-            Ok((effects, SyncOutcome::Page(plan))) if effects.is_empty() => {
+            Ok((effects, SyncOutcome::Page(plan))) => {
+                let touch = match effects.as_slice() {
+                    [] => false,
+                    [Effect::Devices(Records::Device(e))]
+                        if row.is_some_and(|r| only_seen(&r, &e.row)) =>
+                    {
+                        true
+                    }
+                    _ => return None,
+                };
                 let committed = user.map_or(SyncSeq(0), |u| u.committed_seq);
                 if plan.hwm > committed {
                     return None;
                 }
-                Ok(plan)
+                Ok((plan, touch))
             }
             Ok(_) => return None,
         };
@@ -65,6 +83,14 @@ pub(crate) fn sync_unchanged(
         Ok(true) => Some(decided),
         Ok(false) | Err(_) => None,
     }
+}
+
+/// Whether `after` differs from `before` in `last_seen_ms` alone.
+fn only_seen(before: &DeviceRow, after: &DeviceRow) -> bool {
+    DeviceRow {
+        last_seen_ms: before.last_seen_ms,
+        ..*after
+    } == *before
 }
 
 pub(crate) fn sync_page(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
@@ -113,8 +139,12 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
             })?;
         events.push(ev);
     }
-    // A tombstoned message's event never carries its body's summary.
-    {
+    if plan.without_summaries {
+        for ev in &mut events {
+            ev.summary = Bytes::new();
+        }
+    } else {
+        // A tombstoned message's event never carries its body's summary.
         let st = shared.state.read();
         for ev in &mut events {
             if matches!(ev.kind, EventKind::Msg | EventKind::Edit)
@@ -141,18 +171,21 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
 }
 
 pub(crate) fn devices(shared: &Shared, uid: Uid) -> Result<Vec<DeviceInfo>> {
-    loop {
-        let st = shared.state.read();
-        let Some(user) = st.users.get(&uid) else {
-            return Ok(Vec::new());
-        };
-        let stamp = user.devices.iter().map(|d| d.stamp).max().unwrap_or(0);
-        let out: Vec<DeviceInfo> = user.devices.iter().map(|d| info(&d.row)).collect();
-        drop(st);
-        if !shared.is_settled(stamp)? {
-            shared.wait_settled(stamp);
-            continue;
-        }
-        return Ok(out);
-    }
+    blocking(shared, || devices_once(shared, uid))
+}
+
+/// One look at `uid`'s devices: memory only, no log record read.
+pub(crate) fn devices_once(
+    shared: &Shared,
+    uid: Uid,
+) -> std::result::Result<Vec<DeviceInfo>, Miss> {
+    let st = shared.state.read();
+    let Some(user) = st.users.get(&uid) else {
+        return Ok(Vec::new());
+    };
+    let stamp = user.devices.iter().map(|d| d.stamp).max().unwrap_or(0);
+    let out: Vec<DeviceInfo> = user.devices.iter().map(|d| info(&d.row)).collect();
+    drop(st);
+    shared.check_settled(stamp)?;
+    Ok(out)
 }

@@ -65,10 +65,13 @@ impl Record for DeviceEffect {
                 d.row = self.row;
                 d.stamp = stamp;
             }
-            None => user.devices.push(Device {
-                row: self.row,
-                stamp,
-            }),
+            None => {
+                user.devices.push(Device {
+                    row: self.row,
+                    stamp,
+                });
+                st.totals.devices += 1;
+            }
         }
         Ok(())
     }

@@ -89,6 +89,7 @@ impl State {
             )));
         }
         self.msg_refs.add(m.msg_loc, 1);
+        self.totals.messages += 1;
         conv.msgs.push(MsgMeta {
             loc: m.msg_loc,
             msg_id: m.msg_id,

@@ -33,7 +33,7 @@ use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::codec::{DecodeResult, Reader, Writer};
 use crate::inbox::round::{reply_with, Sink, Tx};
-use crate::inbox::shared::Shared;
+use crate::inbox::shared::{blocking, Miss, Shared};
 use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
 use crate::inbox::state::{
     ActivityKey, Conv, LargeMode, LastEntry, MsgMeta, State, User, UserConv, OPEN,
@@ -261,30 +261,33 @@ pub(crate) fn row_at(
 /// The dirty large groups of `uid`, by conversation id, as of the durable
 /// heads (R7). Waits for the rows it reads to be durable, like every read.
 pub(crate) fn dirty_markers(shared: &Shared, uid: Uid) -> Result<Vec<DirtyMarker>> {
-    loop {
-        let st = shared.state.read();
-        let Some(user) = st.users.get(&uid) else {
-            return Ok(Vec::new());
-        };
-        let mut out = Vec::new();
-        let mut stamp = 0;
-        for (&conv, uc) in &user.convs {
-            let Some(c) = st.convs.get(&conv) else {
-                continue;
-            };
-            if let Some(m) = marker(c, uid, uc, c.committed_seq) {
-                stamp = stamp.max(uc.stamp);
-                out.push(DirtyMarker { conv, ..m });
-            }
-        }
-        drop(st);
-        if !shared.is_settled(stamp)? {
-            shared.wait_settled(stamp);
+    blocking(shared, || dirty_markers_once(shared, uid))
+}
+
+/// One look at `uid`'s markers: memory only.
+pub(crate) fn dirty_markers_once(
+    shared: &Shared,
+    uid: Uid,
+) -> std::result::Result<Vec<DirtyMarker>, Miss> {
+    let st = shared.state.read();
+    let Some(user) = st.users.get(&uid) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    let mut stamp = 0;
+    for (&conv, uc) in &user.convs {
+        let Some(c) = st.convs.get(&conv) else {
             continue;
+        };
+        if let Some(m) = marker(c, uid, uc, c.committed_seq) {
+            stamp = stamp.max(uc.stamp);
+            out.push(DirtyMarker { conv, ..m });
         }
-        out.sort_by_key(|m| m.conv);
-        return Ok(out);
     }
+    drop(st);
+    shared.check_settled(stamp)?;
+    out.sort_by_key(|m| m.conv);
+    Ok(out)
 }
 
 /// A conversation's mode, head and (optionally) one member's marker, for

@@ -20,7 +20,7 @@ use super::record::{decode_msg_record, StoredPayload};
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::codec::DecodeError;
-use crate::inbox::shared::Shared;
+use crate::inbox::shared::{blocking, Miss, Shared};
 use crate::inbox::state::{unpack, ActivityKey, Conv, MsgMeta, Period, State, OPEN};
 
 /// At most this many conversations per pull.
@@ -319,6 +319,18 @@ pub(crate) fn conv_list(
     limit: u32,
     cursor: Option<Bytes>,
 ) -> Result<ConvListPage> {
+    blocking(shared, || {
+        conv_list_once(shared, uid, limit, cursor.as_deref())
+    })
+}
+
+/// One look at `uid`'s conversation list: memory only, no log record read.
+pub(crate) fn conv_list_once(
+    shared: &Shared,
+    uid: Uid,
+    limit: u32,
+    cursor: Option<&[u8]>,
+) -> std::result::Result<ConvListPage, Miss> {
     // As everywhere: 0 means the default, above the cap is refused.
     let cap = shared.config.sync_page_max;
     let limit = if limit == 0 {
@@ -329,10 +341,11 @@ pub(crate) fn conv_list(
     if limit > cap {
         return Err(Error::BadRequest(format!(
             "conversation list limit {limit} is above the cap of {cap}"
-        )));
+        ))
+        .into());
     }
-    let after = cursor.as_deref().map(decode_cursor).transpose()?;
-    loop {
+    let after = cursor.map(decode_cursor).transpose()?;
+    {
         let st = shared.state.read();
         let Some(user) = st.users.get(&uid) else {
             return Ok(ConvListPage {
@@ -376,17 +389,14 @@ pub(crate) fn conv_list(
         }
         let more = keys.next().is_some();
         drop(st);
-        if !shared.is_settled(stamp)? {
-            shared.wait_settled(stamp);
-            continue;
-        }
-        return Ok(ConvListPage {
+        shared.check_settled(stamp)?;
+        Ok(ConvListPage {
             convs,
             next_cursor: if more {
                 last.as_ref().map(encode_cursor)
             } else {
                 None
             },
-        });
+        })
     }
 }

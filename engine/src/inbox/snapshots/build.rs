@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::inbox::messaging::read::corrupt;
 use crate::inbox::messaging::record::decode_msg_record;
 use crate::inbox::pending::{Reply, Tx};
-use crate::inbox::shared::Shared;
+use crate::inbox::shared::{blocking, Miss, Shared};
 use crate::inbox::state::{unpack, MsgMeta, SnapshotPhase, SnapshotRow};
 use crate::log::write_file_durably;
 
@@ -161,8 +161,8 @@ fn read_message(
 }
 
 /// The logged row of a snapshot, once the change that made it is durable.
-fn settled_row(shared: &Shared, uid: Uid, id: u64) -> Result<SnapshotRow> {
-    loop {
+fn settled_row(shared: &Shared, uid: Uid, id: u64) -> std::result::Result<SnapshotRow, Miss> {
+    {
         let (row, stamp) = {
             let st = shared.state.read();
             let slot = st
@@ -173,14 +173,22 @@ fn settled_row(shared: &Shared, uid: Uid, id: u64) -> Result<SnapshotRow> {
                 .ok_or_else(|| Error::NotFound(format!("snapshot {id} of uid {uid}")))?;
             (slot.row, slot.stamp)
         };
-        if shared.is_settled(stamp)? {
-            return Ok(row);
-        }
-        shared.wait_settled(stamp);
+        shared.check_settled(stamp)?;
+        Ok(row)
     }
 }
 
 pub(crate) fn info_of(shared: &Shared, uid: Uid, id: u64) -> Result<SnapshotInfo> {
+    blocking(shared, || info_once(shared, uid, id))
+}
+
+/// One look at a snapshot's row and its content (a file read the first
+/// time the content is loaded).
+pub(crate) fn info_once(
+    shared: &Shared,
+    uid: Uid,
+    id: u64,
+) -> std::result::Result<SnapshotInfo, Miss> {
     let row = settled_row(shared, uid, id)?;
     let now = shared.config.clock.now_ms();
     let content = shared.snapshots.get(&shared.config.data_dir, uid, id)?;
@@ -203,12 +211,21 @@ pub(crate) fn info_of(shared: &Shared, uid: Uid, id: u64) -> Result<SnapshotInfo
 }
 
 pub(crate) fn page_of(shared: &Shared, uid: Uid, id: u64, page: u32) -> Result<SnapshotPage> {
+    blocking(shared, || page_once(shared, uid, id, page))
+}
+
+/// One look at a snapshot page (a file read the first time the content is
+/// loaded).
+pub(crate) fn page_once(
+    shared: &Shared,
+    uid: Uid,
+    id: u64,
+    page: u32,
+) -> std::result::Result<SnapshotPage, Miss> {
     let row = settled_row(shared, uid, id)?;
     let now = shared.config.clock.now_ms();
     if row.phase == SnapshotPhase::Live && now > row.expires_at_ms {
-        return Err(Error::Conflict(format!(
-            "snapshot {id} has expired; begin a new one"
-        )));
+        return Err(Error::Conflict(format!("snapshot {id} has expired; begin a new one")).into());
     }
     let content = shared
         .snapshots

@@ -40,6 +40,13 @@ impl State {
 
     /// Every invariant of the module doc, in O(state).
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        let recount = self.recount_totals();
+        if self.totals != recount {
+            return Err(format!(
+                "entry totals {:?} differ from a recount {recount:?}",
+                self.totals
+            ));
+        }
         for (&conv, c) in &self.convs {
             check_conv_watermarks(conv, c)?;
             check_edit_links(conv, c)?;

@@ -325,6 +325,18 @@ pub(crate) struct State {
     pub evt_refs: SegRefs,
     /// Retained messages per `msg` segment (derived: see [`SegRefs`]).
     pub msg_refs: SegRefs,
+    /// Entry counts for `stats()` (derived: kept on apply, recounted on
+    /// load), so that reading them never walks the state.
+    pub totals: Totals,
+}
+
+/// How many retained events, retained messages and device rows the state
+/// holds. Invariant: equal to a recount ([`State::recount_totals`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Totals {
+    pub events: u64,
+    pub messages: u64,
+    pub devices: u64,
 }
 
 /// The counter part of a msg_id (below the shard bits, R3).
@@ -344,6 +356,16 @@ impl State {
             evt_lsn: 0,
             evt_refs: SegRefs::default(),
             msg_refs: SegRefs::default(),
+            totals: Totals::default(),
+        }
+    }
+
+    /// The entry counts, counted afresh: O(users + conversations).
+    pub(crate) fn recount_totals(&self) -> Totals {
+        Totals {
+            events: self.users.values().map(|u| u.events.len() as u64).sum(),
+            messages: self.convs.values().map(|c| c.msgs.len() as u64).sum(),
+            devices: self.users.values().map(|u| u.devices.len() as u64).sum(),
         }
     }
 
@@ -423,6 +445,7 @@ impl State {
 
     /// Bytes held by the event and message indexes (the packed location
     /// vectors and message metadata), for stats and BENCHMARKS.md.
+    /// Bytes of both indexes, walking them: capacities, exact.
     pub fn index_bytes(&self) -> (u64, u64) {
         let events: usize = self.users.values().map(|u| u.events.capacity() * 8).sum();
         let msgs: usize = self
@@ -432,4 +455,13 @@ impl State {
             .sum();
         (events as u64, msgs as u64)
     }
+}
+
+/// Bytes of the event index and of the message index, estimated from the
+/// entry counts (lengths, not capacities): what `stats()` reports.
+pub(crate) fn index_bytes_estimate(totals: &Totals) -> (u64, u64) {
+    (
+        totals.events * 8,
+        totals.messages * std::mem::size_of::<MsgMeta>() as u64,
+    )
 }

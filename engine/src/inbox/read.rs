@@ -1,0 +1,161 @@
+//! [`Read`]: a read that an async server can run without ever blocking one
+//! of its workers.
+//!
+//! A read may need two kinds of waiting, and they are kept apart:
+//! - a row it would return was changed by a round that has not settled
+//!   (visibility, see `docs/ARCHITECTURE.md`): that wait is a value to
+//!   await ([`Read::settled`]), never a blocked thread;
+//! - reading log records or a snapshot file is IO: [`Read::attempt`] does
+//!   it, and says beforehand ([`Read::may_do_io`]) whether it may, so a
+//!   server runs those attempts on a bounded pool of blocking threads.
+//!
+//! The engine stays runtime-agnostic: nothing here spawns or names a
+//! runtime.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use super::pending::Reply;
+use super::shared::{Miss, Shared};
+use crate::error::Result;
+
+type Attempt<T> = Box<dyn FnMut(&Shared) -> std::result::Result<T, Miss> + Send>;
+
+enum Step<T> {
+    /// The answer, already there.
+    Ready(Option<Result<T>>),
+    /// Builds the answer once (a sync page reading its events).
+    Once(Option<Box<dyn FnOnce() -> Result<T> + Send>>),
+    /// Looks at the state, perhaps reads records; may find a row that is
+    /// not durable yet, then looks again once its round has settled.
+    Retry {
+        shared: Arc<Shared>,
+        attempt: Attempt<T>,
+        io: bool,
+    },
+}
+
+/// A read, ready to be attempted. Use [`Read::wait`] on a plain thread;
+/// an async caller loops over [`Read::attempt`] and [`Read::settled`].
+pub struct Read<T> {
+    step: Step<T>,
+    /// The round the last attempt found unsettled (0: none).
+    waiting: u64,
+}
+
+impl<T> Read<T> {
+    pub(crate) fn ready(result: Result<T>) -> Self {
+        Self {
+            step: Step::Ready(Some(result)),
+            waiting: 0,
+        }
+    }
+
+    pub(crate) fn from_reply(reply: Reply<T>) -> Self {
+        match reply {
+            Reply::Done(r) => Self::ready(r),
+            Reply::Later(f) => Self {
+                step: Step::Once(Some(f)),
+                waiting: 0,
+            },
+        }
+    }
+
+    /// A read of memory only (the state under its lock): it never does IO
+    /// and may run on any thread.
+    pub(crate) fn memory(
+        shared: &Arc<Shared>,
+        attempt: impl FnMut(&Shared) -> std::result::Result<T, Miss> + Send + 'static,
+    ) -> Self {
+        Self::retry(shared, attempt, false)
+    }
+
+    /// A read that may read log records or files.
+    pub(crate) fn io(
+        shared: &Arc<Shared>,
+        attempt: impl FnMut(&Shared) -> std::result::Result<T, Miss> + Send + 'static,
+    ) -> Self {
+        Self::retry(shared, attempt, true)
+    }
+
+    fn retry(
+        shared: &Arc<Shared>,
+        attempt: impl FnMut(&Shared) -> std::result::Result<T, Miss> + Send + 'static,
+        io: bool,
+    ) -> Self {
+        Self {
+            step: Step::Retry {
+                shared: Arc::clone(shared),
+                attempt: Box::new(attempt),
+                io,
+            },
+            waiting: 0,
+        }
+    }
+
+    /// Whether [`Read::attempt`] may read the disk (log records, snapshot
+    /// files): run it on a blocking thread then. `false` means it only
+    /// takes the state lock (held by the sequencer for one apply at most)
+    /// and copies from memory.
+    pub fn may_do_io(&self) -> bool {
+        match &self.step {
+            Step::Ready(_) => false,
+            Step::Once(_) => true,
+            Step::Retry { io, .. } => *io,
+        }
+    }
+
+    /// Tries once. `None`: a row the answer needs is not durable yet; await
+    /// [`Read::settled`] and try again. Never blocks on a round.
+    pub fn attempt(&mut self) -> Option<Result<T>> {
+        self.waiting = 0;
+        match &mut self.step {
+            Step::Ready(r) => Some(r.take().unwrap_or_else(|| Err(answered()))),
+            Step::Once(f) => Some(f.take().map_or_else(|| Err(answered()), |f| f())),
+            Step::Retry {
+                shared, attempt, ..
+            } => match attempt(shared) {
+                Ok(v) => Some(Ok(v)),
+                Err(Miss::Err(e)) => Some(Err(e)),
+                Err(Miss::Unsettled(round)) => {
+                    self.waiting = round;
+                    None
+                }
+            },
+        }
+    }
+
+    /// Resolves once the round the last attempt waited for has settled (or
+    /// the engine is poisoned: the next attempt then says so).
+    /// The future holds no borrow of the read, so it is `Send` whatever
+    /// the read holds.
+    pub fn settled(&self) -> impl Future<Output = ()> + Send + 'static {
+        let wait = match &self.step {
+            Step::Retry { shared, .. } => Some((Arc::clone(shared), self.waiting)),
+            _ => None,
+        };
+        async move {
+            if let Some((shared, round)) = wait {
+                shared.settled_async(round).await;
+            }
+        }
+    }
+
+    /// Runs the read to its answer, blocking this thread on unsettled
+    /// rounds. Not for async workers.
+    pub fn wait(mut self) -> Result<T> {
+        loop {
+            if let Some(r) = self.attempt() {
+                return r;
+            }
+            if let Step::Retry { shared, .. } = &self.step {
+                shared.wait_settled(self.waiting);
+            }
+        }
+    }
+}
+
+/// Attempting a read that already answered is a caller bug.
+fn answered() -> crate::error::Error {
+    crate::error::Error::Internal("read attempted after it answered".into())
+}

@@ -1,0 +1,76 @@
+//! The reads of the [`Inbox`] API as [`Read`]s, for async servers: the
+//! same answers as the blocking methods (`pull`, `history`, `conv_list`,
+//! `devices`, `snapshot_info`, `snapshot_page`), but a wait for a round to
+//! settle is awaited, never a blocked thread, and a read that may touch the
+//! disk says so, so the caller runs it off its async workers.
+
+use bytes::Bytes;
+
+use super::read::Read;
+use super::{devices, messaging, snapshots, Inbox};
+use crate::api::*;
+
+impl Inbox {
+    /// [`Inbox::devices`]; memory only.
+    pub fn read_devices(&self, uid: Uid) -> Read<Vec<DeviceInfo>> {
+        Read::memory(&self.shared, move |sh| devices::read::devices_once(sh, uid))
+    }
+
+    /// [`Inbox::conv_list`]; memory only.
+    pub fn read_conv_list(
+        &self,
+        uid: Uid,
+        limit: u32,
+        cursor: Option<Bytes>,
+    ) -> Read<ConvListPage> {
+        Read::memory(&self.shared, move |sh| {
+            messaging::read::conv_list_once(sh, uid, limit, cursor.as_deref())
+        })
+    }
+
+    /// [`Inbox::dirty_markers`]; memory only.
+    pub fn read_dirty_markers(&self, uid: Uid) -> Read<Vec<DirtyMarker>> {
+        Read::memory(&self.shared, move |sh| {
+            messaging::large::dirty_markers_once(sh, uid)
+        })
+    }
+
+    /// [`Inbox::pull`]; reads message records.
+    pub fn read_pull(
+        &self,
+        uid: Uid,
+        cursors: Vec<(ConvId, MsgSeq)>,
+        per_conv_limit: u32,
+    ) -> Read<Vec<ConvPull>> {
+        Read::io(&self.shared, move |sh| {
+            Ok(messaging::read::pull(sh, uid, &cursors, per_conv_limit)?)
+        })
+    }
+
+    /// [`Inbox::history`]; reads message records.
+    pub fn read_history(
+        &self,
+        uid: Uid,
+        conv: ConvId,
+        before_seq: Option<MsgSeq>,
+        limit: u32,
+    ) -> Read<HistoryPage> {
+        Read::io(&self.shared, move |sh| {
+            Ok(messaging::read::history(sh, uid, conv, before_seq, limit)?)
+        })
+    }
+
+    /// [`Inbox::snapshot_info`]; may load the snapshot's file.
+    pub fn read_snapshot_info(&self, uid: Uid, snapshot_id: u64) -> Read<SnapshotInfo> {
+        Read::io(&self.shared, move |sh| {
+            snapshots::build::info_once(sh, uid, snapshot_id)
+        })
+    }
+
+    /// [`Inbox::snapshot_page`]; may load the snapshot's file.
+    pub fn read_snapshot_page(&self, uid: Uid, snapshot_id: u64, page: u32) -> Read<SnapshotPage> {
+        Read::io(&self.shared, move |sh| {
+            snapshots::build::page_once(sh, uid, snapshot_id, page)
+        })
+    }
+}

@@ -1,0 +1,134 @@
+//! `SyncOptions`: a replay limit the device chooses (over it, the answer
+//! is `RESET_REQUIRED` and the snapshot path follows), and events without
+//! message summaries; a bad limit is refused and changes nothing.
+
+mod inbox_common;
+
+use inbox_common::*;
+use inbox_engine::*;
+
+const PHONE: DeviceId = DeviceId(1);
+
+fn req(uid: Uid, generation: Generation, local: SyncSeq) -> SyncRequest {
+    SyncRequest {
+        uid,
+        device: PHONE,
+        generation: Some(generation),
+        local_applied_seq: local,
+        limit: 0,
+        batch_token: None,
+    }
+}
+
+/// User 2 in conversation 1 with `n` messages from user 1 waiting.
+fn backlog(n: u64) -> (Harness, Generation) {
+    let h = Harness::new();
+    h.join(Uid(1), ConvId(1));
+    h.join(Uid(2), ConvId(1));
+    let gen = h.register(Uid(2), PHONE).device.generation;
+    for i in 0..n {
+        h.send(
+            ConvId(1),
+            Uid(1),
+            u128::from(i) + 1,
+            &format!("message {i}"),
+        );
+    }
+    (h, gen)
+}
+
+#[test]
+fn a_backlog_over_the_device_s_replay_limit_answers_reset_required() {
+    let (h, gen) = backlog(10);
+    let head = h
+        .sync(Uid(2), PHONE, Some(gen), SyncSeq(0), 0, None)
+        .unwrap()
+        .batch_hwm;
+    let options = SyncOptions {
+        max_replay: Some(head.0 - 1),
+        ..SyncOptions::default()
+    };
+    let err = h
+        .ib()
+        .sync_with(req(Uid(2), gen, SyncSeq(0)), options)
+        .wait()
+        .unwrap_err();
+    let Error::ResetRequired { generation } = err else {
+        panic!("expected RESET_REQUIRED, got {err:?}");
+    };
+    assert_eq!(
+        generation,
+        Generation(gen.0 + 1),
+        "the reset bumps the generation"
+    );
+    // The snapshot path follows, as for any reset.
+    let snap = h.ib().begin_snapshot(Uid(2), PHONE).wait().unwrap();
+    assert_eq!(snap.base_sync_seq, head);
+}
+
+#[test]
+fn a_backlog_within_the_replay_limit_is_replayed() {
+    let (h, gen) = backlog(10);
+    let head = h
+        .sync(Uid(2), PHONE, Some(gen), SyncSeq(0), 0, None)
+        .unwrap()
+        .batch_hwm;
+    let options = SyncOptions {
+        max_replay: Some(head.0),
+        ..SyncOptions::default()
+    };
+    let page = h
+        .ib()
+        .sync_with(req(Uid(2), gen, SyncSeq(0)), options)
+        .wait()
+        .unwrap();
+    assert_eq!(page.generation, gen);
+    assert_eq!(page.events.len() as u64, head.0);
+}
+
+#[test]
+fn a_replay_limit_of_zero_is_refused_and_changes_nothing() {
+    let (h, gen) = backlog(3);
+    let before = h.ib().state_digest();
+    let options = SyncOptions {
+        max_replay: Some(0),
+        ..SyncOptions::default()
+    };
+    let err = h
+        .ib()
+        .sync_with(req(Uid(2), gen, SyncSeq(0)), options)
+        .wait()
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::BadRequest(m) if m.contains("max_replay")),
+        "{err:?}"
+    );
+    assert_eq!(h.ib().state_digest(), before, "nothing changed");
+    assert_eq!(h.ib().devices(Uid(2)).unwrap()[0].generation, gen);
+}
+
+#[test]
+fn events_without_summaries_carry_none_and_are_otherwise_the_same() {
+    let (h, gen) = backlog(5);
+    let with = h
+        .sync(Uid(2), PHONE, Some(gen), SyncSeq(0), 0, None)
+        .unwrap();
+    assert!(with.events.iter().any(|e| !e.summary.is_empty()));
+    let options = SyncOptions {
+        without_summaries: true,
+        ..SyncOptions::default()
+    };
+    let without = h
+        .ib()
+        .sync_with(req(Uid(2), gen, SyncSeq(0)), options)
+        .wait()
+        .unwrap();
+    assert!(without.events.iter().all(|e| e.summary.is_empty()));
+    assert_eq!(without.events.len(), with.events.len());
+    for (a, b) in with.events.iter().zip(&without.events) {
+        assert_eq!(
+            (a.sync_seq, a.kind, a.conv, a.msg_seq),
+            (b.sync_seq, b.kind, b.conv, b.msg_seq)
+        );
+    }
+}
