@@ -113,6 +113,12 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_SUBSCRIPTIONS_MAX")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub subscriptions_max: Option<u64>,
+    /// Bytes of writes all connections together may have queued on the
+    /// engine and unanswered; past it connections stop reading until
+    /// replies free room [default: 67108864].
+    #[arg(long, env = "INBOXD_ENGINE_QUEUE_BYTES_MAX")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_queue_bytes_max: Option<u64>,
     /// `always` (fdatasync before reply), `none`, or `interval:MS` [default: always].
     #[arg(long, env = "INBOXD_SYNC")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -191,6 +197,9 @@ pub struct Limits {
     /// bytes per entry (a `u64` in a hash set at its worst load factor),
     /// the default bounds hint state to about 40 MB.
     pub subscriptions_max: u64,
+    /// Bytes of writes all connections together may have queued on the
+    /// engine, unanswered; past it readers wait before queuing more.
+    pub engine_queue_bytes_max: u64,
 }
 
 impl Default for Limits {
@@ -205,6 +214,7 @@ impl Default for Limits {
             rate_burst: 2_000,
             subscribe_uids_max: 100_000,
             subscriptions_max: 1_000_000,
+            engine_queue_bytes_max: 64 << 20,
         }
     }
 }
@@ -410,6 +420,9 @@ impl Config {
             rate_burst: s.rate_burst.unwrap_or(defaults.rate_burst),
             subscribe_uids_max: s.subscribe_uids_max.unwrap_or(defaults.subscribe_uids_max),
             subscriptions_max: s.subscriptions_max.unwrap_or(defaults.subscriptions_max),
+            engine_queue_bytes_max: s
+                .engine_queue_bytes_max
+                .unwrap_or(defaults.engine_queue_bytes_max),
         };
         for (key, value) in [
             ("max_connections", limits.max_connections),

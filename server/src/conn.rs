@@ -32,6 +32,11 @@
 //!   rounds, and pipelined reads still run side by side;
 //! - at most `in_flight_max` requests run at once; when they do, the reader
 //!   stops reading and TCP pushes back on the client;
+//! - writes queued on the engine by all connections together hold at most
+//!   `engine_queue_bytes_max` of request bytes (each counts its body, at
+//!   least [`ENGINE_QUEUE_UNIT`]); a reader whose write does not fit waits
+//!   before queuing it, so it too stops reading: the sequencer's queue is
+//!   bounded and the push-back reaches the clients that fill it;
 //! - a connection that completes no frame within the idle timeout (the
 //!   `HELLO` within at most [`HANDSHAKE_TIMEOUT`]) and has nothing running
 //!   is closed, however many bytes it trickles in: a slowloris peer cannot
@@ -65,6 +70,10 @@ use crate::service;
 /// holds a slot without doing anything useful.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The granule of the engine queue's budget, bytes: a write costs its
+/// body's size rounded up to it, at least one.
+pub const ENGINE_QUEUE_UNIT: u64 = 1024;
+
 /// What every connection shares.
 pub struct Shared {
     pub inbox: Arc<Inbox>,
@@ -74,6 +83,28 @@ pub struct Shared {
     pub admin_token: Bytes,
     /// Where reads that may touch the disk run.
     pub read_pool: ReadPool,
+    /// The budget of writes queued on the engine and not yet answered, in
+    /// [`ENGINE_QUEUE_UNIT`]s (see [`engine_queue`]).
+    pub engine_queue: Arc<Semaphore>,
+}
+
+/// The semaphore bounding what all connections may have queued on the
+/// engine: `bytes_max` in units of [`ENGINE_QUEUE_UNIT`], never less than
+/// one largest request, so any request the framing accepts can be queued.
+pub fn engine_queue(limits: &Limits) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(engine_queue_units(limits) as usize))
+}
+
+fn engine_queue_units(limits: &Limits) -> u32 {
+    let floor = queue_cost(limits.frame_bytes_max as usize);
+    u32::try_from(limits.engine_queue_bytes_max / ENGINE_QUEUE_UNIT)
+        .unwrap_or(u32::MAX)
+        .clamp(floor, Semaphore::MAX_PERMITS as u32)
+}
+
+/// What a write whose body is `body_bytes` long costs the engine queue.
+fn queue_cost(body_bytes: usize) -> u32 {
+    u32::try_from((body_bytes as u64).div_ceil(ENGINE_QUEUE_UNIT).max(1)).unwrap_or(u32::MAX)
 }
 
 /// What the token presented in `HELLO` allows.
@@ -389,6 +420,7 @@ pub async fn serve<R, W>(
         };
 
         let request_id = frame.request_id;
+        let body_bytes = frame.body.len();
         let request = match Request::decode(frame.opcode, frame.body) {
             Ok(request) => request,
             Err(err) => {
@@ -517,6 +549,25 @@ pub async fn serve<R, W>(
                 // waiting for the last one waits for them all.
                 let chain = earlier.clone();
                 let started = Instant::now();
+                // A write waits here, before it is queued, while the engine
+                // queue is full: the reader stops with it.
+                let queued = match order {
+                    service::Order::Read => None,
+                    service::Order::Write | service::Order::ReadWrite => {
+                        let cost = queue_cost(body_bytes);
+                        match Arc::clone(&shared.engine_queue)
+                            .acquire_many_owned(cost)
+                            .await
+                        {
+                            Ok(p) => {
+                                let bytes = u64::from(cost) * ENGINE_QUEUE_UNIT;
+                                shared.metrics.engine_queue_bytes.inc_by(bytes);
+                                Some((p, bytes))
+                            }
+                            Err(_) => break Close::Quietly,
+                        }
+                    }
+                };
                 let reply: service::Started = match order {
                     service::Order::Write => {
                         // Queued on the sequencer right here, in arrival
@@ -575,6 +626,10 @@ pub async fn serve<R, W>(
                         );
                     }
                     let _ = tx.send(frame).await;
+                    if let Some((permit, bytes)) = queued {
+                        shared.metrics.engine_queue_bytes.dec_by(bytes);
+                        drop(permit);
+                    }
                     drop(permit);
                     if let Some(done) = done {
                         if let Some(earlier) = chain {

@@ -85,6 +85,8 @@ pub struct Metrics {
     /// Subscriptions held by all connections; its atomic is also what the
     /// server-wide subscription cap is checked and reserved against.
     pub subscriptions: Gauge<u64, AtomicU64>,
+    /// Bytes of the engine queue's budget held by unanswered writes.
+    pub engine_queue_bytes: Gauge<u64, AtomicU64>,
     pub tls_handshakes_failed: Counter,
     engine: Arc<EngineFigures>,
     /// False once shutdown began: `/readyz` answers 503.
@@ -145,6 +147,13 @@ impl Default for Metrics {
             "Uids subscribed to hints, over all connections",
             subscriptions.clone(),
         );
+        let engine_queue_bytes = Gauge::<u64, AtomicU64>::default();
+        registry.register(
+            "inboxd_engine_queue_bytes",
+            "Budget held by writes queued on the engine and not yet answered \
+             (engine_queue_bytes_max bounds it)",
+            engine_queue_bytes.clone(),
+        );
         let engine = Arc::new(EngineFigures::default());
         registry.register_collector(Box::new(EngineCollector(Arc::clone(&engine))));
         Self {
@@ -186,6 +195,7 @@ impl Default for Metrics {
             device_cursor_lag,
             connections_open,
             subscriptions,
+            engine_queue_bytes,
             engine,
             ready: Arc::new(AtomicBool::new(true)),
         }

@@ -138,6 +138,7 @@ pub async fn run(
         token,
         admin_token,
         read_pool: crate::read_pool::ReadPool::with_default_limit(),
+        engine_queue: crate::conn::engine_queue(&config.limits),
     });
     let slots = Arc::new(Semaphore::new(config.limits.max_connections as usize));
     let mut connections = JoinSet::new();
