@@ -9,6 +9,7 @@
 
 mod fit;
 mod hist;
+mod large_group;
 mod machine;
 mod procfs;
 mod report;
@@ -43,7 +44,7 @@ pub struct Args {
     pub full: bool,
     /// Scenarios to run, comma separated, instead of the mode's set:
     /// ingest, sync, sync-under-ingest, reconnect-storm, long-offline,
-    /// mixed, recovery, soak. Sizes still follow --quick or --full.
+    /// mixed, recovery, large-group, soak. Sizes still follow --quick or --full.
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Vec<String>,
     /// `soak`: messages to send in all.
@@ -91,6 +92,10 @@ pub struct Args {
     /// (to --svg).
     #[arg(long)]
     pub replot: Option<PathBuf>,
+    /// `large-group`: members of the group [quick: 2000, full: 10000]; the
+    /// fan-out runs use at most 2000.
+    #[arg(long)]
+    pub group_size: Option<u32>,
     /// Seed of the workload.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,

@@ -35,10 +35,11 @@ pub struct Plan {
     pub recovery_bytes: Option<u64>,
     pub limit_measure: Duration,
     pub preload_threads: usize,
+    pub large_group: Option<crate::large_group::LargeGroupPlan>,
 }
 
 /// Every scenario the harness has, in the order a run goes through them.
-pub const SCENARIOS: [&str; 8] = [
+pub const SCENARIOS: [&str; 9] = [
     "ingest",
     "sync",
     "sync-under-ingest",
@@ -46,6 +47,7 @@ pub const SCENARIOS: [&str; 8] = [
     "long-offline",
     "mixed",
     "recovery",
+    "large-group",
     "soak",
 ];
 
@@ -160,6 +162,14 @@ impl Plan {
                 .then(|| (args.recovery_gib * f64::from(1u32 << 30)) as u64),
             limit_measure: Duration::from_millis(if quick { 1_000 } else { 5_000 }),
             preload_threads: 4,
+            // The goals' sizes: 10,000 members (full), 2,000 (quick).
+            large_group: runs("large-group").then_some(crate::large_group::LargeGroupPlan {
+                members: args
+                    .group_size
+                    .unwrap_or(if quick { 2_000 } else { 10_000 }),
+                messages: 1_000,
+                ingest_clients: 16,
+            }),
             scenarios,
         })
     }
@@ -272,6 +282,13 @@ pub fn run(args: &Args) -> Result<()> {
 
     if wanted("limit") {
         run_limit(&plan, &base, &mut report)?;
+    }
+    if let Some(lg) = &plan.large_group {
+        run_large_group(lg, args, &base, &wanted);
+        if plan.scenarios.iter().all(|s| s == "large-group") {
+            println!("total {:.1} s", started.elapsed().as_secs_f64());
+            return Ok(());
+        }
     }
     for name in SYSTEMS.iter().filter(|n| **n != "limit" && wanted(n)) {
         if plan.scenarios.iter().all(|s| s == "soak") {
@@ -393,6 +410,54 @@ fn start(name: &str, args: &Args, base: &Path, inboxd_args: &[&str]) -> Result<B
         }
         other => Err(format!("not built in (feature {other:?} is off)").into()),
     }
+}
+
+/// Write fan-out costs O(members²) to join and O(members) per message, so
+/// inboxd in fan-out mode is compared at the quick size at most.
+const FAN_OUT_MEMBERS_MAX: u32 = 2_000;
+
+/// `large-group` for inboxd as a large group, inboxd with every group
+/// fanned out, and each wanted baseline; prints its table.
+fn run_large_group(
+    lg: &crate::large_group::LargeGroupPlan,
+    args: &Args,
+    base: &Path,
+    wanted: &dyn Fn(&str) -> bool,
+) {
+    let fan_out = crate::large_group::LargeGroupPlan {
+        members: lg.members.min(FAN_OUT_MEMBERS_MAX),
+        ..lg.clone()
+    };
+    let mut runs: Vec<(&str, &str, &[&str], &crate::large_group::LargeGroupPlan)> = vec![
+        ("inboxd", "inboxd large group", &[], lg),
+        (
+            "inboxd",
+            "inboxd fan-out",
+            &["--large-group-members", "0"],
+            &fan_out,
+        ),
+    ];
+    runs.push(("mariadb", "mariadb (fan-out rows)", &[], &fan_out));
+    let mut results = Vec::new();
+    for (name, label, extra, plan) in runs {
+        if !wanted(name) {
+            continue;
+        }
+        let system = match start(name, args, base, extra) {
+            Ok(system) => system,
+            Err(why) => {
+                println!("large-group: skip {label}: {why}");
+                continue;
+            }
+        };
+        println!("== large-group: {label}, {} members", plan.members);
+        match crate::large_group::run(&*system, label, plan) {
+            Ok(r) => results.push(r),
+            Err(e) => println!("large-group: {label} stopped by an error: {e}"),
+        }
+    }
+    println!();
+    print!("{}", crate::large_group::table(&results));
 }
 
 fn run_limit(plan: &Plan, base: &Path, report: &mut Report) -> Result<()> {

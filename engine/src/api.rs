@@ -345,6 +345,43 @@ pub struct HistoryPage {
     pub has_more: bool,
 }
 
+/// A member's dirty marker of a large group (R7): the group has entries
+/// up to `target_msg_seq` inside the member's periods that the member has
+/// not cleared. Clear it with `clear_dirty(version)` after pulling up to
+/// the target; the version moves with every new entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirtyMarker {
+    pub conv: ConvId,
+    pub target_msg_seq: MsgSeq,
+    pub version: u64,
+}
+
+/// A conversation's mode and head, for operators.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvMode {
+    pub conv: ConvId,
+    /// A large group: no per-member events above `switch_seq`.
+    pub large: bool,
+    pub switch_seq: Option<MsgSeq>,
+    /// The durable head.
+    pub head: MsgSeq,
+    /// Current members.
+    pub members: u64,
+    pub marker: Option<MemberMarker>,
+}
+
+/// One member's marker as an operator sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberMarker {
+    pub uid: Uid,
+    pub target_msg_seq: MsgSeq,
+    pub version: u64,
+    /// Where the member's position stands: its clear, or the last entry
+    /// fanned out to it.
+    pub cleared_seq: MsgSeq,
+    pub dirty: bool,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadReply {
     pub read_seq: MsgSeq,

@@ -36,6 +36,10 @@ pub enum Error {
     AckBeyondHwm { seq: SyncSeq, batch_hwm: SyncSeq },
     #[error("version conflict: {0}")]
     Conflict(String),
+    /// A large group's marker moved past the version a clear observed: a
+    /// newer entry landed; pull again, then clear the new version (R7).
+    #[error("marker moved: the marker is at version {version}")]
+    MarkerMoved { version: u64 },
     #[error("storage is full: {0}")]
     NoSpace(String),
     /// The engine is shutting down or has shut down: nothing was done.

@@ -9,7 +9,11 @@
 //!
 //! The run counts what it reached (kills, replays after a checkpoint,
 //! multi-page pulls, conversation lists and syncs, recalls, duplicate
-//! retries) and fails when one never happened. Compaction, leases and
+//! retries, large-group switches and marker clears that lost their
+//! compare-and-set) and fails when one never happened. A conversation of
+//! all three users is a large group (threshold 2): above its switch the
+//! model fans out only a member's own join and leave, derives each
+//! member's dirty marker from the head and approximates unread (R7). Compaction, leases and
 //! resets are checked against fences in `compaction_model.rs`.
 
 mod inbox_common;
@@ -36,13 +40,17 @@ enum Op {
     SyncAll(Uid, DeviceId),
     Pull(Uid, ConvId),
     ConvList(Uid),
-    Restart { checkpoint: bool },
+    /// A marker clear; `stale` clears a version older than the target.
+    ClearDirty(Uid, ConvId, bool),
+    Restart {
+        checkpoint: bool,
+    },
     Kill,
 }
 
 /// What the cases reached, summed over the run.
-static REACHED: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
-const REACHED_NAMES: [&str; 7] = [
+static REACHED: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
+const REACHED_NAMES: [&str; 9] = [
     "kills",
     "replays after a checkpoint",
     "multi-page pulls",
@@ -50,6 +58,8 @@ const REACHED_NAMES: [&str; 7] = [
     "multi-page syncs",
     "recalls",
     "duplicate retries",
+    "large-group switches",
+    "clears that lost their compare-and-set",
 ];
 const KILLS: usize = 0;
 const REPLAYS: usize = 1;
@@ -58,6 +68,10 @@ const LIST_PAGES: usize = 3;
 const SYNC_PAGES: usize = 4;
 const RECALLS: usize = 5;
 const RETRIES: usize = 6;
+const SWITCHES: usize = 7;
+const MOVED: usize = 8;
+/// More current members than this make a large group.
+const LARGE_ABOVE: u32 = 2;
 
 fn reached(what: usize) {
     REACHED[what].fetch_add(1, Ordering::Relaxed);
@@ -65,6 +79,7 @@ fn reached(what: usize) {
 
 fn tune(c: &mut InboxConfig) {
     c.checkpoint_every_bytes = 4 << 10;
+    c.large_group_members = LARGE_ABOVE;
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -80,6 +95,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (uid.clone(), 1..=2u64).prop_map(|(u, d)| Op::SyncAll(Uid(u), DeviceId(d))),
         2 => (uid.clone(), conv.clone()).prop_map(|(u, c)| Op::Pull(Uid(u), ConvId(c))),
         1 => uid.clone().prop_map(|u| Op::ConvList(Uid(u))),
+        2 => (uid.clone(), conv.clone(), any::<bool>()).prop_map(|(u, c, s)| Op::ClearDirty(Uid(u), ConvId(c), s)),
         1 => any::<bool>().prop_map(|checkpoint| Op::Restart { checkpoint }),
         1 => Just(Op::Kill),
     ]
@@ -99,6 +115,8 @@ struct MMsg {
 struct MConv {
     msgs: Vec<MMsg>,
     periods: BTreeMap<Uid, Vec<(MsgSeq, MsgSeq)>>,
+    /// A large group's switch: entries above it are not fanned out.
+    switch: Option<MsgSeq>,
 }
 
 impl MConv {
@@ -112,6 +130,19 @@ impl MConv {
             .get(&uid)
             .and_then(|p| p.last())
             .is_some_and(|p| p.1 == MsgSeq(u64::MAX))
+    }
+    /// The newest entry inside `uid`'s periods: the marker's target.
+    fn target(&self, uid: Uid) -> MsgSeq {
+        (1..=self.msgs.len() as u64)
+            .rev()
+            .map(MsgSeq)
+            .find(|s| self.covers(uid, *s))
+            .unwrap_or(MsgSeq(0))
+    }
+    fn joined_at(&self, uid: Uid, seq: MsgSeq) -> bool {
+        self.periods
+            .get(&uid)
+            .is_some_and(|ps| ps.iter().any(|p| p.0 == seq))
     }
 }
 
@@ -128,6 +159,8 @@ struct Model {
     read: HashMap<(Uid, ConvId), MsgSeq>,
     idem: HashMap<(Uid, u128), IdemSeen>,
     devices: HashMap<(Uid, DeviceId), (Generation, SyncSeq)>,
+    /// Marker clears of large groups.
+    cleared: HashMap<(Uid, ConvId), MsgSeq>,
     next_id: u64,
 }
 
@@ -163,16 +196,52 @@ impl Model {
             MessageKind::Edit => EventKind::Edit,
             _ => EventKind::Member,
         };
-        let recipients: Vec<Uid> = (1..=UIDS).map(Uid).filter(|u| c.covers(*u, seq)).collect();
+        let recipients: Vec<Uid> = match c.switch {
+            Some(s) if seq > s && matches!(kind, MessageKind::Join | MessageKind::Leave) => {
+                vec![sender]
+            }
+            Some(s) if seq > s => Vec::new(),
+            _ => (1..=UIDS).map(Uid).filter(|u| c.covers(*u, seq)).collect(),
+        };
         if kind == MessageKind::Leave {
             if let Some(p) = c.periods.get_mut(&sender).and_then(|p| p.last_mut()) {
                 p.1 = seq;
             }
         }
+        let members = (1..=UIDS).filter(|u| c.member(Uid(*u))).count() as u32;
+        if c.switch.is_none() && kind == MessageKind::Join && members > LARGE_ABOVE {
+            c.switch = Some(seq);
+            reached(SWITCHES);
+        }
         for u in recipients {
             self.events.entry(u).or_default().push((ev, conv, seq));
         }
         (MsgId(id), seq)
+    }
+
+    /// `uid`'s dirty large groups, by definition: the target is above both
+    /// the clear and the last entry fanned out to it.
+    fn markers(&self, uid: Uid) -> Vec<(ConvId, MsgSeq)> {
+        let mut out: Vec<(ConvId, MsgSeq)> = self
+            .convs
+            .iter()
+            .filter(|(_, c)| c.switch.is_some())
+            .filter_map(|(&conv, c)| {
+                let fanned = self
+                    .events
+                    .get(&uid)
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| e.1 == conv && e.0 != EventKind::Read)
+                    .map(|e| e.2)
+                    .max()?;
+                let cleared = self.cleared.get(&(uid, conv)).copied().unwrap_or_default();
+                let target = c.target(uid);
+                (target > fanned.max(cleared)).then_some((conv, target))
+            })
+            .collect();
+        out.sort_unstable();
+        out
     }
 
     fn unread(&self, uid: Uid, conv: ConvId) -> u32 {
@@ -183,6 +252,11 @@ impl Model {
             .enumerate()
             .filter(|(i, m)| {
                 let seq = MsgSeq(*i as u64 + 1);
+                if c.switch.is_some_and(|s| seq > s) {
+                    // Above the switch: every entry after the cursor but
+                    // the member's own joins (R7's approximation).
+                    return seq > read && c.covers(uid, seq) && !c.joined_at(uid, seq);
+                }
                 m.kind == MessageKind::Normal
                     && !m.recalled
                     && m.sender != uid
@@ -387,6 +461,14 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         prop_assert!(e.summary.is_empty());
                     }
                 }
+                let markers: Vec<(ConvId, MsgSeq)> = h
+                    .ib()
+                    .dirty_markers(uid)
+                    .unwrap()
+                    .iter()
+                    .map(|d| (d.conv, d.target_msg_seq))
+                    .collect();
+                prop_assert_eq!(markers, m.markers(uid));
                 let a = h.ack(uid, dev, gen, cursor, &token).unwrap();
                 prop_assert_eq!(a.acked_sync_seq, cursor.max(acked));
                 m.devices.insert((uid, dev), (gen, cursor.max(acked)));
@@ -429,7 +511,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     r = h.ib().pull(uid, &[(conv, last.msg_seq)], 3).unwrap();
                 }
                 prop_assert_eq!(got, want);
-                prop_assert_eq!(max_seq, MsgSeq(c.msgs.len() as u64));
+                prop_assert_eq!(max_seq, c.target(uid), "the head inside the periods");
             }
             Op::ConvList(uid) => {
                 // Pages of one conversation, following the cursor.
@@ -465,6 +547,33 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .map(|s| (s.last_msg_id, s.conv, s.last_msg_seq, s.unread, s.read_seq))
                     .collect();
                 prop_assert_eq!(got, want);
+            }
+            Op::ClearDirty(uid, conv, stale) => {
+                let target = m.convs.get(&conv).map(|c| c.target(uid));
+                let version = target.map_or(1, |t| t.0.saturating_sub(u64::from(stale)));
+                let r = h.ib().clear_dirty(uid, conv, version).wait();
+                let Some(c) = m.convs.get(&conv) else {
+                    prop_assert!(matches!(r, Err(Error::NotFound(_))), "{:?}", r);
+                    continue;
+                };
+                if !c.periods.contains_key(&uid) {
+                    prop_assert!(matches!(r, Err(Error::Forbidden(_))), "{:?}", r);
+                } else if c.switch.is_none() {
+                    prop_assert!(matches!(r, Err(Error::BadRequest(_))), "{:?}", r);
+                } else if stale {
+                    reached(MOVED);
+                    let t = c.target(uid).0;
+                    prop_assert!(
+                        matches!(r, Err(Error::MarkerMoved { version }) if version == t),
+                        "{:?}",
+                        r
+                    );
+                } else {
+                    let t = c.target(uid);
+                    prop_assert_eq!(r.unwrap(), t);
+                    let cl = m.cleared.entry((uid, conv)).or_default();
+                    *cl = (*cl).max(t);
+                }
             }
             Op::Restart { checkpoint } => {
                 let digest = h.ib().state_digest();

@@ -290,6 +290,12 @@ typed_calls! {
     mark_read(MarkReadReq) -> MarkRead(ReadReply);
     set_conv_flags(ConvFlagsReq) -> SetConvFlags(Empty);
     conv_list(ConvListReq) -> ConvList(ConvListPage);
+    /// The user's dirty large groups (R7).
+    dirty(UserReq) -> Dirty(DirtyList);
+    /// Clears a large group's marker at the observed version; after a
+    /// newer entry the server answers `MARKER_MOVED` (detail: the version).
+    clear_dirty(ClearDirtyReq) -> ClearDirty(ClearDirtyReply);
+    conv_mode(ConvModeReq) -> ConvMode(ConvMode);
     begin_snapshot(UserDevice) -> BeginSnapshot(SnapshotInfo);
     snapshot_info(SnapshotRef) -> SnapshotInfo(SnapshotInfo);
     snapshot_page(SnapshotPageReq) -> SnapshotPage(SnapshotPage);

@@ -164,6 +164,12 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_SNAPSHOT_CACHE_BYTES")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshot_cache_bytes: Option<u64>,
+    /// A conversation with more current members than this becomes a large
+    /// group (no per-member events); 0 never switches [default: the
+    /// engine's, 500].
+    #[arg(long, env = "INBOXD_LARGE_GROUP_MEMBERS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub large_group_members: Option<u32>,
 }
 
 /// Where the token comes from, resolved at startup.
@@ -240,6 +246,8 @@ pub struct Config {
     pub history_retention: Option<Duration>,
     /// `None` keeps the engine's default.
     pub snapshot_cache_bytes: Option<u64>,
+    /// `None` keeps the engine's default.
+    pub large_group_members: Option<u32>,
 }
 
 impl Config {
@@ -265,6 +273,9 @@ impl Config {
         engine.history_retention = self.history_retention;
         if let Some(bytes) = self.snapshot_cache_bytes {
             engine.snapshot_cache_bytes = bytes;
+        }
+        if let Some(members) = self.large_group_members {
+            engine.large_group_members = members;
         }
         engine
     }
@@ -461,6 +472,7 @@ impl Config {
             compaction_interval: s.compaction_interval_s.map(Duration::from_secs),
             history_retention: s.history_retention_s.map(Duration::from_secs),
             snapshot_cache_bytes: s.snapshot_cache_bytes,
+            large_group_members: s.large_group_members,
         })
     }
 }

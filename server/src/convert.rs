@@ -22,6 +22,7 @@ pub fn error_reply(err: &Error) -> wire::ErrorReply {
         Error::BadToken => (ErrorCode::BadToken, 0),
         Error::AckBeyondHwm { batch_hwm, .. } => (ErrorCode::AckBeyondHwm, batch_hwm.get()),
         Error::Conflict(_) => (ErrorCode::Conflict, 0),
+        Error::MarkerMoved { version } => (ErrorCode::MarkerMoved, *version),
         Error::NoSpace(_) => (ErrorCode::NoSpace, 0),
         Error::Log(engine::log::LogError::NoSpace(_)) => (ErrorCode::NoSpace, 0),
         Error::Log(engine::log::LogError::Poisoned(_)) => (ErrorCode::Unavailable, 0),
@@ -254,6 +255,36 @@ pub fn conv_list_page(page: engine::ConvListPage) -> wire::ConvListPage {
     wire::ConvListPage {
         convs: page.convs.into_iter().map(conv_summary).collect(),
         next_cursor: page.next_cursor,
+    }
+}
+
+pub fn dirty_list(markers: Vec<engine::DirtyMarker>) -> wire::DirtyList {
+    wire::DirtyList {
+        markers: markers
+            .into_iter()
+            .map(|m| wire::DirtyMarker {
+                conv: m.conv.0,
+                target_msg_seq: m.target_msg_seq.0,
+                version: m.version,
+            })
+            .collect(),
+    }
+}
+
+pub fn conv_mode(m: engine::ConvMode) -> wire::ConvMode {
+    wire::ConvMode {
+        conv: m.conv.0,
+        large: m.large,
+        switch_seq: m.switch_seq.map(|s| s.0),
+        head: m.head.0,
+        members: m.members,
+        marker: m.marker.map(|k| wire::MemberMarker {
+            uid: k.uid.0,
+            target_msg_seq: k.target_msg_seq.0,
+            version: k.version,
+            cleared_seq: k.cleared_seq.0,
+            dirty: k.dirty,
+        }),
     }
 }
 

@@ -294,6 +294,13 @@ fn describe_evt(kind: u8, payload: &[u8]) -> Option<String> {
         6 => format!("effect trim uid {} events_base {}", f.u64()?, f.u64()?),
         7 => format!("effect relocate {} events", f.u32()?),
         8 => format!("effect trim-messages conv {} msgs_base {}", f.u64()?, f.u64()?),
+        12 => format!("effect large-group conv {} switch_seq {}", f.u64()?, f.u64()?),
+        13 => format!(
+            "effect clear-marker uid {} conv {} cleared_seq {}",
+            f.u64()?,
+            f.u64()?,
+            f.u64()?
+        ),
         _ => return None,
     })
 }
@@ -317,6 +324,11 @@ mod tests {
         assert_eq!(
             describe(Stream::Evt, 6 | 0x80, &trim),
             "copy of effect trim uid 7 events_base 40"
+        );
+        let switch = [&[1u8][..], &9u64.to_le_bytes(), &501u64.to_le_bytes()].concat();
+        assert_eq!(
+            describe(Stream::Evt, 12, &switch),
+            "effect large-group conv 9 switch_seq 501"
         );
     }
 }

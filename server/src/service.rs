@@ -53,6 +53,7 @@ pub fn order_of(request: &Request) -> Order {
         | Request::Ack(_)
         | Request::FinishLease(_)
         | Request::MarkRead(_)
+        | Request::ClearDirty(_)
         | Request::SetConvFlags(_)
         | Request::BeginSnapshot(_)
         | Request::AckSnapshot(_) => Order::Write,
@@ -61,6 +62,8 @@ pub fn order_of(request: &Request) -> Order {
         | Request::Pull(_)
         | Request::History(_)
         | Request::ConvList(_)
+        | Request::Dirty(_)
+        | Request::ConvMode(_)
         | Request::SnapshotInfo(_)
         | Request::SnapshotPage(_)
         | Request::Stats(_)
@@ -271,6 +274,16 @@ fn call(
             inbox.read_conv_list(Uid(r.uid), r.limit, r.cursor),
             |p| Response::ConvList(convert::conv_list_page(p)),
         ),
+        Request::Dirty(r) => read(pool, inbox.read_dirty_markers(Uid(r.uid)), |m| {
+            Response::Dirty(convert::dirty_list(m))
+        }),
+        Request::ClearDirty(r) => later(
+            inbox.clear_dirty(Uid(r.uid), ConvId(r.conv), r.version),
+            |seq| Response::ClearDirty(inbox_wire::ClearDirtyReply { cleared_seq: seq.0 }),
+        ),
+        Request::ConvMode(r) => Call::Ready(Response::ConvMode(convert::conv_mode(
+            inbox.conv_mode(ConvId(r.conv), r.uid.map(Uid))?,
+        ))),
         Request::BeginSnapshot(r) => {
             later(inbox.begin_snapshot(Uid(r.uid), DeviceId(r.device)), |s| {
                 Response::BeginSnapshot(convert::snapshot_info(s))

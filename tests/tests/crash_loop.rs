@@ -8,6 +8,8 @@
 //! - no device's `acked_sync_seq` is below an ACK the daemon confirmed;
 //! - no read cursor is below a `mark_read` the daemon confirmed;
 //! - no event that compaction reclaimed is retained again;
+//! - conversation 1 (every user; the threshold is 4) stays a large group,
+//!   switched at the same `msg_seq`, across every kill;
 //! - `inboxd verify` passes on the data directory the kill left behind.
 //!
 //! `CRASH_LOOP_KILLS` sets the number of kills (default 20) and
@@ -25,7 +27,8 @@ use std::time::Duration;
 use inbox_server::client::{Client, ClientError};
 use inbox_tests::{all_history, data_dir, inboxd_binary, Daemon};
 use inbox_wire::{
-    ConvListReq, ConvMember, Empty, ErrorCode, MarkReadReq, RecallReq, SendReq, UserDevice, UserReq,
+    ConvListReq, ConvMember, ConvModeReq, Empty, ErrorCode, MarkReadReq, RecallReq, SendReq,
+    UserDevice, UserReq,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -35,9 +38,19 @@ const USERS: u64 = 6;
 const DEVICES_PER_USER: u64 = 2;
 /// Events are reclaimable as soon as every device has ACKed them, and the
 /// clients drive compaction themselves.
-const RECLAIM_AT_ONCE: &[&str] = &["--safety-window-s", "0", "--compaction-interval-s", "0"];
+const RECLAIM_AT_ONCE: &[&str] = &[
+    "--safety-window-s",
+    "0",
+    "--compaction-interval-s",
+    "0",
+    "--large-group-members",
+    "4",
+];
+/// Conversation 1 (six members) becomes a large group at its fifth join.
+const LARGE_GROUP: &[&str] = &["--large-group-members", "4"];
 
-/// Conversation 1 is a group of every user; 2, 3 and 4 are one-to-one.
+/// Conversation 1 is a group of every user (a large group: see
+/// [`LARGE_GROUP`]); 2, 3 and 4 are one-to-one.
 fn conversations() -> Vec<(u64, Vec<u64>)> {
     vec![
         (1, (1..=USERS).collect()),
@@ -246,6 +259,12 @@ async fn check(daemon: &Daemon, ledger: &Ledger) -> (usize, Vec<String>) {
         }
         stored.insert(conv, history);
     }
+    match client.conv_mode(ConvModeReq { conv: 1, uid: None }).await {
+        Ok(mode) if mode.switch_seq == Some(5) => {}
+        other => violations.push(format!(
+            "conv 1 is not a large group since seq 5: {other:?}"
+        )),
+    }
     for send in &ledger.sends {
         checked += 1;
         let history = &stored[&send.conv];
@@ -347,7 +366,7 @@ async fn kill_nine_under_mixed_load_loses_no_acknowledged_operation() {
     let ledger = Arc::new(Mutex::new(Ledger::default()));
 
     {
-        let daemon = Daemon::start(dir.path());
+        let daemon = Daemon::start_with(dir.path(), LARGE_GROUP);
         let client = daemon.client().await;
         for (conv, members) in conversations() {
             for uid in members {

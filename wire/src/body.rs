@@ -610,6 +610,65 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// A large group's dirty marker (R7).
+    pub struct DirtyMarker {
+        pub conv: u64,
+        pub target_msg_seq: u64,
+        pub version: u64,
+    }
+}
+
+wire_struct! {
+    pub struct DirtyList {
+        /// By conversation id.
+        pub markers: Vec<DirtyMarker>,
+    }
+}
+
+wire_struct! {
+    pub struct ClearDirtyReq {
+        pub uid: u64,
+        pub conv: u64,
+        /// The marker's version as the client observed it.
+        pub version: u64,
+    }
+}
+
+wire_struct! {
+    pub struct ClearDirtyReply {
+        pub cleared_seq: u64,
+    }
+}
+
+wire_struct! {
+    pub struct ConvModeReq {
+        pub conv: u64,
+        pub uid: Option<u64>,
+    }
+}
+
+wire_struct! {
+    pub struct MemberMarker {
+        pub uid: u64,
+        pub target_msg_seq: u64,
+        pub version: u64,
+        pub cleared_seq: u64,
+        pub dirty: bool,
+    }
+}
+
+wire_struct! {
+    pub struct ConvMode {
+        pub conv: u64,
+        pub large: bool,
+        pub switch_seq: Option<u64>,
+        pub head: u64,
+        pub members: u64,
+        pub marker: Option<MemberMarker>,
+    }
+}
+
+wire_struct! {
     pub struct ConvListPage {
         pub convs: Vec<ConvSummary>,
         #[cfg_attr(feature = "serde", serde(serialize_with = "crate::serde_text::opt_hex"))]

@@ -74,6 +74,9 @@ codes! {
     /// The server is shutting down or its log is poisoned; retry elsewhere
     /// or later.
     Unavailable = 17, "UNAVAILABLE";
+    /// A large group's marker moved past the version a `CLEAR_DIRTY`
+    /// observed; `detail` = the current version.
+    MarkerMoved = 18, "MARKER_MOVED";
 }
 
 impl fmt::Display for ErrorCode {

@@ -174,6 +174,12 @@ ops! {
     MarkRead = 0x32, MarkReadReq => ReadReply, "MARK_READ";
     SetConvFlags = 0x33, ConvFlagsReq => Empty, "SET_CONV_FLAGS";
     ConvList = 0x34, ConvListReq => ConvListPage, "CONV_LIST";
+    /// A user's dirty large groups (R7).
+    Dirty = 0x35, UserReq => DirtyList, "DIRTY";
+    /// Clears a large group's marker if it is still at the observed version.
+    ClearDirty = 0x36, ClearDirtyReq => ClearDirtyReply, "CLEAR_DIRTY";
+    /// A conversation's mode, head and (optionally) one member's marker.
+    ConvMode = 0x37, ConvModeReq => ConvMode, "CONV_MODE";
     BeginSnapshot = 0x40, UserDevice => SnapshotInfo, "BEGIN_SNAPSHOT";
     SnapshotInfo = 0x41, SnapshotRef => SnapshotInfo, "SNAPSHOT_INFO";
     SnapshotPage = 0x42, SnapshotPageReq => SnapshotPage, "SNAPSHOT_PAGE";

@@ -551,6 +551,38 @@ proptest! {
     }
 }
 
+#[test]
+fn protocol_doc_example_clear_dirty() {
+    let clear = Request::ClearDirty(ClearDirtyReq {
+        uid: 2,
+        conv: 7,
+        version: 9,
+    });
+    assert_doc_request("clear-dirty", &clear, 3);
+}
+
+#[test]
+fn protocol_doc_example_marker_moved_carries_the_current_version() {
+    let moved = Response::Error(ErrorReply {
+        code: ErrorCode::MarkerMoved,
+        detail: 10,
+        message: "marker moved".into(),
+    });
+    assert_doc_response("marker-moved", &moved, 3);
+}
+
+#[test]
+fn protocol_doc_example_dirty_reply() {
+    let dirty = Response::Dirty(DirtyList {
+        markers: vec![DirtyMarker {
+            conv: 7,
+            target_msg_seq: 10,
+            version: 10,
+        }],
+    });
+    assert_doc_response("dirty-reply", &dirty, 4);
+}
+
 fn sync_body(req: &SyncReq) -> BytesMut {
     let mut out = BytesMut::new();
     req.put(&mut out);

@@ -293,7 +293,8 @@ impl System for Inboxd {
 
     fn holdings(&self) -> Option<super::Holdings> {
         let rt = runtime().ok()?;
-        let client = self.client_on(&rt).ok()?;
+        // STATS is an admin request.
+        let client = self.admin_client_on(&rt).ok()?;
         let stats = rt.block_on(client.stats(Empty {})).ok()?;
         Some(super::Holdings {
             messages: stats.messages,

@@ -94,6 +94,15 @@ class ProtocolDocExamples(unittest.TestCase):
         err = c.ErrorReply(7, 250, "slow down")
         self.check_reply("rate-limited", c.Frame(c.OP_ERROR, 9, c.encode_body(err)), err)
 
+    def test_clear_dirty_and_marker_moved(self) -> None:
+        self.check_request("clear-dirty", c.Op.CLEAR_DIRTY, 3, c.ClearDirtyReq(2, 7, 9))
+        err = c.ErrorReply(18, 10, "marker moved")
+        self.check_reply("marker-moved", c.Frame(c.OP_ERROR, 3, c.encode_body(err)), err)
+
+    def test_dirty_reply(self) -> None:
+        reply = c.DirtyList([c.DirtyMarker(7, 10, 10)])
+        self.check_reply("dirty-reply", c.reply_frame(c.Op.DIRTY, 4, reply), reply)
+
     def test_hint_push(self) -> None:
         hints = c.Hints([c.Hint(1, 12)])
         self.check_reply("hint", c.Frame(c.OP_HINT, 0, c.encode_body(hints)), hints)

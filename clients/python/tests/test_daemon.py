@@ -285,3 +285,31 @@ class AgainstTheDaemon(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class LargeGroupAgainstTheDaemon(unittest.TestCase):
+    """A large group (three members above a threshold of 2): the marker,
+    the clear's compare-and-set and the mode."""
+
+    def test_marker_pull_and_clear(self) -> None:
+        from inboxd_client import MarkerMovedError
+
+        with Daemon("--large-group-members", "2") as daemon:
+            token = read_token_file(daemon.token_file)
+            with Client(daemon.host, daemon.port, token) as client:
+                for uid in (1, 2, 3):
+                    client.join(7, uid)
+                mode = client.conv_mode(7, 2)
+                self.assertTrue(mode.large)
+                self.assertEqual(mode.switch_seq, 3)
+                first = client.send(7, 1, 1, b"one")
+                observed = client.dirty(2).markers
+                self.assertEqual(observed, [c.DirtyMarker(7, first.msg_seq, first.msg_seq)])
+                second = client.send(7, 1, 2, b"two")
+                with self.assertRaises(MarkerMovedError) as moved:
+                    client.clear_dirty(2, 7, observed[0].version)
+                self.assertEqual(moved.exception.detail, second.msg_seq)
+                self.assertEqual(client.dirty(2).markers[0].target_msg_seq, second.msg_seq)
+                cleared = client.clear_dirty(2, 7, second.msg_seq)
+                self.assertEqual(cleared.cleared_seq, second.msg_seq)
+                self.assertEqual(client.dirty(2).markers, [])

@@ -135,6 +135,8 @@ fn encode_body(w: &mut Writer, st: &State) {
     compaction::put_msg_bases(w, st);
     // Optional too, after the bases: links of edits to their targets.
     messaging::put_edit_links(w, st);
+    // Optional too, after the links: large groups and marker clears.
+    messaging::put_large_groups(w, st);
 }
 
 pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
@@ -165,6 +167,9 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
     }
     if !r.is_empty() {
         messaging::get_edit_links(&mut r, &mut st)?;
+    }
+    if !r.is_empty() {
+        messaging::get_large_groups(&mut r, &mut st)?;
     }
     if !r.is_empty() {
         return Err(DecodeError("trailing bytes in checkpoint"));
@@ -346,8 +351,41 @@ mod tests {
             .edits
             .clear();
         let mut older = encode_state(&old);
-        older.truncate(older.len() - 8);
+        // No large-group section (two zero counts) and no links (one).
+        older.truncate(older.len() - 16 - 8);
         assert_eq!(decode_state(&older).unwrap(), old);
+    }
+
+    #[test]
+    fn large_groups_and_marker_clears_round_trip_and_an_older_checkpoint_has_none() {
+        use crate::inbox::state::{LargeMode, LastEntry, UserConv};
+        let mut st = State::new(0);
+        let conv = Arc::make_mut(st.convs.entry(ConvId(7)).or_default());
+        conv.large = Some(LargeMode {
+            switch_seq: MsgSeq(4),
+            last: LastEntry {
+                msg_seq: MsgSeq(9),
+                msg_id: crate::api::MsgId(12),
+                sender: crate::api::Uid(3),
+                summary: bytes::Bytes::from_static(b"hi"),
+                at_ms: 77,
+            },
+            stamp: 0,
+        });
+        let user = Arc::make_mut(st.users.entry(crate::api::Uid(3)).or_default());
+        let uc = UserConv {
+            cleared_seq: MsgSeq(8),
+            ..UserConv::default()
+        };
+        user.order.insert(uc.key(ConvId(7)));
+        user.convs.insert(ConvId(7), uc);
+        let body = encode_state(&st);
+        assert_eq!(decode_state(&body).unwrap(), st, "large groups round-trip");
+        let mut plain = State::new(0);
+        plain.convs.entry(ConvId(7)).or_default();
+        let mut older = encode_state(&plain);
+        older.truncate(older.len() - 16);
+        assert_eq!(decode_state(&older).unwrap(), plain);
     }
 
     #[test]

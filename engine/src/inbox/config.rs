@@ -48,6 +48,10 @@ impl Clock for ManualClock {
     }
 }
 
+/// The default large-group threshold; `docs/BENCHMARKS.md` ("Large
+/// groups") has the measurement it comes from.
+pub const LARGE_GROUP_MEMBERS_DEFAULT: u32 = 500;
+
 /// Everything the engine can be configured with. [`InboxConfig::new`] gives
 /// the defaults named in `docs/SEMANTICS.md`.
 #[derive(Clone, Debug)]
@@ -92,6 +96,9 @@ pub struct InboxConfig {
     /// Write an index checkpoint after this many log bytes (R22).
     pub checkpoint_every_bytes: u64,
     pub idempotency_ttl: Duration,
+    /// A conversation with more current members than this becomes a large
+    /// group (R7): no per-member events from then on. 0 never switches.
+    pub large_group_members: u32,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -125,6 +132,7 @@ impl InboxConfig {
             compaction_interval: Some(Duration::from_secs(60)),
             checkpoint_every_bytes: 256 << 20,
             idempotency_ttl: 7 * DAY,
+            large_group_members: LARGE_GROUP_MEMBERS_DEFAULT,
             clock: Arc::new(SystemClock),
         }
     }

@@ -320,7 +320,9 @@ pub(crate) mod tests {
                 (7, 3),
                 (8, 3),
                 (9, 0),
-                (10, 3)
+                (10, 3),
+                (12, 0),
+                (13, 0)
             ]
         );
         // The same check the build runs refuses a kind claimed twice.

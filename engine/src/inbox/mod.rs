@@ -452,6 +452,28 @@ impl Inbox {
     pub fn conv_list(&self, uid: Uid, limit: u32, cursor: Option<Bytes>) -> Result<ConvListPage> {
         messaging::read::conv_list(&self.shared, uid, limit, cursor)
     }
+    /// R7: the user's dirty large groups, by conversation id. Level
+    /// triggered: a marker shows until it is cleared.
+    pub fn dirty_markers(&self, uid: Uid) -> Result<Vec<DirtyMarker>> {
+        messaging::large::dirty_markers(&self.shared, uid)
+    }
+    /// R7: clears the user's marker of a large group if it is still at
+    /// `version` (the client pulled up to the target and stored its
+    /// position first); answers the cleared position. A newer entry makes
+    /// it [`Error::MarkerMoved`] and the marker stays dirty.
+    pub fn clear_dirty(&self, uid: Uid, conv: ConvId, version: u64) -> Pending<MsgSeq> {
+        self.submit(|tx| messaging::Command::ClearDirty {
+            uid,
+            conv,
+            version,
+            tx,
+        })
+    }
+    /// A conversation's mode (fan-out or large group), durable head and
+    /// member count, and `uid`'s marker when given.
+    pub fn conv_mode(&self, conv: ConvId, uid: Option<Uid>) -> Result<ConvMode> {
+        messaging::large::conv_mode(&self.shared, conv, uid)
+    }
     /// R18: in one step, bumps the device's generation, sets it RESETTING
     /// and freezes `base_sync_seq` at the user's sync head; the reply comes
     /// once the snapshot is built and READY. The build runs on the

@@ -28,6 +28,13 @@ impl Inbox {
         })
     }
 
+    /// [`Inbox::dirty_markers`]; memory only.
+    pub fn read_dirty_markers(&self, uid: Uid) -> Read<Vec<DirtyMarker>> {
+        Read::memory(&self.shared, move |sh| {
+            messaging::large::dirty_markers_once(sh, uid)
+        })
+    }
+
     /// [`Inbox::pull`]; reads message records.
     pub fn read_pull(
         &self,

@@ -208,6 +208,28 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         limit: u32,
     },
+    /// A conversation's mode (fan-out or large group), durable head and
+    /// member count; with --uid, that member's dirty marker.
+    Conv {
+        #[arg(long)]
+        conv: u64,
+        #[arg(long)]
+        uid: Option<u64>,
+    },
+    /// A user's dirty large groups (marker target and version).
+    Dirty {
+        #[arg(long)]
+        uid: u64,
+    },
+    /// Clear a large group's marker at the version read from `dirty`.
+    ClearDirty {
+        #[arg(long)]
+        uid: u64,
+        #[arg(long)]
+        conv: u64,
+        #[arg(long)]
+        version: u64,
+    },
     /// Start a snapshot for a device and print it (pages once ready).
     Snapshot {
         #[arg(long)]
@@ -221,9 +243,12 @@ enum Command {
     /// Server and engine counters.
     Stats,
     /// What holds a user's events (or a segment) back from compaction.
+    /// With --conv: which mode a conversation is in (as `conv`).
     Explain {
-        #[arg(long, required_unless_present = "segment")]
+        #[arg(long, required_unless_present_any = ["segment", "conv"])]
         uid: Option<u64>,
+        #[arg(long)]
+        conv: Option<u64>,
         /// STREAM:SEGMENT_ID, e.g. evt:3.
         #[arg(long)]
         segment: Option<String>,
@@ -526,6 +551,17 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
                 .await?;
             to_json(&r)
         }
+        Command::Conv { conv, uid } => conv_mode(client, *conv, *uid).await?,
+        Command::Dirty { uid } => to_json(&client.dirty(UserReq { uid: *uid }).await?),
+        Command::ClearDirty { uid, conv, version } => to_json(
+            &client
+                .clear_dirty(ClearDirtyReq {
+                    uid: *uid,
+                    conv: *conv,
+                    version: *version,
+                })
+                .await?,
+        ),
         Command::Snapshot { uid, device, ack } => {
             let info = client
                 .begin_snapshot(UserDevice {
@@ -565,7 +601,10 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
             value
         }
         Command::Stats => to_json(&client.stats(Empty {}).await?),
-        Command::Explain { uid, segment } => match (uid, segment) {
+        Command::Explain { uid, conv, segment } => match (uid, segment) {
+            (uid, None) if conv.is_some() => {
+                conv_mode(client, conv.unwrap_or_default(), *uid).await?
+            }
             (_, Some(text)) => {
                 let (stream, id) = text
                     .split_once(':')
@@ -593,6 +632,17 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
             )]))
         }
     })
+}
+
+/// `CONV_MODE` as JSON, with the mode named in words.
+async fn conv_mode(client: &Client, conv: u64, uid: Option<u64>) -> Result<Value, Failure> {
+    let r = client.conv_mode(ConvModeReq { conv, uid }).await?;
+    let mut value = to_json(&r);
+    value["mode"] = json!(match r.switch_seq {
+        Some(seq) => format!("large group since msg_seq {seq}: no per-member events above it"),
+        None => "fan-out: one event per member per message".to_string(),
+    });
+    Ok(value)
 }
 
 /// Commands the server runs only for the admin token.

@@ -3,7 +3,8 @@
 //! a ledger of everything the engine acknowledged.
 //!
 //! The input is read 4 bytes per operation: join, leave, send (with small
-//! idempotency keys, so retries happen), recall, mark-read, register,
+//! idempotency keys, so retries happen), recall, mark-read, a large
+//! group's marker clear (three of the four users make a large group), register,
 //! sync-and-ACK (pages of 1 to 8 events), restart, an fsync failure after a
 //! countdown, compaction (with no safety window, so it reclaims whatever
 //! the fences allow) and checkpoint. A restart is one of three:
@@ -33,6 +34,8 @@
 //!   `duplicate`, and a new message gets exactly the next `msg_seq` of its
 //!   conversation (one above the last acknowledged, unless an operation on
 //!   that conversation failed under a fault and may have reached the disk);
+//! - an acknowledged marker clear takes the conversation off the user's
+//!   dirty list, and its cleared position survives every restart;
 //! - after every restart, every acknowledged send is served at its seq
 //!   with its body (a tombstone once its recall was acknowledged), every
 //!   acknowledged read cursor and device ACK is still in place, and each
@@ -77,6 +80,7 @@ enum Op {
     Send(ConvId, Uid, ClientMsgId, usize),
     Recall(ConvId, Uid, usize),
     MarkRead(Uid, ConvId),
+    ClearDirty(Uid, ConvId),
     Register(Uid, DeviceId),
     SyncAck(Uid, DeviceId, u32),
     Restart(Restart),
@@ -102,6 +106,7 @@ fn decode(data: &[u8]) -> Vec<Op> {
                     usize::from(c[3] >> 3),
                 ),
                 7 => Op::Recall(ConvId(conv), Uid(uid), usize::from(c[3])),
+                8 if c[3] % 2 == 1 => Op::ClearDirty(Uid(uid), ConvId(conv)),
                 8 => Op::MarkRead(Uid(uid), ConvId(conv)),
                 9 => Op::Register(Uid(uid), DeviceId(device)),
                 10 | 11 => Op::SyncAck(Uid(uid), DeviceId(device), 1 + u32::from(c[1] >> 5)),
@@ -145,6 +150,8 @@ pub struct Coverage {
     /// Operations attempted after an injected failure fired, each of
     /// which had to be refused if it wrote.
     pub operations_after_failure: u64,
+    /// Large-group marker clears acknowledged.
+    pub marker_clears: u64,
 }
 
 impl fmt::Display for Coverage {
@@ -154,7 +161,7 @@ impl fmt::Display for Coverage {
             "cases {} operations {} sends {} restarts clean/kill/power-cut {}/{}/{} \
              replays-after-checkpoint {} segments sealed {} dropped {} rewritten {} \
              events reclaimed {} multi-page syncs {} acks {} recalls {} duplicate retries {} \
-             injected failures fired {} operations after a failure {}",
+             injected failures fired {} operations after a failure {} marker clears {}",
             self.cases,
             self.operations,
             self.acknowledged_sends,
@@ -172,12 +179,13 @@ impl fmt::Display for Coverage {
             self.retries_answered_duplicate,
             self.injected_failures_fired,
             self.operations_after_failure,
+            self.marker_clears,
         )
     }
 }
 
 impl Coverage {
-    fn fields(&self) -> [(&'static str, u64); 17] {
+    fn fields(&self) -> [(&'static str, u64); 18] {
         [
             ("cases", self.cases),
             ("operations", self.operations),
@@ -199,6 +207,7 @@ impl Coverage {
             ),
             ("injected failures fired", self.injected_failures_fired),
             ("operations after a failure", self.operations_after_failure),
+            ("marker clears", self.marker_clears),
         ]
     }
 
@@ -225,7 +234,7 @@ impl Coverage {
     }
 }
 
-static TOTALS: [AtomicU64; 17] = [const { AtomicU64::new(0) }; 17];
+static TOTALS: [AtomicU64; 18] = [const { AtomicU64::new(0) }; 18];
 
 /// The coverage summed over every case run in this process.
 pub fn coverage() -> Coverage {
@@ -248,6 +257,7 @@ pub fn coverage() -> Coverage {
         retries_answered_duplicate: n[14],
         injected_failures_fired: n[15],
         operations_after_failure: n[16],
+        marker_clears: n[17],
     }
 }
 
@@ -275,6 +285,8 @@ struct Ledger {
     head_unsure: HashSet<ConvId>,
     recalled: HashSet<MsgId>,
     reads: HashMap<(Uid, ConvId), MsgSeq>,
+    /// Acknowledged marker clears of large groups.
+    clears: HashMap<(Uid, ConvId), MsgSeq>,
     acks: HashMap<(Uid, DeviceId), SyncSeq>,
     generations: HashMap<(Uid, DeviceId), Generation>,
     /// The body size each key was first sent with.
@@ -337,6 +349,8 @@ fn config(dir: &Path) -> InboxConfig {
     config.compaction_interval = None;
     config.sync = SyncPolicy::Always;
     config.token_key = [7; 32];
+    // Three of the four users make a large group.
+    config.large_group_members = 2;
     config
 }
 
@@ -604,6 +618,37 @@ impl Run {
     }
 }
 
+/// Clears `uid`'s marker of `conv` at the version it shows, if dirty: the
+/// clear must succeed (nothing else runs meanwhile) and the marker go.
+fn clear_dirty(run: &mut Run, uid: Uid, conv: ConvId) {
+    let faults = run.faults();
+    let markers = run.inbox().dirty_markers(uid);
+    allowed(&markers, faults, "dirty_markers");
+    let Some(marker) = markers
+        .ok()
+        .and_then(|ms| ms.into_iter().find(|m| m.conv == conv))
+    else {
+        return;
+    };
+    let reply = run.inbox().clear_dirty(uid, conv, marker.version).wait();
+    allowed(&reply, faults, "clear_dirty");
+    let Ok(cleared) = reply else {
+        return;
+    };
+    run.acknowledged("clear_dirty");
+    assert_eq!(
+        cleared, marker.target_msg_seq,
+        "cleared elsewhere than the target"
+    );
+    let after = run.inbox().dirty_markers(uid).expect("dirty_markers");
+    assert!(
+        after.iter().all(|m| m.conv != conv),
+        "marker ({uid}, {conv}) is still dirty after its clear: {after:?}"
+    );
+    run.ledger.clears.insert((uid, conv), cleared);
+    run.coverage.marker_clears += 1;
+}
+
 fn sync_and_ack(run: &mut Run, uid: Uid, device: DeviceId, limit: u32) {
     let key = (uid, device);
     let Some(&generation) = run.ledger.generations.get(&key) else {
@@ -734,6 +779,13 @@ fn check_durable(inbox: &Inbox, ledger: &Ledger) {
         assert!(
             row.is_some_and(|c| c.read_seq >= read_seq),
             "read cursor ({uid}, {conv}) was acknowledged at {read_seq}, now {row:?}"
+        );
+    }
+    for (&(uid, conv), &cleared) in &ledger.clears {
+        let marker = inbox.conv_mode(conv, Some(uid)).expect("conv_mode").marker;
+        assert!(
+            marker.is_some_and(|m| m.cleared_seq >= cleared),
+            "marker ({uid}, {conv}) was cleared at {cleared}, now {marker:?}"
         );
     }
     for (&(uid, device), &acked) in &ledger.acks {
@@ -915,6 +967,7 @@ pub fn check(data: &[u8]) {
                     run.ledger.reads.insert((uid, conv), reply.read_seq);
                 }
             }
+            Op::ClearDirty(uid, conv) => clear_dirty(&mut run, uid, conv),
             Op::Register(uid, device) => {
                 let reply = run.inbox().register_device(uid, device).wait();
                 allowed(&reply, faults, "register");

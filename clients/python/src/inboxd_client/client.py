@@ -243,6 +243,19 @@ class Client:
     def conv_list(self, uid: int, limit: int, cursor: bytes | None = None) -> c.ConvListPage:
         return self.call(c.Op.CONV_LIST, c.ConvListReq(uid, limit, cursor))
 
+    def dirty(self, uid: int) -> c.DirtyList:
+        """The user's dirty large groups (R7)."""
+        return self.call(c.Op.DIRTY, c.UserReq(uid))
+
+    def clear_dirty(self, uid: int, conv: int, version: int) -> c.ClearDirtyReply:
+        """Clears a large group's marker at the version ``dirty`` showed,
+        after pulling up to its target; ``MarkerMovedError`` when a newer
+        entry landed meanwhile."""
+        return self.call(c.Op.CLEAR_DIRTY, c.ClearDirtyReq(uid, conv, version))
+
+    def conv_mode(self, conv: int, uid: int | None = None) -> c.ConvMode:
+        return self.call(c.Op.CONV_MODE, c.ConvModeReq(conv, uid))
+
     def begin_snapshot(self, uid: int, device: int) -> c.SnapshotInfo:
         return self.call(c.Op.BEGIN_SNAPSHOT, c.UserDevice(uid, device))
 

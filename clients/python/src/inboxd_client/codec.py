@@ -595,6 +595,65 @@ class ConvListPage:
     next_cursor: bytes | None
 
 
+@layout(U64, U64, U64)
+@dataclass(frozen=True)
+class DirtyMarker:
+    """A large group's dirty marker: pull up to ``target_msg_seq``, then
+    clear ``version``."""
+
+    conv: int
+    target_msg_seq: int
+    version: int
+
+
+@layout(list_of(struct_of(DirtyMarker)))
+@dataclass(frozen=True)
+class DirtyList:
+    markers: list[DirtyMarker]
+
+
+@layout(U64, U64, U64)
+@dataclass(frozen=True)
+class ClearDirtyReq:
+    uid: int
+    conv: int
+    version: int
+
+
+@layout(U64)
+@dataclass(frozen=True)
+class ClearDirtyReply:
+    cleared_seq: int
+
+
+@layout(U64, option(U64))
+@dataclass(frozen=True)
+class ConvModeReq:
+    conv: int
+    uid: int | None
+
+
+@layout(U64, U64, U64, U64, BOOL)
+@dataclass(frozen=True)
+class MemberMarker:
+    uid: int
+    target_msg_seq: int
+    version: int
+    cleared_seq: int
+    dirty: bool
+
+
+@layout(U64, BOOL, option(U64), U64, U64, option(struct_of(MemberMarker)))
+@dataclass(frozen=True)
+class ConvMode:
+    conv: int
+    large: bool
+    switch_seq: int | None
+    head: int
+    members: int
+    marker: MemberMarker | None
+
+
 @layout(U64, U64, U64, enum_of(SnapshotState), U32, DIGEST32)
 @dataclass(frozen=True)
 class SnapshotInfo:
@@ -786,6 +845,9 @@ class Op(enum.IntEnum):
     MARK_READ = 0x32
     SET_CONV_FLAGS = 0x33
     CONV_LIST = 0x34
+    DIRTY = 0x35
+    CLEAR_DIRTY = 0x36
+    CONV_MODE = 0x37
     BEGIN_SNAPSHOT = 0x40
     SNAPSHOT_INFO = 0x41
     SNAPSHOT_PAGE = 0x42
@@ -819,6 +881,9 @@ OPS: dict[Op, tuple[type, type]] = {
     Op.MARK_READ: (MarkReadReq, ReadReply),
     Op.SET_CONV_FLAGS: (ConvFlagsReq, Empty),
     Op.CONV_LIST: (ConvListReq, ConvListPage),
+    Op.DIRTY: (UserReq, DirtyList),
+    Op.CLEAR_DIRTY: (ClearDirtyReq, ClearDirtyReply),
+    Op.CONV_MODE: (ConvModeReq, ConvMode),
     Op.BEGIN_SNAPSHOT: (UserDevice, SnapshotInfo),
     Op.SNAPSHOT_INFO: (SnapshotRef, SnapshotInfo),
     Op.SNAPSHOT_PAGE: (SnapshotPageReq, SnapshotPage),

@@ -110,6 +110,13 @@ class UnavailableError(InboxdError):
     code, name = 17, "UNAVAILABLE"
 
 
+class MarkerMovedError(InboxdError):
+    """A large group's marker moved past the version a clear observed;
+    ``detail`` is the current version: pull again, then clear it."""
+
+    code, name = 18, "MARKER_MOVED"
+
+
 _BY_CODE: dict[int, type[InboxdError]] = {
     cls.code: cls
     for cls in (
@@ -130,6 +137,7 @@ _BY_CODE: dict[int, type[InboxdError]] = {
         ConflictError,
         NoSpaceError,
         UnavailableError,
+        MarkerMovedError,
     )
 }
 _NAMES = {code: cls.name for code, cls in _BY_CODE.items()}

@@ -52,7 +52,12 @@ impl State {
         let mut n = 0u32;
         for p in periods {
             let lo = p.join_seq.max(uc.read_seq.next()).max(c.msgs_base.next());
-            let hi = p.leave_seq.min(up_to).min(c.head());
+            // Above a large group's switch, unread is derived (`large`).
+            let hi = p
+                .leave_seq
+                .min(up_to)
+                .min(c.head())
+                .min(c.fanned_out_until());
             for seq in lo.through(hi) {
                 if let Some(m) = c.meta(seq) {
                     if m.kind == MessageKind::Normal
@@ -121,6 +126,7 @@ impl State {
                     )));
                 };
                 if m.kind == MessageKind::Recall
+                    && target_seq <= conv.fanned_out_until()
                     && target.kind == MessageKind::Normal
                     && target.flags & FLAG_RECALLED == 0
                 {
@@ -169,7 +175,7 @@ impl State {
             .get_mut(&m.conv)
             .map(Arc::make_mut)
             .ok_or_else(|| ApplyError("conv vanished".into()))?;
-        let recipients = conv.members_at(m.msg_seq);
+        let recipients = super::large::recipients(conv, m, stamp);
         if m.kind == MessageKind::Leave {
             let closed = conv
                 .members

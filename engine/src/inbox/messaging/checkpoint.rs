@@ -8,7 +8,9 @@ use std::sync::Arc;
 use super::record::{kind_code, kind_from_code};
 use crate::api::{ConvId, MsgSeq, Uid};
 use crate::inbox::codec::{sorted, DecodeError, DecodeResult, Reader, Writer};
-use crate::inbox::state::{Conv, IdemEntry, MsgMeta, Period, State, User, UserConv};
+use crate::inbox::state::{
+    Conv, IdemEntry, LargeMode, LastEntry, MsgMeta, Period, State, User, UserConv,
+};
 
 /// Conversations by id: messages, then membership periods.
 pub(crate) fn put_convs(w: &mut Writer, st: &State) {
@@ -100,6 +102,7 @@ pub(crate) fn get_user_convs(r: &mut Reader<'_>, u: &mut User) -> DecodeResult<(
             last_activity_ms: r.u64()?,
             muted: r.bool()?,
             pinned: r.bool()?,
+            cleared_seq: MsgSeq(0),
             stamp: 0,
         };
         u.order.insert(uc.key(conv));
@@ -187,6 +190,79 @@ pub(crate) fn get_edit_links(r: &mut Reader<'_>, st: &mut State) -> DecodeResult
             }
             c.edits.insert(target, edits);
         }
+    }
+    Ok(())
+}
+
+/// Large groups (optional, after the edit links): by conv id, the large
+/// groups, each as conv u64, switch_seq u64, then its newest entry
+/// (msg_seq u64, msg_id u64, sender u64, summary short bytes, at_ms u64);
+/// then the marker clears by (uid, conv): a u64 count of (uid u64, conv
+/// u64, cleared_seq u64). A checkpoint written before large groups existed
+/// has none.
+pub(crate) fn put_large_groups(w: &mut Writer, st: &State) {
+    let convs: Vec<_> = sorted(&st.convs)
+        .into_iter()
+        .filter_map(|(id, c)| c.large.as_ref().map(|l| (id, l)))
+        .collect();
+    w.u64(convs.len() as u64);
+    for (id, l) in convs {
+        w.u64(id);
+        w.u64(l.switch_seq);
+        w.u64(l.last.msg_seq);
+        w.u64(l.last.msg_id);
+        w.u64(l.last.sender);
+        w.short_bytes(&l.last.summary);
+        w.u64(l.last.at_ms);
+    }
+    let mut clears = Vec::new();
+    for (uid, u) in sorted(&st.users) {
+        for (conv, uc) in sorted(&u.convs) {
+            if uc.cleared_seq > MsgSeq(0) {
+                clears.push((uid, conv, uc.cleared_seq));
+            }
+        }
+    }
+    w.u64(clears.len() as u64);
+    for (uid, conv, seq) in clears {
+        w.u64(uid);
+        w.u64(conv);
+        w.u64(seq);
+    }
+}
+
+pub(crate) fn get_large_groups(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
+    for _ in 0..r.count(49)? {
+        let conv: ConvId = r.id()?;
+        let c = st
+            .convs
+            .get_mut(&conv)
+            .map(Arc::make_mut)
+            .ok_or(DecodeError("large group of an unknown conv"))?;
+        let switch_seq = r.id()?;
+        c.large = Some(LargeMode {
+            switch_seq,
+            last: LastEntry {
+                msg_seq: r.id()?,
+                msg_id: r.id()?,
+                sender: r.id()?,
+                summary: r.short_bytes()?,
+                at_ms: r.u64()?,
+            },
+            stamp: 0,
+        });
+    }
+    for _ in 0..r.count(24)? {
+        let uid: Uid = r.id()?;
+        let conv: ConvId = r.id()?;
+        let seq: MsgSeq = r.id()?;
+        let uc = st
+            .users
+            .get_mut(&uid)
+            .map(Arc::make_mut)
+            .and_then(|u| u.convs.get_mut(&conv))
+            .ok_or(DecodeError("marker clear of an unknown conversation state"))?;
+        uc.cleared_seq = seq;
     }
     Ok(())
 }

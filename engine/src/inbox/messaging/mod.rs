@@ -17,6 +17,7 @@
 pub(crate) mod apply;
 pub(crate) mod body;
 pub(crate) mod checkpoint;
+pub(crate) mod large;
 pub(crate) mod read;
 pub(crate) mod record;
 
@@ -67,6 +68,13 @@ pub(crate) enum Command {
         flags: ConvFlags,
         tx: Tx<()>,
     },
+    /// A large group's marker clear, a compare-and-set on `version` (R7).
+    ClearDirty {
+        uid: Uid,
+        conv: ConvId,
+        version: u64,
+        tx: Tx<MsgSeq>,
+    },
 }
 
 /// Answers a command with a failure without running it.
@@ -76,6 +84,7 @@ pub(crate) fn fail(cmd: Command, f: &Fail) {
         Command::Send { tx, .. } => fail_now(tx, f),
         Command::MarkRead { tx, .. } => fail_now(tx, f),
         Command::Flags { tx, .. } => fail_now(tx, f),
+        Command::ClearDirty { tx, .. } => fail_now(tx, f),
     }
 }
 
@@ -104,6 +113,7 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
                 .and_then(|c| c.members.get(&uid))
                 .map_or(0, |p| u32::try_from(p.len()).unwrap_or(u32::MAX));
             push_membership(st, sink, now, uid, conv, MessageKind::Join);
+            large::maybe_switch(st, sink, conv, env.shared.config.large_group_members);
             sink.reply(reply_with(tx, Ok(MembershipReply { msg_seq, period_id })));
         }
         Command::Leave { uid, conv, tx } => {
@@ -193,7 +203,11 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
             tx,
         } => match decide_mark_read(st, uid, conv, read_to_seq) {
             Err(e) => sink.reply(reply_with(tx, Err(e))),
-            Ok((read_seq, unread)) if read_to_seq <= read_seq => {
+            Ok((read_seq, unread)) if read_to_seq <= read_seq && unread_exact(st, conv) => {
+                sink.reply(reply_with(tx, Ok(ReadReply { read_seq, unread })));
+            }
+            Ok((read_seq, _)) if read_to_seq <= read_seq => {
+                let unread = unread_of(st, uid, conv);
                 sink.reply(reply_with(tx, Ok(ReadReply { read_seq, unread })));
             }
             Ok(_) => {
@@ -210,7 +224,7 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
                     .and_then(|u| u.convs.get(&conv))
                     .map(|uc| ReadReply {
                         read_seq: uc.read_seq,
-                        unread: uc.unread,
+                        unread: unread_of(st, uid, conv),
                     })
                     .ok_or_else(|| {
                         Error::Invariant(format!(
@@ -220,6 +234,12 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
                 sink.reply(reply_with(tx, reply));
             }
         },
+        Command::ClearDirty {
+            uid,
+            conv,
+            version,
+            tx,
+        } => large::exec_clear(st, sink, uid, conv, version, tx),
         Command::Flags {
             uid,
             conv,
@@ -427,4 +447,22 @@ fn decide_mark_read(
         )));
     }
     Ok((uc.read_seq, uc.unread))
+}
+
+/// Whether `conv`'s unread counts are the stored, exact ones (not a large
+/// group).
+fn unread_exact(st: &State, conv: ConvId) -> bool {
+    st.convs.get(&conv).is_none_or(|c| c.large.is_none())
+}
+
+/// `uid`'s unread count in `conv` as a reply shows it: exact, plus the
+/// approximation above a large group's switch ([`large::unread`]).
+fn unread_of(st: &State, uid: Uid, conv: ConvId) -> u32 {
+    let (Some(c), Some(uc)) = (
+        st.convs.get(&conv),
+        st.users.get(&uid).and_then(|u| u.convs.get(&conv)),
+    ) else {
+        return 0;
+    };
+    large::unread(c, uid, uc, c.head())
 }

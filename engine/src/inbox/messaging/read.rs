@@ -218,7 +218,10 @@ pub(crate) fn pull(
                     }
                 }
             }
-            plans.push((conv, metas, has_more, c.committed_seq));
+            // The head inside the user's periods (R7: a device whose
+            // large-group marker was lost still sees how far to read).
+            let head = periods.last().map_or(c.committed_seq, |p| *p.end());
+            plans.push((conv, metas, has_more, head));
         }
     }
     plans
@@ -347,9 +350,11 @@ pub(crate) fn conv_list_once(
                 next_cursor: None,
             });
         };
+        let merged = super::large::list_order(&st, uid, user);
+        let order = merged.as_ref().unwrap_or(&user.order);
         let mut keys = match after {
-            Some(k) => user.order.range(..k),
-            None => user.order.range(..),
+            Some(k) => order.range(..k),
+            None => order.range(..),
         }
         .rev();
         let mut convs = Vec::new();
@@ -360,6 +365,16 @@ pub(crate) fn conv_list_once(
             let Some(uc) = user.convs.get(&conv) else {
                 continue;
             };
+            if let Some((row, s)) = st
+                .convs
+                .get(&conv)
+                .and_then(|c| super::large::list_row(c, uid, conv, uc))
+            {
+                stamp = stamp.max(s);
+                convs.push(row);
+                last = Some(*key);
+                continue;
+            }
             stamp = stamp.max(uc.stamp);
             let tombstoned = st
                 .convs

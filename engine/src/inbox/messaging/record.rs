@@ -41,6 +41,7 @@ use bytes::Bytes;
 
 use std::sync::Arc;
 
+use super::large::{ClearEffect, ModeEffect};
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
 use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
@@ -53,6 +54,8 @@ record_set! {
         MsgBody(MsgBodyEffect),
         Read(ReadEffect),
         Flags(FlagsEffect),
+        Mode(ModeEffect),
+        Clear(ClearEffect),
     }
 }
 

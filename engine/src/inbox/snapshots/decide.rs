@@ -75,10 +75,18 @@ pub(crate) fn decide_begin(
             continue;
         };
         let c = st.convs.get(&conv);
-        let last_tomb = c
-            .and_then(|c| c.meta(uc.last_msg_seq))
-            .is_some_and(MsgMeta::hides_summary);
-        convs.push(uc.summary(conv, last_tomb));
+        // A large group's row carries its head, not the member's last
+        // fanned-out entry (R7).
+        if let Some((row, _)) =
+            c.and_then(|c| crate::inbox::messaging::large::row_at(c, uid, conv, uc, c.head()))
+        {
+            convs.push(row);
+        } else {
+            let last_tomb = c
+                .and_then(|c| c.meta(uc.last_msg_seq))
+                .is_some_and(MsgMeta::hides_summary);
+            convs.push(uc.summary(conv, last_tomb));
+        }
         let mut last = Vec::new();
         if let Some(c) = c {
             let head = c.head();

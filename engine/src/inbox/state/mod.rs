@@ -93,6 +93,31 @@ pub(crate) struct Conv {
     /// Highest durable `msg_seq` (not state: maintained by the completion
     /// stage).
     pub committed_seq: MsgSeq,
+    /// Set once the conversation is a large group (R7,
+    /// `messaging::large`): messages above the switch are not fanned out.
+    pub large: Option<LargeMode>,
+}
+
+/// A large group's shared state: where it switched modes and its newest
+/// entry, which stands in for every member's `last_*` fields above the
+/// switch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LargeMode {
+    /// Messages at or below it were fanned out; those above were not.
+    pub switch_seq: MsgSeq,
+    pub last: LastEntry,
+    /// Round of the last change (not state, see the module doc).
+    pub stamp: u64,
+}
+
+/// The newest entry of a conversation, as a conversation list shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LastEntry {
+    pub msg_seq: MsgSeq,
+    pub msg_id: MsgId,
+    pub sender: Uid,
+    pub summary: Bytes,
+    pub at_ms: TimestampMs,
 }
 
 impl Conv {
@@ -133,6 +158,11 @@ impl Conv {
         self.msgs
             .get_mut(usize::try_from(seq.checked_since(self.msgs_base.next())?).ok()?)
     }
+    /// The highest `msg_seq` that was fanned out: the switch of a large
+    /// group, [`OPEN`] for any other conversation.
+    pub fn fanned_out_until(&self) -> MsgSeq {
+        self.large.as_ref().map_or(OPEN, |l| l.switch_seq)
+    }
 }
 
 /// Ordering key of a user's conversation list: last activity, then the
@@ -150,6 +180,8 @@ pub(crate) struct UserConv {
     pub last_activity_ms: TimestampMs,
     pub muted: bool,
     pub pinned: bool,
+    /// Large groups: the dirty marker's cleared position (R7); only grows.
+    pub cleared_seq: MsgSeq,
     pub stamp: u64,
 }
 

@@ -1,0 +1,397 @@
+//! Large groups (R7): above a member threshold a conversation stops
+//! fanning out. Its messages are stored once, as always, but no member
+//! gets an event for them and no member's conversation state changes.
+//!
+//! The dirty marker is *derived*, not written. A member's marker target is
+//! the conversation's newest `msg_seq` inside the member's periods; the
+//! member's `(uid, conv)` state keeps only the cleared position
+//! (`UserConv::cleared_seq`). The marker is dirty while the target is
+//! above both the cleared position and the last entry fanned out to the
+//! member (`last_msg_seq`: the switch itself, or the member's own join or
+//! leave). The version is the target: every entry raises it by one and it
+//! never goes down, so a compare-and-set on the observed target is a
+//! compare-and-set on the version. A message therefore writes nothing per
+//! member, and a marker cannot be lost: it is computed each time it is
+//! read (`docs/SEMANTICS.md`, R7, says why this beats a row per member).
+//!
+//! The switch ([`ModeEffect`]) is one `evt` record at one `msg_seq`: the
+//! entry that made the group large (the join that crossed the threshold)
+//! is the last one fanned out; everything above it is not. The record is
+//! in the same batch as that join, so a crash leaves the group in one mode
+//! or the other. Groups never switch back (R7 in `docs/SEMANTICS.md`).
+//!
+//! Unread above the switch is an approximation, computed on read: the
+//! entries between the read cursor and the target (joins, leaves, recalls,
+//! edits and the member's own messages included). Below the switch the
+//! stored count stays exact, and the two never overlap.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use super::record::MsgEffect;
+use crate::api::*;
+use crate::error::{Error, Result};
+use crate::inbox::codec::{DecodeResult, Reader, Writer};
+use crate::inbox::round::{reply_with, Sink, Tx};
+use crate::inbox::shared::{blocking, Miss, Shared};
+use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
+use crate::inbox::state::{
+    ActivityKey, Conv, LargeMode, LastEntry, MsgMeta, State, User, UserConv, OPEN,
+};
+
+/// A conversation becomes a large group at `switch_seq` (its head).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ModeEffect {
+    pub conv: ConvId,
+    pub switch_seq: MsgSeq,
+}
+
+impl Record for ModeEffect {
+    const KIND: u8 = 12;
+
+    fn encode_body(&self, w: &mut Writer) {
+        w.u64(self.conv);
+        w.u64(self.switch_seq);
+    }
+
+    fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
+        Ok(Self {
+            conv: r.id()?,
+            switch_seq: r.id()?,
+        })
+    }
+
+    fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {
+        let c = st
+            .convs
+            .get_mut(&self.conv)
+            .map(Arc::make_mut)
+            .ok_or_else(|| ApplyError(format!("switch of unknown conv {}", self.conv)))?;
+        if c.large.is_some() || self.switch_seq != c.head() {
+            return Err(ApplyError(format!(
+                "conv {} switches at {} but is large already or its head is {}",
+                self.conv,
+                self.switch_seq,
+                c.head()
+            )));
+        }
+        // Every member holds the switch entry in its own row (it was fanned
+        // out), so `last` is only a placeholder until the next entry.
+        c.large = Some(LargeMode {
+            switch_seq: self.switch_seq,
+            last: LastEntry {
+                msg_seq: self.switch_seq,
+                ..LastEntry::default()
+            },
+            stamp: at.stamp,
+        });
+        Ok(())
+    }
+}
+
+/// A member cleared its dirty marker up to `cleared_seq` (R7).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ClearEffect {
+    pub uid: Uid,
+    pub conv: ConvId,
+    pub cleared_seq: MsgSeq,
+}
+
+impl Record for ClearEffect {
+    const KIND: u8 = 13;
+
+    fn encode_body(&self, w: &mut Writer) {
+        w.u64(self.uid);
+        w.u64(self.conv);
+        w.u64(self.cleared_seq);
+    }
+
+    fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
+        Ok(Self {
+            uid: r.id()?,
+            conv: r.id()?,
+            cleared_seq: r.id()?,
+        })
+    }
+
+    fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {
+        let uc = st
+            .users
+            .get_mut(&self.uid)
+            .map(Arc::make_mut)
+            .and_then(|u| u.convs.get_mut(&self.conv))
+            .ok_or_else(|| {
+                ApplyError(format!(
+                    "clear of conv {} by non-member {}",
+                    self.conv, self.uid
+                ))
+            })?;
+        uc.cleared_seq = uc.cleared_seq.max(self.cleared_seq);
+        uc.stamp = at.stamp;
+        Ok(())
+    }
+}
+
+/// Who gets an event for message `m` in `conv`, which `apply` has just
+/// indexed: every member whose period covers it, except above a large
+/// group's switch, where only a joining or leaving member gets its own
+/// entry and the group's newest entry is remembered instead.
+pub(crate) fn recipients(conv: &mut Conv, m: &MsgEffect, stamp: u64) -> Vec<Uid> {
+    let Some(large) = conv.large.as_mut() else {
+        return conv.members_at(m.msg_seq);
+    };
+    large.last = LastEntry {
+        msg_seq: m.msg_seq,
+        msg_id: m.msg_id,
+        sender: m.sender,
+        summary: m.summary.clone(),
+        at_ms: m.at_ms,
+    };
+    large.stamp = stamp;
+    match m.kind {
+        MessageKind::Join | MessageKind::Leave => vec![m.sender],
+        _ => Vec::new(),
+    }
+}
+
+/// The conversation's newest `msg_seq` up to `head` inside `uid`'s
+/// periods: the marker's target and version (0 if none).
+pub(crate) fn target(c: &Conv, uid: Uid, head: MsgSeq) -> MsgSeq {
+    c.members
+        .get(&uid)
+        .and_then(|ps| ps.iter().rev().find(|p| p.join_seq <= head))
+        .map_or(MsgSeq(0), |p| p.leave_seq.min(head))
+}
+
+/// The member's marker as of `head`, if it is dirty.
+fn marker(c: &Conv, uid: Uid, uc: &UserConv, head: MsgSeq) -> Option<DirtyMarker> {
+    c.large.as_ref()?;
+    let target = target(c, uid, head);
+    (target > uc.cleared_seq.max(uc.last_msg_seq)).then_some(DirtyMarker {
+        conv: ConvId(0),
+        target_msg_seq: target,
+        version: target.0,
+    })
+}
+
+/// `uc.unread` (exact, at or below the switch) plus the approximation
+/// above it, up to `head`: entries after the read cursor inside the
+/// member's periods.
+pub(crate) fn unread(c: &Conv, uid: Uid, uc: &UserConv, head: MsgSeq) -> u32 {
+    let Some(large) = c.large.as_ref() else {
+        return uc.unread;
+    };
+    let mut extra = 0u64;
+    for p in c.members.get(&uid).into_iter().flatten() {
+        let lo = p
+            .join_seq
+            .max(uc.read_seq)
+            .max(large.switch_seq)
+            .max(c.msgs_base);
+        let hi = p.leave_seq.min(head);
+        extra += hi.0.saturating_sub(lo.0);
+    }
+    uc.unread
+        .saturating_add(u32::try_from(extra).unwrap_or(u32::MAX))
+}
+
+/// A user's conversation list order when any of its conversations is a
+/// large group (`None`: the stored order is right): the large groups'
+/// keys are replaced by those of their rows as [`list_row`] shows them.
+pub(crate) fn list_order(st: &State, uid: Uid, user: &User) -> Option<BTreeSet<ActivityKey>> {
+    let mut order: Option<BTreeSet<ActivityKey>> = None;
+    for (&conv, uc) in &user.convs {
+        let Some((row, _)) = st.convs.get(&conv).and_then(|c| list_row(c, uid, conv, uc)) else {
+            continue;
+        };
+        let key = (row.last_activity_ms, row.last_msg_id, conv);
+        if key != uc.key(conv) {
+            let o = order.get_or_insert_with(|| user.order.clone());
+            o.remove(&uc.key(conv));
+            o.insert(key);
+        }
+    }
+    order
+}
+
+/// The conversation list row of `uid` in a large group `c`, and the stamp
+/// to wait for; `None` for other conversations.
+pub(crate) fn list_row(
+    c: &Conv,
+    uid: Uid,
+    conv: ConvId,
+    uc: &UserConv,
+) -> Option<(ConvSummary, u64)> {
+    row_at(c, uid, conv, uc, c.committed_seq)
+}
+
+/// [`list_row`] as of `upto`: the durable head for reads, the sequencer's
+/// head for a snapshot (decided in the sequencer, served once durable).
+pub(crate) fn row_at(
+    c: &Conv,
+    uid: Uid,
+    conv: ConvId,
+    uc: &UserConv,
+    upto: MsgSeq,
+) -> Option<(ConvSummary, u64)> {
+    let large = c.large.as_ref()?;
+    let head = target(c, uid, upto);
+    let mut row = uc.clone();
+    if large.last.msg_seq == head && head > uc.last_msg_seq {
+        row.last_msg_seq = head;
+        row.last_msg_id = large.last.msg_id;
+        row.last_sender = large.last.sender;
+        row.last_summary = large.last.summary.clone();
+        row.last_activity_ms = large.last.at_ms;
+    } else if head > uc.last_msg_seq {
+        // The newest entry is not the member's to see (it left) or not
+        // durable yet: name the authoritative head without a summary.
+        if let Some(m) = c.meta(head) {
+            row.last_msg_seq = head;
+            row.last_msg_id = m.msg_id;
+            row.last_sender = m.sender;
+            row.last_summary = bytes::Bytes::new();
+        }
+    }
+    row.unread = unread(c, uid, uc, upto);
+    let hide = c.meta(row.last_msg_seq).is_some_and(MsgMeta::hides_summary);
+    Some((row.summary(conv, hide), large.stamp.max(uc.stamp)))
+}
+
+/// The dirty large groups of `uid`, by conversation id, as of the durable
+/// heads (R7). Waits for the rows it reads to be durable, like every read.
+pub(crate) fn dirty_markers(shared: &Shared, uid: Uid) -> Result<Vec<DirtyMarker>> {
+    blocking(shared, || dirty_markers_once(shared, uid))
+}
+
+/// One look at `uid`'s markers: memory only.
+pub(crate) fn dirty_markers_once(
+    shared: &Shared,
+    uid: Uid,
+) -> std::result::Result<Vec<DirtyMarker>, Miss> {
+    let st = shared.state.read();
+    let Some(user) = st.users.get(&uid) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    let mut stamp = 0;
+    for (&conv, uc) in &user.convs {
+        let Some(c) = st.convs.get(&conv) else {
+            continue;
+        };
+        if let Some(m) = marker(c, uid, uc, c.committed_seq) {
+            stamp = stamp.max(uc.stamp);
+            out.push(DirtyMarker { conv, ..m });
+        }
+    }
+    drop(st);
+    shared.check_settled(stamp)?;
+    out.sort_by_key(|m| m.conv);
+    Ok(out)
+}
+
+/// A conversation's mode, head and (optionally) one member's marker, for
+/// operators (`inboxctl conv`, `explain`).
+pub(crate) fn conv_mode(shared: &Shared, conv: ConvId, uid: Option<Uid>) -> Result<ConvMode> {
+    let st = shared.state.read();
+    let c = st
+        .convs
+        .get(&conv)
+        .ok_or_else(|| Error::NotFound(format!("conv {conv}")))?;
+    let members = c
+        .members
+        .values()
+        .filter(|ps| ps.last().is_some_and(|p| p.leave_seq == OPEN));
+    let marker = uid.and_then(|uid| {
+        let uc = st.users.get(&uid)?.convs.get(&conv)?;
+        let target = target(c, uid, c.committed_seq);
+        Some(MemberMarker {
+            uid,
+            target_msg_seq: target,
+            version: target.0,
+            cleared_seq: uc.cleared_seq.max(uc.last_msg_seq),
+            dirty: marker(c, uid, uc, c.committed_seq).is_some(),
+        })
+    });
+    Ok(ConvMode {
+        conv,
+        large: c.large.is_some(),
+        switch_seq: c.large.as_ref().map(|l| l.switch_seq),
+        head: c.committed_seq,
+        members: members.count() as u64,
+        marker,
+    })
+}
+
+/// After a join: the switch to a large group, when the join took the
+/// member count above `threshold` (0: never).
+pub(crate) fn maybe_switch(st: &mut State, sink: &mut dyn Sink, conv: ConvId, threshold: u32) {
+    let Some(c) = st.convs.get(&conv) else {
+        return;
+    };
+    if threshold == 0 || c.large.is_some() {
+        return;
+    }
+    let members = c
+        .members
+        .values()
+        .filter(|ps| ps.last().is_some_and(|p| p.leave_seq == OPEN))
+        .count();
+    if members as u64 > u64::from(threshold) {
+        let switch_seq = c.head();
+        sink.effect(st, ModeEffect { conv, switch_seq }.into());
+    }
+}
+
+/// Clears `uid`'s marker of `conv` if its version is still `version`: the
+/// client has pulled up to it and stored its position (R7). A newer entry
+/// makes it `MarkerMoved` with the current version, and nothing changes.
+pub(crate) fn exec_clear(
+    st: &mut State,
+    sink: &mut dyn Sink,
+    uid: Uid,
+    conv: ConvId,
+    version: u64,
+    tx: Tx<MsgSeq>,
+) {
+    let decided = (|| {
+        let c = st
+            .convs
+            .get(&conv)
+            .ok_or_else(|| Error::NotFound(format!("conv {conv}")))?;
+        let uc = st
+            .users
+            .get(&uid)
+            .and_then(|u| u.convs.get(&conv))
+            .ok_or_else(|| Error::Forbidden(format!("uid {uid} was never in conv {conv}")))?;
+        if c.large.is_none() {
+            return Err(Error::BadRequest(format!(
+                "conv {conv} is not a large group: it has no markers"
+            )));
+        }
+        let current = target(c, uid, c.head());
+        if version > current.0 {
+            return Err(Error::BadRequest(format!(
+                "version {version} is beyond the marker's target {current}"
+            )));
+        }
+        if version < current.0 {
+            return Err(Error::MarkerMoved { version: current.0 });
+        }
+        Ok((current, current > uc.cleared_seq))
+    })();
+    match decided {
+        Err(e) => sink.reply(reply_with(tx, Err(e))),
+        Ok((current, changes)) => {
+            if changes {
+                let effect = ClearEffect {
+                    uid,
+                    conv,
+                    cleared_seq: current,
+                };
+                sink.effect(st, effect.into());
+            }
+            sink.reply(reply_with(tx, Ok(current)));
+        }
+    }
+}

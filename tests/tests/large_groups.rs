@@ -1,0 +1,127 @@
+//! A large group through the real daemon (R7): markers over `DIRTY`, the
+//! clear's compare-and-set over `CLEAR_DIRTY` with `MARKER_MOVED`, and the
+//! mode over `CONV_MODE`, across a restart.
+
+use bytes::Bytes;
+use inbox_server::client::ClientError;
+use inbox_tests::Daemon;
+use inbox_wire::*;
+
+const CONV: u64 = 7;
+/// Three members make a large group.
+const LARGE: &[&str] = &["--large-group-members", "2"];
+
+#[tokio::test]
+async fn a_large_group_is_caught_up_by_marker_pull_and_clear() {
+    let dir = inbox_tests::data_dir();
+    let daemon = Daemon::start_with(dir.path(), LARGE);
+    let client = daemon.client().await;
+    for uid in 1..=3 {
+        client.join(ConvMember { conv: CONV, uid }).await.unwrap();
+    }
+    let mode = client
+        .conv_mode(ConvModeReq {
+            conv: CONV,
+            uid: Some(2),
+        })
+        .await
+        .unwrap();
+    assert!(mode.large);
+    assert_eq!(mode.switch_seq, Some(3));
+    let send = |key: u128| SendReq {
+        conv: CONV,
+        sender: 1,
+        client_msg_id: key,
+        msg_type: 1,
+        payload: Bytes::from_static(b"hello"),
+    };
+    let first = client.send(send(1)).await.unwrap();
+
+    let dirty = client.dirty(UserReq { uid: 2 }).await.unwrap();
+    assert_eq!(
+        dirty.markers,
+        vec![DirtyMarker {
+            conv: CONV,
+            target_msg_seq: first.msg_seq,
+            version: first.msg_seq,
+        }]
+    );
+    let observed = dirty.markers[0].version;
+    // A message lands between the read of the marker and the clear.
+    let second = client.send(send(2)).await.unwrap();
+    let clear = ClearDirtyReq {
+        uid: 2,
+        conv: CONV,
+        version: observed,
+    };
+    match client.clear_dirty(clear.clone()).await {
+        Err(ClientError::Server { code, detail, .. }) => {
+            assert_eq!(code, ErrorCode::MarkerMoved);
+            assert_eq!(detail, second.msg_seq);
+        }
+        other => panic!("expected MARKER_MOVED, got {other:?}"),
+    }
+    let dirty = client.dirty(UserReq { uid: 2 }).await.unwrap();
+    assert_eq!(
+        dirty.markers[0].target_msg_seq, second.msg_seq,
+        "still dirty"
+    );
+
+    // Pull up to the target, then clear the version seen.
+    let pulled = client
+        .pull(PullReq {
+            uid: 2,
+            per_conv_limit: 50,
+            cursors: vec![PullCursor {
+                conv: CONV,
+                after_seq: 3,
+            }],
+        })
+        .await
+        .unwrap();
+    assert_eq!(pulled.convs[0].max_seq, second.msg_seq);
+    assert_eq!(pulled.convs[0].messages.len(), 2);
+    let cleared = client
+        .clear_dirty(ClearDirtyReq {
+            version: second.msg_seq,
+            ..clear
+        })
+        .await
+        .unwrap();
+    assert_eq!(cleared.cleared_seq, second.msg_seq);
+    assert!(client
+        .dirty(UserReq { uid: 2 })
+        .await
+        .unwrap()
+        .markers
+        .is_empty());
+    assert_eq!(
+        client
+            .dirty(UserReq { uid: 3 })
+            .await
+            .unwrap()
+            .markers
+            .len(),
+        1
+    );
+
+    drop(client);
+    daemon.stop();
+    let daemon = Daemon::start_with(dir.path(), LARGE);
+    let client = daemon.client().await;
+    assert!(client
+        .dirty(UserReq { uid: 2 })
+        .await
+        .unwrap()
+        .markers
+        .is_empty());
+    let mode = client
+        .conv_mode(ConvModeReq {
+            conv: CONV,
+            uid: Some(3),
+        })
+        .await
+        .unwrap();
+    assert_eq!(mode.switch_seq, Some(3));
+    assert!(mode.marker.is_some_and(|m| m.dirty));
+}
