@@ -106,10 +106,22 @@ impl Log {
 
 fn replay_segment(seg: &Segment, after: Lsn, f: &mut ReplayFn<'_>) -> Result<(), LogError> {
     let data = seg.durable_view()?;
+    replay_bytes(seg.id, &data, after, f)
+}
+
+/// Hands `f` every record of the batches in `data` (segment `id`'s bytes
+/// up to its durable end) whose LSN is over `after`. Any batch that does
+/// not verify is corruption: below the durable end nothing may be torn.
+pub(super) fn replay_bytes(
+    id: SegmentId,
+    data: &[u8],
+    after: Lsn,
+    f: &mut ReplayFn<'_>,
+) -> Result<(), LogError> {
     let mut pos = SEGMENT_HEADER_LEN;
     while pos < data.len() {
-        let b = format::decode_batch(seg.id, &data, pos, 0).map_err(|e| LogError::Corruption {
-            segment: seg.id,
+        let b = format::decode_batch(id, data, pos, 0).map_err(|e| LogError::Corruption {
+            segment: id,
             offset: pos as u64,
             reason: format!("durable batch does not verify: {e:?}"),
         })?;

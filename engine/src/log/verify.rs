@@ -9,7 +9,6 @@ use std::path::Path;
 
 use memmap2::Mmap;
 
-use super::format::{self, SEGMENT_HEADER_LEN};
 use super::segment::{self, FileKind, Tail};
 use super::{LogError, Lsn, ReplayFn, SegmentId};
 
@@ -107,12 +106,7 @@ pub fn verify_with_progress(
     // Only the last begun segment may have a torn tail; prepared segments
     // (written ahead, never begun) hold no records and are not damage.
     let kinds = segment::classify(&segs)?;
-    let last_begun = segs
-        .iter()
-        .zip(&kinds)
-        .filter(|(_, k)| **k == FileKind::Begun)
-        .map(|((id, _), _)| *id)
-        .next_back();
+    let last_begun = last_begun(&segs, &kinds);
     for ((id, path), kind) in segs.iter().zip(&kinds) {
         if *kind == FileKind::InterruptedBegin {
             let problem = Problem {
@@ -216,12 +210,7 @@ pub fn replay_dir(dir: &Path, after: Lsn, f: &mut ReplayFn<'_>) -> Result<(), Lo
     // interrupted begin is removed at open, and only the last begun
     // segment may end in a torn tail.
     let kinds = segment::classify(&segs)?;
-    let last_begun = segs
-        .iter()
-        .zip(&kinds)
-        .filter(|(_, k)| **k == FileKind::Begun)
-        .map(|((id, _), _)| *id)
-        .next_back();
+    let last_begun = last_begun(&segs, &kinds);
     for ((id, path), kind) in segs.iter().zip(&kinds) {
         if *kind != FileKind::Begun {
             continue;
@@ -246,21 +235,17 @@ pub fn replay_dir(dir: &Path, after: Lsn, f: &mut ReplayFn<'_>) -> Result<(), Lo
         let end = usize::try_from(scan.end)
             .unwrap_or(usize::MAX)
             .min(data.len());
-        let data = &data[..end];
-        let mut pos = SEGMENT_HEADER_LEN;
-        while pos < data.len() {
-            let b = format::decode_batch(*id, data, pos, 0).map_err(|e| LogError::Corruption {
-                segment: *id,
-                offset: pos as u64,
-                reason: format!("batch does not verify: {e:?}"),
-            })?;
-            if b.lsn > after {
-                for (loc, kind, payload) in b.records() {
-                    f(b.lsn, loc, kind, payload)?;
-                }
-            }
-            pos += b.frame_len;
-        }
+        super::read::replay_bytes(*id, &data[..end], after, f)?;
     }
     Ok(())
+}
+
+/// The newest segment that holds records (or began to): the only one whose
+/// tail may be torn.
+fn last_begun(segs: &[(SegmentId, std::path::PathBuf)], kinds: &[FileKind]) -> Option<SegmentId> {
+    segs.iter()
+        .zip(kinds)
+        .filter(|(_, k)| **k == FileKind::Begun)
+        .map(|((id, _), _)| *id)
+        .next_back()
 }
