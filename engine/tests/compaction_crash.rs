@@ -9,7 +9,6 @@
 
 mod inbox_common;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,18 +28,6 @@ fn tune(c: &mut InboxConfig) {
     c.compaction_interval = None;
 }
 
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for entry in std::fs::read_dir(src).unwrap() {
-        let entry = entry.unwrap();
-        let to = dst.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &to);
-        } else {
-            std::fs::copy(entry.path(), &to).unwrap();
-        }
-    }
-}
 
 /// Every event of `uid` from `from`, as its desktop sees them (no ACK).
 fn events_from(ib: &Inbox, uid: Uid, gen: Generation, from: SyncSeq) -> Vec<SyncEvent> {
@@ -104,7 +91,7 @@ fn kill_between_each_step_of_a_rewrite_loses_nothing_and_resurrects_nothing() {
         let dir = h.dir.path().to_path_buf();
         h.ib().set_compaction_hook(Some(Arc::new(move |step| {
             let img = tempfile::tempdir().unwrap();
-            copy_dir(&dir, img.path());
+            copy_running_dir(&dir, img.path());
             images.lock().push((step, img));
         })));
     }
@@ -175,7 +162,7 @@ fn kill_between_each_step_of_a_rewrite_loses_nothing_and_resurrects_nothing() {
             // Killed now: the next pass opens what this one left, without
             // the checkpoint a clean shutdown would add.
             next_image = tempfile::tempdir().unwrap();
-            copy_dir(img.path(), next_image.path());
+            copy_running_dir(img.path(), next_image.path());
             drop(ib);
         }
     }

@@ -34,18 +34,6 @@ fn checkpoints(data: &Path) -> Vec<(u64, PathBuf)> {
     out
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
-    }
-}
 
 /// The writer held at its first checkpoint after this is set up (by the
 /// hook): `entered` gets that checkpoint's LSN, and the writer waits until
@@ -98,7 +86,7 @@ fn checkpoint_command_replies_after_its_file_is_durable() {
     // Whatever is on disk at the reply, the engine still running: a copy of
     // it recovers from that checkpoint, replays nothing and has the state.
     let copy = tempfile::tempdir().unwrap();
-    copy_dir(h.dir.path(), copy.path());
+    copy_running_dir(h.dir.path(), copy.path());
     let mut c = config(copy.path(), &h.clock);
     c.checkpoint_every_bytes = u64::MAX;
     let reopened = Inbox::open(c).unwrap();

@@ -201,9 +201,10 @@ impl Harness {
     }
 }
 
-/// Copies a data dir an engine is running in. A file the checkpoint
-/// writer renames or removes during the copy is skipped: a kill at that
-/// moment could leave it either way.
+/// Copies a data dir an engine is running in. A file renamed or removed
+/// during the copy (by the checkpoint writer, or by a log's preparer
+/// turning a spare into a prepared segment) is skipped: a kill at that
+/// moment could leave it either way, and a spare holds no data.
 pub fn copy_running_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
     let Ok(entries) = std::fs::read_dir(from) else {
