@@ -89,6 +89,9 @@ impl Log {
         }
         std::fs::create_dir_all(&opts.dir)?;
         let lock = lock_dir(&opts.dir)?;
+        // A truncation cut short by a crash is finished before anything is
+        // read, so recovery sees the log after it (see `truncate`).
+        super::truncate::finish_pending(&opts.dir, io.as_ref())?;
         let rec = recovery::recover(&opts.dir, io.as_ref(), opts.segment_bytes, opts.recovery)?;
         tracing::info!(
             dir = %opts.dir.display(),

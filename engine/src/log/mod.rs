@@ -41,6 +41,7 @@ mod read;
 mod recovery;
 mod segment;
 mod shared;
+mod truncate;
 mod uring;
 mod verify;
 mod writer;

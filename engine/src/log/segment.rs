@@ -143,6 +143,15 @@ impl Segment {
         self.durable_len.store(len, Ordering::Release);
     }
 
+    /// Moves the durable end back to `len` after a suffix truncation
+    /// (`Log::truncate_after`), which has zeroed and synced the bytes
+    /// past it.
+    pub fn set_truncated(&self, len: u64, last_lsn: Lsn) {
+        debug_assert!(len <= self.durable_len() && len >= SEGMENT_HEADER_LEN as u64);
+        self.durable_len.store(len, Ordering::Release);
+        self.last_lsn.store(last_lsn, Ordering::Release);
+    }
+
     /// Marks the segment immutable. Called by the writer once every byte
     /// of it is synced.
     pub fn seal(&self) {
