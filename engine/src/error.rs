@@ -42,6 +42,12 @@ pub enum Error {
     MarkerMoved { version: u64 },
     #[error("storage is full: {0}")]
     NoSpace(String),
+    /// This node does not lead its replication group, or lost the lead
+    /// before the request's round was committed (the round may or may not
+    /// be kept by the next leader): retry at the leader with the same
+    /// idempotency key.
+    #[error("not the leader: {0}")]
+    NotLeader(String),
     /// The engine is shutting down or has shut down: nothing was done.
     /// Clients may retry elsewhere or later (`UNAVAILABLE`).
     #[error("the engine is shut down")]

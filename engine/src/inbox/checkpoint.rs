@@ -137,6 +137,11 @@ fn encode_body(w: &mut Writer, st: &State) {
     messaging::put_edit_links(w, st);
     // Optional too, after the links: large groups and marker clears.
     messaging::put_large_groups(w, st);
+    // Optional too, and only on a store that replicates: the replication
+    // index of the last round applied.
+    if st.replica_index != 0 {
+        w.u64(st.replica_index);
+    }
 }
 
 pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
@@ -170,6 +175,9 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
     }
     if !r.is_empty() {
         messaging::get_large_groups(&mut r, &mut st)?;
+    }
+    if !r.is_empty() {
+        st.replica_index = r.u64()?;
     }
     if !r.is_empty() {
         return Err(DecodeError("trailing bytes in checkpoint"));

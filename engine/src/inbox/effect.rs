@@ -20,6 +20,7 @@ use super::codec::{DecodeError, DecodeResult, Reader, Writer};
 use super::compaction::record::Records as CompactionRecords;
 use super::devices::record::Records as DevicesRecords;
 use super::messaging::record::Records as MessagingRecords;
+use super::replica::record::Records as ReplicaRecords;
 use super::snapshots::record::Records as SnapshotsRecords;
 #[cfg(doc)]
 use super::state::record::Record;
@@ -107,6 +108,7 @@ subsystems! {
     Devices(DevicesRecords),
     Snapshots(SnapshotsRecords),
     Compaction(CompactionRecords),
+    Replica(ReplicaRecords),
 }
 
 // No two subsystems claim one kind code, and bit 7 is left to copies.

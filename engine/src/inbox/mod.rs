@@ -56,6 +56,7 @@ mod pending;
 mod read;
 mod read_api;
 mod recover;
+mod replica;
 mod round;
 mod sequencer;
 mod shared;
@@ -69,6 +70,7 @@ pub use consistency::verify_data_dir;
 pub use pending::Pending;
 pub use read::Read;
 pub use recover::RecoveryReport;
+pub use replica::{Entry, Leader};
 pub use shared::Hint;
 
 use std::sync::atomic::AtomicU64;

@@ -28,6 +28,9 @@ pub(crate) use super::pending::Tx;
 pub(crate) enum Fail {
     Poisoned(String),
     NoSpace(String),
+    /// A replicated round that will not commit here: the leadership ended
+    /// first, or this node follows.
+    NotLeader(String),
 }
 
 impl Fail {
@@ -41,6 +44,7 @@ impl Fail {
         match self {
             Fail::Poisoned(m) => Error::Log(LogError::Poisoned(m.clone())),
             Fail::NoSpace(m) => Error::NoSpace(m.clone()),
+            Fail::NotLeader(m) => Error::NotLeader(m.clone()),
         }
     }
 }

@@ -23,6 +23,8 @@ pub(crate) struct RoundDone {
     pub id: u64,
     pub outcome: Outcome,
     pub replies: Vec<ReplyFn>,
+    /// A leader's round: released once its consensus layer commits it.
+    pub replica: Option<(Arc<crate::inbox::replica::Link>, u64)>,
     pub user_marks: BTreeMap<Uid, SyncSeq>,
     pub conv_marks: BTreeMap<ConvId, MsgSeq>,
 }
@@ -40,6 +42,10 @@ pub(crate) fn run_completion(shared: Arc<Shared>, rx: mpsc::Receiver<RoundDone>)
                     // A failure of the other log while the round was in
                     // flight fails it too: nothing is answered after one.
                     Some(m) => Err(Fail::Poisoned(m)),
+                    None => Ok(()),
+                })
+                .and_then(|()| match &done.replica {
+                    Some((link, index)) => link.wait_committed(*index),
                     None => Ok(()),
                 }),
             (None, Outcome::Nothing) => Ok(()),
@@ -68,7 +74,9 @@ pub(crate) fn run_completion(shared: Arc<Shared>, rx: mpsc::Receiver<RoundDone>)
                 shared.poison(m.clone());
                 poisoned = Some(f.clone());
             }
-            Err(Fail::NoSpace(_)) => {}
+            // The state keeps the round until the consensus layer's
+            // rollback rebuilds it (`Inbox::discard_from`).
+            Err(Fail::NoSpace(_) | Fail::NotLeader(_)) => {}
         }
         shared
             .rounds_written

@@ -51,8 +51,10 @@ use crate::log::{AppendTicket, Batch, Log, LogError};
 
 pub(crate) mod checkpoints;
 pub(crate) mod completion;
+pub(crate) mod replica;
 
 use completion::{Outcome, RoundDone};
+use replica::Role;
 
 /// At most this many commands per round, to bound a round's latency.
 const ROUND_COMMANDS_MAX: usize = 4096;
@@ -83,6 +85,9 @@ pub(crate) enum Command<C> {
     Shutdown {
         tx: mpsc::Sender<Result<()>>,
     },
+    /// Replication: change role, apply an entry, discard rounds. Runs in
+    /// order with the commands around it, each round closed first.
+    Replica(replica::Control),
 }
 
 impl<C> Command<C> {
@@ -93,6 +98,7 @@ impl<C> Command<C> {
             Command::Run(c) => Command::Run(f(c)),
             Command::Checkpoint { tx } => Command::Checkpoint { tx },
             Command::Shutdown { tx } => Command::Shutdown { tx },
+            Command::Replica(c) => Command::Replica(c),
         }
     }
 }
@@ -113,6 +119,9 @@ struct RoundBuf {
     /// Framed bytes of the records gathered so far (see [`round_bytes_max`]; also what counts towards the next periodic
     /// checkpoint).
     size: u64,
+    /// A leader's round: the link to its consensus layer and the round's
+    /// replication index (see `replica.rs`).
+    replica: Option<(Arc<crate::inbox::replica::Link>, u64)>,
 }
 
 /// The round as the subsystems see it.
@@ -168,6 +177,8 @@ pub(crate) struct Sequencer<C: Exec> {
     services: C::Services,
     next_round: u64,
     bytes_since_checkpoint: u64,
+    /// Who commits the rounds: the local log alone, or a consensus layer.
+    role: Role,
 }
 
 impl<C: Exec> Sequencer<C> {
@@ -187,6 +198,7 @@ impl<C: Exec> Sequencer<C> {
             services,
             next_round: 1,
             bytes_since_checkpoint: 0,
+            role: Role::Local,
         }
     }
 
@@ -214,6 +226,14 @@ impl<C: Exec> Sequencer<C> {
                             id = self.next_round;
                         }
                     }
+                    Command::Replica(c) => {
+                        if !round.replies.is_empty() {
+                            self.next_round += 1;
+                            self.finish_round(id, std::mem::take(&mut round));
+                        }
+                        self.replica(c);
+                        id = self.next_round;
+                    }
                 }
             }
             if !round.replies.is_empty() {
@@ -227,6 +247,9 @@ impl<C: Exec> Sequencer<C> {
                         self.checkpoint(checkpoints::Done::Caller(tx));
                     }
                     Command::Shutdown { tx } => {
+                        // Rounds the consensus layer has not committed
+                        // will not be now.
+                        self.end_leadership("the engine is shutting down");
                         let flushed = self.drain().and_then(|()| {
                             self.shared.msg_log.flush()?;
                             self.shared.evt_log.flush()?;
@@ -302,6 +325,12 @@ impl<C: Exec> Sequencer<C> {
             cmd.fail(&Fail::Poisoned(m));
             return;
         }
+        if let Role::Follower = self.role {
+            cmd.fail(&Fail::NotLeader(
+                "this node follows; send to the leader".into(),
+            ));
+            return;
+        }
         let env = Env {
             now: self.shared.config.clock.now_ms(),
             shared: &self.shared,
@@ -334,6 +363,7 @@ impl<C: Exec> Sequencer<C> {
                 }
                 Outcome::Failed(Fail::NoSpace(m))
             }
+            Err(f @ Fail::NotLeader(_)) => Outcome::Failed(f),
             Err(f @ Fail::Poisoned(_)) => {
                 if let Fail::Poisoned(m) = &f {
                     self.shared.poison(m.clone());
@@ -346,6 +376,7 @@ impl<C: Exec> Sequencer<C> {
             id,
             outcome,
             replies: std::mem::take(&mut r.replies),
+            replica: r.replica.take(),
             user_marks: std::mem::take(&mut r.user_marks),
             conv_marks: std::mem::take(&mut r.conv_marks),
         });
@@ -364,6 +395,10 @@ impl<C: Exec> Sequencer<C> {
         if r.evt_records.is_empty() {
             return Ok(None);
         }
+        let entry = match &self.role {
+            Role::Leader(link) => self.mark_round(link, r),
+            _ => None,
+        };
         let mut batch = Batch::new();
         for (kind, record) in r.evt_records.drain(..) {
             batch.push_owned(kind, record);
@@ -384,6 +419,9 @@ impl<C: Exec> Sequencer<C> {
                 st.patch_msg(conv, seq, body_in_evt(loc));
             }
             st.evt_lsn = ticket.lsn;
+        }
+        if let (Some(entry), Some((link, _))) = (entry, &r.replica) {
+            link.hand_off(entry);
         }
         Ok(Some(ticket))
     }

@@ -321,6 +321,9 @@ pub(crate) struct State {
     pub next_msg_counter: u64,
     /// LSN of the last `evt` batch applied.
     pub evt_lsn: u64,
+    /// Replication index of the last replicated round applied (its round
+    /// mark, `replica/record.rs`); 0 on a store that never replicated.
+    pub replica_index: u64,
     /// Retained events and message bodies per `evt` segment (derived:
     /// see [`SegRefs`]): a segment with a count is needed, whatever holds it.
     pub evt_refs: SegRefs,
@@ -376,6 +379,7 @@ impl State {
             idem_ttl_ms,
             next_msg_counter: 1,
             evt_lsn: 0,
+            replica_index: 0,
             evt_refs: SegRefs::default(),
             body_refs: SegRefs::default(),
             msg_refs: SegRefs::default(),
