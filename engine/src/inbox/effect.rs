@@ -247,6 +247,7 @@ pub(crate) mod tests {
                     }),
                 },
             }),
+            Effect::from(crate::inbox::replica::record::RoundMark { index: 7 }),
         ];
         assert_round_trips(&effects);
     }
@@ -309,7 +310,8 @@ pub(crate) mod tests {
         }
         // Every kind written before the records moved into their
         // subsystems keeps its code; 9 (message with its body) and 10
-        // (body moves) came with the single commit log.
+        // (body moves) came with the single commit log; 14 (the round
+        // mark) with replication.
         assert_eq!(
             seen.into_iter().collect::<Vec<_>>(),
             [
@@ -324,7 +326,8 @@ pub(crate) mod tests {
                 (9, 0),
                 (10, 3),
                 (12, 0),
-                (13, 0)
+                (13, 0),
+                (14, 4),
             ]
         );
         // The same check the build runs refuses a kind claimed twice.

@@ -17,9 +17,10 @@
 //! segment is immutable (mapped by readers, counted by compaction), so a
 //! cut that reaches one is refused with `InvalidArgument`.
 //!
-//! The caller makes sure nothing points at the dropped batches any more
-//! (the inbox rebuilds its state from the prefix first): a read of a
-//! dropped record after the cut fails its CRC or finds zeros.
+//! The caller makes sure nothing reads the dropped batches while they are
+//! cleared (the inbox never lets a read reach a round that was not
+//! committed, and rebuilds its state from the prefix right after): a read
+//! of a dropped record after the cut fails its CRC or finds zeros.
 //!
 //! File (little endian): magic `INBXTRN1`, u64 segment id, u64 lsn (the
 //! last batch kept), u64 cut, u64 end, u32 CRC32 of the bytes before it.
