@@ -17,6 +17,13 @@
 //! `evt` ticket to the completion stage and goes on with the next round
 //! while that one syncs (pipelining).
 //!
+//! Replication (`replica.rs`): in the default *local* role the above is
+//! all. A *leader* closes each round that changes state with a round mark
+//! and hands its records out as an entry; the completion stage releases
+//! its replies once the consensus layer has committed it too. A
+//! *follower* refuses client commands and runs each leader's entry as a
+//! round of its own through the same sink.
+//!
 //! Checkpoints: the sequencer drains the pipeline and copies the state (so
 //! the copy is the state at one LSN; users and conversations are shared,
 //! copy on write), then hands the copy to the checkpoint-writer thread and
