@@ -130,10 +130,15 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
     };
     let mut events = Vec::with_capacity(locs.len());
     for (i, loc) in locs.iter().enumerate() {
-        let rec = shared.evt_log.read(unpack(*loc))?;
-        let effect = Effect::decode(rec.kind, &rec.payload).map_err(|e| corrupt("evt", &e))?;
-        let ev = effect
-            .to_event(plan.start.plus(1 + i as u64))
+        // Read in place and decoded as far as the event goes: a message's
+        // body, which travels in the same record, is never copied.
+        let seq = plan.start.plus(1 + i as u64);
+        let ev = shared
+            .evt_log
+            .read_with(unpack(*loc), |kind, payload| {
+                Effect::decode_event(kind, payload, seq)
+            })?
+            .map_err(|e| corrupt("evt", &e))?
             .ok_or_else(|| {
                 Error::Invariant("event index points at a record that is no event".into())
             })?;
