@@ -83,7 +83,6 @@ use crate::error::{Error, Result};
 use crate::log::{Log, LogError, LogOptions};
 use command::Command;
 use messaging::record::{summary_for, StoredPayload, MESSAGE_OVERHEAD_MAX};
-use pending::Reply;
 use round::Tx;
 use shared::{Progress, Shared};
 
@@ -371,11 +370,8 @@ impl Inbox {
                         }));
                     }
                     let (tx, pending) = Pending::channel();
-                    let shared = Arc::clone(&self.shared);
                     // The receiver is alive in `pending`, so this cannot fail.
-                    let _ = tx.send(Reply::Later(Box::new(move || {
-                        devices::read::sync_page(&shared, &plan)
-                    })));
+                    let _ = tx.send(devices::read::page_reply(Arc::clone(&self.shared), plan));
                     return pending;
                 }
                 None => {}

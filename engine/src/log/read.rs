@@ -100,6 +100,22 @@ impl Log {
 
     /// The segments, oldest first. The newest one, if any, is the active
     /// (unsealed) one.
+    /// The oldest segment whose records count as recent: the active
+    /// segment and the one sealed before it, that is the last one to two
+    /// segments' worth of writes. They went through the page cache moments
+    /// ago, so reading them does not wait for the disk unless memory is so
+    /// short that the kernel dropped what it just wrote.
+    pub fn recent_floor(&self) -> SegmentId {
+        let segments = self.shared.segments.read();
+        segments
+            .keys()
+            .rev()
+            .nth(1)
+            .or(segments.keys().next_back())
+            .copied()
+            .unwrap_or(0)
+    }
+
     pub fn segments(&self) -> Vec<SegmentInfo> {
         self.shared
             .segments
