@@ -17,6 +17,7 @@ pub mod conn;
 pub mod convert;
 pub mod disk_space;
 pub mod dump;
+pub mod hints;
 pub mod metrics;
 pub mod read_pool;
 pub mod server;

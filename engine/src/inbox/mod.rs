@@ -69,7 +69,7 @@ pub use consistency::verify_data_dir;
 pub use pending::Pending;
 pub use read::Read;
 pub use recover::RecoveryReport;
-pub use shared::Hint;
+pub use shared::{Hint, LargeGroupHint};
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{mpsc, Arc};
@@ -133,6 +133,7 @@ impl Inbox {
         )?;
         let checkpoints = checkpoint::durable_lsns(data)?;
         let (hints, _) = tokio::sync::broadcast::channel(1024);
+        let (large_group_hints, _) = tokio::sync::broadcast::channel(1024);
         let snapshots = snapshots::store::Store::new(config.snapshot_cache_bytes);
         let shared = Arc::new(Shared {
             config,
@@ -143,6 +144,7 @@ impl Inbox {
             progress_cv: Condvar::new(),
             settled_watch: tokio::sync::watch::Sender::new((0, false)),
             hints,
+            large_group_hints,
             rounds_written: AtomicU64::new(0),
             recovery,
             snapshots,
