@@ -74,6 +74,7 @@ pub fn order_of(request: &Request) -> Order {
         | Request::Hello(_)
         | Request::Ping(_)
         | Request::Subscribe(_)
+        | Request::SubscribeDirty(_)
         | Request::Unsubscribe(_) => Order::Read,
     }
 }
@@ -326,7 +327,11 @@ fn call(
         Request::Checkpoint(_) => blocking(inbox, Inbox::checkpoint, |()| {
             Response::Checkpoint(Empty {})
         }),
-        Request::Hello(_) | Request::Ping(_) | Request::Subscribe(_) | Request::Unsubscribe(_) => {
+        Request::Hello(_)
+        | Request::Ping(_)
+        | Request::Subscribe(_)
+        | Request::SubscribeDirty(_)
+        | Request::Unsubscribe(_) => {
             return Err(Error::Internal(
                 "connection-level request reached the engine dispatcher".into(),
             ))
