@@ -28,7 +28,6 @@ fn tune(c: &mut InboxConfig) {
     c.compaction_interval = None;
 }
 
-
 /// Every event of `uid` from `from`, as its desktop sees them (no ACK).
 fn events_from(ib: &Inbox, uid: Uid, gen: Generation, from: SyncSeq) -> Vec<SyncEvent> {
     let req = |local, token| SyncRequest {

@@ -34,7 +34,6 @@ fn checkpoints(data: &Path) -> Vec<(u64, PathBuf)> {
     out
 }
 
-
 /// The writer held at its first checkpoint after this is set up (by the
 /// hook): `entered` gets that checkpoint's LSN, and the writer waits until
 /// `release` is used or dropped. Later checkpoints pass straight through;

@@ -16,8 +16,7 @@ use super::record::MsgEffect;
 use crate::api::*;
 use crate::inbox::state::record::{ApplyError, Touched};
 use crate::inbox::state::{
-    msg_counter, Conv, IdemEntry, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED,
-    OPEN,
+    msg_counter, Conv, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED, OPEN,
 };
 
 /// A recall of `target_seq` also recalls its edits, the edits of those,
@@ -217,28 +216,16 @@ impl State {
     }
 
     fn remember_idem(&mut self, m: &MsgEffect) {
-        // Expire keys older than the TTL, judged by the stamped time of the
-        // message being applied, so replay expires exactly the same keys.
-        let horizon = m.at_ms.saturating_sub(self.idem_ttl_ms);
-        while let Some(&(at, uid, cmid)) = self.idem_order.front() {
-            if at >= horizon {
-                break;
-            }
-            self.idem_order.pop_front();
-            if self.idem.get(&(uid, cmid)).is_some_and(|e| e.at_ms == at) {
-                self.idem.remove(&(uid, cmid));
-            }
-        }
+        // Expiry is judged by the stamped time of the message being
+        // applied, so replay expires exactly the same keys.
         self.idem.insert(
-            (m.sender, m.client_msg_id),
-            IdemEntry {
-                conv: m.conv,
-                msg_id: m.msg_id,
-                msg_seq: m.msg_seq,
-                at_ms: m.at_ms,
-            },
+            m.sender,
+            m.client_msg_id,
+            m.conv,
+            m.msg_seq,
+            m.msg_id,
+            m.at_ms,
+            self.idem_ttl_ms,
         );
-        self.idem_order
-            .push_back((m.at_ms, m.sender, m.client_msg_id));
     }
 }
