@@ -71,6 +71,7 @@ pub fn order_of(request: &Request) -> Order {
         | Request::ExplainSegment(_)
         | Request::Compact(_)
         | Request::Checkpoint(_)
+        | Request::Memory(_)
         | Request::Hello(_)
         | Request::Ping(_)
         | Request::Subscribe(_)
@@ -326,6 +327,12 @@ fn call(
         Request::Checkpoint(_) => blocking(inbox, Inbox::checkpoint, |()| {
             Response::Checkpoint(Empty {})
         }),
+        // O(state) in chunks of the state lock: off the workers.
+        Request::Memory(_) => blocking(
+            inbox,
+            |inbox| Ok(inbox.memory()),
+            |m| Response::Memory(convert::memory(m)),
+        ),
         Request::Hello(_) | Request::Ping(_) | Request::Subscribe(_) | Request::Unsubscribe(_) => {
             return Err(Error::Internal(
                 "connection-level request reached the engine dispatcher".into(),

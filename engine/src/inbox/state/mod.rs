@@ -29,6 +29,7 @@ use bytes::Bytes;
 pub(crate) mod idem;
 mod invariants;
 pub(crate) mod loc;
+pub(crate) mod memory;
 pub(crate) mod record;
 mod seg_refs;
 
