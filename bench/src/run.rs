@@ -827,7 +827,23 @@ fn soak_scenario(sp: &SoakPlan, system: &dyn System, seed: u64) -> Result<(SoakR
             events_live: holdings.map(|h| h.events_live),
             rss_anon_bytes: rss,
             seconds: started.elapsed().as_secs_f64(),
+            memory: system.memory(),
         };
+        let top: Vec<String> = s
+            .memory
+            .iter()
+            .filter(|m| m.structure != "log_mmaps" && m.allocated >= 1 << 20)
+            .map(|m| {
+                format!(
+                    "{} {:.1}",
+                    m.structure,
+                    m.allocated as f64 / f64::from(1u32 << 20)
+                )
+            })
+            .collect();
+        if !top.is_empty() {
+            println!("{name}: soak: allocated MiB: {}", top.join(", "));
+        }
         println!(
             "{name}: soak: {} sent, {} retained, {} live events, RssAnon {:.1} MiB, {:.0} s",
             s.messages_sent,

@@ -302,6 +302,27 @@ impl System for Inboxd {
         })
     }
 
+    fn memory(&self) -> Vec<crate::report::StructureBytes> {
+        let Ok(rt) = runtime() else {
+            return Vec::new();
+        };
+        let Ok(client) = self.admin_client_on(&rt) else {
+            return Vec::new();
+        };
+        rt.block_on(client.memory(Empty {}))
+            .map(|m| {
+                m.structures
+                    .into_iter()
+                    .map(|s| crate::report::StructureBytes {
+                        structure: s.structure,
+                        live: s.live,
+                        allocated: s.allocated,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     fn data_bytes(&self) -> u64 {
         dir_bytes(&self.dir.path().join("data"))
     }

@@ -171,6 +171,11 @@ pub trait System: Sync {
         None
     }
 
+    /// The server's own memory breakdown by structure, where it has one.
+    fn memory(&self) -> Vec<crate::report::StructureBytes> {
+        Vec::new()
+    }
+
     /// Bytes its data directory takes on disk.
     fn data_bytes(&self) -> u64 {
         0
