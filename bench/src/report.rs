@@ -130,6 +130,12 @@ pub struct SoakSample {
     /// one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub memory: Vec<StructureBytes>,
+    /// What taking the breakdown cost: the whole walk, and its longest
+    /// hold of the state lock (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_walk_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_longest_hold_us: Option<u64>,
 }
 
 /// One structure of a memory breakdown.
@@ -477,6 +483,12 @@ fn memory_table(soak: &SoakReport) -> String {
             mib(m.live),
             mib(m.allocated),
             slope
+        );
+    }
+    if let (Some(walk), Some(hold)) = (last.memory_walk_us, last.memory_longest_hold_us) {
+        let _ = writeln!(
+            out,
+            "taking the breakdown: {walk} µs, longest hold of the state lock {hold} µs"
         );
     }
     let _ = writeln!(

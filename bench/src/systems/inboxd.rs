@@ -302,25 +302,20 @@ impl System for Inboxd {
         })
     }
 
-    fn memory(&self) -> Vec<crate::report::StructureBytes> {
-        let Ok(rt) = runtime() else {
-            return Vec::new();
-        };
-        let Ok(client) = self.admin_client_on(&rt) else {
-            return Vec::new();
-        };
-        rt.block_on(client.memory(Empty {}))
-            .map(|m| {
-                m.structures
-                    .into_iter()
-                    .map(|s| crate::report::StructureBytes {
-                        structure: s.structure,
-                        live: s.live,
-                        allocated: s.allocated,
-                    })
-                    .collect()
+    fn memory(&self) -> Option<(Vec<crate::report::StructureBytes>, u64, u64)> {
+        let rt = runtime().ok()?;
+        let client = self.admin_client_on(&rt).ok()?;
+        let m = rt.block_on(client.memory(Empty {})).ok()?;
+        let structures = m
+            .structures
+            .into_iter()
+            .map(|s| crate::report::StructureBytes {
+                structure: s.structure,
+                live: s.live,
+                allocated: s.allocated,
             })
-            .unwrap_or_default()
+            .collect();
+        Some((structures, m.walk_us, m.longest_hold_us))
     }
 
     fn data_bytes(&self) -> u64 {

@@ -16,7 +16,8 @@ use super::record::MsgEffect;
 use crate::api::*;
 use crate::inbox::state::record::{ApplyError, Touched};
 use crate::inbox::state::{
-    msg_counter, Conv, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED, OPEN,
+    msg_counter, push_compact, Conv, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED,
+    OPEN,
 };
 
 /// A recall of `target_seq` also recalls its edits, the edits of those,
@@ -88,13 +89,16 @@ impl State {
             )));
         }
         self.totals.messages += 1;
-        conv.msgs.push(MsgMeta {
-            loc: m.msg_loc,
-            msg_id: m.msg_id,
-            sender: m.sender,
-            kind: m.kind,
-            flags: 0,
-        });
+        push_compact(
+            &mut conv.msgs,
+            MsgMeta {
+                loc: m.msg_loc,
+                msg_id: m.msg_id,
+                sender: m.sender,
+                kind: m.kind,
+                flags: 0,
+            },
+        );
         crate::inbox::state::count_msg_ref(
             [&mut self.evt_refs, &mut self.body_refs, &mut self.msg_refs],
             m.msg_loc,

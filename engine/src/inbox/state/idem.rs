@@ -83,7 +83,8 @@ pub(crate) struct Bucket {
 
 #[derive(Clone, Debug)]
 enum Body {
-    /// Power-of-two slots, at most 7/8 used, [`FREE`] where empty.
+    /// Slots (any number), at most 7/8 used, [`FREE`] where empty; grows
+    /// by a quarter, so at most about 30% of it is unused after a growth.
     Open { slots: Vec<IdemSlot>, len: usize },
     /// Sorted, exactly sized; shared, so the state copy a checkpoint
     /// takes copies only the open bucket.
@@ -95,8 +96,11 @@ fn tag_of(spread: Spread, sender: Uid, cmid: ClientMsgId) -> [u64; 2] {
     [(cmid as u64) ^ s[0], ((cmid >> 64) as u64) ^ s[1]]
 }
 
-fn home(tag: [u64; 2], mask: usize) -> usize {
-    (mix64(tag[0] ^ tag[1].rotate_left(32)) as usize) & mask
+/// The first slot to probe among `n`: the mixed tag scaled to `n`
+/// (multiply-shift), so `n` need not be a power of two.
+fn home(tag: [u64; 2], n: usize) -> usize {
+    let h = mix64(tag[0] ^ tag[1].rotate_left(32));
+    ((u128::from(h) * n as u128) >> 64) as usize
 }
 
 impl Bucket {
@@ -155,7 +159,7 @@ impl Bucket {
             unreachable!("reopened above");
         };
         if (*len + 1) * 8 > slots.len() * 7 {
-            let cap = (slots.len() * 2).max(16);
+            let cap = (slots.len() + slots.len() / 4).max(16);
             let old = std::mem::replace(slots, vec![FREE; cap]);
             for e in old.into_iter().filter(|e| *e != FREE) {
                 put(slots, e);
@@ -178,13 +182,13 @@ impl Bucket {
                 if slots.is_empty() {
                     return;
                 }
-                let mask = slots.len() - 1;
-                let mut i = home(tag, mask);
+                let n = slots.len();
+                let mut i = home(tag, n);
                 while slots[i] != FREE {
                     if slots[i].tag == tag {
                         out.push(slots[i]);
                     }
-                    i = (i + 1) & mask;
+                    i = if i + 1 == n { 0 } else { i + 1 };
                 }
             }
             Body::Sealed(s) => {
@@ -196,10 +200,10 @@ impl Bucket {
 }
 
 fn put(slots: &mut [IdemSlot], e: IdemSlot) {
-    let mask = slots.len() - 1;
-    let mut i = home(e.tag, mask);
+    let n = slots.len();
+    let mut i = home(e.tag, n);
     while slots[i] != FREE {
-        i = (i + 1) & mask;
+        i = if i + 1 == n { 0 } else { i + 1 };
     }
     slots[i] = e;
 }

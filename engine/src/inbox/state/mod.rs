@@ -294,7 +294,7 @@ impl User {
         self.devices.iter().find(|d| d.row.device == id)
     }
     pub(crate) fn push_event(&mut self, loc: PackedLoc) -> SyncSeq {
-        self.events.push(loc);
+        push_compact(&mut self.events, loc);
         self.head()
     }
 }
@@ -360,6 +360,19 @@ pub(crate) fn count_msg_ref(refs: [&mut SegRefs; 3], loc: PackedLoc, add: bool) 
             r.remove(at);
         }
     }
+}
+
+/// Pushes onto an index that only grows at its end by a quarter of its
+/// length at a time, not by doubling: a conversation's message list or a
+/// user's event list is its largest allocation, kept for as long as the
+/// entries are, so doubling would leave up to half of it unused (R29).
+/// Amortized, an entry is copied four times instead of once (a large
+/// block's realloc remaps rather than copies).
+pub(crate) fn push_compact<T>(v: &mut Vec<T>, item: T) {
+    if v.len() == v.capacity() {
+        v.reserve_exact((v.len() / 4).max(4));
+    }
+    v.push(item);
 }
 
 /// The counter part of a msg_id (below the shard bits, R3).
