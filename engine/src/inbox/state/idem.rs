@@ -144,8 +144,9 @@ impl Bucket {
 
     fn insert(&mut self, slot: IdemSlot) {
         if let Body::Sealed(s) = &self.body {
-            // Only a decoded table can be asked to grow a sealed bucket
-            // (the clock stepped back): reopen it.
+            // Inserts go to the newest bucket, which stays open; should a
+            // sealed one ever be asked, it is reopened rather than refused
+            // (apply must not fail on a valid record).
             let entries = s.to_vec();
             self.body = Body::Open {
                 slots: Vec::new(),
@@ -314,9 +315,12 @@ impl IdemTable {
                 b.seal();
             }
             let width = (ttl_ms / BUCKETS_PER_TTL).max(1);
-            let start = at_ms - at_ms % width;
-            self.buckets
-                .push_back(Bucket::open(start, start.saturating_add(width)));
+            // Aligned to the width, but never before the previous bucket's
+            // end: the TTL (so the width) may have changed since a restart.
+            let prev_end = self.buckets.back().map_or(0, |b| b.end_ms);
+            let start = (at_ms - at_ms % width).max(prev_end);
+            let end = (at_ms - at_ms % width).saturating_add(width).max(at_ms + 1);
+            self.buckets.push_back(Bucket::open(start, end));
         }
         let tag = tag_of(self.spread, sender, cmid);
         let b = self.buckets.back_mut().expect("pushed above");
@@ -388,6 +392,21 @@ mod tests {
         t.insert(Uid(1), 2, ConvId(1), MsgSeq(2), MsgId(2), 1_700, ttl);
         assert_eq!(t.len(), 1);
         assert_eq!(t.buckets().count(), 1);
+    }
+
+    #[test]
+    fn buckets_stay_ordered_and_disjoint_when_the_ttl_changes() {
+        let mut t = IdemTable::default();
+        // Buckets of 100 ms, then (after a restart with another TTL) of 1 s.
+        t.insert(Uid(1), 1, ConvId(1), MsgSeq(1), MsgId(1), 950, 1_600);
+        t.insert(Uid(1), 2, ConvId(1), MsgSeq(2), MsgId(2), 1_010, 16_000);
+        t.insert(Uid(1), 3, ConvId(1), MsgSeq(3), MsgId(3), 2_500, 16_000);
+        let spans: Vec<(u64, u64)> = t.buckets().map(|b| (b.start_ms, b.end_ms)).collect();
+        assert_eq!(spans, [(900, 1_000), (1_000, 2_000), (2_000, 3_000)]);
+        t.insert(Uid(1), 4, ConvId(1), MsgSeq(4), MsgId(4), 3_050, 1_600);
+        let last = t.buckets().last().map(|b| (b.start_ms, b.end_ms));
+        assert_eq!(last, Some((3_000, 3_100)));
+        assert_eq!(t.candidates(Uid(1), 2, 3_050, 16_000).len(), 1);
     }
 
     #[test]
