@@ -714,7 +714,7 @@ mod tests {
                         events_live: Some(10),
                         rss_anon_bytes: 1 << 20,
                         seconds: 1.0,
-                        memory: Vec::new(),
+                        ..SoakSample::default()
                     },
                     SoakSample {
                         messages_sent: 200,
@@ -722,7 +722,7 @@ mod tests {
                         events_live: None,
                         rss_anon_bytes: 2 << 20,
                         seconds: 2.0,
-                        memory: Vec::new(),
+                        ..SoakSample::default()
                     },
                 ],
                 rss_bytes_per_message: Some(10_485.76),
