@@ -5,6 +5,7 @@
 mod inbox_common;
 
 use inbox_common::*;
+use inbox_engine::inbox::LargeGroupHint;
 use inbox_engine::*;
 
 const CONV: ConvId = ConvId(7);
@@ -315,4 +316,52 @@ fn a_snapshot_of_a_member_carries_the_large_groups_head_and_the_marker_stays() {
         .iter()
         .any(|m| m.conv == CONV && m.msg_seq == sent.msg_seq));
     assert_eq!(marker(&h, Uid(2)).unwrap().target_msg_seq, sent.msg_seq);
+}
+
+#[test]
+fn a_message_in_a_large_group_hints_its_head_and_members_markers_match_dirty() {
+    let h = harness();
+    h.join(Uid(9), ConvId(8));
+    large_group(&h);
+    let mut hints = h.ib().subscribe_large_group_hints();
+    // A message elsewhere is no large-group hint.
+    h.send(ConvId(8), Uid(9), 1, "small");
+    let sent = h.send(CONV, Uid(1), 2, "one");
+    let got = hints
+        .try_recv()
+        .expect("a hint after the large group's round");
+    assert_eq!(
+        got,
+        vec![LargeGroupHint {
+            conv: CONV,
+            head: sent.msg_seq
+        }]
+    );
+    assert!(
+        hints.try_recv().is_err(),
+        "one hint, for the large group only"
+    );
+
+    // Each member's marker is what DIRTY lists; uid 9 is no member.
+    let uids = [Uid(1), Uid(2), Uid(3), Uid(4), Uid(9)];
+    let among = h.ib().dirty_markers_among(CONV, &uids);
+    let want: Vec<(Uid, DirtyMarker)> = uids
+        .iter()
+        .filter_map(|&uid| marker(&h, uid).map(|m| (uid, m)))
+        .collect();
+    assert_eq!(among, want);
+    assert!(
+        among
+            .iter()
+            .any(|(uid, m)| *uid == Uid(2) && m.target_msg_seq == sent.msg_seq),
+        "{among:?}"
+    );
+    // Once cleared, a member drops out.
+    h.ib()
+        .clear_dirty(Uid(2), CONV, sent.msg_seq.0)
+        .wait()
+        .unwrap();
+    let after = h.ib().dirty_markers_among(CONV, &uids);
+    assert!(after.iter().all(|(uid, _)| *uid != Uid(2)), "{after:?}");
+    assert!(after.iter().any(|(uid, _)| *uid == Uid(3)), "{after:?}");
 }

@@ -70,6 +70,7 @@ pub struct Client {
     pending: PendingMap,
     next_id: AtomicU64,
     hints: Mutex<Option<mpsc::Receiver<Hints>>>,
+    dirty_hints: Mutex<Option<mpsc::Receiver<DirtyHints>>>,
     server: HelloOk,
 }
 
@@ -119,6 +120,7 @@ impl Client {
         let (outgoing, mut outgoing_rx) = mpsc::channel::<Frame>(1024);
         let pending: PendingMap = Arc::new(Mutex::new(Some(HashMap::new())));
         let (hint_tx, hint_rx) = mpsc::channel(HINT_BUFFER);
+        let (dirty_hint_tx, dirty_hint_rx) = mpsc::channel(HINT_BUFFER);
 
         tokio::spawn(async move {
             let codec = FrameCodec::new(u32::MAX);
@@ -154,9 +156,16 @@ impl Client {
                 };
                 let response = Response::decode(frame.opcode, frame.body)
                     .map_err(|e| ClientError::Protocol(e.to_string()));
-                if let Ok(Response::Hint(hints)) = response {
-                    let _ = hint_tx.try_send(hints);
-                    continue;
+                match response {
+                    Ok(Response::Hint(hints)) => {
+                        let _ = hint_tx.try_send(hints);
+                        continue;
+                    }
+                    Ok(Response::DirtyHint(hints)) => {
+                        let _ = dirty_hint_tx.try_send(hints);
+                        continue;
+                    }
+                    _ => {}
                 }
                 if frame.request_id == 0 {
                     // A connection-level error: the server closes next.
@@ -188,6 +197,7 @@ impl Client {
             pending,
             next_id: AtomicU64::new(1),
             hints: Mutex::new(Some(hint_rx)),
+            dirty_hints: Mutex::new(Some(dirty_hint_rx)),
             server: HelloOk::default(),
         };
         let hello = Request::Hello(Hello {
@@ -210,6 +220,15 @@ impl Client {
     /// The stream of hint pushes for subscribed uids. Can be taken once.
     pub fn hints(&self) -> Option<mpsc::Receiver<Hints>> {
         self.hints.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// The stream of `DIRTY_HINT` pushes (large groups), after
+    /// [`Client::subscribe_dirty`]. Can be taken once.
+    pub fn dirty_hints(&self) -> Option<mpsc::Receiver<DirtyHints>> {
+        self.dirty_hints
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// Sends any request and waits for its reply. A server error reply is
@@ -302,6 +321,9 @@ typed_calls! {
     ack_snapshot(AckSnapshotReq) -> AckSnapshot(DeviceInfo);
     /// Hints for these uids then arrive on [`Client::hints`].
     subscribe(UidList) -> Subscribe(Empty);
+    /// As `subscribe`, and large groups' marker moves for the connection's
+    /// subscribed uids then arrive on [`Client::dirty_hints`].
+    subscribe_dirty(UidList) -> SubscribeDirty(Empty);
     unsubscribe(UidList) -> Unsubscribe(Empty);
     stats(Empty) -> Stats(Stats);
     explain(UserReq) -> Explain(UserExplain);

@@ -44,7 +44,7 @@
 //! - on shutdown the reader stops, every request already read finishes and
 //!   its reply is written, then the socket closes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -53,8 +53,8 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use inbox_engine::Inbox;
 use inbox_wire::{
-    Empty, ErrorCode, ErrorReply, Frame, FrameCodec, Hello, HelloOk, Hint, Hints, Request,
-    Response, WireError, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    Empty, ErrorCode, ErrorReply, Frame, FrameCodec, Hello, HelloOk, Request, Response, WireError,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use subtle::ConstantTimeEq as _;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -63,7 +63,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use crate::config::Limits;
 use crate::metrics::Metrics;
 use crate::read_pool::ReadPool;
-use crate::service;
+use crate::{hints, service};
 
 /// Longest wait for a complete `HELLO` on a new connection (or the idle
 /// timeout, when that is shorter): a connection that has not authenticated
@@ -221,60 +221,6 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut socket: W, mut rx: mpsc::Receiver
     let _ = socket.shutdown().await;
 }
 
-/// Pushes hints for the subscribed uids. The engine already coalesces per
-/// commit round; when the writer is backed up, hints wait here, merged per
-/// uid to the highest watermark, and go with the next round. A lagging
-/// broadcast receiver loses rounds: hints are allowed to be lost (R16).
-async fn hint_loop(
-    mut hints: tokio::sync::broadcast::Receiver<Vec<inbox_engine::inbox::Hint>>,
-    subscribed: Arc<Mutex<HashSet<u64>>>,
-    tx: mpsc::Sender<Frame>,
-    metrics: Arc<Metrics>,
-    mut closed: watch::Receiver<bool>,
-) {
-    let mut pending: HashMap<u64, u64> = HashMap::new();
-    loop {
-        let round = tokio::select! {
-            round = hints.recv() => round,
-            _ = closed.changed() => return,
-        };
-        match round {
-            Ok(round) => {
-                let subscribed = subscribed.lock().unwrap_or_else(|p| p.into_inner());
-                for hint in round.iter().filter(|h| subscribed.contains(&h.uid.get())) {
-                    let seq = pending.entry(hint.uid.get()).or_insert(0);
-                    *seq = (*seq).max(hint.committed_sync_seq.get());
-                }
-            }
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                metrics.hints_dropped.inc();
-                continue;
-            }
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-        }
-        if pending.is_empty() {
-            continue;
-        }
-        let mut list: Vec<Hint> = pending
-            .iter()
-            .map(|(uid, seq)| Hint {
-                uid: *uid,
-                committed_sync_seq: *seq,
-            })
-            .collect();
-        list.sort_by_key(|h| h.uid);
-        let count = list.len() as u64;
-        match tx.try_send(Response::Hint(Hints { hints: list }).to_frame(0)) {
-            Ok(()) => {
-                pending.clear();
-                metrics.hints_sent.inc_by(count);
-            }
-            Err(mpsc::error::TrySendError::Full(_)) => {}
-            Err(mpsc::error::TrySendError::Closed(_)) => return,
-        }
-    }
-}
-
 /// How the reader loop ended.
 enum Close {
     /// Peer closed, idle, or shutdown.
@@ -309,6 +255,7 @@ pub async fn serve<R, W>(
     };
     let (closed_tx, closed_rx) = watch::channel(false);
     let mut hint_task = None;
+    let mut dirty_hint_task = None;
     let mut role = None;
     // The protocol version the handshake settled on.
     let mut version = PROTOCOL_VERSION;
@@ -483,9 +430,15 @@ pub async fn serve<R, W>(
             Request::Ping(_) => {
                 let _ = tx.send(Response::Ping(Empty {}).to_frame(request_id)).await;
             }
-            Request::Subscribe(list) => {
+            Request::Subscribe(ref list) | Request::SubscribeDirty(ref list) => {
+                let dirty = matches!(request, Request::SubscribeDirty(_));
                 if let Err(refusal) = subscribe(&shared, &subscribed, &list.uids) {
-                    shared.metrics.observe_refused("SUBSCRIBE", refusal.code);
+                    let name = if dirty {
+                        "SUBSCRIBE_DIRTY"
+                    } else {
+                        "SUBSCRIBE"
+                    };
+                    shared.metrics.observe_refused(name, refusal.code);
                     let _ = tx
                         .send(error_frame(
                             request_id,
@@ -497,7 +450,7 @@ pub async fn serve<R, W>(
                     continue;
                 }
                 if hint_task.is_none() {
-                    hint_task = Some(tokio::spawn(hint_loop(
+                    hint_task = Some(tokio::spawn(hints::hint_loop(
                         shared.inbox.subscribe_hints(),
                         Arc::clone(&subscribed),
                         tx.clone(),
@@ -505,9 +458,22 @@ pub async fn serve<R, W>(
                         closed_rx.clone(),
                     )));
                 }
-                let _ = tx
-                    .send(Response::Subscribe(Empty {}).to_frame(request_id))
-                    .await;
+                if dirty && dirty_hint_task.is_none() {
+                    dirty_hint_task = Some(tokio::spawn(hints::dirty_hint_loop(
+                        Arc::clone(&shared.inbox),
+                        shared.inbox.subscribe_large_group_hints(),
+                        Arc::clone(&subscribed),
+                        tx.clone(),
+                        Arc::clone(&shared.metrics),
+                        closed_rx.clone(),
+                    )));
+                }
+                let reply = if dirty {
+                    Response::SubscribeDirty(Empty {})
+                } else {
+                    Response::Subscribe(Empty {})
+                };
+                let _ = tx.send(reply.to_frame(request_id)).await;
             }
             Request::Unsubscribe(list) => {
                 {
@@ -649,7 +615,7 @@ pub async fn serve<R, W>(
     // Finish what was read: wait until every running request has replied.
     let _ = in_flight.acquire_many(in_flight_max as u32).await;
     let _ = closed_tx.send(true);
-    if let Some(task) = hint_task {
+    for task in [hint_task, dirty_hint_task].into_iter().flatten() {
         let _ = task.await;
     }
     drop(tx);

@@ -8,13 +8,16 @@
 //! - [`config`]: flags > `INBOXD_*` env > TOML file > defaults;
 //! - [`client`]: the pipelined async client used by inboxctl and the tests;
 //! - [`tls`]: rustls setup for every listener and for the client;
-//! - [`dump`]: the records of a data directory in readable form.
+//! - [`dump`]: the records of a data directory in readable form;
+//! - [`disk_space`]: a new store's segments sized to its disk.
 
 pub mod client;
 pub mod config;
 pub mod conn;
 pub mod convert;
+pub mod disk_space;
 pub mod dump;
+pub mod hints;
 pub mod metrics;
 pub mod read_pool;
 pub mod server;

@@ -14,6 +14,7 @@ use tokio::task::JoinSet;
 
 use crate::config::{self, Config};
 use crate::conn::{self, Shared};
+use crate::disk_space;
 use crate::metrics::{self, Metrics};
 use crate::tls::{ServerTls, TlsAcceptor};
 
@@ -37,6 +38,8 @@ pub enum ServeError {
          refusing to start (io_backend = \"pwrite\" works everywhere)"
     )]
     IoUring(std::io::Error),
+    #[error("refusing to start: {0}")]
+    DiskSpace(String),
     #[error("cannot open the store: {0}")]
     Open(inbox_engine::Error),
     #[error("cannot listen on {addr}: {source}")]
@@ -46,6 +49,27 @@ pub enum ServeError {
     },
     #[error("shutdown did not sync cleanly: {0}")]
     Shutdown(inbox_engine::Error),
+}
+
+/// The segment size to open the store with: see [`disk_space`].
+fn fit_segments(config: &Config, configured: u64) -> Result<u64, ServeError> {
+    let data_dir_error = |source| ServeError::DataDir {
+        path: config.data_dir.clone(),
+        source,
+    };
+    let existing = disk_space::existing_segment_bytes(&config.data_dir).map_err(data_dir_error)?;
+    let available = disk_space::available_bytes(&config.data_dir).map_err(data_dir_error)?;
+    let choice = disk_space::choose_segment_bytes(
+        configured,
+        config.segment_bytes.is_some(),
+        existing,
+        available,
+    )
+    .map_err(ServeError::DiskSpace)?;
+    if let Some(note) = &choice.note {
+        tracing::warn!(segment_bytes = choice.segment_bytes, "{note}");
+    }
+    Ok(choice.segment_bytes)
 }
 
 /// The addresses actually bound (port 0 resolved).
@@ -90,7 +114,8 @@ pub async fn run(
         // deep inside opening the store (and never fall back silently).
         inbox_engine::log::UringIo::new().map_err(ServeError::IoUring)?;
     }
-    let engine_config = config.engine_config(token_key);
+    let mut engine_config = config.engine_config(token_key);
+    engine_config.segment_bytes = fit_segments(&config, engine_config.segment_bytes)?;
     let inbox = tokio::task::spawn_blocking(move || Inbox::open(engine_config))
         .await
         .unwrap_or_else(|join| Err(inbox_engine::Error::Internal(join.to_string())))

@@ -75,6 +75,7 @@ pub fn order_of(request: &Request) -> Order {
         | Request::Hello(_)
         | Request::Ping(_)
         | Request::Subscribe(_)
+        | Request::SubscribeDirty(_)
         | Request::Unsubscribe(_) => Order::Read,
     }
 }
@@ -333,7 +334,11 @@ fn call(
             |inbox| Ok(inbox.memory()),
             |m| Response::Memory(convert::memory(m)),
         ),
-        Request::Hello(_) | Request::Ping(_) | Request::Subscribe(_) | Request::Unsubscribe(_) => {
+        Request::Hello(_)
+        | Request::Ping(_)
+        | Request::Subscribe(_)
+        | Request::SubscribeDirty(_)
+        | Request::Unsubscribe(_) => {
             return Err(Error::Internal(
                 "connection-level request reached the engine dispatcher".into(),
             ))

@@ -125,3 +125,59 @@ async fn a_large_group_is_caught_up_by_marker_pull_and_clear() {
     assert_eq!(mode.switch_seq, Some(3));
     assert!(mode.marker.is_some_and(|m| m.dirty));
 }
+
+/// `SUBSCRIBE_DIRTY`: a message in a large group pushes `DIRTY_HINT` with
+/// the marker `DIRTY` lists, for subscribed members only; a connection
+/// that only sent `SUBSCRIBE` never gets the new push.
+#[tokio::test]
+async fn a_message_in_a_large_group_pushes_the_member_s_marker_to_dirty_subscribers() {
+    let dir = inbox_tests::data_dir();
+    let daemon = Daemon::start_with(dir.path(), LARGE);
+    let writer = daemon.client().await;
+    for uid in 1..=3 {
+        writer.join(ConvMember { conv: CONV, uid }).await.unwrap();
+    }
+    let watcher = daemon.client().await;
+    let mut dirty_hints = watcher.dirty_hints().expect("taken once");
+    // uid 2 is a member, uid 9 is not.
+    watcher
+        .subscribe_dirty(UidList { uids: vec![2, 9] })
+        .await
+        .unwrap();
+    let plain = daemon.client().await;
+    let mut plain_dirty = plain.dirty_hints().expect("taken once");
+    plain.subscribe(UidList { uids: vec![2] }).await.unwrap();
+
+    let sent = writer
+        .send(SendReq {
+            conv: CONV,
+            sender: 1,
+            client_msg_id: 1,
+            msg_type: 1,
+            payload: Bytes::from_static(b"hello"),
+        })
+        .await
+        .unwrap();
+    let push = tokio::time::timeout(std::time::Duration::from_secs(10), dirty_hints.recv())
+        .await
+        .expect("a DIRTY_HINT within 10 s")
+        .expect("the connection is open");
+    assert_eq!(
+        push.hints,
+        vec![DirtyHint {
+            uid: 2,
+            conv: CONV,
+            target_msg_seq: sent.msg_seq,
+            version: sent.msg_seq,
+        }]
+    );
+    let listed = watcher.dirty(UserReq { uid: 2 }).await.unwrap();
+    assert_eq!(listed.markers[0].version, push.hints[0].version);
+    // The plain subscriber's connection answered a request after the push
+    // went out to the other one, and holds no DIRTY_HINT.
+    plain.ping(Empty {}).await.unwrap();
+    assert!(
+        plain_dirty.try_recv().is_err(),
+        "SUBSCRIBE alone never gets DIRTY_HINT"
+    );
+}

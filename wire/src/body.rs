@@ -970,6 +970,24 @@ wire_struct! {
     }
 }
 
+wire_struct! {
+    /// A large group's marker moved for a member: what `DIRTY` would list
+    /// for that conversation now.
+    pub struct DirtyHint {
+        pub uid: u64,
+        pub conv: u64,
+        pub target_msg_seq: u64,
+        pub version: u64,
+    }
+}
+
+wire_struct! {
+    /// `DIRTY_HINT` (server push, request id 0), after `SUBSCRIBE_DIRTY`.
+    pub struct DirtyHints {
+        pub hints: Vec<DirtyHint>,
+    }
+}
+
 #[cfg(test)]
 mod sample_impls {
     use super::*;

@@ -4,8 +4,9 @@
 //! Invariants:
 //! - a request opcode is in `0x01..=0x7f`; its success reply is the same
 //!   opcode with the top bit set (`op | 0x80`);
-//! - `0xff` is `ERROR`, the reply to any failed request, and `0xf0` is
-//!   `HINT`, a server push with request id 0; neither is ever a request;
+//! - `0xff` is `ERROR`, the reply to any failed request; `0xf0` is
+//!   `HINT` and `0xf1` is `DIRTY_HINT`, server pushes with request id 0;
+//!   none is ever a request;
 //! - a reply carries the request id of its request; replies may come in
 //!   any order (pipelining).
 
@@ -21,6 +22,8 @@ pub const REPLY_BIT: u8 = 0x80;
 pub const OP_ERROR: u8 = 0xff;
 /// `HINT` push opcode.
 pub const OP_HINT: u8 = 0xf0;
+/// `DIRTY_HINT` push opcode (large groups; only after `SUBSCRIBE_DIRTY`).
+pub const OP_DIRTY_HINT: u8 = 0xf1;
 
 fn decode_body<T: Field>(body: Bytes) -> Result<T, WireError> {
     let mut reader = Reader::new(body);
@@ -100,6 +103,7 @@ macro_rules! ops {
             $( $name($rep), )*
             Error(ErrorReply),
             Hint(Hints),
+            DirtyHint(DirtyHints),
         }
 
         impl Response {
@@ -108,6 +112,7 @@ macro_rules! ops {
                     $( Response::$name(_) => $code | REPLY_BIT, )*
                     Response::Error(_) => OP_ERROR,
                     Response::Hint(_) => OP_HINT,
+                    Response::DirtyHint(_) => OP_DIRTY_HINT,
                 }
             }
 
@@ -116,6 +121,7 @@ macro_rules! ops {
                 match opcode {
                     OP_ERROR => Ok(Response::Error(decode_body(body)?)),
                     OP_HINT => Ok(Response::Hint(decode_body(body)?)),
+                    OP_DIRTY_HINT => Ok(Response::DirtyHint(decode_body(body)?)),
                     code if code & REPLY_BIT != 0 => match Op::from_u8(code & !REPLY_BIT) {
                         $( Some(Op::$name) => Ok(Response::$name(decode_body(body)?)), )*
                         None => Err(WireError::UnknownOpcode(opcode)),
@@ -129,6 +135,7 @@ macro_rules! ops {
                     $( Response::$name(body) => encode_body(body), )*
                     Response::Error(body) => encode_body(body),
                     Response::Hint(body) => encode_body(body),
+                    Response::DirtyHint(body) => encode_body(body),
                 }
             }
 
@@ -148,6 +155,7 @@ macro_rules! ops {
                 $( Response::$name(<$rep>::sample(g)), )*
                 Response::Error(ErrorReply::sample(g)),
                 Response::Hint(Hints::sample(g)),
+                Response::DirtyHint(DirtyHints::sample(g)),
             ];
             (requests, responses)
         }
@@ -186,6 +194,8 @@ ops! {
     AckSnapshot = 0x43, AckSnapshotReq => DeviceInfo, "ACK_SNAPSHOT";
     Subscribe = 0x50, UidList => Empty, "SUBSCRIBE";
     Unsubscribe = 0x51, UidList => Empty, "UNSUBSCRIBE";
+    /// Also push `DIRTY_HINT` for these uids' large groups.
+    SubscribeDirty = 0x52, UidList => Empty, "SUBSCRIBE_DIRTY";
     Stats = 0x60, Empty => Stats, "STATS";
     Explain = 0x61, UserReq => UserExplain, "EXPLAIN";
     ExplainSegment = 0x62, SegmentReq => SegmentExplain, "EXPLAIN_SEGMENT";

@@ -317,3 +317,16 @@ class LargeGroupAgainstTheDaemon(unittest.TestCase):
                 cleared = client.clear_dirty(2, 7, second.msg_seq)
                 self.assertEqual(cleared.cleared_seq, second.msg_seq)
                 self.assertEqual(client.dirty(2).markers, [])
+
+    def test_dirty_hints_after_subscribe_dirty(self) -> None:
+        with Daemon("--large-group-members", "2") as daemon:
+            token = read_token_file(daemon.token_file)
+            with Client(daemon.host, daemon.port, token) as writer, Client(
+                daemon.host, daemon.port, token
+            ) as watcher:
+                for uid in (1, 2, 3):
+                    writer.join(8, uid)
+                watcher.subscribe_dirty([2])
+                sent = writer.send(8, 1, 1, b"one")
+                hints = watcher.dirty_hints(wait_s=5.0)
+                self.assertEqual(hints, [c.DirtyHint(2, 8, sent.msg_seq, sent.msg_seq)])

@@ -73,6 +73,19 @@ macro_rules! subsystems {
                 Err(DecodeError("unknown effect record kind"))
             }
 
+            fn decode_event_body(
+                kind: u8,
+                r: &mut Reader<'_>,
+                sync_seq: SyncSeq,
+            ) -> DecodeResult<Option<SyncEvent>> {
+                $(
+                    if let Some(ev) = <$set as RecordSet>::decode_event(kind, r, sync_seq) {
+                        return ev;
+                    }
+                )+
+                Err(DecodeError("unknown effect record kind"))
+            }
+
             fn apply_inner(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {
                 match self {
                     $(Effect::$variant(r) => r.apply(st, at),)+
@@ -82,7 +95,9 @@ macro_rules! subsystems {
                 }
             }
 
-            /// The sync event a user sees for this effect, at `sync_seq`.
+            /// The sync event a user sees for this effect, at `sync_seq`
+            /// (reads use [`Effect::decode_event`], which must agree).
+            #[cfg(test)]
             pub fn to_event(&self, sync_seq: SyncSeq) -> Option<SyncEvent> {
                 match self {
                     $(Effect::$variant(r) => r.to_event(sync_seq),)+
@@ -126,15 +141,21 @@ impl Effect {
             let inner = Effect::decode(record_kind & !COPY_FLAG, buf)?;
             return Ok(Effect::Copied(Box::new(inner)));
         }
-        let mut r = Reader::new(buf);
-        if r.u8()? != EFFECT_FORMAT_VERSION {
-            return Err(DecodeError("unknown effect record version"));
-        }
-        let effect = Effect::decode_body(record_kind, &mut r)?;
-        if !r.is_empty() {
-            return Err(DecodeError("trailing bytes in effect record"));
-        }
-        Ok(effect)
+        decode_whole(buf, |r| Effect::decode_body(record_kind, r))
+    }
+
+    /// The sync event of the record `(record_kind, buf)` at `sync_seq`,
+    /// as `decode(..)?.to_event(sync_seq)` gives it, read without
+    /// decoding (or copying) what no event shows. The record is checked
+    /// the same way: its version, and no trailing bytes.
+    pub fn decode_event(
+        record_kind: u8,
+        buf: &[u8],
+        sync_seq: SyncSeq,
+    ) -> DecodeResult<Option<SyncEvent>> {
+        // A copy is its original's event.
+        let kind = record_kind & !COPY_FLAG;
+        decode_whole(buf, |r| Effect::decode_event_body(kind, r, sync_seq))
     }
 
     /// Applies the effect: the one function that changes the state, live
@@ -164,6 +185,23 @@ impl Effect {
         result?;
         st.check_touched(touched)
     }
+}
+
+/// Runs `body` on a record payload after its format byte, and refuses
+/// an unknown version or bytes left over.
+fn decode_whole<T>(
+    buf: &[u8],
+    body: impl FnOnce(&mut Reader<'_>) -> DecodeResult<T>,
+) -> DecodeResult<T> {
+    let mut r = Reader::new(buf);
+    if r.u8()? != EFFECT_FORMAT_VERSION {
+        return Err(DecodeError("unknown effect record version"));
+    }
+    let out = body(&mut r)?;
+    if !r.is_empty() {
+        return Err(DecodeError("trailing bytes in effect record"));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -332,14 +370,31 @@ pub(crate) mod tests {
     }
 
     /// Each effect decodes back to itself, and every strict prefix of its
-    /// encoding is rejected, never misread.
+    /// encoding is rejected, never misread. The event-only decode a sync
+    /// page uses gives the event of the whole decode, for the record and
+    /// for its copy, and refuses the same damaged encodings.
     pub(crate) fn assert_round_trips(effects: &[Effect]) {
         for e in effects {
             let bytes = e.encode();
             assert_eq!(Effect::decode(e.record_kind(), &bytes), Ok(e.clone()));
             for cut in 0..bytes.len() {
                 assert!(Effect::decode(e.record_kind(), &bytes[..cut]).is_err());
+                assert!(Effect::decode_event(e.record_kind(), &bytes[..cut], SyncSeq(1)).is_err());
             }
+            let copy = Effect::Copied(Box::new(e.clone()));
+            for kind in [e.record_kind(), copy.record_kind()] {
+                assert_eq!(
+                    Effect::decode_event(kind, &bytes, SyncSeq(77)),
+                    Ok(e.to_event(SyncSeq(77))),
+                    "{e:?}"
+                );
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert!(Effect::decode_event(e.record_kind(), &longer, SyncSeq(1)).is_err());
+            let mut other_version = bytes.clone();
+            other_version[0] = EFFECT_FORMAT_VERSION + 1;
+            assert!(Effect::decode_event(e.record_kind(), &other_version, SyncSeq(1)).is_err());
         }
     }
 }

@@ -69,7 +69,7 @@ pub use consistency::verify_data_dir;
 pub use pending::Pending;
 pub use read::Read;
 pub use recover::RecoveryReport;
-pub use shared::Hint;
+pub use shared::{Hint, LargeGroupHint};
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{mpsc, Arc};
@@ -83,7 +83,6 @@ use crate::error::{Error, Result};
 use crate::log::{Log, LogError, LogOptions};
 use command::Command;
 use messaging::record::{summary_for, StoredPayload, MESSAGE_OVERHEAD_MAX};
-use pending::Reply;
 use round::Tx;
 use shared::{Progress, Shared};
 
@@ -134,6 +133,7 @@ impl Inbox {
         )?;
         let checkpoints = checkpoint::durable_lsns(data)?;
         let (hints, _) = tokio::sync::broadcast::channel(1024);
+        let (large_group_hints, _) = tokio::sync::broadcast::channel(1024);
         let snapshots = snapshots::store::Store::new(config.snapshot_cache_bytes);
         let shared = Arc::new(Shared {
             config,
@@ -144,6 +144,7 @@ impl Inbox {
             progress_cv: Condvar::new(),
             settled_watch: tokio::sync::watch::Sender::new((0, false)),
             hints,
+            large_group_hints,
             rounds_written: AtomicU64::new(0),
             recovery,
             snapshots,
@@ -371,11 +372,8 @@ impl Inbox {
                         }));
                     }
                     let (tx, pending) = Pending::channel();
-                    let shared = Arc::clone(&self.shared);
                     // The receiver is alive in `pending`, so this cannot fail.
-                    let _ = tx.send(Reply::Later(Box::new(move || {
-                        devices::read::sync_page(&shared, &plan)
-                    })));
+                    let _ = tx.send(devices::read::page_reply(Arc::clone(&self.shared), plan));
                     return pending;
                 }
                 None => {}

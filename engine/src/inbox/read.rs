@@ -24,8 +24,12 @@ type Attempt<T> = Box<dyn FnMut(&Shared) -> std::result::Result<T, Miss> + Send>
 enum Step<T> {
     /// The answer, already there.
     Ready(Option<Result<T>>),
-    /// Builds the answer once (a sync page reading its events).
-    Once(Option<Box<dyn FnOnce() -> Result<T> + Send>>),
+    /// Builds the answer once (a sync page reading its events); `io`
+    /// unless its records are resident.
+    Once {
+        build: Option<Box<dyn FnOnce() -> Result<T> + Send>>,
+        io: bool,
+    },
     /// Looks at the state, perhaps reads records; may find a row that is
     /// not durable yet, then looks again once its round has settled.
     Retry {
@@ -55,7 +59,17 @@ impl<T> Read<T> {
         match reply {
             Reply::Done(r) => Self::ready(r),
             Reply::Later(f) => Self {
-                step: Step::Once(Some(f)),
+                step: Step::Once {
+                    build: Some(f),
+                    io: true,
+                },
+                waiting: 0,
+            },
+            Reply::Resident(f) => Self {
+                step: Step::Once {
+                    build: Some(f),
+                    io: false,
+                },
                 waiting: 0,
             },
         }
@@ -100,8 +114,7 @@ impl<T> Read<T> {
     pub fn may_do_io(&self) -> bool {
         match &self.step {
             Step::Ready(_) => false,
-            Step::Once(_) => true,
-            Step::Retry { io, .. } => *io,
+            Step::Once { io, .. } | Step::Retry { io, .. } => *io,
         }
     }
 
@@ -111,7 +124,7 @@ impl<T> Read<T> {
         self.waiting = 0;
         match &mut self.step {
             Step::Ready(r) => Some(r.take().unwrap_or_else(|| Err(answered()))),
-            Step::Once(f) => Some(f.take().map_or_else(|| Err(answered()), |f| f())),
+            Step::Once { build, .. } => Some(build.take().map_or_else(|| Err(answered()), |f| f())),
             Step::Retry {
                 shared, attempt, ..
             } => match attempt(shared) {

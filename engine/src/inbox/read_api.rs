@@ -28,6 +28,23 @@ impl Inbox {
         })
     }
 
+    /// Hints that a large group's durable head moved, per commit round.
+    /// Coalesced and droppable like [`Inbox::subscribe_hints`]; correctness
+    /// never depends on them (R16).
+    pub fn subscribe_large_group_hints(
+        &self,
+    ) -> tokio::sync::broadcast::Receiver<Vec<super::LargeGroupHint>> {
+        self.shared.large_group_hints.subscribe()
+    }
+
+    /// The dirty markers of `conv` for those of `uids` that are its
+    /// members, as `DIRTY` would list them now: what to push after a
+    /// [`super::LargeGroupHint`]. Memory only; O(`uids`), so a caller with
+    /// many subscribed uids pays for each hinted group.
+    pub fn dirty_markers_among(&self, conv: ConvId, uids: &[Uid]) -> Vec<(Uid, DirtyMarker)> {
+        messaging::large::markers_among(&self.shared, conv, uids)
+    }
+
     /// [`Inbox::dirty_markers`]; memory only.
     pub fn read_dirty_markers(&self, uid: Uid) -> Read<Vec<DirtyMarker>> {
         Read::memory(&self.shared, move |sh| {

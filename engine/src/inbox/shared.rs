@@ -58,6 +58,16 @@ pub struct Hint {
     pub committed_sync_seq: SyncSeq,
 }
 
+/// A large group's durable head moved (R7, R16): its members' markers may
+/// be dirty now. Large groups write no event per member, so this is the
+/// only push that tells their online devices; see
+/// [`crate::inbox::Inbox::dirty_markers_among`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LargeGroupHint {
+    pub conv: ConvId,
+    pub head: MsgSeq,
+}
+
 #[derive(Default)]
 pub(crate) struct Progress {
     /// Every round up to this one is finished (durable or failed).
@@ -80,6 +90,7 @@ pub(crate) struct Shared {
     /// same news as `progress_cv`, as a value they can await.
     pub(crate) settled_watch: tokio::sync::watch::Sender<(u64, bool)>,
     pub(crate) hints: tokio::sync::broadcast::Sender<Vec<Hint>>,
+    pub(crate) large_group_hints: tokio::sync::broadcast::Sender<Vec<LargeGroupHint>>,
     pub(crate) rounds_written: AtomicU64,
     pub(crate) recovery: RecoveryReport,
     pub(crate) snapshots: SnapshotStore,

@@ -13,6 +13,21 @@ use super::{Log, LogError, Lsn, RecordLoc, ReplayFn, SegmentId, SegmentInfo};
 impl Log {
     /// Reads one durable record, checking its CRC.
     pub fn read(&self, loc: RecordLoc) -> Result<Record, LogError> {
+        self.read_with(loc, |kind, payload| Record {
+            kind,
+            payload: payload.to_vec(),
+        })
+    }
+
+    /// Reads one durable record, checking its CRC, and hands its kind and
+    /// payload to `f` in place: from the segment's mapping, without a
+    /// copy, for readers that keep only part of a record (a sync page
+    /// keeps a message's event fields, not its body).
+    pub fn read_with<T>(
+        &self,
+        loc: RecordLoc,
+        f: impl FnOnce(u8, &[u8]) -> T,
+    ) -> Result<T, LogError> {
         let bad = || LogError::BadLocation {
             segment: loc.segment,
             offset: loc.offset,
@@ -36,10 +51,7 @@ impl Log {
         if end <= r.limit() {
             let payload = r.get(hdr_end, end)?;
             if format::record_crc_ok(seg.id, loc.offset, &header, &payload) {
-                return Ok(Record {
-                    kind: h.kind,
-                    payload: payload.into_owned(),
-                });
+                return Ok(f(h.kind, &payload));
             }
         }
         // Not a valid record here: a damaged record, or not a record start
@@ -88,6 +100,22 @@ impl Log {
 
     /// The segments, oldest first. The newest one, if any, is the active
     /// (unsealed) one.
+    /// The oldest segment whose records count as recent: the active
+    /// segment and the one sealed before it, that is the last one to two
+    /// segments' worth of writes. They went through the page cache moments
+    /// ago, so reading them does not wait for the disk unless memory is so
+    /// short that the kernel dropped what it just wrote.
+    pub fn recent_floor(&self) -> SegmentId {
+        let segments = self.shared.segments.read();
+        segments
+            .keys()
+            .rev()
+            .nth(1)
+            .or(segments.keys().next_back())
+            .copied()
+            .unwrap_or(0)
+    }
+
     pub fn segments(&self) -> Vec<SegmentInfo> {
         self.shared
             .segments

@@ -66,6 +66,7 @@ class Client:
         self._ids = itertools.count(1)
         self._replies: dict[int, c.Frame] = {}
         self._hints: collections.deque[c.Hint] = collections.deque()
+        self._dirty_hints: collections.deque[c.DirtyHint] = collections.deque()
         self._closed_by: InboxdError | None = None
         self._open = True
         if isinstance(token, str):
@@ -120,8 +121,16 @@ class Client:
 
     def hints(self, wait_s: float = 0.0) -> list[c.Hint]:
         """Hints received so far; waits up to ``wait_s`` for one if none."""
+        return self._take_pushes(self._hints, wait_s)
+
+    def dirty_hints(self, wait_s: float = 0.0) -> list[c.DirtyHint]:
+        """Large groups' marker moves received so far (after
+        :meth:`subscribe_dirty`); waits up to ``wait_s`` for one if none."""
+        return self._take_pushes(self._dirty_hints, wait_s)
+
+    def _take_pushes(self, queue: collections.deque[Any], wait_s: float) -> list[Any]:
         deadline = time.monotonic() + wait_s
-        while not self._hints and time.monotonic() < deadline:
+        while not queue and time.monotonic() < deadline:
             self._sock.settimeout(max(0.001, deadline - time.monotonic()))
             try:
                 self._read_frame()
@@ -129,8 +138,8 @@ class Client:
                 break
             finally:
                 self._sock.settimeout(self._timeout_s)
-        out = list(self._hints)
-        self._hints.clear()
+        out = list(queue)
+        queue.clear()
         return out
 
     def _read_frame(self) -> None:
@@ -148,6 +157,8 @@ class Client:
             body = c.decode_reply(frame)
             if isinstance(body, c.Hints):
                 self._hints.extend(body.hints)
+            elif isinstance(body, c.DirtyHints):
+                self._dirty_hints.extend(body.hints)
             elif isinstance(body, c.ErrorReply):
                 # A connection-level error: the server closes next.
                 self._closed_by = error_for(body.code, body.detail, body.message)
@@ -272,6 +283,11 @@ class Client:
 
     def subscribe(self, uids: Iterable[int]) -> None:
         self.call(c.Op.SUBSCRIBE, c.UidList(list(uids)))
+
+    def subscribe_dirty(self, uids: Iterable[int]) -> None:
+        """As :meth:`subscribe`, and large groups' marker moves for the
+        connection's subscribed uids arrive on :meth:`dirty_hints`."""
+        self.call(c.Op.SUBSCRIBE_DIRTY, c.UidList(list(uids)))
 
     def unsubscribe(self, uids: Iterable[int]) -> None:
         self.call(c.Op.UNSUBSCRIBE, c.UidList(list(uids)))

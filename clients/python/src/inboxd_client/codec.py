@@ -22,6 +22,7 @@ HEADER_BYTES = 9  # opcode + request_id, counted in frame_len
 REPLY_BIT = 0x80
 OP_ERROR = 0xFF
 OP_HINT = 0xF0
+OP_DIRTY_HINT = 0xF1
 
 T = TypeVar("T")
 
@@ -845,6 +846,21 @@ class Hints:
     hints: list[Hint]
 
 
+@layout(U64, U64, U64, U64)
+@dataclass(frozen=True)
+class DirtyHint:
+    uid: int
+    conv: int
+    target_msg_seq: int
+    version: int
+
+
+@layout(list_of(struct_of(DirtyHint)))
+@dataclass(frozen=True)
+class DirtyHints:
+    hints: list[DirtyHint]
+
+
 # --- opcodes -----------------------------------------------------------------
 
 
@@ -876,6 +892,7 @@ class Op(enum.IntEnum):
     ACK_SNAPSHOT = 0x43
     SUBSCRIBE = 0x50
     UNSUBSCRIBE = 0x51
+    SUBSCRIBE_DIRTY = 0x52
     STATS = 0x60
     EXPLAIN = 0x61
     EXPLAIN_SEGMENT = 0x62
@@ -913,6 +930,7 @@ OPS: dict[Op, tuple[type, type]] = {
     Op.ACK_SNAPSHOT: (AckSnapshotReq, DeviceInfo),
     Op.SUBSCRIBE: (UidList, Empty),
     Op.UNSUBSCRIBE: (UidList, Empty),
+    Op.SUBSCRIBE_DIRTY: (UidList, Empty),
     Op.STATS: (Empty, Stats),
     Op.EXPLAIN: (UserReq, UserExplain),
     Op.EXPLAIN_SEGMENT: (SegmentReq, SegmentExplain),
@@ -968,11 +986,13 @@ def decode_frame(buf: bytearray, frame_bytes_max: int = 2**32 - 1) -> Frame | No
 
 def decode_reply(frame: Frame) -> Any:
     """The body of a server frame: a reply body, an :class:`ErrorReply` or
-    :class:`Hints`."""
+    :class:`Hints` or :class:`DirtyHints`."""
     if frame.opcode == OP_ERROR:
         return decode_body(ErrorReply, frame.body)
     if frame.opcode == OP_HINT:
         return decode_body(Hints, frame.body)
+    if frame.opcode == OP_DIRTY_HINT:
+        return decode_body(DirtyHints, frame.body)
     try:
         op = Op(frame.opcode & ~REPLY_BIT)
     except ValueError:

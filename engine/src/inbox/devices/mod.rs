@@ -124,14 +124,10 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
                             sink.reply(Box::new(move |fail| {
                                 let reply = match fail {
                                     Some(Fail::NoSpace(_)) if keeps_generation => {
-                                        Reply::Later(Box::new(move || {
-                                            read::sync_page(&shared, &plan)
-                                        }))
+                                        read::page_reply(shared, plan)
                                     }
                                     Some(f) => Reply::Done(Err(f.to_error())),
-                                    None => Reply::Later(Box::new(move || {
-                                        read::sync_page(&shared, &plan)
-                                    })),
+                                    None => read::page_reply(shared, plan),
                                 };
                                 let _ = tx.send(reply);
                             }));

@@ -9,6 +9,8 @@
 //! only once the round that last changed them has settled. A tombstoned
 //! message's event never carries its body's summary (R6).
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use super::decide::{self as sync, info, SyncOutcome, SyncPlan};
@@ -17,6 +19,7 @@ use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::effect::Effect;
 use crate::inbox::messaging::read::corrupt;
+use crate::inbox::pending::Reply;
 use crate::inbox::shared::{blocking, Miss, Shared};
 use crate::inbox::state::{unpack, DeviceRow, MsgMeta, PackedLoc};
 use crate::inbox::token::TokenClaims;
@@ -93,6 +96,44 @@ fn only_seen(before: &DeviceRow, after: &DeviceRow) -> bool {
     } == *before
 }
 
+/// The reply that builds `plan`'s page. A page whose records all lie in
+/// the log's recent segments (see [`crate::log::Log::recent_floor`]) is
+/// built wherever the caller is: its bytes were written moments ago and
+/// the page cache holds them, so reading them costs memory copies, not a
+/// disk wait, and a hop to a blocking thread would cost more than the
+/// page. An older page may have to come from the disk: it is built where
+/// IO is allowed.
+pub(crate) fn page_reply(shared: Arc<Shared>, plan: SyncPlan) -> Reply<SyncPage> {
+    let resident = records_are_recent(&shared, &plan);
+    let build: Box<dyn FnOnce() -> Result<SyncPage> + Send> =
+        Box::new(move || sync_page(&shared, &plan));
+    if resident {
+        Reply::Resident(build)
+    } else {
+        Reply::Later(build)
+    }
+}
+
+/// Whether every event record of `plan` lies in a recent segment of the
+/// `evt` log. Compaction may move a record meanwhile, only ever forward
+/// into a newer segment, so the answer stays true or errs towards IO.
+fn records_are_recent(shared: &Shared, plan: &SyncPlan) -> bool {
+    let floor = shared.evt_log.recent_floor();
+    let st = shared.state.read();
+    let Some(user) = st.users.get(&plan.uid) else {
+        return false;
+    };
+    let (Some(lo), Some(hi)) = (
+        plan.start.0.checked_sub(user.events_base.0),
+        plan.end.0.checked_sub(user.events_base.0),
+    ) else {
+        return false;
+    };
+    user.events
+        .get(lo as usize..hi as usize)
+        .is_some_and(|locs| locs.iter().all(|l| unpack(*l).segment >= floor))
+}
+
 pub(crate) fn sync_page(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
     // Compaction may move records (rewrite) or drop them (trim) between
     // copying the locations and reading them: then look again, which
@@ -130,10 +171,15 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
     };
     let mut events = Vec::with_capacity(locs.len());
     for (i, loc) in locs.iter().enumerate() {
-        let rec = shared.evt_log.read(unpack(*loc))?;
-        let effect = Effect::decode(rec.kind, &rec.payload).map_err(|e| corrupt("evt", &e))?;
-        let ev = effect
-            .to_event(plan.start.plus(1 + i as u64))
+        // Read in place and decoded as far as the event goes: a message's
+        // body, which travels in the same record, is never copied.
+        let seq = plan.start.plus(1 + i as u64);
+        let ev = shared
+            .evt_log
+            .read_with(unpack(*loc), |kind, payload| {
+                Effect::decode_event(kind, payload, seq)
+            })?
+            .map_err(|e| corrupt("evt", &e))?
             .ok_or_else(|| {
                 Error::Invariant("event index points at a record that is no event".into())
             })?;

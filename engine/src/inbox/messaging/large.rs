@@ -290,6 +290,28 @@ pub(crate) fn dirty_markers_once(
     Ok(out)
 }
 
+/// The dirty markers of large group `conv` for those of `uids` that are
+/// its members, as of its durable head. A hint, not a read: a member's
+/// cleared position may be a round ahead of durable, which can only hide
+/// a marker that a `DIRTY` would then show.
+pub(crate) fn markers_among(
+    shared: &Shared,
+    conv: ConvId,
+    uids: &[Uid],
+) -> Vec<(Uid, DirtyMarker)> {
+    let st = shared.state.read();
+    let Some(c) = st.convs.get(&conv) else {
+        return Vec::new();
+    };
+    uids.iter()
+        .filter_map(|&uid| {
+            let uc = st.users.get(&uid)?.convs.get(&conv)?;
+            let m = marker(c, uid, uc, c.committed_seq)?;
+            Some((uid, DirtyMarker { conv, ..m }))
+        })
+        .collect()
+}
+
 /// A conversation's mode, head and (optionally) one member's marker, for
 /// operators (`inboxctl conv`, `explain`).
 pub(crate) fn conv_mode(shared: &Shared, conv: ConvId, uid: Option<Uid>) -> Result<ConvMode> {

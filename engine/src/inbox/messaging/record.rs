@@ -306,6 +306,14 @@ impl Record for MsgBodyEffect {
     fn to_event(&self, sync_seq: SyncSeq) -> Option<SyncEvent> {
         self.msg.to_event(sync_seq)
     }
+
+    /// The event is the message's fields; the body is stepped over in
+    /// place, never copied.
+    fn decode_event(r: &mut Reader<'_>, sync_seq: SyncSeq) -> DecodeResult<Option<SyncEvent>> {
+        let msg = MsgEffect::decode_fields(r, false)?;
+        r.bytes()?;
+        Ok(msg.to_event(sync_seq))
+    }
 }
 
 /// A read cursor moved forward (R14); the reader's event.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::api::*;
 use crate::inbox::round::{Fail, ReplyFn};
-use crate::inbox::shared::{Hint, Shared};
+use crate::inbox::shared::{Hint, LargeGroupHint, Shared};
 use crate::log::AppendTicket;
 
 pub(crate) enum Outcome {
@@ -46,6 +46,7 @@ pub(crate) fn run_completion(shared: Arc<Shared>, rx: mpsc::Receiver<RoundDone>)
             (None, Outcome::Failed(f)) => Err(f),
         };
         let mut hints = Vec::new();
+        let mut large_group_hints = Vec::new();
         match &result {
             Ok(()) => {
                 let mut st = shared.state.write();
@@ -61,6 +62,12 @@ pub(crate) fn run_completion(shared: Arc<Shared>, rx: mpsc::Receiver<RoundDone>)
                 for (&conv, &seq) in &done.conv_marks {
                     if let Some(c) = st.convs.get_mut(&conv).map(Arc::make_mut) {
                         c.committed_seq = c.committed_seq.max(seq);
+                        if c.large.is_some() {
+                            large_group_hints.push(LargeGroupHint {
+                                conv,
+                                head: c.committed_seq,
+                            });
+                        }
                     }
                 }
             }
@@ -79,6 +86,9 @@ pub(crate) fn run_completion(shared: Arc<Shared>, rx: mpsc::Receiver<RoundDone>)
         if !hints.is_empty() {
             // No receiver is fine: hints are best effort (R16).
             let _ = shared.hints.send(hints);
+        }
+        if !large_group_hints.is_empty() {
+            let _ = shared.large_group_hints.send(large_group_hints);
         }
         let fail = result.err();
         for reply in done.replies {

@@ -63,6 +63,13 @@ pub(crate) trait Record: Sized {
     fn to_event(&self, _sync_seq: SyncSeq) -> Option<SyncEvent> {
         None
     }
+    /// Reads the body (after the format byte) only as far as its sync
+    /// event needs: what a sync page does with each record. The default
+    /// decodes the whole record; a record that carries data no event shows
+    /// (a message's body) skips it without copying.
+    fn decode_event(r: &mut Reader<'_>, sync_seq: SyncSeq) -> DecodeResult<Option<SyncEvent>> {
+        Ok(Self::decode_body(r)?.to_event(sync_seq))
+    }
     /// The time the record was stamped with, for the records that carry
     /// one (compaction's retention reads it).
     fn at_ms(&self) -> Option<TimestampMs> {
@@ -81,7 +88,15 @@ pub(crate) trait RecordSet: Sized {
     /// this set's.
     fn decode_body(kind: u8, r: &mut Reader<'_>) -> Option<DecodeResult<Self>>;
     fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError>;
+    #[cfg(test)]
     fn to_event(&self, sync_seq: SyncSeq) -> Option<SyncEvent>;
+    /// [`Record::decode_event`] of the set's record of kind `kind`, or
+    /// `None` if the kind is not one of this set's.
+    fn decode_event(
+        kind: u8,
+        r: &mut Reader<'_>,
+        sync_seq: SyncSeq,
+    ) -> Option<DecodeResult<Option<SyncEvent>>>;
     fn at_ms(&self) -> Option<TimestampMs>;
 }
 
@@ -187,11 +202,27 @@ macro_rules! record_set {
                 }
             }
 
+            #[cfg(test)]
             fn to_event(&self, sync_seq: $crate::api::SyncSeq) -> Option<$crate::api::SyncEvent> {
                 use $crate::inbox::state::record::Record as _;
                 match self {
                     $($set::$variant(r) => r.to_event(sync_seq),)+
                 }
+            }
+
+            fn decode_event(
+                kind: u8,
+                r: &mut $crate::inbox::codec::Reader<'_>,
+                sync_seq: $crate::api::SyncSeq,
+            ) -> Option<$crate::inbox::codec::DecodeResult<Option<$crate::api::SyncEvent>>> {
+                $(
+                    if kind == <$ty as $crate::inbox::state::record::Record>::KIND {
+                        return Some(
+                            <$ty as $crate::inbox::state::record::Record>::decode_event(r, sync_seq),
+                        );
+                    }
+                )+
+                None
             }
 
             fn at_ms(&self) -> Option<$crate::api::TimestampMs> {
