@@ -6,10 +6,13 @@
 
 mod inbox_common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use inbox_common::*;
+use inbox_engine::inbox::CompactionStep;
 use inbox_engine::*;
 
 const CONV: ConvId = ConvId(10);
@@ -108,13 +111,26 @@ fn a_key_whose_message_was_recalled_still_answers_the_original() {
 
 #[test]
 fn a_key_whose_body_moved_to_the_msg_log_is_still_compared() {
-    let h = Harness::new();
+    let h = Harness::with(|c| {
+        c.segment_bytes = 4096;
+        c.safety_window = Duration::ZERO;
+    });
     h.join(Uid(1), CONV);
     let first = send(&h, Uid(1), 1, "moved by compaction").unwrap();
+    // Fill a few more evt segments, sync and ACK everything: the first
+    // segments' events are dead, so their bodies are moved to `msg`.
+    h.send_many(CONV, Uid(1), 100, 200);
     let reg = h.register(Uid(1), DeviceId(1));
     h.catch_up(Uid(1), DeviceId(1), reg.device.generation, SyncSeq(0));
-    h.ib().checkpoint().unwrap();
+    let moved = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&moved);
+    h.ib().set_compaction_hook(Some(Arc::new(move |step| {
+        if step == CompactionStep::BodiesMoved {
+            seen.store(true, Ordering::SeqCst);
+        }
+    })));
     h.ib().compact().unwrap();
+    assert!(moved.load(Ordering::SeqCst), "compaction moved bodies");
     assert_duplicate_of(&h, Uid(1), 1, "moved by compaction", &first);
     assert!(matches!(
         send(&h, Uid(1), 1, "another body"),
