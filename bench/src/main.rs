@@ -11,6 +11,7 @@ mod fit;
 mod hist;
 mod large_group;
 mod machine;
+mod memory_table;
 mod procfs;
 mod report;
 mod run;

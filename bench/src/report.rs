@@ -118,7 +118,7 @@ pub struct SoakReport {
     pub fit_bytes_per_live_event: Option<f64>,
 }
 
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct SoakSample {
     pub messages_sent: u64,
     /// What the system says it holds; the messages sent when it does not say.
@@ -126,6 +126,24 @@ pub struct SoakSample {
     pub events_live: Option<u64>,
     pub rss_anon_bytes: u64,
     pub seconds: f64,
+    /// The server's own memory breakdown (inboxd's `MEMORY`), when it has
+    /// one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory: Vec<StructureBytes>,
+    /// What taking the breakdown cost: the whole walk, and its longest
+    /// hold of the state lock (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_walk_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_longest_hold_us: Option<u64>,
+}
+
+/// One structure of a memory breakdown.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StructureBytes {
+    pub structure: String,
+    pub live: u64,
+    pub allocated: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -217,6 +235,7 @@ impl Report {
                 );
             }
             let f = |v: Option<f64>| v.map_or_else(|| "-".into(), |x| format!("{x:.1}"));
+            out.push_str(&crate::memory_table::memory_table(soak));
             let _ = writeln!(
                 out,
                 "slope: {} B per million messages retained ({} B/message); {} B per live event; \
@@ -629,6 +648,7 @@ mod tests {
                         events_live: Some(10),
                         rss_anon_bytes: 1 << 20,
                         seconds: 1.0,
+                        ..SoakSample::default()
                     },
                     SoakSample {
                         messages_sent: 200,
@@ -636,6 +656,7 @@ mod tests {
                         events_live: None,
                         rss_anon_bytes: 2 << 20,
                         seconds: 2.0,
+                        ..SoakSample::default()
                     },
                 ],
                 rss_bytes_per_message: Some(10_485.76),

@@ -821,13 +821,41 @@ fn soak_scenario(sp: &SoakPlan, system: &dyn System, seed: u64) -> Result<(SoakR
         let rss = measured
             .rss_anon_bytes()
             .ok_or("cannot read RssAnon of the measured process")?;
-        let s = SoakSample {
+        let mut s = SoakSample {
             messages_sent: sent,
             messages_retained: holdings.map_or(sent, |h| h.messages),
             events_live: holdings.map(|h| h.events_live),
             rss_anon_bytes: rss,
             seconds: started.elapsed().as_secs_f64(),
+            memory: Vec::new(),
+            memory_walk_us: None,
+            memory_longest_hold_us: None,
         };
+        if let Some((structures, walk, hold)) = system.memory() {
+            s.memory = structures;
+            s.memory_walk_us = Some(walk);
+            s.memory_longest_hold_us = Some(hold);
+        }
+        let top: Vec<String> = s
+            .memory
+            .iter()
+            .filter(|m| m.structure != "log_mmaps" && m.allocated >= 1 << 20)
+            .map(|m| {
+                format!(
+                    "{} {:.1}",
+                    m.structure,
+                    m.allocated as f64 / f64::from(1u32 << 20)
+                )
+            })
+            .collect();
+        if !top.is_empty() {
+            println!(
+                "{name}: soak: allocated MiB: {} (walk {} µs, longest lock hold {} µs)",
+                top.join(", "),
+                s.memory_walk_us.unwrap_or_default(),
+                s.memory_longest_hold_us.unwrap_or_default()
+            );
+        }
         println!(
             "{name}: soak: {} sent, {} retained, {} live events, RssAnon {:.1} MiB, {:.0} s",
             s.messages_sent,

@@ -118,6 +118,13 @@ fn benches(c: &mut Criterion) {
             msg_bytes as f64 / stats.messages as f64,
             (event_bytes + msg_bytes) as f64 / stats.events_live as f64,
         );
+        let memory = ib.memory();
+        let idem = memory.get("idempotency").cloned().unwrap_or_default();
+        eprintln!(
+            "idempotency table: 10,000 keys; {:.1} B/key live, {:.1} B/key allocated",
+            idem.live as f64 / 10_000.0,
+            idem.allocated as f64 / 10_000.0,
+        );
         g.throughput(Throughput::Elements(100));
         g.bench_function("sync_page_100", |b| {
             b.iter(|| {

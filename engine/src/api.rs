@@ -488,6 +488,32 @@ pub struct SegmentExplain {
     pub held_by: Vec<String>,
 }
 
+/// Bytes one in-memory structure holds: its entries (`live`) and what is
+/// allocated for them (capacity, allocation overhead; estimated from the
+/// collections' layouts).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUse {
+    pub structure: String,
+    pub live: u64,
+    pub allocated: u64,
+}
+
+/// The engine's memory by structure ([`crate::Inbox::memory`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryReport {
+    pub structures: Vec<MemoryUse>,
+    /// How long the walk took, and its longest hold of the state lock.
+    pub walk_us: u64,
+    pub longest_hold_us: u64,
+}
+
+impl MemoryReport {
+    /// The figures of one structure, if reported.
+    pub fn get(&self, structure: &str) -> Option<&MemoryUse> {
+        self.structures.iter().find(|m| m.structure == structure)
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CompactionReport {
     pub events_reclaimed: u64,

@@ -328,6 +328,7 @@ typed_calls! {
     stats(Empty) -> Stats(Stats);
     explain(UserReq) -> Explain(UserExplain);
     explain_segment(SegmentReq) -> ExplainSegment(SegmentExplain);
+    memory(Empty) -> Memory(MemoryReport);
     compact(Empty) -> Compact(CompactionReport);
     checkpoint(Empty) -> Checkpoint(Empty);
 }

@@ -124,6 +124,7 @@ fn is_admin(request: &Request) -> bool {
             | Request::ExplainSegment(_)
             | Request::Compact(_)
             | Request::Checkpoint(_)
+            | Request::Memory(_)
     )
 }
 

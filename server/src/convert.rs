@@ -340,6 +340,22 @@ pub fn stats(stats: &engine::Stats) -> wire::Stats {
     }
 }
 
+pub fn memory(report: engine::MemoryReport) -> wire::MemoryReport {
+    wire::MemoryReport {
+        walk_us: report.walk_us,
+        longest_hold_us: report.longest_hold_us,
+        structures: report
+            .structures
+            .into_iter()
+            .map(|m| wire::MemoryUse {
+                structure: m.structure,
+                live: m.live,
+                allocated: m.allocated,
+            })
+            .collect(),
+    }
+}
+
 pub fn user_explain(explain: engine::UserExplain) -> wire::UserExplain {
     wire::UserExplain {
         uid: explain.uid.get(),

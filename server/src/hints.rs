@@ -9,6 +9,7 @@
 //! rounds (counted in `inboxd_hints_dropped`): a device still catches up by
 //! `SYNC`, `DIRTY` or opening the conversation.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -20,48 +21,45 @@ use tokio::sync::{broadcast, mpsc, watch};
 
 use crate::metrics::Metrics;
 
-/// Pushes `HINT` for the subscribed uids, merged per uid to the highest
-/// watermark.
-pub(crate) async fn hint_loop(
-    mut hints: broadcast::Receiver<Vec<inbox_engine::inbox::Hint>>,
-    subscribed: Arc<Mutex<HashSet<u64>>>,
+/// What a push loop keeps between broadcast rounds: the entries not yet
+/// sent, merged per key to the newest.
+trait Coalesced {
+    type Round: Clone;
+    /// Folds one commit round's news into the entries to send.
+    fn merge(&mut self, round: Self::Round);
+    /// The push frame of the entries, and how many there are; `None` when
+    /// there is nothing to send.
+    fn frame(&self) -> Option<(Frame, u64)>;
+    fn clear(&mut self);
+}
+
+/// Forwards `rounds` to the connection's writer as pushes. When the
+/// writer is backed up, entries wait, merged, and go with the next round;
+/// a lagging receiver loses rounds (counted as dropped), which hints allow.
+async fn push_loop<C: Coalesced>(
+    mut rounds: broadcast::Receiver<C::Round>,
+    mut pending: C,
     tx: mpsc::Sender<Frame>,
     metrics: Arc<Metrics>,
     mut closed: watch::Receiver<bool>,
 ) {
-    let mut pending: HashMap<u64, u64> = HashMap::new();
     loop {
         let round = tokio::select! {
-            round = hints.recv() => round,
+            round = rounds.recv() => round,
             _ = closed.changed() => return,
         };
         match round {
-            Ok(round) => {
-                let subscribed = subscribed.lock().unwrap_or_else(|p| p.into_inner());
-                for hint in round.iter().filter(|h| subscribed.contains(&h.uid.get())) {
-                    let seq = pending.entry(hint.uid.get()).or_insert(0);
-                    *seq = (*seq).max(hint.committed_sync_seq.get());
-                }
-            }
+            Ok(round) => pending.merge(round),
             Err(RecvError::Lagged(_)) => {
                 metrics.hints_dropped.inc();
                 continue;
             }
             Err(RecvError::Closed) => return,
         }
-        if pending.is_empty() {
+        let Some((frame, count)) = pending.frame() else {
             continue;
-        }
-        let mut list: Vec<Hint> = pending
-            .iter()
-            .map(|(uid, seq)| Hint {
-                uid: *uid,
-                committed_sync_seq: *seq,
-            })
-            .collect();
-        list.sort_by_key(|h| h.uid);
-        let count = list.len() as u64;
-        match tx.try_send(Response::Hint(Hints { hints: list }).to_frame(0)) {
+        };
+        match tx.try_send(frame) {
             Ok(()) => {
                 pending.clear();
                 metrics.hints_sent.inc_by(count);
@@ -72,69 +70,133 @@ pub(crate) async fn hint_loop(
     }
 }
 
-/// Pushes `DIRTY_HINT` for the subscribed uids that are members of a large
-/// group whose head moved: the markers `DIRTY` would list for that group
-/// now. Per hinted group it costs one lookup per subscribed uid, on this
-/// task (memory only, under the engine's state read lock).
-pub(crate) async fn dirty_hint_loop(
-    inbox: Arc<Inbox>,
-    mut heads: broadcast::Receiver<Vec<LargeGroupHint>>,
+/// `HINT` entries: the highest committed watermark per subscribed uid.
+struct Watermarks {
+    subscribed: Arc<Mutex<HashSet<u64>>>,
+    pending: HashMap<u64, u64>,
+}
+
+impl Coalesced for Watermarks {
+    type Round = Vec<inbox_engine::inbox::Hint>;
+
+    fn merge(&mut self, round: Self::Round) {
+        let subscribed = self.subscribed.lock().unwrap_or_else(|p| p.into_inner());
+        for hint in round.iter().filter(|h| subscribed.contains(&h.uid.get())) {
+            let seq = self.pending.entry(hint.uid.get()).or_insert(0);
+            *seq = (*seq).max(hint.committed_sync_seq.get());
+        }
+    }
+
+    fn frame(&self) -> Option<(Frame, u64)> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let mut hints: Vec<Hint> = self
+            .pending
+            .iter()
+            .map(|(&uid, &committed_sync_seq)| Hint {
+                uid,
+                committed_sync_seq,
+            })
+            .collect();
+        hints.sort_by_key(|h| h.uid);
+        let count = hints.len() as u64;
+        Some((Response::Hint(Hints { hints }).to_frame(0), count))
+    }
+
+    fn clear(&mut self) {
+        self.pending.clear();
+    }
+}
+
+/// Pushes `HINT` for the subscribed uids.
+pub(crate) async fn hint_loop(
+    hints: broadcast::Receiver<Vec<inbox_engine::inbox::Hint>>,
     subscribed: Arc<Mutex<HashSet<u64>>>,
     tx: mpsc::Sender<Frame>,
     metrics: Arc<Metrics>,
-    mut closed: watch::Receiver<bool>,
+    closed: watch::Receiver<bool>,
 ) {
-    let mut pending: HashMap<(u64, u64), DirtyHint> = HashMap::new();
-    loop {
-        let round = tokio::select! {
-            round = heads.recv() => round,
-            _ = closed.changed() => return,
-        };
-        match round {
-            Ok(round) => {
-                let uids: Vec<Uid> = subscribed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .iter()
-                    .map(|&uid| Uid(uid))
-                    .collect();
-                let convs: HashSet<ConvId> = round.iter().map(|h| h.conv).collect();
-                for conv in convs {
-                    for (uid, m) in inbox.dirty_markers_among(conv, &uids) {
-                        let hint = DirtyHint {
-                            uid: uid.get(),
-                            conv: conv.get(),
-                            target_msg_seq: m.target_msg_seq.get(),
-                            version: m.version,
-                        };
-                        let slot = pending
-                            .entry((hint.uid, hint.conv))
-                            .or_insert_with(|| hint.clone());
-                        if hint.version >= slot.version {
-                            *slot = hint;
-                        }
+    let pending = Watermarks {
+        subscribed,
+        pending: HashMap::new(),
+    };
+    push_loop(hints, pending, tx, metrics, closed).await;
+}
+
+/// `DIRTY_HINT` entries: the newest marker per (subscribed uid, large
+/// group), found when the group's head moves. Per hinted group it costs
+/// one lookup per subscribed uid, on this task (memory only, under the
+/// engine's state read lock).
+struct Markers {
+    inbox: Arc<Inbox>,
+    subscribed: Arc<Mutex<HashSet<u64>>>,
+    pending: HashMap<(u64, u64), DirtyHint>,
+}
+
+impl Coalesced for Markers {
+    type Round = Vec<LargeGroupHint>;
+
+    fn merge(&mut self, round: Self::Round) {
+        let uids: Vec<Uid> = self
+            .subscribed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|&uid| Uid(uid))
+            .collect();
+        let convs: HashSet<ConvId> = round.iter().map(|h| h.conv).collect();
+        for conv in convs {
+            for (uid, m) in self.inbox.dirty_markers_among(conv, &uids) {
+                let hint = DirtyHint {
+                    uid: uid.get(),
+                    conv: conv.get(),
+                    target_msg_seq: m.target_msg_seq.get(),
+                    version: m.version,
+                };
+                match self.pending.entry((hint.uid, hint.conv)) {
+                    Entry::Occupied(mut e) if e.get().version <= hint.version => {
+                        e.insert(hint);
+                    }
+                    Entry::Occupied(_) => {}
+                    Entry::Vacant(e) => {
+                        e.insert(hint);
                     }
                 }
             }
-            Err(RecvError::Lagged(_)) => {
-                metrics.hints_dropped.inc();
-                continue;
-            }
-            Err(RecvError::Closed) => return,
-        }
-        if pending.is_empty() {
-            continue;
-        }
-        let mut list: Vec<DirtyHint> = pending.values().cloned().collect();
-        list.sort_by_key(|h| (h.uid, h.conv));
-        let count = list.len() as u64;
-        match tx.try_send(Response::DirtyHint(DirtyHints { hints: list }).to_frame(0)) {
-            Ok(()) => {
-                pending.clear();
-                metrics.hints_sent.inc_by(count);
-            }
-            Err(mpsc::error::TrySendError::Full(_)) => {}
-            Err(mpsc::error::TrySendError::Closed(_)) => return,
         }
     }
+
+    fn frame(&self) -> Option<(Frame, u64)> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let mut hints: Vec<DirtyHint> = self.pending.values().cloned().collect();
+        hints.sort_by_key(|h| (h.uid, h.conv));
+        let count = hints.len() as u64;
+        Some((Response::DirtyHint(DirtyHints { hints }).to_frame(0), count))
+    }
+
+    fn clear(&mut self) {
+        self.pending.clear();
+    }
+}
+
+/// Pushes `DIRTY_HINT` for the subscribed uids that are members of a large
+/// group whose head moved: the markers `DIRTY` would list for that group
+/// now.
+pub(crate) async fn dirty_hint_loop(
+    inbox: Arc<Inbox>,
+    heads: broadcast::Receiver<Vec<LargeGroupHint>>,
+    subscribed: Arc<Mutex<HashSet<u64>>>,
+    tx: mpsc::Sender<Frame>,
+    metrics: Arc<Metrics>,
+    closed: watch::Receiver<bool>,
+) {
+    let pending = Markers {
+        inbox,
+        subscribed,
+        pending: HashMap::new(),
+    };
+    push_loop(heads, pending, tx, metrics, closed).await;
 }

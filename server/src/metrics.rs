@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
-use inbox_engine::{ConvPull, Inbox, Stats, SyncPage};
+use inbox_engine::{ConvPull, Inbox, MemoryReport, Stats, SyncPage};
 use inbox_wire::{ErrorCode, Op};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, NoLabelSet};
@@ -261,7 +261,13 @@ impl Metrics {
 #[derive(Debug, Default)]
 struct EngineFigures {
     latest: Mutex<Option<(Stats, Instant)>>,
+    /// The memory breakdown, taken at most every [`MEMORY_INTERVAL`]: it
+    /// walks every user and conversation.
+    memory: Mutex<Option<(MemoryReport, Instant)>>,
 }
+
+/// How often the refresh takes the memory breakdown.
+pub const MEMORY_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Encodes [`EngineFigures`] at scrape time (a copy under a mutex held
 /// for the encoding only).
@@ -290,6 +296,7 @@ impl Collector for EngineCollector {
             return Ok(());
         };
         let e = &mut encoder;
+        encode_memory(e, &self.0)?;
         gauge(
             e,
             "inboxd_engine_stats_age_seconds",
@@ -383,15 +390,59 @@ impl Collector for EngineCollector {
     }
 }
 
-/// Takes the engine's figures once, on the blocking pool.
+/// `inboxd_memory_bytes{structure, kind}`: bytes per structure, `live`
+/// (its entries) and `allocated` (capacity and overhead).
+fn encode_memory(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::Result {
+    let memory = figures.memory.lock().unwrap_or_else(|p| p.into_inner());
+    let Some((report, _)) = memory.as_ref() else {
+        return Ok(());
+    };
+    let mut family = e.encode_descriptor(
+        "inboxd_memory_bytes",
+        "Bytes of in-memory structures: entries (live) and allocated",
+        None,
+        MetricType::Gauge,
+    )?;
+    for m in &report.structures {
+        for (kind, value) in [("live", m.live), ("allocated", m.allocated)] {
+            let labels = [("structure", m.structure.as_str()), ("kind", kind)];
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            gauge.encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Takes the engine's figures once, on the blocking pool, and the memory
+/// breakdown if the last one is older than [`MEMORY_INTERVAL`].
 pub async fn take_engine_stats(inbox: &Arc<Inbox>, metrics: &Metrics) {
+    let due = metrics
+        .engine
+        .memory
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_none_or(|(_, at)| at.elapsed() >= MEMORY_INTERVAL);
     let inbox = Arc::clone(inbox);
-    if let Ok(stats) = tokio::task::spawn_blocking(move || inbox.stats()).await {
+    let taken = tokio::task::spawn_blocking(move || {
+        let memory = due.then(|| inbox.memory());
+        (inbox.stats(), memory)
+    })
+    .await;
+    if let Ok((stats, memory)) = taken {
+        let now = Instant::now();
         *metrics
             .engine
             .latest
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some((stats, Instant::now()));
+            .unwrap_or_else(|p| p.into_inner()) = Some((stats, now));
+        if let Some(memory) = memory {
+            *metrics
+                .engine
+                .memory
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some((memory, now));
+        }
     }
 }
 

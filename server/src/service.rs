@@ -71,6 +71,7 @@ pub fn order_of(request: &Request) -> Order {
         | Request::ExplainSegment(_)
         | Request::Compact(_)
         | Request::Checkpoint(_)
+        | Request::Memory(_)
         | Request::Hello(_)
         | Request::Ping(_)
         | Request::Subscribe(_)
@@ -327,6 +328,12 @@ fn call(
         Request::Checkpoint(_) => blocking(inbox, Inbox::checkpoint, |()| {
             Response::Checkpoint(Empty {})
         }),
+        // O(state) in chunks of the state lock: off the workers.
+        Request::Memory(_) => blocking(
+            inbox,
+            |inbox| Ok(inbox.memory()),
+            |m| Response::Memory(convert::memory(m)),
+        ),
         Request::Hello(_)
         | Request::Ping(_)
         | Request::Subscribe(_)

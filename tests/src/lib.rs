@@ -42,6 +42,21 @@ pub fn inboxd_binary() -> PathBuf {
     binary
 }
 
+/// `inboxd serve` on `data_dir` with the test tokens, both listeners on
+/// port 0 of loopback, warnings logged, and `extra` flags.
+pub fn serve_command(binary: &Path, data_dir: &Path, extra: &[&str]) -> Command {
+    let mut command = Command::new(binary);
+    command
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--token", TOKEN, "--admin-token", ADMIN_TOKEN])
+        .args(extra)
+        .env("INBOXD_LOG", "warn");
+    command
+}
+
 /// A running `inboxd serve`.
 pub struct Daemon {
     child: Option<Child>,
@@ -65,14 +80,7 @@ impl Daemon {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Daemon {
-        let mut child = Command::new(binary)
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-            .args(["--token", TOKEN, "--admin-token", ADMIN_TOKEN])
-            .args(extra)
-            .env("INBOXD_LOG", "warn")
+        let mut child = serve_command(binary, data_dir, extra)
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

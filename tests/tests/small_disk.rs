@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use bytes::Bytes;
-use inbox_tests::{all_history, inboxd_binary, Daemon, ADMIN_TOKEN, TOKEN};
+use inbox_tests::{all_history, inboxd_binary, serve_command, Daemon};
 use inbox_wire::*;
 
 /// A tmpfs mounted for one test, unmounted when dropped.
@@ -68,14 +68,7 @@ fn evt_segment_lengths(data_dir: &Path) -> Vec<u64> {
 
 /// Runs `inboxd serve` expecting it to refuse; returns its stderr.
 fn refused_start(data_dir: &Path, extra: &[&str]) -> String {
-    let out = Command::new(inboxd_binary())
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-        .args(["--token", TOKEN, "--admin-token", ADMIN_TOKEN])
-        .args(extra)
-        .env("INBOXD_LOG", "warn")
+    let out = serve_command(&inboxd_binary(), data_dir, extra)
         .output()
         .expect("run inboxd");
     assert!(!out.status.success(), "inboxd started on a disk too small");

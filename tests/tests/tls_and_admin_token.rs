@@ -276,6 +276,13 @@ fn inboxctl_speaks_tls_and_reads_the_admin_token() {
     assert!(stats.status.success(), "{stats:?}");
     let text = String::from_utf8_lossy(&stats.stdout);
     assert!(text.contains("\"messages\""), "{text}");
+    let memory = run(&["stats", "--memory"], ADMIN_TOKEN);
+    assert!(memory.status.success(), "{memory:?}");
+    let text = String::from_utf8_lossy(&memory.stdout);
+    assert!(
+        text.contains("\"idempotency\"") && text.contains("\"allocated\""),
+        "{text}"
+    );
 
     let forbidden = run(&["stats"], TOKEN);
     assert!(!forbidden.status.success());

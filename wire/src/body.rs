@@ -906,6 +906,26 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// One structure of `MEMORY`: its entries' bytes and what is allocated
+    /// for them.
+    pub struct MemoryUse {
+        pub structure: String,
+        pub live: u64,
+        pub allocated: u64,
+    }
+}
+
+wire_struct! {
+    /// `MEMORY`: the daemon's memory by structure, with how long the walk
+    /// took and its longest hold of the state lock.
+    pub struct MemoryReport {
+        pub walk_us: u64,
+        pub longest_hold_us: u64,
+        pub structures: Vec<MemoryUse>,
+    }
+}
+
+wire_struct! {
     pub struct SegmentReq {
         pub stream: String,
         pub segment: u32,

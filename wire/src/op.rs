@@ -201,4 +201,6 @@ ops! {
     ExplainSegment = 0x62, SegmentReq => SegmentExplain, "EXPLAIN_SEGMENT";
     Compact = 0x63, Empty => CompactionReport, "COMPACT";
     Checkpoint = 0x64, Empty => Empty, "CHECKPOINT";
+    /// Bytes per in-memory structure, live and allocated.
+    Memory = 0x65, Empty => MemoryReport, "MEMORY";
 }

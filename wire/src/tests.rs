@@ -583,6 +583,20 @@ fn protocol_doc_example_dirty_reply() {
     assert_doc_response("dirty-reply", &dirty, 4);
 }
 
+#[test]
+fn protocol_doc_example_memory_reply() {
+    let memory = Response::Memory(MemoryReport {
+        walk_us: 120,
+        longest_hold_us: 35,
+        structures: vec![MemoryUse {
+            structure: "idempotency".into(),
+            live: 4000,
+            allocated: 5120,
+        }],
+    });
+    assert_doc_response("memory-reply", &memory, 5);
+}
+
 fn sync_body(req: &SyncReq) -> BytesMut {
     let mut out = BytesMut::new();
     req.put(&mut out);

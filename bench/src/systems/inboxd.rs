@@ -302,6 +302,22 @@ impl System for Inboxd {
         })
     }
 
+    fn memory(&self) -> Option<(Vec<crate::report::StructureBytes>, u64, u64)> {
+        let rt = runtime().ok()?;
+        let client = self.admin_client_on(&rt).ok()?;
+        let m = rt.block_on(client.memory(Empty {})).ok()?;
+        let structures = m
+            .structures
+            .into_iter()
+            .map(|s| crate::report::StructureBytes {
+                structure: s.structure,
+                live: s.live,
+                allocated: s.allocated,
+            })
+            .collect();
+        Some((structures, m.walk_us, m.longest_hold_us))
+    }
+
     fn data_bytes(&self) -> u64 {
         dir_bytes(&self.dir.path().join("data"))
     }

@@ -171,6 +171,13 @@ pub trait System: Sync {
         None
     }
 
+    /// The server's own memory breakdown by structure, where it has one,
+    /// with what taking it cost: (structures, walk µs, longest lock hold
+    /// µs).
+    fn memory(&self) -> Option<(Vec<crate::report::StructureBytes>, u64, u64)> {
+        None
+    }
+
     /// Bytes its data directory takes on disk.
     fn data_bytes(&self) -> u64 {
         0

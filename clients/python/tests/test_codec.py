@@ -99,6 +99,11 @@ class ProtocolDocExamples(unittest.TestCase):
         err = c.ErrorReply(18, 10, "marker moved")
         self.check_reply("marker-moved", c.Frame(c.OP_ERROR, 3, c.encode_body(err)), err)
 
+    def test_memory_reply(self) -> None:
+        reply = c.MemoryReport(120, 35, [c.MemoryUse("idempotency", 4000, 5120)])
+        self.check_reply("memory-reply", c.reply_frame(c.Op.MEMORY, 5, reply), reply)
+        self.assertEqual(reply.get("idempotency"), c.MemoryUse("idempotency", 4000, 5120))
+
     def test_dirty_reply(self) -> None:
         reply = c.DirtyList([c.DirtyMarker(7, 10, 10)])
         self.check_reply("dirty-reply", c.reply_frame(c.Op.DIRTY, 4, reply), reply)

@@ -245,6 +245,10 @@ class AgainstTheDaemon(unittest.TestCase):
             self.assertGreaterEqual(stats.users, 0)
             inbox.compact()
             inbox.checkpoint()
+            memory = inbox.memory()
+            idem = memory.get("idempotency")
+            self.assertIsNotNone(idem)
+            self.assertGreaterEqual(idem.allocated, idem.live)
             segment = inbox.explain_segment("evt", 1)
             self.assertEqual((segment.stream, segment.segment), ("evt", 1))
             with self.assertRaises(NotFoundError):

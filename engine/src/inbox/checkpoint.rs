@@ -137,8 +137,11 @@ fn encode_body(w: &mut Writer, st: &State) {
     messaging::put_edit_links(w, st);
     // Optional too, after the links: large groups and marker clears.
     messaging::put_large_groups(w, st);
-    // Optional too, and only on a store that replicates: the replication
-    // index of the last round applied.
+    // Optional too, after the large groups: the idempotency table (the
+    // old section above is written empty).
+    messaging::put_idempotency_table(w, st);
+    // Optional too, after the idempotency table, and only on a store that
+    // replicates: the replication index of the last round applied.
     if st.replica_index != 0 {
         w.u64(st.replica_index);
     }
@@ -175,6 +178,9 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
     }
     if !r.is_empty() {
         messaging::get_large_groups(&mut r, &mut st)?;
+    }
+    if !r.is_empty() {
+        messaging::get_idempotency_table(&mut r, &mut st)?;
     }
     if !r.is_empty() {
         st.replica_index = r.u64()?;
@@ -359,8 +365,9 @@ mod tests {
             .edits
             .clear();
         let mut older = encode_state(&old);
-        // No large-group section (two zero counts) and no links (one).
-        older.truncate(older.len() - 16 - 8);
+        // No idempotency table (one zero count), no large-group section
+        // (two) and no links (one).
+        older.truncate(older.len() - 8 - 16 - 8);
         assert_eq!(decode_state(&older).unwrap(), old);
     }
 
@@ -392,7 +399,8 @@ mod tests {
         let mut plain = State::new(0);
         plain.convs.entry(ConvId(7)).or_default();
         let mut older = encode_state(&plain);
-        older.truncate(older.len() - 16);
+        // No idempotency table (one zero count), no large groups (two).
+        older.truncate(older.len() - 8 - 16);
         assert_eq!(decode_state(&older).unwrap(), plain);
     }
 

@@ -3,12 +3,82 @@
 //! reads; nothing here goes through the sequencer.
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
+use super::state::memory::Tally;
 use super::{checkpoint, state, Inbox, RecoveryReport};
-use crate::api::Stats;
+use crate::api::{ConvId, MemoryReport, MemoryUse, Stats, Uid};
 use crate::log::SyncPolicy;
 
+/// Users or conversations walked per hold of the state lock.
+const MEMORY_CHUNK: usize = 1024;
+
 impl Inbox {
+    /// The engine's memory by structure (`inboxctl stats --memory`,
+    /// `inboxd_memory_bytes`): the state's tables (`state::memory`), the
+    /// snapshot cache and the mapped log segments. O(state), but a chunk
+    /// of users or conversations per hold of the state lock, so the
+    /// sequencer waits at most one chunk; the report says how long the
+    /// longest hold was.
+    pub fn memory(&self) -> MemoryReport {
+        let started = Instant::now();
+        let mut longest = Duration::ZERO;
+        let mut tally = Tally::default();
+        let mut hold = |f: &mut dyn FnMut(&state::State)| {
+            let st = self.shared.state.read();
+            let t = Instant::now();
+            f(&st);
+            longest = longest.max(t.elapsed());
+        };
+        let (mut uids, mut convs): (Vec<Uid>, Vec<ConvId>) = (Vec::new(), Vec::new());
+        hold(&mut |st| {
+            tally.tables(st);
+            uids = st.users.keys().copied().collect();
+            convs = st.convs.keys().copied().collect();
+        });
+        for chunk in uids.chunks(MEMORY_CHUNK) {
+            hold(&mut |st| tally.users(st, chunk));
+        }
+        for chunk in convs.chunks(MEMORY_CHUNK) {
+            hold(&mut |st| tally.convs(st, chunk));
+        }
+        let mut structures: Vec<MemoryUse> = tally
+            .named()
+            .map(|(name, live, allocated)| MemoryUse {
+                structure: name.to_string(),
+                live,
+                allocated,
+            })
+            .collect();
+        let (cached, _) = self.shared.snapshots.cache.lock().usage();
+        structures.push(MemoryUse {
+            structure: "snapshot_cache".to_string(),
+            live: cached,
+            allocated: cached,
+        });
+        // Sealed segments are mapped whole: address space backed by the
+        // files, resident only as far as the page cache holds them.
+        let mapped: u64 = self
+            .shared
+            .msg_log
+            .segments()
+            .into_iter()
+            .chain(self.shared.evt_log.segments())
+            .filter(|s| s.sealed)
+            .map(|s| s.bytes)
+            .sum();
+        structures.push(MemoryUse {
+            structure: "log_mmaps".to_string(),
+            live: mapped,
+            allocated: mapped,
+        });
+        MemoryReport {
+            structures,
+            walk_us: micros(started.elapsed()),
+            longest_hold_us: micros(longest),
+        }
+    }
+
     /// O(segments): the entry counts are kept on apply, and the index
     /// sizes are estimated from them, so no user or conversation is
     /// walked under the state lock.
@@ -84,4 +154,8 @@ impl Inbox {
     pub fn index_bytes(&self) -> (u64, u64) {
         self.shared.state.read().index_bytes()
     }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

@@ -241,7 +241,12 @@ enum Command {
         ack: bool,
     },
     /// Server and engine counters.
-    Stats,
+    Stats {
+        /// Also the daemon's memory by structure: bytes live (entries) and
+        /// allocated (capacity and overhead), and the walk's cost.
+        #[arg(long)]
+        memory: bool,
+    },
     /// What holds a user's events (or a segment) back from compaction.
     /// With --conv: which mode a conversation is in (as `conv`).
     Explain {
@@ -600,7 +605,13 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
             }
             value
         }
-        Command::Stats => to_json(&client.stats(Empty {}).await?),
+        Command::Stats { memory } => {
+            let mut value = to_json(&client.stats(Empty {}).await?);
+            if *memory {
+                value["memory"] = to_json(&client.memory(Empty {}).await?);
+            }
+            value
+        }
         Command::Explain { uid, conv, segment } => match (uid, segment) {
             (uid, None) if conv.is_some() => {
                 conv_mode(client, conv.unwrap_or_default(), *uid).await?
@@ -649,7 +660,7 @@ async fn conv_mode(client: &Client, conv: u64, uid: Option<u64>) -> Result<Value
 fn is_admin(command: &Command) -> bool {
     matches!(
         command,
-        Command::Stats | Command::Explain { .. } | Command::Compact | Command::Checkpoint
+        Command::Stats { .. } | Command::Explain { .. } | Command::Compact | Command::Checkpoint
     )
 }
 

@@ -307,6 +307,10 @@ class Client:
     def checkpoint(self) -> None:
         self.call(c.Op.CHECKPOINT, c.Empty())
 
+    def memory(self) -> c.MemoryReport:
+        """Bytes per in-memory structure (admin)."""
+        return self.call(c.Op.MEMORY, c.Empty())
+
     # --- flows ----------------------------------------------------------------
 
     def sync_to_end(

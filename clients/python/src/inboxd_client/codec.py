@@ -803,6 +803,28 @@ class SegmentExplain:
     held_by: list[str]
 
 
+@layout(STRING, U64, U64)
+@dataclass(frozen=True)
+class MemoryUse:
+    """One structure's bytes: its entries (``live``) and what is allocated
+    for them (capacity and overhead)."""
+
+    structure: str
+    live: int
+    allocated: int
+
+
+@layout(U64, U64, list_of(struct_of(MemoryUse)))
+@dataclass(frozen=True)
+class MemoryReport:
+    walk_us: int
+    longest_hold_us: int
+    structures: list[MemoryUse]
+
+    def get(self, structure: str) -> MemoryUse | None:
+        return next((m for m in self.structures if m.structure == structure), None)
+
+
 @layout(U16, U64, STRING)
 @dataclass(frozen=True)
 class ErrorReply:
@@ -876,6 +898,7 @@ class Op(enum.IntEnum):
     EXPLAIN_SEGMENT = 0x62
     COMPACT = 0x63
     CHECKPOINT = 0x64
+    MEMORY = 0x65
 
 
 #: request body class and reply body class of every opcode
@@ -913,6 +936,7 @@ OPS: dict[Op, tuple[type, type]] = {
     Op.EXPLAIN_SEGMENT: (SegmentReq, SegmentExplain),
     Op.COMPACT: (Empty, CompactionReport),
     Op.CHECKPOINT: (Empty, Empty),
+    Op.MEMORY: (Empty, MemoryReport),
 }
 
 

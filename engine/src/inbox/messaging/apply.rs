@@ -16,7 +16,7 @@ use super::record::MsgEffect;
 use crate::api::*;
 use crate::inbox::state::record::{ApplyError, Touched};
 use crate::inbox::state::{
-    msg_counter, Conv, IdemEntry, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED,
+    msg_counter, push_compact, Conv, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED,
     OPEN,
 };
 
@@ -89,13 +89,16 @@ impl State {
             )));
         }
         self.totals.messages += 1;
-        conv.msgs.push(MsgMeta {
-            loc: m.msg_loc,
-            msg_id: m.msg_id,
-            sender: m.sender,
-            kind: m.kind,
-            flags: 0,
-        });
+        push_compact(
+            &mut conv.msgs,
+            MsgMeta {
+                loc: m.msg_loc,
+                msg_id: m.msg_id,
+                sender: m.sender,
+                kind: m.kind,
+                flags: 0,
+            },
+        );
         crate::inbox::state::count_msg_ref(
             [&mut self.evt_refs, &mut self.body_refs, &mut self.msg_refs],
             m.msg_loc,
@@ -217,28 +220,16 @@ impl State {
     }
 
     fn remember_idem(&mut self, m: &MsgEffect) {
-        // Expire keys older than the TTL, judged by the stamped time of the
-        // message being applied, so replay expires exactly the same keys.
-        let horizon = m.at_ms.saturating_sub(self.idem_ttl_ms);
-        while let Some(&(at, uid, cmid)) = self.idem_order.front() {
-            if at >= horizon {
-                break;
-            }
-            self.idem_order.pop_front();
-            if self.idem.get(&(uid, cmid)).is_some_and(|e| e.at_ms == at) {
-                self.idem.remove(&(uid, cmid));
-            }
-        }
+        // Expiry is judged by the stamped time of the message being
+        // applied, so replay expires exactly the same keys.
         self.idem.insert(
-            (m.sender, m.client_msg_id),
-            IdemEntry {
-                conv: m.conv,
-                msg_id: m.msg_id,
-                msg_seq: m.msg_seq,
-                at_ms: m.at_ms,
-            },
+            m.sender,
+            m.client_msg_id,
+            m.conv,
+            m.msg_seq,
+            m.msg_id,
+            m.at_ms,
+            self.idem_ttl_ms,
         );
-        self.idem_order
-            .push_back((m.at_ms, m.sender, m.client_msg_id));
     }
 }

@@ -1,16 +1,16 @@
 //! The messaging tables in a checkpoint: conversations (messages and
 //! membership periods), each user's conversation state, the idempotency
-//! keys and the edit links. Layout in `docs/FORMAT.md`, "Checkpoint
+//! keys (their old section and the table) and the edit links. Layout in `docs/FORMAT.md`, "Checkpoint
 //! file"; the order of sections is `checkpoint.rs`'s.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::record::{kind_code, kind_from_code};
-use crate::api::{ConvId, MsgSeq, Uid};
+use crate::api::{ClientMsgId, ConvId, MsgId, MsgSeq, TimestampMs, Uid};
 use crate::inbox::codec::{sorted, DecodeError, DecodeResult, Reader, Writer};
-use crate::inbox::state::{
-    Conv, IdemEntry, LargeMode, LastEntry, MsgMeta, Period, State, User, UserConv,
-};
+use crate::inbox::state::idem::IdemSlot;
+use crate::inbox::state::{Conv, LargeMode, LastEntry, MsgMeta, Period, State, User, UserConv};
 
 /// Conversations by id: messages, then membership periods.
 pub(crate) fn put_convs(w: &mut Writer, st: &State) {
@@ -111,41 +111,84 @@ pub(crate) fn get_user_convs(r: &mut Reader<'_>, u: &mut User) -> DecodeResult<(
     Ok(())
 }
 
-/// The idempotency keys by key, then their insertion order (for expiry).
-pub(crate) fn put_idempotency(w: &mut Writer, st: &State) {
-    let idem = sorted(&st.idem);
-    w.u64(idem.len() as u64);
-    for ((uid, cmid), e) in idem {
-        w.u64(uid);
-        w.u128(cmid);
-        w.u64(e.conv);
-        w.u64(e.msg_id);
-        w.u64(e.msg_seq);
-        w.u64(e.at_ms);
+/// The idempotency keys' old place, whole keys by key then in insertion
+/// order: written empty since the table holds tags
+/// ([`put_idempotency_table`]), read for a checkpoint written before.
+pub(crate) fn put_idempotency(w: &mut Writer, _st: &State) {
+    w.u64(0);
+    w.u64(0);
+}
+
+/// Reads the old section into the table: the keys in insertion order,
+/// each once (at the time its map entry has).
+pub(crate) fn get_idempotency(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
+    let mut keys = HashMap::new();
+    for _ in 0..r.count(56)? {
+        let key: (Uid, ClientMsgId) = (r.id()?, r.u128()?);
+        let e: (ConvId, MsgId, MsgSeq, TimestampMs) = (r.id()?, r.id()?, r.id()?, r.u64()?);
+        keys.insert(key, e);
     }
-    w.u64(st.idem_order.len() as u64);
-    for (at, uid, cmid) in &st.idem_order {
-        w.u64(*at);
-        w.u64(*uid);
-        w.u128(*cmid);
+    for _ in 0..r.count(32)? {
+        let (at, uid, cmid): (TimestampMs, Uid, ClientMsgId) = (r.u64()?, r.id()?, r.u128()?);
+        if let Some(&(conv, msg_id, msg_seq, at_ms)) = keys.get(&(uid, cmid)) {
+            if at_ms == at {
+                let ttl = st.idem_ttl_ms;
+                st.idem.insert(uid, cmid, conv, msg_seq, msg_id, at_ms, ttl);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The idempotency table (optional, after the large groups): its buckets
+/// oldest first, each as start_ms u64, end_ms u64, count u64, then its
+/// entries sorted: tag (low u64, high u64), conv u64, msg_seq u64,
+/// msg_id u64.
+pub(crate) fn put_idempotency_table(w: &mut Writer, st: &State) {
+    w.u64(st.idem.buckets().count() as u64);
+    for b in st.idem.buckets() {
+        w.u64(b.start_ms);
+        w.u64(b.end_ms);
+        let entries = b.entries();
+        w.u64(entries.len() as u64);
+        for e in entries {
+            w.u64(e.tag[0]);
+            w.u64(e.tag[1]);
+            w.u64(e.conv);
+            w.u64(e.msg_seq);
+            w.u64(e.msg_id);
+        }
     }
 }
 
-pub(crate) fn get_idempotency(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
-    for _ in 0..r.count(56)? {
-        let key = (r.id()?, r.u128()?);
-        st.idem.insert(
-            key,
-            IdemEntry {
-                conv: r.id()?,
-                msg_id: r.id()?,
-                msg_seq: r.id()?,
-                at_ms: r.u64()?,
-            },
-        );
+pub(crate) fn get_idempotency_table(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
+    if st.idem.len() > 0 {
+        return Err(DecodeError(
+            "checkpoint has idempotency keys in both the old and the new section",
+        ));
     }
-    for _ in 0..r.count(32)? {
-        st.idem_order.push_back((r.u64()?, r.id()?, r.u128()?));
+    let mut prev_end = 0;
+    for _ in 0..r.count(24)? {
+        let (start_ms, end_ms): (TimestampMs, TimestampMs) = (r.u64()?, r.u64()?);
+        if start_ms >= end_ms || start_ms < prev_end {
+            return Err(DecodeError("idempotency buckets out of order"));
+        }
+        prev_end = end_ms;
+        let n = r.count(40)?;
+        let mut entries = Vec::with_capacity(n);
+        for _ in 0..n {
+            let e = IdemSlot {
+                tag: [r.u64()?, r.u64()?],
+                conv: r.id()?,
+                msg_seq: r.id()?,
+                msg_id: r.id()?,
+            };
+            if e.msg_id == MsgId(0) {
+                return Err(DecodeError("idempotency entry without a message"));
+            }
+            entries.push(e);
+        }
+        st.idem.push_decoded(start_ms, end_ms, entries);
     }
     Ok(())
 }
@@ -265,4 +308,64 @@ pub(crate) fn get_large_groups(r: &mut Reader<'_>, st: &mut State) -> DecodeResu
         uc.cleared_seq = seq;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_in_the_old_section_are_read_into_the_table_each_at_its_last_use() {
+        let mut w = Writer::with_capacity(256);
+        // By key: uid 1 key 5 (reused at 900, after a first use at 100),
+        // uid 2 key 6.
+        w.u64(2u64);
+        for (uid, cmid, conv, msg_id, seq, at) in [
+            (1u64, 5u128, 10u64, 11u64, 3u64, 900u64),
+            (2, 6, 10, 7, 2, 100),
+        ] {
+            w.u64(uid);
+            w.u128(cmid);
+            w.u64(conv);
+            w.u64(msg_id);
+            w.u64(seq);
+            w.u64(at);
+        }
+        // Insertion order, the stale use included.
+        w.u64(3u64);
+        for (at, uid, cmid) in [(100u64, 1u64, 5u128), (100, 2, 6), (900, 1, 5)] {
+            w.u64(at);
+            w.u64(uid);
+            w.u128(cmid);
+        }
+        let mut st = State::new(1_600);
+        get_idempotency(&mut Reader::new(&w.buf), &mut st).unwrap();
+        assert_eq!(st.idem.len(), 2);
+        let c = st.idem.candidates(Uid(1), 5, 1_000, 1_600);
+        assert_eq!(
+            (c[0].conv, c[0].msg_seq, c[0].msg_id),
+            (ConvId(10), MsgSeq(3), MsgId(11))
+        );
+        assert_eq!(st.idem.candidates(Uid(2), 6, 1_000, 1_600).len(), 1);
+
+        // Written again, it is the new section and reads back equal.
+        let mut w = Writer::with_capacity(256);
+        put_idempotency_table(&mut w, &st);
+        let mut back = State::new(1_600);
+        get_idempotency_table(&mut Reader::new(&w.buf), &mut back).unwrap();
+        assert_eq!(back.idem, st.idem);
+    }
+
+    #[test]
+    fn idempotency_buckets_out_of_order_are_refused() {
+        let mut w = Writer::with_capacity(64);
+        w.u64(2u64);
+        for (start, end) in [(100u64, 200u64), (50, 150)] {
+            w.u64(start);
+            w.u64(end);
+            w.u64(0u64);
+        }
+        let mut st = State::new(1_600);
+        assert!(get_idempotency_table(&mut Reader::new(&w.buf), &mut st).is_err());
+    }
 }

@@ -121,7 +121,6 @@ impl Cache {
     }
 
     /// Bytes held and snapshots cached.
-    #[cfg(test)]
     pub(crate) fn usage(&self) -> (u64, usize) {
         (self.bytes, self.entries.len())
     }

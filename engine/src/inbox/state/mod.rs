@@ -21,13 +21,15 @@
 //!   committed watermarks are not state proper: readers use them to avoid
 //!   revealing changes that are not durable yet.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use bytes::Bytes;
 
+pub(crate) mod idem;
 mod invariants;
 pub(crate) mod loc;
+pub(crate) mod memory;
 pub(crate) mod record;
 mod seg_refs;
 
@@ -292,17 +294,17 @@ impl User {
         self.devices.iter().find(|d| d.row.device == id)
     }
     pub(crate) fn push_event(&mut self, loc: PackedLoc) -> SyncSeq {
-        self.events.push(loc);
+        push_compact(&mut self.events, loc);
         self.head()
     }
 }
 
+/// Where the send an idempotency key names went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct IdemEntry {
     pub conv: ConvId,
     pub msg_id: MsgId,
     pub msg_seq: MsgSeq,
-    pub at_ms: TimestampMs,
 }
 
 /// Conversations and users are behind `Arc`s, so that a checkpoint takes a
@@ -313,9 +315,8 @@ pub(crate) struct IdemEntry {
 pub(crate) struct State {
     pub convs: HashMap<ConvId, Arc<Conv>>,
     pub users: HashMap<Uid, Arc<User>>,
-    pub idem: HashMap<(Uid, ClientMsgId), IdemEntry>,
-    /// Idempotency keys in insertion order, for expiry.
-    pub idem_order: VecDeque<(TimestampMs, Uid, ClientMsgId)>,
+    /// Idempotency keys of the last `idem_ttl_ms` ([`idem`]).
+    pub idem: idem::IdemTable,
     pub idem_ttl_ms: u64,
     /// Next msg_id counter value (the low bits of a msg_id).
     pub next_msg_counter: u64,
@@ -364,6 +365,19 @@ pub(crate) fn count_msg_ref(refs: [&mut SegRefs; 3], loc: PackedLoc, add: bool) 
     }
 }
 
+/// Pushes onto an index that only grows at its end by a quarter of its
+/// length at a time, not by doubling: a conversation's message list or a
+/// user's event list is its largest allocation, kept for as long as the
+/// entries are, so doubling would leave up to half of it unused (R29).
+/// Amortized, an entry is copied four times instead of once (a large
+/// block's realloc remaps rather than copies).
+pub(crate) fn push_compact<T>(v: &mut Vec<T>, item: T) {
+    if v.len() == v.capacity() {
+        v.reserve_exact((v.len() / 4).max(4));
+    }
+    v.push(item);
+}
+
 /// The counter part of a msg_id (below the shard bits, R3).
 pub(crate) fn msg_counter(msg_id: MsgId) -> u64 {
     msg_id.0 & ((1u64 << (64 - MSG_ID_SHARD_BITS)) - 1)
@@ -374,8 +388,7 @@ impl State {
         Self {
             convs: HashMap::new(),
             users: HashMap::new(),
-            idem: HashMap::new(),
-            idem_order: VecDeque::new(),
+            idem: idem::IdemTable::default(),
             idem_ttl_ms,
             next_msg_counter: 1,
             evt_lsn: 0,
@@ -435,17 +448,36 @@ impl State {
         (evt, body, msg)
     }
 
-    /// The live idempotency entry for a key at time `now`.
+    /// The send `(sender, cmid)` names at time `now`, if it is remembered.
+    /// The table only knows tags ([`idem`]): of the entries whose tag
+    /// matches, the key's is the one whose message `sender` sent, which
+    /// the message index tells. A message reclaimed by history retention
+    /// is no longer indexed; its entry is taken when `sender` was a member
+    /// of its conversation at its `msg_seq` (the periods stay).
     pub fn idem_lookup(
         &self,
         sender: Uid,
         cmid: ClientMsgId,
         now: TimestampMs,
     ) -> Option<IdemEntry> {
-        self.idem
-            .get(&(sender, cmid))
-            .filter(|e| e.at_ms >= now.saturating_sub(self.idem_ttl_ms))
-            .copied()
+        let candidates = self.idem.candidates(sender, cmid, now, self.idem_ttl_ms);
+        candidates.into_iter().find_map(|e| {
+            let c = self.convs.get(&e.conv)?;
+            let sent_by_sender = match c.meta(e.msg_seq) {
+                Some(m) => m.sender == sender && m.msg_id == e.msg_id,
+                None => {
+                    e.msg_seq <= c.msgs_base
+                        && c.members
+                            .get(&sender)
+                            .is_some_and(|ps| ps.iter().any(|p| p.covers(e.msg_seq)))
+                }
+            };
+            sent_by_sender.then_some(IdemEntry {
+                conv: e.conv,
+                msg_id: e.msg_id,
+                msg_seq: e.msg_seq,
+            })
+        })
     }
 
     /// Patches the location of an event whose record was just submitted.

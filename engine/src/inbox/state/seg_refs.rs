@@ -35,6 +35,17 @@ impl PartialEq for SegRefs {
 impl Eq for SegRefs {}
 
 impl SegRefs {
+    /// Entries and capacities of the counts and of the dirty set, for the
+    /// memory breakdown (`memory.rs`).
+    pub(crate) fn sizes(&self) -> (usize, usize, usize, usize) {
+        (
+            self.counts.len(),
+            self.counts.capacity(),
+            self.dirty.len(),
+            self.dirty.capacity(),
+        )
+    }
+
     /// Counts every location of `locs` (after a checkpoint load); every
     /// segment starts dirty.
     pub fn rebuild<'a>(locs: impl IntoIterator<Item = &'a PackedLoc>) -> Self {

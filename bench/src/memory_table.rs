@@ -1,0 +1,123 @@
+//! The soak's memory breakdown table: the server's bytes per structure at
+//! the last sample and how each grew with the messages retained.
+
+use std::fmt::Write as _;
+
+use crate::report::{SoakReport, SoakSample};
+
+/// The last sample's memory breakdown, each structure's slope over
+/// messages retained (allocated bytes per million messages, least
+/// squares over the samples after the first message), and what the
+/// structures leave of RssAnon (the mapped log segments are file-backed,
+/// so not in it).
+pub fn memory_table(soak: &SoakReport) -> String {
+    let mut out = String::new();
+    let fitted: Vec<&SoakSample> = soak
+        .samples
+        .iter()
+        .filter(|s| s.messages_sent > 0 && !s.memory.is_empty())
+        .collect();
+    let Some(last) = fitted.last() else {
+        return out;
+    };
+    #[expect(clippy::cast_precision_loss, reason = "byte counts far below 2^52")]
+    let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+    #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+    let messages: Vec<f64> = fitted.iter().map(|s| s.messages_retained as f64).collect();
+    let _ = writeln!(
+        out,
+        "memory at {} messages retained: {:>20} {:>10} {:>14} {:>20}",
+        last.messages_retained, "structure", "live MiB", "allocated MiB", "allocated B/M msgs"
+    );
+    let mut anon = 0u64;
+    for m in &last.memory {
+        #[expect(clippy::cast_precision_loss, reason = "byte counts far below 2^52")]
+        let ys: Vec<f64> = fitted
+            .iter()
+            .map(|s| {
+                s.memory
+                    .iter()
+                    .find(|x| x.structure == m.structure)
+                    .map_or(0.0, |x| x.allocated as f64)
+            })
+            .collect();
+        let slope = crate::fit::slope(&messages, &ys)
+            .map_or_else(|| "-".into(), |b| format!("{:.0}", b * 1e6));
+        if m.structure != "log_mmaps" {
+            anon += m.allocated;
+        }
+        let _ = writeln!(
+            out,
+            "{:>52} {:>10.1} {:>14.1} {:>20}",
+            m.structure,
+            mib(m.live),
+            mib(m.allocated),
+            slope
+        );
+    }
+    if let (Some(walk), Some(hold)) = (last.memory_walk_us, last.memory_longest_hold_us) {
+        let _ = writeln!(
+            out,
+            "taking the breakdown: {walk} µs, longest hold of the state lock {hold} µs"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "structures (log mmaps left out) {:.1} MiB allocated of RssAnon {:.1} MiB; the rest \
+         is not in the breakdown (allocator, buffers, queues, checkpoint copies)",
+        mib(anon),
+        mib(last.rss_anon_bytes)
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::report::{Report, SoakReport, SoakSample, StructureBytes};
+
+    #[test]
+    fn soak_table_breaks_memory_down_by_structure_with_its_slope() {
+        let sample = |msgs: u64, idem: u64| SoakSample {
+            messages_sent: msgs,
+            messages_retained: msgs,
+            rss_anon_bytes: 64 << 20,
+            memory: vec![
+                StructureBytes {
+                    structure: "idempotency".into(),
+                    live: idem,
+                    allocated: idem,
+                },
+                StructureBytes {
+                    structure: "log_mmaps".into(),
+                    live: 8 << 20,
+                    allocated: 8 << 20,
+                },
+            ],
+            ..SoakSample::default()
+        };
+        let report = Report {
+            soak: vec![SoakReport {
+                system: "inboxd".into(),
+                samples: vec![
+                    sample(0, 0),
+                    sample(1_000_000, 40 << 20),
+                    sample(2_000_000, 80 << 20),
+                ],
+                ..SoakReport::default()
+            }],
+            ..Report::default()
+        };
+        let table = report.soak_table();
+        let idem = table
+            .lines()
+            .find(|l| l.trim_start().starts_with("idempotency"))
+            .expect("an idempotency row");
+        // 40 MiB more per million messages.
+        assert!(idem.ends_with(&format!("{}", 40u64 << 20)), "{idem}");
+        assert!(
+            table
+                .contains("structures (log mmaps left out) 80.0 MiB allocated of RssAnon 64.0 MiB"),
+            "{table}"
+        );
+    }
+}

@@ -1,0 +1,144 @@
+//! What the state's tables hold in memory, structure by structure: the
+//! bytes of their entries (live) and what is allocated for them (capacity
+//! and per-allocation overhead, estimated from the collections' layouts).
+//!
+//! Walking every user and conversation is O(state), so the caller walks a
+//! chunk of keys per hold of the state lock ([`Tally::users`],
+//! [`Tally::convs`]) and never stalls the sequencer for long. Figures are
+//! estimates from lengths and capacities, not allocator statistics: a hash
+//! map's slot is its key and value plus a control byte, at its capacity's
+//! buckets; a B-tree node holds up to 11 entries; an `Arc` adds two
+//! counters.
+
+use std::mem::size_of;
+
+use super::{ActivityKey, Conv, Device, MsgMeta, Period, SnapshotSlot, State, User, UserConv};
+use crate::api::*;
+
+/// The structures reported, in report order.
+pub(crate) const STRUCTURES: [&str; 9] = [
+    "users",
+    "devices",
+    "user_conversations",
+    "conversations",
+    "message_metadata",
+    "event_index",
+    "idempotency",
+    "snapshot_rows",
+    "segment_counts",
+];
+
+/// Bytes (live, allocated) per structure of [`STRUCTURES`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Tally {
+    pub bytes: [(u64, u64); STRUCTURES.len()],
+}
+
+const ARC: u64 = 16;
+
+/// A hash map of `len` entries of `entry` bytes with `capacity` usable
+/// slots (7/8 of its buckets).
+fn hash_map(len: usize, capacity: usize, entry: usize) -> (u64, u64) {
+    let buckets = if capacity == 0 {
+        0
+    } else {
+        (capacity * 8 / 7).next_power_of_two()
+    };
+    ((len * entry) as u64, (buckets * (entry + 1)) as u64)
+}
+
+/// A B-tree of `len` entries of `entry` bytes: nodes of up to 11 entries,
+/// about two thirds full, with a parent pointer and lengths.
+fn b_tree(len: usize, entry: usize) -> (u64, u64) {
+    let nodes = len.div_ceil(7);
+    ((len * entry) as u64, (nodes * (11 * entry + 16)) as u64)
+}
+
+fn vec<T>(v: &Vec<T>) -> (u64, u64) {
+    (
+        (v.len() * size_of::<T>()) as u64,
+        (v.capacity() * size_of::<T>()) as u64,
+    )
+}
+
+impl Tally {
+    fn add(&mut self, i: usize, (live, allocated): (u64, u64)) {
+        self.bytes[i].0 += live;
+        self.bytes[i].1 += allocated;
+    }
+
+    /// The top-level maps and the small tables.
+    pub fn tables(&mut self, st: &State) {
+        self.add(
+            0,
+            hash_map(
+                st.users.len(),
+                st.users.capacity(),
+                size_of::<(Uid, std::sync::Arc<User>)>(),
+            ),
+        );
+        self.add(
+            3,
+            hash_map(
+                st.convs.len(),
+                st.convs.capacity(),
+                size_of::<(ConvId, std::sync::Arc<Conv>)>(),
+            ),
+        );
+        let idem = st.idem.bytes();
+        self.add(6, (idem.live, idem.allocated));
+        for refs in [&st.evt_refs, &st.body_refs, &st.msg_refs] {
+            let (len, cap, dirty, dirty_cap) = refs.sizes();
+            self.add(8, hash_map(len, cap, 12));
+            self.add(8, hash_map(dirty, dirty_cap, 4));
+        }
+    }
+
+    /// The users `uids` (those still there) and what hangs off them.
+    pub fn users(&mut self, st: &State, uids: &[Uid]) {
+        for u in uids.iter().filter_map(|uid| st.users.get(uid)) {
+            let own = size_of::<User>() as u64 + ARC;
+            self.add(0, (own, own));
+            self.add(1, vec::<Device>(&u.devices));
+            let convs = hash_map(
+                u.convs.len(),
+                u.convs.capacity(),
+                size_of::<(ConvId, UserConv)>(),
+            );
+            self.add(2, convs);
+            self.add(2, b_tree(u.order.len(), size_of::<ActivityKey>()));
+            let summaries: u64 = u.convs.values().map(|c| c.last_summary.len() as u64).sum();
+            self.add(2, (summaries, summaries));
+            self.add(5, vec::<super::PackedLoc>(&u.events));
+            self.add(
+                7,
+                b_tree(u.snapshots.len(), size_of::<(u64, SnapshotSlot)>()),
+            );
+        }
+    }
+
+    /// The conversations `convs` (those still there) and their messages.
+    pub fn convs(&mut self, st: &State, convs: &[ConvId]) {
+        for c in convs.iter().filter_map(|id| st.convs.get(id)) {
+            let own = size_of::<Conv>() as u64 + ARC;
+            self.add(3, (own, own));
+            self.add(3, b_tree(c.members.len(), size_of::<(Uid, Vec<Period>)>()));
+            for periods in c.members.values() {
+                self.add(3, vec::<Period>(periods));
+            }
+            self.add(3, b_tree(c.edits.len(), size_of::<(MsgSeq, Vec<MsgSeq>)>()));
+            for edits in c.edits.values() {
+                self.add(3, vec::<MsgSeq>(edits));
+            }
+            self.add(4, vec::<MsgMeta>(&c.msgs));
+        }
+    }
+
+    /// By structure name, in report order.
+    pub fn named(&self) -> impl Iterator<Item = (&'static str, u64, u64)> + '_ {
+        STRUCTURES
+            .iter()
+            .zip(self.bytes.iter())
+            .map(|(name, (live, allocated))| (*name, *live, *allocated))
+    }
+}

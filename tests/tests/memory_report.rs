@@ -1,0 +1,65 @@
+//! `MEMORY` (`inboxctl stats --memory`) and `inboxd_memory_bytes`: the
+//! daemon's memory by structure follows what the structures hold.
+
+use inbox_tests::Daemon;
+use inbox_wire::{ConvMember, Empty, MemoryReport};
+
+fn live(r: &MemoryReport, structure: &str) -> u64 {
+    r.structures
+        .iter()
+        .find(|m| m.structure == structure)
+        .unwrap_or_else(|| panic!("{structure} missing from {r:?}"))
+        .live
+}
+
+#[tokio::test]
+async fn sends_with_keys_grow_the_idempotency_bytes_the_memory_request_reports() {
+    let data = inbox_tests::data_dir();
+    let daemon = Daemon::start(data.path());
+    let client = daemon.client().await;
+    client.join(ConvMember { conv: 1, uid: 1 }).await.unwrap();
+    let before = client.memory(Empty {}).await.unwrap();
+    for i in 0..200 {
+        inbox_tests::send_text(&client, 1, 1, &format!("m{i}")).await;
+    }
+    let after = client.memory(Empty {}).await.unwrap();
+    assert_eq!(
+        live(&after, "idempotency") - live(&before, "idempotency"),
+        200 * 40
+    );
+    assert_eq!(
+        live(&after, "message_metadata") - live(&before, "message_metadata"),
+        200 * 32
+    );
+    for m in &after.structures {
+        assert!(m.allocated >= m.live, "{m:?}");
+    }
+    assert!(after.longest_hold_us <= after.walk_us);
+}
+
+#[tokio::test]
+async fn the_memory_request_is_for_the_admin_token_only() {
+    let data = inbox_tests::data_dir();
+    let daemon = Daemon::start(data.path());
+    let user = daemon.user_client().await;
+    let err = user.memory(Empty {}).await.expect_err("admin only");
+    assert!(
+        format!("{err:?}").contains("Forbidden") || format!("{err}").contains("FORBIDDEN"),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_memory_family_is_exported_by_structure_and_kind() {
+    let data = inbox_tests::data_dir();
+    let daemon = Daemon::start(data.path());
+    let text = daemon.scrape().await;
+    for line in [
+        "# TYPE inboxd_memory_bytes gauge",
+        "inboxd_memory_bytes{structure=\"idempotency\",kind=\"live\"} ",
+        "inboxd_memory_bytes{structure=\"message_metadata\",kind=\"allocated\"} ",
+        "inboxd_memory_bytes{structure=\"log_mmaps\",kind=\"live\"} ",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from {text}");
+    }
+}
