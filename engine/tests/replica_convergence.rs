@@ -171,7 +171,7 @@ fn a_killed_follower_recovers_its_index_from_its_log_alone() {
     let applied = follower.ib().replica_index();
     // No final checkpoint: the index comes from replaying round marks.
     let image = tempfile::tempdir().unwrap();
-    copy_dir(follower.dir.path(), image.path());
+    copy_running_dir(follower.dir.path(), image.path());
     let _ = std::fs::remove_dir_all(image.path().join("checkpoint"));
     drop(follower.inbox.take());
     follower.dir = image;
@@ -184,18 +184,4 @@ fn a_killed_follower_recovers_its_index_from_its_log_alone() {
     assert_eq!(inbox_engine::inbox::Entry::decode(&bytes).unwrap(), last);
     bytes[20] ^= 1;
     assert!(inbox_engine::inbox::Entry::decode(&bytes).is_err());
-}
-
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else if let Err(e) = std::fs::copy(entry.path(), &target) {
-            // A spare renamed by the log's preparer while copying.
-            assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
-        }
-    }
 }

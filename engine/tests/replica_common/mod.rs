@@ -10,18 +10,18 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use inbox_engine::inbox::{Entry, Leader, ManualClock};
-use inbox_engine::log::SyncPolicy;
 use inbox_engine::*;
 
-pub const T0: u64 = 1_700_000_000_000;
+// The single-node tests' configuration, clock origin and directory copy.
+#[path = "../inbox_common/mod.rs"]
+mod inbox_common;
+#[allow(unused_imports, reason = "each test binary uses a different subset")]
+pub use inbox_common::{copy_running_dir, T0};
 
+/// The single-node tests' configuration with `segment_bytes` segments.
 pub fn config(dir: &std::path::Path, clock: &Arc<ManualClock>, segment_bytes: u64) -> InboxConfig {
-    let mut c = InboxConfig::new(dir);
-    c.sync = SyncPolicy::None;
+    let mut c = inbox_common::config(dir, clock);
     c.segment_bytes = segment_bytes;
-    c.token_key = [42; 32];
-    c.clock = clock.clone();
-    c.compaction_interval = None;
     c
 }
 
