@@ -94,7 +94,8 @@ fn benches(c: &mut Criterion) {
             .unwrap()
             .device
             .generation;
-        let pending: Vec<_> = (0..10_000u128)
+        const SENDS: u128 = 10_000;
+        let pending: Vec<_> = (0..SENDS)
             .map(|i| {
                 ib.send(SendRequest {
                     conv: ConvId(3),
@@ -120,10 +121,11 @@ fn benches(c: &mut Criterion) {
         );
         let memory = ib.memory();
         let idem = memory.get("idempotency").cloned().unwrap_or_default();
+        // Each send above has its own key.
         eprintln!(
-            "idempotency table: 10,000 keys; {:.1} B/key live, {:.1} B/key allocated",
-            idem.live as f64 / 10_000.0,
-            idem.allocated as f64 / 10_000.0,
+            "idempotency table: {SENDS} keys; {:.1} B/key live, {:.1} B/key allocated",
+            idem.live as f64 / SENDS as f64,
+            idem.allocated as f64 / SENDS as f64,
         );
         g.throughput(Throughput::Elements(100));
         g.bench_function("sync_page_100", |b| {
