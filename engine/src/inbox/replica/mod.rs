@@ -32,7 +32,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use super::compaction::record::{MoveBodiesEffect, RelocateEffect};
-use super::effect::COPY_FLAG;
+use super::effect::{Effect, COPY_FLAG};
 use super::pending::Pending;
 use super::round::Fail;
 use super::sequencer::replica::Control;
@@ -63,6 +63,21 @@ pub struct Entry {
 impl Entry {
     pub(crate) fn new(index: u64, records: Vec<(u8, Vec<u8>)>) -> Entry {
         Entry { index, records }
+    }
+
+    /// A round that changes no state and only takes its index: what the
+    /// consensus layer stores for entries of its own (a new leader's blank
+    /// entry, a membership change), so the log has no gap.
+    pub fn empty(index: u64) -> Entry {
+        Entry {
+            index,
+            records: Vec::new(),
+        }
+    }
+
+    /// Whether this is an [`Entry::empty`] round.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
     }
 
     /// The round's replication index (the raft log index it is stored at).
@@ -202,6 +217,7 @@ impl Link {
 /// to replicate and tells which are committed.
 pub struct Leader {
     link: Arc<Link>,
+    shared: Arc<super::shared::Shared>,
 }
 
 impl Leader {
@@ -231,6 +247,20 @@ impl Leader {
     pub fn committed(&self) -> u64 {
         self.link.committed()
     }
+
+    /// Whether this leadership has ended (the engine follows, discarded
+    /// rounds, or leads again under a new handle).
+    pub fn is_ended(&self) -> bool {
+        self.link.st.lock().ended.is_some()
+    }
+
+    /// Blocks until every entry taken so far is durable in this node's
+    /// log: an entry is handed off once its batch is submitted, so a flush
+    /// after taking it covers it. The consensus layer stores the leader's
+    /// own entries this way instead of writing them a second time.
+    pub fn flush(&self) -> Result<()> {
+        Ok(self.shared.evt_log.flush()?)
+    }
 }
 
 impl Inbox {
@@ -251,7 +281,10 @@ impl Inbox {
     /// in the log count as committed.
     pub fn lead(&self) -> Result<Leader> {
         let link = self.control(|tx| Control::Lead { tx })?;
-        Ok(Leader { link })
+        Ok(Leader {
+            link,
+            shared: Arc::clone(&self.shared),
+        })
     }
 
     /// Makes this engine a follower: client commands are refused with
@@ -300,6 +333,40 @@ impl Inbox {
     /// follower asks its leader for the entries after it.
     pub fn replica_index(&self) -> u64 {
         self.shared.state.read().replica_index
+    }
+
+    /// Reads the entries with indexes in `from..=to` back from this node's
+    /// `evt` log, in index order, for a follower that lags: the records of
+    /// each batch closed by a round mark. Entries whose batches are no
+    /// longer in the log (compacted away) are missing from the answer; the
+    /// consensus layer sends such a follower a snapshot instead. It reads
+    /// the log from its start: callers keep recent entries in memory.
+    pub fn read_entries(&self, from: u64, to: u64) -> Result<Vec<Entry>> {
+        let mut out = Vec::new();
+        if from > to {
+            return Ok(out);
+        }
+        let mut batch: (u64, Vec<(u8, Vec<u8>)>) = (0, Vec::new());
+        self.shared
+            .evt_log
+            .replay(0, &mut |lsn, _, kind, payload| {
+                if lsn != batch.0 {
+                    batch = (lsn, Vec::new());
+                }
+                if kind == record::RoundMark::KIND {
+                    let index = Effect::decode(kind, payload).ok().and_then(|e| match e {
+                        Effect::Replica(record::Records::Mark(m)) => Some(m.index),
+                        _ => None,
+                    });
+                    if let Some(index) = index.filter(|i| (from..=to).contains(i)) {
+                        out.push(Entry::new(index, std::mem::take(&mut batch.1)));
+                    }
+                } else if is_replicated_kind(kind) {
+                    batch.1.push((kind, payload.to_vec()));
+                }
+                Ok(())
+            })?;
+        Ok(out)
     }
 
     /// SHA-256 of the canonical state encoding with what is this node's
