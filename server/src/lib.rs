@@ -12,6 +12,7 @@
 //! - [`disk_space`]: a new store's segments sized to its disk.
 
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod conn;
 pub mod convert;

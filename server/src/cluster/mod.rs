@@ -1,0 +1,323 @@
+//! A replicated group: openraft (0.9, storage v2) over the engine's
+//! replication API (`inbox_engine::inbox::{Entry, Leader}`); see
+//! `docs/CLUSTER.md`.
+//!
+//! - [`TypeConfig`]: node ids are `u64`, a node is its [`Peer`] addresses,
+//!   a log entry's payload is one engine round ([`Round`]);
+//! - `store`: raft's log storage and state machine over the engine: the
+//!   engine's `evt` log *is* the raft log (one write and one fdatasync per
+//!   round on every node);
+//! - `meta`: the vote, the term of each range of indexes and the
+//!   membership entries, in one small durable file;
+//! - [`Cluster`]: starts raft on an engine, hands the engine's rounds to
+//!   raft while this node leads, and steps the engine down when it stops
+//!   leading.
+//!
+//! Without a cluster configured none of this exists: a single node runs
+//! exactly as before.
+
+mod meta;
+mod store;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Cursor;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use inbox_engine::inbox::Leader;
+use inbox_engine::Inbox;
+use openraft::{CommittedLeaderId, Raft, RaftNetworkFactory, ServerState};
+use serde::{Deserialize, Serialize};
+
+pub use store::{LogStore, StateMachine};
+
+/// One engine round as a raft entry's payload: `Entry::encode`'s bytes.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Round(pub Vec<u8>);
+
+impl fmt::Debug for Round {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Round({} bytes)", self.0.len())
+    }
+}
+
+/// A member's addresses: where its raft port listens, and where clients
+/// reach it (what `NOT_LEADER` names).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peer {
+    pub raft_addr: String,
+    pub client_addr: String,
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.raft_addr, self.client_addr)
+    }
+}
+
+openraft::declare_raft_types!(
+    /// openraft's types for inboxd.
+    pub TypeConfig:
+        D = Round,
+        R = (),
+        NodeId = u64,
+        Node = Peer,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// The raft handle of this crate's type config.
+pub type InboxRaft = Raft<TypeConfig>;
+
+/// raft's timing for a group: heartbeats every 100 ms, elections after
+/// 600–1200 ms of silence. Snapshots are not built (not implemented yet),
+/// so the log is never purged.
+pub fn default_config() -> openraft::Config {
+    openraft::Config {
+        cluster_name: "inboxd".into(),
+        heartbeat_interval: 100,
+        election_timeout_min: 600,
+        election_timeout_max: 1200,
+        snapshot_policy: openraft::SnapshotPolicy::Never,
+        max_payload_entries: 256,
+        ..Default::default()
+    }
+}
+
+/// This node's leadership as the engine knows it.
+struct Leading {
+    leader_id: CommittedLeaderId<u64>,
+    handle: Arc<Leader>,
+}
+
+/// What raft's storage, the state machine, the hand-off thread and the
+/// role watcher share.
+pub(crate) struct Glue {
+    id: u64,
+    inbox: Arc<Inbox>,
+    dir: std::path::PathBuf,
+    role: Mutex<Role>,
+}
+
+/// Guarded by one lock: every change of the engine's role and every
+/// decision that depends on it (append, hand-off, commit).
+pub(crate) struct Role {
+    leading: Option<Leading>,
+    /// The last index in raft's log (entries raft appended, or the
+    /// engine's rounds found at start); `None` for an empty log.
+    raft_last: Option<u64>,
+    meta: meta::Meta,
+    /// Recent entries as raft stored them, so that replication to a
+    /// follower that is a little behind does not read the log.
+    cache: BTreeMap<u64, openraft::Entry<TypeConfig>>,
+    /// A raft handle for the hand-off thread, set once raft runs.
+    raft: Option<InboxRaft>,
+}
+
+impl Glue {
+    fn role(&self) -> MutexGuard<'_, Role> {
+        self.role.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ends this node's leadership in the engine, if it leads: replies of
+    /// rounds not committed fail with `NotLeader`, and rounds the engine
+    /// made that never reached raft's log are discarded (no quorum can
+    /// have them).
+    fn step_down(&self, role: &mut Role) -> inbox_engine::Result<()> {
+        if role.leading.take().is_none() {
+            return Ok(());
+        }
+        self.inbox.follow()?;
+        let keep = role.raft_last.unwrap_or(0);
+        if self.inbox.replica_index() > keep {
+            self.inbox.discard_from(keep + 1)?;
+        }
+        Ok(())
+    }
+
+    /// raft appended this node's blank entry of a new term: the engine
+    /// leads from the next round on, and a thread hands its rounds to raft.
+    fn become_leader(self: &Arc<Self>, role: &mut Role, leader_id: CommittedLeaderId<u64>) {
+        let handle = match self.inbox.lead() {
+            Ok(l) => Arc::new(l),
+            Err(e) => {
+                tracing::error!(error = %e, "the engine cannot lead");
+                return;
+            }
+        };
+        role.leading = Some(Leading {
+            leader_id,
+            handle: Arc::clone(&handle),
+        });
+        tracing::info!(node = self.id, term = leader_id.term, "leading");
+        let glue = Arc::clone(self);
+        let rt = tokio::runtime::Handle::current();
+        let spawned = std::thread::Builder::new()
+            .name("raft-hand-off".into())
+            .spawn(move || glue.hand_off(handle, rt));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the hand-off thread");
+        }
+    }
+
+    /// The leader's hand-off: takes the engine's rounds in index order
+    /// and proposes each to raft, while this leadership lasts. raft gives
+    /// each the next index of its log, which is the index the engine gave
+    /// it: nothing else is proposed on a leader (membership changes are
+    /// not supported yet), and the lock keeps a proposal from crossing a
+    /// change of role.
+    fn hand_off(&self, leader: Arc<Leader>, rt: tokio::runtime::Handle) {
+        while !leader.is_ended() {
+            let entries = leader.wait_entries(Duration::from_millis(50));
+            if entries.is_empty() {
+                continue;
+            }
+            let role = self.role();
+            let current = role
+                .leading
+                .as_ref()
+                .is_some_and(|l| Arc::ptr_eq(&l.handle, &leader));
+            let Some(raft) = role.raft.clone().filter(|_| current) else {
+                return;
+            };
+            for e in entries {
+                // The reply is not needed: the state machine commits.
+                if rt
+                    .block_on(raft.client_write_ff(Round(e.encode())))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            drop(role);
+        }
+    }
+}
+
+/// raft running on an engine.
+pub struct Cluster {
+    raft: InboxRaft,
+    glue: Arc<Glue>,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
+impl Cluster {
+    /// Starts raft for node `id` on `inbox` (opened on `dir`), which is
+    /// made a follower first. Must run inside a multi-threaded tokio
+    /// runtime.
+    pub async fn start<N>(
+        id: u64,
+        inbox: Arc<Inbox>,
+        dir: &Path,
+        config: openraft::Config,
+        network: N,
+    ) -> Result<Cluster, ClusterError>
+    where
+        N: RaftNetworkFactory<TypeConfig>,
+    {
+        inbox.follow().map_err(|e| ClusterError(e.to_string()))?;
+        let meta = meta::Meta::load(dir).map_err(|e| ClusterError(e.to_string()))?;
+        let index = inbox.replica_index();
+        let raft_last = if index > 0 {
+            Some(index)
+        } else {
+            meta.memberships.contains_key(&0).then_some(0)
+        };
+        let glue = Arc::new(Glue {
+            id,
+            inbox,
+            dir: dir.to_path_buf(),
+            role: Mutex::new(Role {
+                leading: None,
+                raft_last,
+                meta,
+                cache: BTreeMap::new(),
+                raft: None,
+            }),
+        });
+        let config = Arc::new(config.validate().map_err(|e| ClusterError(e.to_string()))?);
+        let log = LogStore::new(Arc::clone(&glue));
+        let sm = StateMachine::new(Arc::clone(&glue));
+        let raft = Raft::new(id, config, network, log, sm)
+            .await
+            .map_err(|e| ClusterError(e.to_string()))?;
+        glue.role().raft = Some(raft.clone());
+        let watcher = tokio::spawn(watch_role(raft.clone(), Arc::clone(&glue)));
+        Ok(Cluster {
+            raft,
+            glue,
+            watcher,
+        })
+    }
+
+    /// The raft handle (metrics, membership, linearizable reads).
+    pub fn raft(&self) -> &InboxRaft {
+        &self.raft
+    }
+
+    /// The engine.
+    pub fn inbox(&self) -> &Arc<Inbox> {
+        &self.glue.inbox
+    }
+
+    /// Writes the first membership: only on an empty log, on one node.
+    pub async fn initialize(&self, members: BTreeMap<u64, Peer>) -> Result<(), ClusterError> {
+        self.raft
+            .initialize(members)
+            .await
+            .map_err(|e| ClusterError(e.to_string()))
+    }
+
+    /// Whether the engine currently leads (its writes go through raft).
+    pub fn is_leading(&self) -> bool {
+        self.glue.role().leading.is_some()
+    }
+
+    /// Stops raft; the engine stays a follower and can be shut down.
+    pub async fn shutdown(self) {
+        self.watcher.abort();
+        let _ = self.raft.shutdown().await;
+        let mut role = self.glue.role();
+        role.raft = None;
+        if let Err(e) = self.glue.step_down(&mut role) {
+            tracing::warn!(error = %e, "stepping down at shutdown");
+        }
+    }
+}
+
+/// Steps the engine down as soon as raft reports a term past the one this
+/// node leads in (a leader only loses its leadership to a higher term), or
+/// stops. Earlier states of the same term (the candidacy that preceded the
+/// leadership) may be reported late and are not a loss.
+async fn watch_role(raft: InboxRaft, glue: Arc<Glue>) {
+    let mut rx = raft.metrics();
+    loop {
+        let (term, state) = {
+            let m = rx.borrow_and_update();
+            (m.current_term, m.state)
+        };
+        {
+            let mut role = glue.role();
+            let lost = role
+                .leading
+                .as_ref()
+                .is_some_and(|l| term > l.leader_id.term || state == ServerState::Shutdown);
+            if lost {
+                if let Err(e) = glue.step_down(&mut role) {
+                    tracing::error!(error = %e, "stepping down");
+                }
+            }
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A cluster that could not start or act.
+#[derive(Debug, thiserror::Error)]
+#[error("cluster: {0}")]
+pub struct ClusterError(pub String);

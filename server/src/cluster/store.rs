@@ -1,0 +1,392 @@
+//! raft's log storage and state machine over the engine.
+//!
+//! The engine's `evt` log is the raft log: entry `i` is the engine's round
+//! with replication index `i` (raft's own entries, a new leader's blank
+//! entry and membership changes, are empty rounds), and its term is in the
+//! raft metadata file (`meta.rs`). Entry 0, raft's initial membership, is
+//! in that file only.
+//!
+//! **Append applies.** A follower applies each entry to its engine when
+//! raft appends it, not when raft commits it: the round's batch in the
+//! `evt` log is both the stored raft entry and its effect, so one write
+//! and one fdatasync make it durable. This is safe because a follower
+//! serves no reads (every request is answered `NOT_LEADER`), so effects of
+//! an uncommitted entry are never observed; and when raft truncates a
+//! conflicting tail, `Inbox::discard_from` cuts the log before it and
+//! rebuilds the state from checkpoint and log, as after a restart. On the
+//! leader the engine made the round itself and it is already in the log:
+//! append only waits for it to be durable. The state machine's `apply`
+//! then has nothing left to change: on the leader it tells the engine the
+//! round is committed, which releases the round's replies.
+
+use std::ops::{Bound, RangeBounds};
+use std::sync::{mpsc, Arc};
+
+use inbox_engine::inbox::{Entry, Leader, Pending};
+use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
+use openraft::{
+    AnyError, EntryPayload, LogId, LogState, RaftLogReader, RaftSnapshotBuilder, Snapshot,
+    SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
+};
+
+use super::{Glue, Role, Round, TypeConfig};
+
+type RaftEntry = openraft::Entry<TypeConfig>;
+type StorageResult<T> = Result<T, StorageError<u64>>;
+
+/// How many recent entries are kept in memory for replication.
+const CACHE_ENTRIES: usize = 8192;
+
+fn write_err(e: impl ToString) -> StorageError<u64> {
+    StorageIOError::write_logs(AnyError::error(e.to_string())).into()
+}
+
+fn read_err(e: impl ToString) -> StorageError<u64> {
+    StorageIOError::read_logs(AnyError::error(e.to_string())).into()
+}
+
+/// One append's wait for durability, done off raft's task, in order.
+struct Flush {
+    applied: Vec<Pending<()>>,
+    own: Option<Arc<Leader>>,
+    callback: LogFlushed<TypeConfig>,
+}
+
+fn run_flusher(rx: mpsc::Receiver<Flush>) {
+    while let Ok(job) = rx.recv() {
+        let mut result = Ok(());
+        for p in job.applied {
+            if let Err(e) = p.wait() {
+                result = Err(std::io::Error::other(e.to_string()));
+            }
+        }
+        if let (Ok(()), Some(leader)) = (&result, &job.own) {
+            if let Err(e) = leader.flush() {
+                result = Err(std::io::Error::other(e.to_string()));
+            }
+        }
+        job.callback.log_io_completed(result);
+    }
+}
+
+/// raft's log storage (and its log reader) over the engine.
+#[derive(Clone)]
+pub struct LogStore {
+    glue: Arc<Glue>,
+    flusher: mpsc::Sender<Flush>,
+}
+
+impl LogStore {
+    pub(crate) fn new(glue: Arc<Glue>) -> LogStore {
+        let (flusher, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("raft-log-flush".into())
+            .spawn(move || run_flusher(rx))
+            .expect("spawn the raft log flusher");
+        LogStore { glue, flusher }
+    }
+}
+
+/// Rebuilds raft's entry `index` from the engine's round (none for
+/// index 0) and the metadata.
+#[allow(clippy::result_large_err, reason = "openraft's storage error type")]
+fn raft_entry(role: &Role, index: u64, round: Option<&Entry>) -> StorageResult<RaftEntry> {
+    let log_id = LogId::new(role.meta.leader_at(index), index);
+    let payload = match round {
+        Some(r) if !r.is_empty() => EntryPayload::Normal(Round(r.encode())),
+        _ => match role.meta.memberships.get(&index) {
+            Some(m) => EntryPayload::Membership(m.clone()),
+            None if index == 0 => return Err(read_err("raft entry 0 is not stored")),
+            None => EntryPayload::Blank,
+        },
+    };
+    Ok(RaftEntry { log_id, payload })
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + std::fmt::Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> StorageResult<Vec<RaftEntry>> {
+        let role = self.glue.role();
+        let Some(last) = role.raft_last else {
+            return Ok(Vec::new());
+        };
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i + 1,
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&i) => i.saturating_add(1),
+            Bound::Excluded(&i) => i,
+            Bound::Unbounded => u64::MAX,
+        }
+        .min(last + 1);
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        // What the cache lacks is read back from the log in one pass.
+        let missing: Vec<u64> = (start.max(1)..end)
+            .filter(|i| !role.cache.contains_key(i))
+            .collect();
+        let mut rounds = std::collections::BTreeMap::new();
+        if let (Some(&lo), Some(&hi)) = (missing.first(), missing.last()) {
+            for r in self.glue.inbox.read_entries(lo, hi).map_err(read_err)? {
+                rounds.insert(r.index(), r);
+            }
+        }
+        let mut out = Vec::with_capacity((end - start) as usize);
+        for i in start..end {
+            if let Some(e) = role.cache.get(&i) {
+                out.push(e.clone());
+                continue;
+            }
+            let round = rounds.get(&i);
+            if i > 0 && round.is_none() {
+                return Err(read_err(format!(
+                    "raft entry {i} is no longer in this node's log (compacted); the follower needs a snapshot"
+                )));
+            }
+            out.push(raft_entry(&role, i, round)?);
+        }
+        Ok(out)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
+        let role = self.glue.role();
+        let last = role
+            .raft_last
+            .map(|i| LogId::new(role.meta.leader_at(i), i));
+        Ok(LogState {
+            last_purged_log_id: role.meta.purged,
+            last_log_id: last.or(role.meta.purged),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<u64>) -> StorageResult<()> {
+        let mut role = self.glue.role();
+        role.meta.vote = Some(*vote);
+        role.meta
+            .store(&self.glue.dir)
+            .map_err(|e| StorageIOError::write_vote(AnyError::error(e.to_string())).into())
+    }
+
+    async fn read_vote(&mut self) -> StorageResult<Option<Vote<u64>>> {
+        Ok(self.glue.role().meta.vote)
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
+    where
+        I: IntoIterator<Item = RaftEntry> + Send,
+        I::IntoIter: Send,
+    {
+        let entries: Vec<RaftEntry> = entries.into_iter().collect();
+        let glue = &self.glue;
+        let mut role = glue.role();
+        // The terms and memberships first, durably: a round is never in
+        // the log without them.
+        let before = role.meta.clone();
+        for e in &entries {
+            role.meta.note(e.log_id.index, e.log_id.leader_id);
+            if let EntryPayload::Membership(m) = &e.payload {
+                role.meta.memberships.insert(e.log_id.index, m.clone());
+            }
+        }
+        if role.meta != before {
+            role.meta.store(&glue.dir).map_err(write_err)?;
+        }
+        let mut applied = Vec::new();
+        let mut own = None;
+        for e in entries {
+            let index = e.log_id.index;
+            let leading = role
+                .leading
+                .as_ref()
+                .filter(|l| l.leader_id == e.log_id.leader_id)
+                .map(|l| Arc::clone(&l.handle));
+            match (&e.payload, leading) {
+                _ if index == 0 => {}
+                (EntryPayload::Normal(round), Some(leader)) => {
+                    // This leader's own round: the engine wrote it before
+                    // handing it over; only its durability is awaited.
+                    let entry = Entry::decode(&round.0).map_err(write_err)?;
+                    if entry.index() != index || glue.inbox.replica_index() < index {
+                        return Err(write_err(format!(
+                            "raft entry {index} holds round {} the engine does not have there",
+                            entry.index()
+                        )));
+                    }
+                    own = Some(leader);
+                }
+                (payload, _) => {
+                    // Another leader's entry, or raft's own: this node
+                    // follows, and a tail of its log that raft does not
+                    // hold is dropped before the entry is applied.
+                    glue.step_down(&mut role).map_err(write_err)?;
+                    if glue.inbox.replica_index() >= index {
+                        glue.inbox.discard_from(index).map_err(write_err)?;
+                    }
+                    let entry = match payload {
+                        EntryPayload::Normal(round) => {
+                            Entry::decode(&round.0).map_err(write_err)?
+                        }
+                        _ => Entry::empty(index),
+                    };
+                    if entry.index() != index {
+                        return Err(write_err(format!(
+                            "raft entry {index} holds round {}",
+                            entry.index()
+                        )));
+                    }
+                    applied.push(glue.inbox.apply_entry(entry));
+                    if matches!(payload, EntryPayload::Blank) && is_my_new_term(&role, glue.id, &e)
+                    {
+                        glue.become_leader(&mut role, e.log_id.leader_id);
+                    }
+                }
+            }
+            role.raft_last = Some(index);
+            role.cache.insert(index, e);
+            while role.cache.len() > CACHE_ENTRIES {
+                role.cache.pop_first();
+            }
+        }
+        drop(role);
+        self.flusher
+            .send(Flush {
+                applied,
+                own,
+                callback,
+            })
+            .map_err(|_| write_err("the raft log flusher stopped"))
+    }
+
+    async fn truncate(&mut self, log_id: LogId<u64>) -> StorageResult<()> {
+        let index = log_id.index;
+        let glue = &self.glue;
+        let mut role = glue.role();
+        glue.step_down(&mut role).map_err(write_err)?;
+        if index > 0 && glue.inbox.replica_index() >= index {
+            glue.inbox.discard_from(index).map_err(write_err)?;
+        }
+        role.meta.cut_from(index);
+        role.meta.store(&glue.dir).map_err(write_err)?;
+        role.cache.split_off(&index);
+        role.raft_last = index.checked_sub(1);
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<u64>) -> StorageResult<()> {
+        // The engine compacts its own files; raft only forgets the ids.
+        let mut role = self.glue.role();
+        role.meta.purged = Some(log_id);
+        role.meta.store(&self.glue.dir).map_err(write_err)?;
+        role.cache = role.cache.split_off(&(log_id.index + 1));
+        Ok(())
+    }
+}
+
+/// A blank entry this node wrote as the leader of the term it voted for
+/// itself in: raft made this node leader.
+fn is_my_new_term(role: &Role, id: u64, e: &RaftEntry) -> bool {
+    e.log_id.leader_id.node_id == id
+        && role.meta.vote.is_some_and(|v| {
+            v.leader_id.node_id == id && v.leader_id.term == e.log_id.leader_id.term
+        })
+}
+
+/// raft's state machine: the engine already applied every entry when it
+/// was appended (see the module documentation), so applying records the
+/// applied log id and the membership, and on the leader commits the
+/// engine's rounds.
+pub struct StateMachine {
+    glue: Arc<Glue>,
+    applied: Option<LogId<u64>>,
+    membership: StoredMembership<u64, super::Peer>,
+}
+
+impl StateMachine {
+    pub(crate) fn new(glue: Arc<Glue>) -> StateMachine {
+        StateMachine {
+            glue,
+            applied: None,
+            membership: StoredMembership::default(),
+        }
+    }
+}
+
+/// Snapshots are not built yet: with the snapshot policy `Never` raft does
+/// not ask for one, and a follower that lost the log it needs cannot
+/// catch up (see `docs/CLUSTER.md`).
+pub struct NoSnapshots;
+
+fn no_snapshots() -> StorageError<u64> {
+    StorageIOError::write_snapshot(None, AnyError::error("snapshots are not implemented yet"))
+        .into()
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for NoSnapshots {
+    async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
+        Err(no_snapshots())
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = NoSnapshots;
+
+    async fn applied_state(
+        &mut self,
+    ) -> StorageResult<(Option<LogId<u64>>, StoredMembership<u64, super::Peer>)> {
+        Ok((self.applied, self.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> StorageResult<Vec<()>>
+    where
+        I: IntoIterator<Item = RaftEntry> + Send,
+        I::IntoIter: Send,
+    {
+        let mut replies = Vec::new();
+        for e in entries {
+            if let EntryPayload::Membership(m) = &e.payload {
+                self.membership = StoredMembership::new(Some(e.log_id), m.clone());
+            }
+            self.applied = Some(e.log_id);
+            replies.push(());
+        }
+        if let Some(applied) = self.applied {
+            if let Some(l) = &self.glue.role().leading {
+                l.handle.commit(applied.index);
+            }
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        NoSnapshots
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<std::io::Cursor<Vec<u8>>>> {
+        Err(no_snapshots())
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _meta: &SnapshotMeta<u64, super::Peer>,
+        _snapshot: Box<std::io::Cursor<Vec<u8>>>,
+    ) -> StorageResult<()> {
+        Err(no_snapshots())
+    }
+
+    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
+        Ok(None)
+    }
+}
