@@ -17,6 +17,7 @@
 //! exactly as before.
 
 mod meta;
+pub mod network;
 mod store;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,258 @@
+//! raft's RPCs between the nodes of a group, on their own port: plain TCP
+//! (no TLS yet; run the raft port on a private network), one request at a
+//! time per connection, each message one frame:
+//! ```text
+//! len u32 (little-endian, at most MAX_FRAME), CBOR body [len]
+//! ```
+//! A connection opens with a [`Hello`] carrying the group's shared token,
+//! compared in constant time; a wrong token gets an error frame and the
+//! connection is closed. Then each request is a [`Request`] and each
+//! answer the matching `Result` of the receiving raft.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::RPCOption;
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{RaftNetwork, RaftNetworkFactory};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use subtle::ConstantTimeEq as _;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{InboxRaft, Peer, TypeConfig};
+
+/// The largest frame either side accepts (a batch of entries).
+pub const MAX_FRAME: u32 = 64 << 20;
+
+/// How long a connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The first frame of a connection.
+#[derive(Serialize, Deserialize)]
+struct Hello {
+    token: String,
+}
+
+/// One raft call.
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "")]
+enum Request {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<u64>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+type Answer<T, E = openraft::error::Infallible> = Result<T, RaftError<u64, E>>;
+
+async fn write_frame<T: Serialize>(s: &mut TcpStream, v: &T) -> std::io::Result<()> {
+    let mut buf = vec![0; 4];
+    ciborium::into_writer(v, &mut buf).map_err(std::io::Error::other)?;
+    let len = u32::try_from(buf.len() - 4)
+        .ok()
+        .filter(|l| *l <= MAX_FRAME)
+        .ok_or_else(|| std::io::Error::other("raft frame too large"))?;
+    buf[..4].copy_from_slice(&len.to_le_bytes());
+    s.write_all(&buf).await
+}
+
+async fn read_frame<T: DeserializeOwned>(s: &mut TcpStream) -> std::io::Result<T> {
+    let len = s.read_u32_le().await?;
+    if len > MAX_FRAME {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("raft frame of {len} bytes is over the limit of {MAX_FRAME}"),
+        ));
+    }
+    let mut buf = vec![0; len as usize];
+    s.read_exact(&mut buf).await?;
+    ciborium::from_reader(&buf[..])
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
+}
+
+/// Serves raft's port until the listener fails.
+pub async fn serve(listener: TcpListener, raft: InboxRaft, token: Arc<str>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "raft port: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (raft, token) = (raft.clone(), Arc::clone(&token));
+        tokio::spawn(async move {
+            if let Err(e) = serve_conn(stream, raft, &token).await {
+                if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                    tracing::debug!(%peer, error = %e, "raft connection closed");
+                }
+            }
+        });
+    }
+}
+
+async fn serve_conn(mut s: TcpStream, raft: InboxRaft, token: &str) -> std::io::Result<()> {
+    s.set_nodelay(true)?;
+    let hello: Hello = read_frame(&mut s).await?;
+    let ok: bool = hello.token.as_bytes().ct_eq(token.as_bytes()).into();
+    let reply: Result<(), String> = if ok {
+        Ok(())
+    } else {
+        Err("raft port: wrong token".into())
+    };
+    write_frame(&mut s, &reply).await?;
+    if !ok {
+        return Ok(());
+    }
+    loop {
+        match read_frame::<Request>(&mut s).await? {
+            Request::Append(rpc) => {
+                let a: Answer<_> = raft.append_entries(rpc).await;
+                write_frame(&mut s, &a).await?;
+            }
+            Request::Vote(rpc) => {
+                let a: Answer<_> = raft.vote(rpc).await;
+                write_frame(&mut s, &a).await?;
+            }
+            Request::Snapshot(rpc) => {
+                let a: Answer<_, InstallSnapshotError> = raft.install_snapshot(rpc).await;
+                write_frame(&mut s, &a).await?;
+            }
+        }
+    }
+}
+
+/// Makes connections to the other members, by their raft address.
+pub struct TcpNetwork {
+    token: Arc<str>,
+}
+
+impl TcpNetwork {
+    pub fn new(token: Arc<str>) -> TcpNetwork {
+        TcpNetwork { token }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for TcpNetwork {
+    type Network = TcpConn;
+
+    async fn new_client(&mut self, target: u64, node: &Peer) -> TcpConn {
+        TcpConn {
+            target,
+            addr: node.raft_addr.clone(),
+            token: Arc::clone(&self.token),
+            stream: None,
+        }
+    }
+}
+
+/// One member's connection, opened on first use and again after a
+/// failure.
+pub struct TcpConn {
+    target: u64,
+    addr: String,
+    token: Arc<str>,
+    stream: Option<TcpStream>,
+}
+
+/// A call that did not get an answer.
+fn unreachable<E: std::error::Error>(e: std::io::Error) -> RPCError<u64, Peer, E> {
+    RPCError::Unreachable(Unreachable::new(&e))
+}
+
+impl TcpConn {
+    async fn connect(&mut self) -> std::io::Result<&mut TcpStream> {
+        if self.stream.is_none() {
+            let mut s = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
+                .await
+                .map_err(|_| {
+                    std::io::Error::other(format!("connecting to {}: timed out", self.addr))
+                })??;
+            s.set_nodelay(true)?;
+            write_frame(
+                &mut s,
+                &Hello {
+                    token: self.token.to_string(),
+                },
+            )
+            .await?;
+            read_frame::<Result<(), String>>(&mut s)
+                .await?
+                .map_err(std::io::Error::other)?;
+            self.stream = Some(s);
+        }
+        Ok(self.stream.as_mut().expect("just connected"))
+    }
+
+    /// Sends one request and reads its answer within the call's deadline;
+    /// any failure drops the connection.
+    async fn call<T, E>(
+        &mut self,
+        req: Request,
+        option: &RPCOption,
+    ) -> Result<T, RPCError<u64, Peer, RaftError<u64, E>>>
+    where
+        T: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let target = self.target;
+        let ttl = option.hard_ttl();
+        let answer = tokio::time::timeout(ttl, async {
+            let s = self.connect().await?;
+            write_frame(s, &req).await?;
+            read_frame::<Result<T, RaftError<u64, E>>>(s).await
+        })
+        .await;
+        match answer {
+            Ok(Ok(Ok(v))) => Ok(v),
+            Ok(Ok(Err(e))) => Err(RPCError::RemoteError(RemoteError::new(target, e))),
+            Ok(Err(e)) => {
+                self.stream = None;
+                Err(unreachable(e))
+            }
+            Err(_) => {
+                self.stream = None;
+                Err(RPCError::Network(NetworkError::new(
+                    &std::io::Error::other(format!("no answer from node {target} within {ttl:?}")),
+                )))
+            }
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for TcpConn {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, Peer, RaftError<u64>>> {
+        self.call(Request::Append(rpc), &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<u64>,
+        RPCError<u64, Peer, RaftError<u64, InstallSnapshotError>>,
+    > {
+        self.call(Request::Snapshot(rpc), &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RPCError<u64, Peer, RaftError<u64>>> {
+        self.call(Request::Vote(rpc), &option).await
+    }
+}
