@@ -170,6 +170,99 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_LARGE_GROUP_MEMBERS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub large_group_members: Option<u32>,
+    /// This node's id in a replicated group (with --raft-listen and
+    /// --peers); unset runs a single node [default: unset].
+    #[arg(long, env = "INBOXD_NODE_ID")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<u64>,
+    /// Listen address of the group's raft port [default: unset].
+    #[arg(long, env = "INBOXD_RAFT_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raft_listen: Option<SocketAddr>,
+    /// The group's members, this node included:
+    /// `ID=RAFT_ADDR/CLIENT_ADDR,...` [default: unset].
+    #[arg(long, env = "INBOXD_PEERS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peers: Option<String>,
+    /// Write the group's first membership if the log is empty, whatever
+    /// this node's id [default: only the node with the lowest id does].
+    #[arg(long, env = "INBOXD_BOOTSTRAP", num_args = 0..=1, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<bool>,
+}
+
+/// A replicated group's settings, resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    pub node_id: u64,
+    pub raft_listen: SocketAddr,
+    pub peers: std::collections::BTreeMap<u64, crate::cluster::Peer>,
+    /// Initialize the membership on an empty log.
+    pub bootstrap: bool,
+}
+
+/// Parses `ID=RAFT_ADDR/CLIENT_ADDR,...`.
+pub fn parse_peers(
+    text: &str,
+) -> Result<std::collections::BTreeMap<u64, crate::cluster::Peer>, ConfigError> {
+    let invalid = |reason: String| ConfigError::Invalid {
+        key: "peers",
+        reason,
+    };
+    let mut peers = std::collections::BTreeMap::new();
+    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (id, addrs) = item
+            .split_once('=')
+            .ok_or_else(|| invalid(format!("{item:?} is not ID=RAFT_ADDR/CLIENT_ADDR")))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| invalid(format!("{id:?} is not a node id")))?;
+        let (raft, client) = addrs
+            .split_once('/')
+            .ok_or_else(|| invalid(format!("{item:?} is not ID=RAFT_ADDR/CLIENT_ADDR")))?;
+        let peer = crate::cluster::Peer {
+            raft_addr: raft.trim().to_string(),
+            client_addr: client.trim().to_string(),
+        };
+        if peer.raft_addr.is_empty() || peer.client_addr.is_empty() {
+            return Err(invalid(format!("{item:?} has an empty address")));
+        }
+        if peers.insert(id, peer).is_some() {
+            return Err(invalid(format!("node {id} is listed twice")));
+        }
+    }
+    Ok(peers)
+}
+
+/// The group settings, all or none.
+fn resolve_cluster(s: &ServeArgs) -> Result<Option<ClusterConfig>, ConfigError> {
+    let invalid = |key, reason: &str| ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    };
+    match (s.node_id, s.raft_listen, &s.peers) {
+        (None, None, None) if s.bootstrap.is_none() => Ok(None),
+        (Some(node_id), Some(raft_listen), Some(peers)) => {
+            let peers = parse_peers(peers)?;
+            if !peers.contains_key(&node_id) {
+                return Err(invalid("peers", "must list this node (node_id)"));
+            }
+            let bootstrap = s
+                .bootstrap
+                .unwrap_or_else(|| peers.keys().next() == Some(&node_id));
+            Ok(Some(ClusterConfig {
+                node_id,
+                raft_listen,
+                peers,
+                bootstrap,
+            }))
+        }
+        _ => Err(invalid(
+            "node_id",
+            "node_id, raft_listen and peers go together (bootstrap needs them)",
+        )),
+    }
 }
 
 /// Where the token comes from, resolved at startup.
@@ -248,6 +341,8 @@ pub struct Config {
     pub snapshot_cache_bytes: Option<u64>,
     /// `None` keeps the engine's default.
     pub large_group_members: Option<u32>,
+    /// `None` runs a single node (no raft at all).
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Config {
@@ -364,6 +459,7 @@ impl Config {
         file: &ServeArgs,
     ) -> Result<Config, ConfigError> {
         let defaults = Limits::default();
+        let cluster = resolve_cluster(&s)?;
         let data_dir = s.data_dir.unwrap_or_else(|| PathBuf::from("./data"));
         let token = match (args.token.clone(), args.token_file.clone()) {
             (Some(token), _) => TokenSource::Inline(token),
@@ -473,6 +569,7 @@ impl Config {
             history_retention: s.history_retention_s.map(Duration::from_secs),
             snapshot_cache_bytes: s.snapshot_cache_bytes,
             large_group_members: s.large_group_members,
+            cluster,
         })
     }
 }

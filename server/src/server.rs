@@ -47,6 +47,8 @@ pub enum ServeError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Cluster(#[from] crate::cluster::ClusterError),
     #[error("shutdown did not sync cleanly: {0}")]
     Shutdown(inbox_engine::Error),
 }
@@ -121,6 +123,19 @@ pub async fn run(
         .unwrap_or_else(|join| Err(inbox_engine::Error::Internal(join.to_string())))
         .map_err(ServeError::Open)?;
     let inbox = Arc::new(inbox);
+    // A replicated group only when configured: otherwise no raft at all.
+    let cluster = match &config.cluster {
+        Some(c) => Some(
+            crate::cluster::Cluster::serve(
+                c,
+                Arc::clone(&inbox),
+                &config.data_dir,
+                Arc::from(&token[..]),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     // The engine's figures are there from the first scrape on.
     let metrics = Arc::new(Metrics::default());
     metrics::take_engine_stats(&inbox, &metrics).await;
@@ -245,6 +260,9 @@ pub async fn run(
     metrics_task.abort();
     engine_stats_task.abort();
     drop(shared);
+    if let Some(cluster) = cluster {
+        cluster.shutdown().await;
+    }
     let engine = Arc::clone(&inbox);
     tokio::task::spawn_blocking(move || engine.shutdown())
         .await

@@ -43,11 +43,11 @@ async fn start() -> (
         c.token_key = [42; 32];
         c.compaction_interval = None;
         let inbox = Arc::new(Inbox::open(c).unwrap());
-        let net = TcpNetwork::new(Arc::from(TOKEN));
+        let net = TcpNetwork::new(Arc::from(TOKEN.as_bytes()));
         let node = Cluster::start(id, inbox, dir.path(), default_config(), net)
             .await
             .unwrap();
-        tokio::spawn(serve(l, node.raft().clone(), Arc::from(TOKEN)));
+        tokio::spawn(serve(l, node.raft().clone(), Arc::from(TOKEN.as_bytes())));
         nodes.insert(id, node);
         dirs.push(dir);
     }
@@ -118,7 +118,7 @@ async fn three_nodes_over_tcp_elect_commit_and_converge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_peer_with_the_wrong_token_is_refused() {
     let (nodes, peers, _dirs) = start().await;
-    let mut net = TcpNetwork::new(Arc::from("not-the-secret"));
+    let mut net = TcpNetwork::new(Arc::from(&b"not-the-secret"[..]));
     let mut conn = net.new_client(1, &peers[&1]).await;
     let rpc = VoteRequest::new(Vote::new(99, 7), None);
     let e = conn

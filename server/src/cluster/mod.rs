@@ -73,15 +73,16 @@ openraft::declare_raft_types!(
 /// The raft handle of this crate's type config.
 pub type InboxRaft = Raft<TypeConfig>;
 
-/// raft's timing for a group: heartbeats every 100 ms, elections after
-/// 600–1200 ms of silence. Snapshots are not built (not implemented yet),
+/// raft's timing for a group: heartbeats every 250 ms (also the deadline
+/// of one append call, which includes the follower's fdatasync), elections
+/// after 1–2 s of silence. Snapshots are not built (not implemented yet),
 /// so the log is never purged.
 pub fn default_config() -> openraft::Config {
     openraft::Config {
         cluster_name: "inboxd".into(),
-        heartbeat_interval: 100,
-        election_timeout_min: 600,
-        election_timeout_max: 1200,
+        heartbeat_interval: 250,
+        election_timeout_min: 1000,
+        election_timeout_max: 2000,
         snapshot_policy: openraft::SnapshotPolicy::Never,
         max_payload_entries: 256,
         ..Default::default()
@@ -203,6 +204,8 @@ pub struct Cluster {
     raft: InboxRaft,
     glue: Arc<Glue>,
     watcher: tokio::task::JoinHandle<()>,
+    /// The raft port's accept loop, when this node serves one.
+    port: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Cluster {
@@ -251,7 +254,44 @@ impl Cluster {
             raft,
             glue,
             watcher,
+            port: None,
         })
+    }
+
+    /// `inboxd serve`'s group: binds the raft port, starts raft over TCP
+    /// with the group's shared token, and writes the first membership if
+    /// this node bootstraps and its log is empty.
+    pub async fn serve(
+        config: &crate::config::ClusterConfig,
+        inbox: Arc<Inbox>,
+        dir: &Path,
+        token: Arc<[u8]>,
+    ) -> Result<Cluster, ClusterError> {
+        let listener = tokio::net::TcpListener::bind(config.raft_listen)
+            .await
+            .map_err(|e| ClusterError(format!("cannot listen on {}: {e}", config.raft_listen)))?;
+        let net = network::TcpNetwork::new(Arc::clone(&token));
+        let mut node = Cluster::start(config.node_id, inbox, dir, default_config(), net).await?;
+        node.port = Some(tokio::spawn(network::serve(
+            listener,
+            node.raft.clone(),
+            token,
+        )));
+        let initialized = node
+            .raft
+            .is_initialized()
+            .await
+            .map_err(|e| ClusterError(e.to_string()))?;
+        if config.bootstrap && !initialized {
+            node.initialize(config.peers.clone()).await?;
+            tracing::info!(
+                node = config.node_id,
+                members = config.peers.len(),
+                "group membership written"
+            );
+        }
+        tracing::info!(node = config.node_id, raft_listen = %config.raft_listen, "raft serving");
+        Ok(node)
     }
 
     /// The raft handle (metrics, membership, linearizable reads).
@@ -280,6 +320,9 @@ impl Cluster {
     /// Stops raft; the engine stays a follower and can be shut down.
     pub async fn shutdown(self) {
         self.watcher.abort();
+        if let Some(port) = &self.port {
+            port.abort();
+        }
         let _ = self.raft.shutdown().await;
         let mut role = self.glue.role();
         role.raft = None;
@@ -322,3 +365,65 @@ async fn watch_role(raft: InboxRaft, glue: Arc<Glue>) {
 #[derive(Debug, thiserror::Error)]
 #[error("cluster: {0}")]
 pub struct ClusterError(pub String);
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{parse_peers, Config, ServeArgs};
+
+    #[test]
+    fn a_peer_list_parses_and_a_bad_one_is_refused() {
+        let p = parse_peers("1=10.0.0.1:7080/10.0.0.1:7070, 2=h2:7080/h2:7070").unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[&1].raft_addr, "10.0.0.1:7080");
+        assert_eq!(p[&2].client_addr, "h2:7070");
+        for bad in [
+            "1=a:1",
+            "x=a:1/b:2",
+            "1=a:1/b:2,1=c:1/d:2",
+            "1=/b:2",
+            "1a:1/b:2",
+        ] {
+            assert!(parse_peers(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn without_cluster_settings_serve_is_a_single_node() {
+        let c = Config::resolve(&ServeArgs::default()).unwrap();
+        assert_eq!(c.cluster, None);
+    }
+
+    #[test]
+    fn cluster_settings_go_together_and_the_lowest_id_bootstraps() {
+        let peers = "1=a:1/a:2,2=b:1/b:2,3=c:1/c:2".to_string();
+        let args = |id: u64| ServeArgs {
+            node_id: Some(id),
+            raft_listen: Some("127.0.0.1:7080".parse().unwrap()),
+            peers: Some(peers.clone()),
+            ..ServeArgs::default()
+        };
+        let one = Config::resolve(&args(1)).unwrap().cluster.unwrap();
+        assert!(one.bootstrap);
+        assert_eq!(one.peers.len(), 3);
+        let two = Config::resolve(&args(2)).unwrap().cluster.unwrap();
+        assert!(!two.bootstrap);
+        let forced = ServeArgs {
+            bootstrap: Some(true),
+            ..args(2)
+        };
+        assert!(Config::resolve(&forced).unwrap().cluster.unwrap().bootstrap);
+        // Not a member of its own list.
+        assert!(Config::resolve(&args(4)).is_err());
+        // A part alone is refused.
+        let partial = ServeArgs {
+            peers: None,
+            ..args(1)
+        };
+        assert!(Config::resolve(&partial).is_err());
+        let only_bootstrap = ServeArgs {
+            bootstrap: Some(true),
+            ..ServeArgs::default()
+        };
+        assert!(Config::resolve(&only_bootstrap).is_err());
+    }
+}

@@ -38,7 +38,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The first frame of a connection.
 #[derive(Serialize, Deserialize)]
 struct Hello {
-    token: String,
+    token: Vec<u8>,
 }
 
 /// One raft call.
@@ -78,7 +78,7 @@ async fn read_frame<T: DeserializeOwned>(s: &mut TcpStream) -> std::io::Result<T
 }
 
 /// Serves raft's port until the listener fails.
-pub async fn serve(listener: TcpListener, raft: InboxRaft, token: Arc<str>) {
+pub async fn serve(listener: TcpListener, raft: InboxRaft, token: Arc<[u8]>) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -99,10 +99,10 @@ pub async fn serve(listener: TcpListener, raft: InboxRaft, token: Arc<str>) {
     }
 }
 
-async fn serve_conn(mut s: TcpStream, raft: InboxRaft, token: &str) -> std::io::Result<()> {
+async fn serve_conn(mut s: TcpStream, raft: InboxRaft, token: &[u8]) -> std::io::Result<()> {
     s.set_nodelay(true)?;
     let hello: Hello = read_frame(&mut s).await?;
-    let ok: bool = hello.token.as_bytes().ct_eq(token.as_bytes()).into();
+    let ok: bool = hello.token.ct_eq(token).into();
     let reply: Result<(), String> = if ok {
         Ok(())
     } else {
@@ -132,11 +132,11 @@ async fn serve_conn(mut s: TcpStream, raft: InboxRaft, token: &str) -> std::io::
 
 /// Makes connections to the other members, by their raft address.
 pub struct TcpNetwork {
-    token: Arc<str>,
+    token: Arc<[u8]>,
 }
 
 impl TcpNetwork {
-    pub fn new(token: Arc<str>) -> TcpNetwork {
+    pub fn new(token: Arc<[u8]>) -> TcpNetwork {
         TcpNetwork { token }
     }
 }
@@ -159,7 +159,7 @@ impl RaftNetworkFactory<TypeConfig> for TcpNetwork {
 pub struct TcpConn {
     target: u64,
     addr: String,
-    token: Arc<str>,
+    token: Arc<[u8]>,
     stream: Option<TcpStream>,
 }
 
@@ -180,7 +180,7 @@ impl TcpConn {
             write_frame(
                 &mut s,
                 &Hello {
-                    token: self.token.to_string(),
+                    token: self.token.to_vec(),
                 },
             )
             .await?;
