@@ -520,3 +520,106 @@ fn acked_seq(response: Response) -> Result<u64, ClientError> {
         other => Err(unexpected(&other)),
     }
 }
+
+/// How many `NOT_LEADER` redirects one request of a [`GroupClient`]
+/// follows before its error is returned.
+pub const LEADER_HOPS_MAX: usize = 3;
+
+/// The leader's client address a `NOT_LEADER` error names
+/// (`...; leader_addr=HOST:PORT`), if it names one.
+pub fn leader_addr(err: &ClientError) -> Option<SocketAddr> {
+    match err {
+        ClientError::Server {
+            code: ErrorCode::NotLeader,
+            message,
+            ..
+        } => message.rsplit_once("leader_addr=")?.1.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+/// A client of a replicated group: a request answered `NOT_LEADER` with
+/// the leader's address is sent again, once per redirect and at most
+/// [`LEADER_HOPS_MAX`] times, over a new connection to that leader, which
+/// then serves the later requests. Sending again is safe: a write that
+/// was refused by a follower changed nothing, and one whose round lost its
+/// leadership may or may not have been kept, which the idempotency key of
+/// a send (`client_msg_id`) and the engine's duplicate detection resolve
+/// (the retry is answered as a duplicate with the original ids).
+pub struct GroupClient {
+    token: Bytes,
+    tls: Option<ClientTls>,
+    current: tokio::sync::Mutex<Arc<Client>>,
+}
+
+impl GroupClient {
+    /// Connects to any member.
+    pub async fn connect(
+        addr: SocketAddr,
+        token: impl Into<Bytes>,
+        tls: Option<ClientTls>,
+    ) -> Result<GroupClient, ClientError> {
+        let token = token.into();
+        let client = Client::connect_with(addr, token.clone(), tls.as_ref()).await?;
+        Ok(GroupClient {
+            token,
+            tls,
+            current: tokio::sync::Mutex::new(Arc::new(client)),
+        })
+    }
+
+    /// The connection requests go to now.
+    pub async fn client(&self) -> Arc<Client> {
+        Arc::clone(&*self.current.lock().await)
+    }
+
+    /// Sends `request`, following `NOT_LEADER` redirects.
+    pub async fn call(&self, request: Request) -> Result<Response, ClientError> {
+        let mut hops = 0;
+        loop {
+            let client = self.client().await;
+            let err = match client.call(request.clone()).await {
+                Ok(r) => return Ok(r),
+                Err(e) => e,
+            };
+            let Some(addr) = leader_addr(&err).filter(|_| hops < LEADER_HOPS_MAX) else {
+                return Err(err);
+            };
+            hops += 1;
+            let next = Client::connect_with(addr, self.token.clone(), self.tls.as_ref()).await?;
+            *self.current.lock().await = Arc::new(next);
+        }
+    }
+}
+
+#[cfg(test)]
+mod group_tests {
+    use super::*;
+
+    #[test]
+    fn a_not_leader_error_names_the_leaders_address() {
+        let err = |code, message: &str| ClientError::Server {
+            code,
+            detail: 0,
+            message: message.into(),
+        };
+        assert_eq!(
+            leader_addr(&err(
+                ErrorCode::NotLeader,
+                "not the leader; leader node 2; leader_addr=127.0.0.1:7072"
+            )),
+            Some("127.0.0.1:7072".parse().unwrap())
+        );
+        assert_eq!(
+            leader_addr(&err(
+                ErrorCode::NotLeader,
+                "not the leader; no leader known yet"
+            )),
+            None
+        );
+        assert_eq!(
+            leader_addr(&err(ErrorCode::Unavailable, "leader_addr=127.0.0.1:7072")),
+            None
+        );
+    }
+}

@@ -86,6 +86,9 @@ pub struct Shared {
     /// The budget of writes queued on the engine and not yet answered, in
     /// [`ENGINE_QUEUE_UNIT`]s (see [`engine_queue`]).
     pub engine_queue: Arc<Semaphore>,
+    /// Set when this node is one of a replicated group: a node that does
+    /// not lead answers every request `NOT_LEADER`.
+    pub group: Option<crate::cluster::GroupHandle>,
 }
 
 /// The semaphore bounding what all connections may have queued on the
@@ -535,7 +538,14 @@ pub async fn serve<R, W>(
                         }
                     }
                 };
+                let follower = shared.group.as_ref().filter(|g| !g.is_leading());
                 let reply: service::Started = match order {
+                    _ if follower.is_some() => {
+                        let refusal = follower.map(|g| g.not_leader("not the leader"));
+                        Box::pin(std::future::ready(Response::Error(
+                            refusal.expect("a follower"),
+                        )))
+                    }
                     service::Order::Write => {
                         // Queued on the sequencer right here, in arrival
                         // order, once every earlier read has been answered.
@@ -574,7 +584,15 @@ pub async fn serve<R, W>(
                 let shared = Arc::clone(&shared);
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let response = reply.await;
+                    let mut response = reply.await;
+                    // A round that lost its leadership names the leader.
+                    if let (Response::Error(err), Some(g)) = (&mut response, &shared.group) {
+                        if err.code == inbox_wire::ErrorCode::NotLeader
+                            && !err.message.contains("leader_addr=")
+                        {
+                            *err = g.not_leader(&err.message);
+                        }
+                    }
                     let code = match &response {
                         Response::Error(err) => Some(err.code),
                         _ => None,

@@ -27,6 +27,7 @@ pub fn error_reply(err: &Error) -> wire::ErrorReply {
         Error::Log(engine::log::LogError::NoSpace(_)) => (ErrorCode::NoSpace, 0),
         Error::Log(engine::log::LogError::Poisoned(_)) => (ErrorCode::Unavailable, 0),
         Error::ShuttingDown => (ErrorCode::Unavailable, 0),
+        Error::NotLeader(_) => (ErrorCode::NotLeader, 0),
         _ => (ErrorCode::Internal, 0),
     };
     wire::ErrorReply {

@@ -179,6 +179,7 @@ pub async fn run(
         admin_token,
         read_pool: crate::read_pool::ReadPool::with_default_limit(),
         engine_queue: crate::conn::engine_queue(&config.limits),
+        group: cluster.as_ref().map(crate::cluster::Cluster::handle),
     });
     let slots = Arc::new(Semaphore::new(config.limits.max_connections as usize));
     let mut connections = JoinSet::new();

@@ -77,6 +77,11 @@ codes! {
     /// A large group's marker moved past the version a `CLEAR_DIRTY`
     /// observed; `detail` = the current version.
     MarkerMoved = 18, "MARKER_MOVED";
+    /// This node of a replicated group does not lead, or lost the
+    /// leadership before the request's round committed (it may or may not
+    /// be kept: retry at the leader with the same idempotency key). The
+    /// message ends with `leader_addr=HOST:PORT` when the leader is known.
+    NotLeader = 19, "NOT_LEADER";
 }
 
 impl fmt::Display for ErrorCode {

@@ -317,6 +317,14 @@ impl Cluster {
         self.glue.role().leading.is_some()
     }
 
+    /// What the client port asks about this node's role.
+    pub fn handle(&self) -> GroupHandle {
+        GroupHandle {
+            glue: Arc::clone(&self.glue),
+            raft: self.raft.clone(),
+        }
+    }
+
     /// Stops raft; the engine stays a follower and can be shut down.
     pub async fn shutdown(self) {
         self.watcher.abort();
@@ -328,6 +336,48 @@ impl Cluster {
         role.raft = None;
         if let Err(e) = self.glue.step_down(&mut role) {
             tracing::warn!(error = %e, "stepping down at shutdown");
+        }
+    }
+}
+
+/// The client port's view of the group: whether this node leads, and who
+/// does.
+#[derive(Clone)]
+pub struct GroupHandle {
+    glue: Arc<Glue>,
+    raft: InboxRaft,
+}
+
+impl GroupHandle {
+    /// Whether the engine currently leads.
+    pub fn is_leading(&self) -> bool {
+        self.glue.role().leading.is_some()
+    }
+
+    /// The leader raft knows of, with its addresses.
+    pub fn leader(&self) -> Option<(u64, Peer)> {
+        let m = self.raft.metrics().borrow().clone();
+        let id = m.current_leader?;
+        let peer = m.membership_config.membership().get_node(&id)?.clone();
+        Some((id, peer))
+    }
+
+    /// The `NOT_LEADER` reply: `message` followed by the leader's client
+    /// address when it is known (`; leader_addr=HOST:PORT`).
+    pub fn not_leader(&self, message: &str) -> inbox_wire::ErrorReply {
+        let message = match self.leader() {
+            Some((id, peer)) if id != self.glue.id => {
+                format!(
+                    "{message}; leader node {id}; leader_addr={}",
+                    peer.client_addr
+                )
+            }
+            _ => format!("{message}; no leader known yet"),
+        };
+        inbox_wire::ErrorReply {
+            code: inbox_wire::ErrorCode::NotLeader,
+            detail: 0,
+            message,
         }
     }
 }

@@ -117,6 +117,20 @@ class MarkerMovedError(InboxdError):
     code, name = 18, "MARKER_MOVED"
 
 
+class NotLeaderError(InboxdError):
+    """This node of a replicated group does not lead (or lost the
+    leadership before the request committed). The message ends with
+    ``leader_addr=HOST:PORT`` when the leader is known: retry there with the
+    same idempotency key."""
+
+    code, name = 19, "NOT_LEADER"
+
+    @property
+    def leader_addr(self) -> str | None:
+        _, sep, addr = self.message.rpartition("leader_addr=")
+        return (addr.strip() or None) if sep else None
+
+
 _BY_CODE: dict[int, type[InboxdError]] = {
     cls.code: cls
     for cls in (
@@ -138,6 +152,7 @@ _BY_CODE: dict[int, type[InboxdError]] = {
         NoSpaceError,
         UnavailableError,
         MarkerMovedError,
+        NotLeaderError,
     )
 }
 _NAMES = {code: cls.name for code, cls in _BY_CODE.items()}
