@@ -43,17 +43,22 @@ pub fn inboxd_binary() -> PathBuf {
 }
 
 /// `inboxd serve` on `data_dir` with the test tokens, both listeners on
-/// port 0 of loopback, warnings logged, and `extra` flags.
+/// port 0 of loopback (unless `extra` names `--listen`), warnings logged,
+/// and `extra` flags.
 pub fn serve_command(binary: &Path, data_dir: &Path, extra: &[&str]) -> Command {
     let mut command = Command::new(binary);
     command
         .arg("serve")
         .arg("--data-dir")
         .arg(data_dir)
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "127.0.0.1:0"])
         .args(["--token", TOKEN, "--admin-token", ADMIN_TOKEN])
         .args(extra)
         .env("INBOXD_LOG", "warn");
+    // A member of a group listens where its peers know it.
+    if !extra.contains(&"--listen") {
+        command.args(["--listen", "127.0.0.1:0"]);
+    }
     command
 }
 

@@ -1,0 +1,145 @@
+//! Three `inboxd serve` processes on loopback form a group: clients are
+//! redirected to the leader, the leader is killed with SIGKILL, a new
+//! leader serves within a deadline, and every acknowledged send is there
+//! exactly once at its `msg_seq`, with no gap.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use inbox_server::client::{ClientError, GroupClient};
+use inbox_tests::*;
+use inbox_wire::{ConvMember, Empty, ErrorCode, Request, Response, SendReq};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Loopback ports free a moment ago.
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+/// Retries `request` through `group` until a leader answers it.
+async fn until_served(group: &GroupClient, request: Request) -> Response {
+    let start = Instant::now();
+    loop {
+        match group.call(request.clone()).await {
+            Ok(r) => return r,
+            Err(e @ ClientError::Server { .. }) if e.code() == Some(ErrorCode::NotLeader) => {
+                assert!(
+                    start.elapsed() < DEADLINE,
+                    "no leader within {DEADLINE:?}: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// A group client through the first member that accepts a connection.
+async fn connect(addrs: &[std::net::SocketAddr]) -> GroupClient {
+    for a in addrs {
+        if let Ok(g) = GroupClient::connect(*a, ADMIN_TOKEN, None).await {
+            return g;
+        }
+    }
+    panic!("no member accepts connections");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_and_no_acknowledged_send_is_lost() {
+    let ports = free_ports(6);
+    let client_addr = |i: usize| format!("127.0.0.1:{}", ports[i - 1]);
+    let raft_addr = |i: usize| format!("127.0.0.1:{}", ports[i + 2]);
+    let peers = (1..=3)
+        .map(|i| format!("{i}={}/{}", raft_addr(i), client_addr(i)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let dirs: Vec<_> = (0..3).map(|_| data_dir()).collect();
+    let mut daemons: Vec<Option<Daemon>> = (1..=3)
+        .map(|i| {
+            let (id, raft, listen) = (i.to_string(), raft_addr(i), client_addr(i));
+            Some(Daemon::start_with(
+                dirs[i - 1].path(),
+                &[
+                    "--node-id",
+                    &id,
+                    "--raft-listen",
+                    &raft,
+                    "--peers",
+                    &peers,
+                    "--listen",
+                    &listen,
+                ],
+            ))
+        })
+        .collect();
+    let addrs: Vec<std::net::SocketAddr> =
+        (1..=3).map(|i| client_addr(i).parse().unwrap()).collect();
+
+    // Through the last member: followers redirect to the leader.
+    let group = connect(&addrs[2..]).await;
+    until_served(&group, Request::Ping(Empty {})).await;
+    for uid in 1..=2 {
+        until_served(&group, Request::Join(ConvMember { uid, conv: 7 })).await;
+    }
+    let send = |i: u128| {
+        Request::Send(SendReq {
+            conv: 7,
+            sender: 1 + (i % 2) as u64,
+            client_msg_id: 1000 + i,
+            msg_type: 1,
+            payload: Bytes::from(format!("message {i}")),
+        })
+    };
+    let mut acked = Vec::new();
+    for i in 0..20u128 {
+        match until_served(&group, send(i)).await {
+            Response::Send(r) => acked.push((r.msg_seq, i)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    // Kill the leader: the member that answers a ping itself.
+    let mut leader = None;
+    for (n, a) in addrs.iter().enumerate() {
+        let c = inbox_server::client::Client::connect(*a, ADMIN_TOKEN)
+            .await
+            .unwrap();
+        if c.ping(Empty {}).await.is_ok() {
+            leader = Some(n);
+        }
+    }
+    let leader = leader.expect("one member leads");
+    daemons[leader].take().unwrap().crash();
+
+    let alive: Vec<_> = (0..3).filter(|n| *n != leader).map(|n| addrs[n]).collect();
+    let group = connect(&alive).await;
+    // Retried sends are answered as duplicates with their original seqs.
+    for i in 15..25u128 {
+        match until_served(&group, send(i)).await {
+            Response::Send(r) if i < 20 => {
+                assert!(r.duplicate, "send {i} was acknowledged before");
+                assert_eq!((r.msg_seq, i), acked[i as usize], "send {i}");
+            }
+            Response::Send(r) => acked.push((r.msg_seq, i)),
+            other => panic!("{other:?}"),
+        }
+    }
+    let leader_client = group.client().await;
+    let history = all_history(&leader_client, 1, 7).await;
+    let seqs: Vec<u64> = history.iter().map(|m| m.msg_seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "a gap");
+    for (seq, i) in &acked {
+        let m = &history[(*seq - 1) as usize];
+        assert_eq!(m.payload, Bytes::from(format!("message {i}")), "seq {seq}");
+    }
+    assert_eq!(history.len(), 2 + 25, "two joins and 25 distinct sends");
+    for d in daemons.into_iter().flatten() {
+        d.stop();
+    }
+}
