@@ -560,6 +560,12 @@ pub async fn serve<R, W>(
                             if let Some(earlier) = earlier {
                                 wait_done(earlier).await;
                             }
+                            // A group's leader confirms it still leads.
+                            if let Some(g) = &shared.group {
+                                if let Err(refusal) = g.read_index().await {
+                                    return Response::Error(refusal);
+                                }
+                            }
                             let reply = service::start(
                                 &shared.inbox,
                                 &shared.metrics,

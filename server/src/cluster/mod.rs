@@ -362,6 +362,22 @@ impl GroupHandle {
         Some((id, peer))
     }
 
+    /// Read-index: confirms with a heartbeat round to a quorum that this
+    /// node still leads and waits until it has applied what was committed
+    /// when the read arrived, so the read that follows is linearizable. A
+    /// leader that cannot confirm (cut off, deposed) within a few election
+    /// timeouts answers `NOT_LEADER`.
+    pub async fn read_index(&self) -> Result<(), inbox_wire::ErrorReply> {
+        const CONFIRM_WITHIN: Duration = Duration::from_secs(4);
+        match tokio::time::timeout(CONFIRM_WITHIN, self.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(self.not_leader(&format!("not the leader: {e}"))),
+            Err(_) => {
+                Err(self.not_leader("not the leader: leadership not confirmed by a quorum in time"))
+            }
+        }
+    }
+
     /// The `NOT_LEADER` reply: `message` followed by the leader's client
     /// address when it is known (`; leader_addr=HOST:PORT`).
     pub fn not_leader(&self, message: &str) -> inbox_wire::ErrorReply {
