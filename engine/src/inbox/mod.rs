@@ -148,6 +148,8 @@ impl Inbox {
             hints,
             large_group_hints,
             rounds_written: AtomicU64::new(0),
+            rounds_refused_for_space: AtomicU64::new(0),
+            state_reloads_for_space: AtomicU64::new(0),
             recovery,
             snapshots,
             compaction: compaction::runtime::Runtime::default(),
