@@ -58,6 +58,7 @@ mod read_api;
 mod recover;
 mod replica;
 mod round;
+mod salvage;
 mod sequencer;
 mod shared;
 mod snapshots;
@@ -71,6 +72,7 @@ pub use pending::Pending;
 pub use read::Read;
 pub use recover::RecoveryReport;
 pub use replica::{Entry, Leader};
+pub use salvage::{salvage, Damage, LostEvents, LostMessages, RaisedFloor, SalvageReport};
 pub use shared::{Hint, LargeGroupHint};
 
 use std::sync::atomic::AtomicU64;

@@ -1,0 +1,338 @@
+//! Step 1 and 2 of a salvage: the newest checkpoint that verifies (or an
+//! empty state), then every record of the `evt` log after it that can be
+//! applied, through the same [`Effect::apply`] recovery uses.
+//!
+//! What cannot be applied is skipped and written down, never guessed:
+//! - a record whose CRC verifies but which does not apply (a recall of a
+//!   lost message, say) is skipped, on a copy of the state so a half
+//!   applied record never stays;
+//! - a message record whose CRC fails is applied only when its fields
+//!   agree with the copy of them inside its body (conversation, `msg_seq`,
+//!   `msg_id`, sender, kind, type, time) and with the state, with no
+//!   summary and no idempotency key (neither is repeated in the body):
+//!   the conversation and its recipients then keep their exact numbering,
+//!   and the write step finds the record unreadable and reports the
+//!   message and every event that pointed at it as lost;
+//! - any other damage may have held events of any user, whose `sync_seq`
+//!   numbering is then unknown: the salvage becomes *uncertain*, and the
+//!   write step makes every device reset (`SalvageReport::uncertain`);
+//! - a message that arrives after a gap in its conversation (its
+//!   predecessors were in lost records) keeps its `msg_seq`: the gap is
+//!   filled with *lost* entries (flag [`FLAG_LOST`]), served as
+//!   tombstones.
+
+use std::sync::Arc;
+
+use super::report::{Damage, SalvageReport};
+use super::source::{Item, LogFiles};
+use super::FLAG_LOST;
+use crate::api::*;
+use crate::error::{Error, Result};
+use crate::inbox::checkpoint;
+use crate::inbox::codec::Reader;
+use crate::inbox::effect::Effect;
+use crate::inbox::messaging::record::{decode_msg_header, MsgBodyEffect, Records};
+use crate::inbox::state::record::Touched;
+use crate::inbox::state::{pack, MsgMeta, State, PENDING_LOC};
+use crate::log::{Lsn, RecordLoc};
+
+/// Loads the newest checkpoint of `data_dir` that verifies and is not
+/// beyond the log's last batch; `None` (with the reasons) when none does.
+pub(super) fn load_checkpoint(
+    data_dir: &std::path::Path,
+    last_lsn: Lsn,
+    report: &mut SalvageReport,
+) -> Result<Option<State>> {
+    for (lsn, path) in checkpoint::list(data_dir)? {
+        let name = path
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        if lsn > last_lsn {
+            report.checkpoints_skipped.push((
+                name,
+                format!("covers evt LSN {lsn}, beyond the last batch that verifies ({last_lsn})"),
+            ));
+            continue;
+        }
+        match checkpoint::read(&path) {
+            Ok((_, st)) => {
+                report.checkpoint_lsn = Some(lsn);
+                return Ok(Some(st));
+            }
+            Err(reason) => report.checkpoints_skipped.push((name, reason)),
+        }
+    }
+    Ok(None)
+}
+
+/// The last LSN of a batch that verifies anywhere in the log.
+pub(super) fn last_valid_lsn(evt: &LogFiles) -> Lsn {
+    let mut last = 0;
+    evt.scan(&mut |item| {
+        if let Item::Record {
+            lsn,
+            batch_ok: true,
+            ..
+        } = item
+        {
+            last = last.max(lsn);
+        }
+    });
+    last
+}
+
+/// Applies every record of `evt` after `st.evt_lsn` that can be applied.
+pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport) -> Result<()> {
+    let after = st.evt_lsn;
+    let mut fatal: Option<Error> = None;
+    let mut first_lsn: Option<Lsn> = None;
+    evt.scan(&mut |item| {
+        if fatal.is_some() {
+            return;
+        }
+        match item {
+            Item::Record {
+                lsn,
+                loc,
+                kind,
+                payload,
+                batch_ok,
+            } => {
+                first_lsn.get_or_insert(lsn);
+                if lsn <= after {
+                    return;
+                }
+                if !batch_ok {
+                    report.damage.push(Damage::new(
+                        "evt",
+                        loc.segment,
+                        loc.offset.into(),
+                        "batch check fails but this record verifies on its own: kept".into(),
+                    ));
+                }
+                match Effect::decode(kind, payload) {
+                    Ok(effect) => {
+                        if let Err(e) = apply_guarded(st, &effect, loc, report) {
+                            fatal = Some(e);
+                        }
+                    }
+                    Err(e) => {
+                        report.records_skipped.push(Damage::new(
+                            "evt",
+                            loc.segment,
+                            loc.offset.into(),
+                            format!("record verifies but does not decode: {}", e.0),
+                        ));
+                        report.make_uncertain("a record of an unknown kind may have held events");
+                    }
+                }
+                st.evt_lsn = st.evt_lsn.max(lsn);
+            }
+            Item::Damaged {
+                lsn,
+                loc,
+                kind,
+                payload,
+            } => {
+                first_lsn.get_or_insert(lsn);
+                if lsn <= after {
+                    return;
+                }
+                report.damage.push(Damage::new(
+                    "evt",
+                    loc.segment,
+                    loc.offset.into(),
+                    format!("record of kind {kind} fails its checksum"),
+                ));
+                report.records_lost += 1;
+                match recover_message(kind, payload, st) {
+                    Some(effect) => {
+                        if let Err(e) = apply_guarded(st, &effect, loc, report) {
+                            fatal = Some(e);
+                        }
+                    }
+                    None if holds_no_events(kind, payload) => {}
+                    None => report.make_uncertain(
+                        "a damaged record that may have held events could not be read",
+                    ),
+                }
+                st.evt_lsn = st.evt_lsn.max(lsn);
+            }
+            Item::Lost {
+                segment,
+                offset,
+                lsns,
+                reason,
+            } => {
+                report
+                    .damage
+                    .push(Damage::new("evt", segment, offset, reason));
+                if lsns.is_none_or(|(_, last)| last > after) {
+                    report.make_uncertain("whole batches of the evt log are lost");
+                }
+            }
+            Item::TornTail {
+                segment,
+                offset,
+                bytes,
+            } => report.torn_tail = Some((segment, offset, bytes)),
+        }
+    });
+    if let Some(e) = fatal {
+        return Err(e);
+    }
+    // A log that starts after what the state covers lost the batches in
+    // between (segments deleted, or never there).
+    if let Some(first) = first_lsn {
+        if first > after + 1 {
+            report.damage.push(Damage::new(
+                "evt",
+                0,
+                0,
+                format!("the log starts at LSN {first} but the state covers only LSN {after}"),
+            ));
+            report.make_uncertain("batches before the first segment are missing");
+        }
+    }
+    Ok(())
+}
+
+/// Applies one effect at `loc`. Once anything was lost, a record may
+/// depend on it (a recall of a lost message): it is applied to a copy
+/// first (users and conversations are shared `Arc`s, so the copy is
+/// pointer copies), and a failure leaves the state as it was. Before
+/// any loss a failure is not damage salvage can skip: the log does not
+/// belong to its checkpoint, and salvage refuses.
+fn apply_guarded(
+    st: &mut State,
+    effect: &Effect,
+    loc: RecordLoc,
+    report: &mut SalvageReport,
+) -> Result<()> {
+    let at = pack(loc);
+    if !report.anything_lost() {
+        return effect
+            .apply(st, at, 0, &mut Touched::default())
+            .map(|_| report.records_applied += 1)
+            .map_err(|e| Error::Corruption {
+                what: "evt",
+                reason: format!(
+                    "segment {} offset {}: a record that verifies does not apply before any damage \
+                     was met: {}",
+                    loc.segment, loc.offset, e.0
+                ),
+            });
+    }
+    let mut copy = st.clone();
+    fill_gap(&mut copy, effect);
+    match effect.apply(&mut copy, at, 0, &mut Touched::default()) {
+        Ok(()) => {
+            *st = copy;
+            report.records_applied += 1;
+        }
+        Err(e) => {
+            report.records_skipped.push(Damage::new(
+                "evt",
+                loc.segment,
+                loc.offset.into(),
+                format!("does not apply after the loss: {}", e.0),
+            ));
+            if may_hold_events(effect) {
+                report.make_uncertain("a record that depends on lost data was skipped");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A message whose `msg_seq` is past its conversation's head: the ones in
+/// between were in lost records. They are entered as lost, with `msg_id`s
+/// between their neighbours' (ids grow with `msg_seq` in a conversation),
+/// so that this message lands at its own `msg_seq`.
+fn fill_gap(st: &mut State, effect: &Effect) {
+    let m = match effect {
+        Effect::Messaging(Records::MsgBody(b)) => &b.msg,
+        Effect::Messaging(Records::Msg(m)) => m,
+        _ => return,
+    };
+    let conv = st.convs.entry(m.conv).or_default();
+    let head = conv.head();
+    if m.msg_seq <= head.next() {
+        return;
+    }
+    let missing = m.msg_seq.0 - head.0 - 1;
+    let prev_id = conv.msgs.last().map_or(0, |x| x.msg_id.0);
+    if m.msg_id.0.saturating_sub(prev_id) <= missing {
+        return; // no room for their ids: the message is skipped
+    }
+    let conv = Arc::make_mut(conv);
+    for i in 0..missing {
+        conv.msgs.push(MsgMeta {
+            loc: PENDING_LOC,
+            msg_id: MsgId(prev_id + 1 + i),
+            sender: Uid(0),
+            kind: MessageKind::Normal,
+            flags: FLAG_LOST,
+        });
+    }
+    st.totals.messages += missing;
+}
+
+/// The effect of a damaged message record, when the fields the state
+/// needs are repeated in its body and both copies agree, and it follows
+/// its conversation's head: without its summary and idempotency key,
+/// which are not repeated. `None` otherwise.
+fn recover_message(kind: u8, payload: &[u8], st: &State) -> Option<Effect> {
+    let Ok(Effect::Messaging(Records::MsgBody(b))) = Effect::decode(kind, payload) else {
+        return None;
+    };
+    let (_, h) = decode_msg_header(&mut Reader::new(&b.body)).ok()?;
+    let m = &b.msg;
+    let agree = h.conv == m.conv
+        && h.msg_seq == m.msg_seq
+        && h.msg_id == m.msg_id
+        && h.sender == m.sender
+        && h.kind == m.kind
+        && h.msg_type == m.msg_type
+        && h.sent_at_ms == m.at_ms;
+    if !agree {
+        return None;
+    }
+    let head = st.convs.get(&m.conv).map_or(MsgSeq(0), |c| c.head());
+    if m.msg_seq != head.next() {
+        return None;
+    }
+    // A recall or edit names its target twice too: by seq here, by id in
+    // the body.
+    if m.target_seq != MsgSeq(0) {
+        let target = st.convs.get(&m.conv)?.meta(m.target_seq)?;
+        if target.msg_id != h.target {
+            return None;
+        }
+    } else if h.target != MsgId(0) {
+        return None;
+    }
+    let mut msg = m.clone();
+    msg.summary = bytes::Bytes::new();
+    msg.client_msg_id = 0;
+    Some(Effect::from(MsgBodyEffect { msg, body: b.body }))
+}
+
+/// True when a damaged record still decodes exactly as a kind that never
+/// appends an event nor changes whom a message reaches: losing it loses
+/// no `sync_seq`. (A damaged kind byte that happens to name such a kind
+/// would have to decode exactly as one too.)
+fn holds_no_events(kind: u8, payload: &[u8]) -> bool {
+    Effect::decode(kind, payload).is_ok_and(|e| !may_hold_events(&e))
+}
+
+/// Whether applying `effect` may append events or change whom later
+/// messages reach (a large-group switch): a message, a read cursor, a
+/// flags change, a mode switch. Device and snapshot rows, compaction's
+/// records, marker clears, round marks and copies never do.
+fn may_hold_events(effect: &Effect) -> bool {
+    match effect {
+        Effect::Messaging(r) => !matches!(r, Records::Clear(_)),
+        _ => false,
+    }
+}
