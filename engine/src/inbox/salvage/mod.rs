@@ -97,7 +97,9 @@ fn build(
     let target = write::Target {
         dir: tmp,
         segment_bytes: config.segment_bytes,
-        payload_max: config.payload_bytes_max,
+        // A body is read only once its CRC verified: its length is the
+        // one written, under whatever limit the daemon had then.
+        payload_max: u32::MAX,
     };
     write::write(&target, evt, msg, state, report)?;
     report.files_copied = copy_other_files(&config.data_dir, tmp)?;
