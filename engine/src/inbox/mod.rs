@@ -28,6 +28,7 @@
 //! - [`effect`]: one `evt` record variant per subsystem (each subsystem
 //!   lists its own record kinds) and the one `apply`;
 //! - [`checkpoint`], [`recover`]: checkpoints and replay (R22);
+//!   [`salvage`]: the offline copy of a damaged directory's intact data;
 //!   [`inspect`]: stats and the checks tests use;
 //! - [`shared`], [`state`]: the tables, with their invariants; [`codec`],
 //!   [`token`]: byte helpers and batch tokens;

@@ -167,7 +167,10 @@ pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport)
                 report
                     .damage
                     .push(Damage::new("evt", segment, offset, reason));
-                if lsns.is_none_or(|(_, last)| last > after) {
+                // Damage whose LSNs are not known here is measured by the
+                // next batch that verifies, which reports the gap as its
+                // own `Lost` (or the damage is a torn tail).
+                if lsns.is_some_and(|(_, last)| last > after) {
                     report.make_uncertain("whole batches of the evt log are lost");
                 }
             }

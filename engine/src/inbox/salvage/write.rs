@@ -29,7 +29,9 @@ use crate::inbox::messaging::body::{body_of_effect, without_body};
 use crate::inbox::messaging::record::{
     decode_msg_record, encode_msg_record, MsgHeader, StoredPayload, MSG_RECORD,
 };
-use crate::inbox::state::{body_at, pack, unpack, BodyLog, PackedLoc, State, PENDING_LOC};
+use crate::inbox::state::{
+    body_at, pack, unpack, BodyLog, PackedLoc, SnapshotPhase, State, PENDING_LOC,
+};
 use crate::log::{Batch, Log, LogOptions, PwriteIo, SyncPolicy};
 
 /// What the new logs are written with.
@@ -284,7 +286,7 @@ fn recount_unread(st: &mut State) {
 /// can be trusted, so every user's events are dropped (the floor goes to
 /// the head) and every device is put where a sync puts a device that must
 /// reset (generation bumped, `RESETTING`, no lease): its next sync answers
-/// `RESET_REQUIRED` and it installs a snapshot. An ACK the log recorded
+/// `RESET_REQUIRED` and it installs a snapshot begun afresh. An ACK the log recorded
 /// above the salvaged head (numbered before events were lost) is brought
 /// down to the head.
 fn reset_everyone(st: &mut State, report: &mut SalvageReport) {
@@ -306,6 +308,11 @@ fn reset_everyone(st: &mut State, report: &mut SalvageReport) {
             report.raised_floors.retain(|f| f.uid != uid);
             report.raised_floors.push(RaisedFloor { uid, floor: head });
         }
+        // A snapshot frozen at a base numbered before the loss would set
+        // its device's ACK there: it is forgotten, and the device begins
+        // a new one.
+        user.snapshots
+            .retain(|_, s| s.row.phase != SnapshotPhase::Live);
         for d in &mut user.devices {
             let row = &mut d.row;
             row.acked_sync_seq = row.acked_sync_seq.min(head);
