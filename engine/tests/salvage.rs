@@ -253,9 +253,11 @@ fn a_batch_whose_records_cannot_be_told_apart_makes_every_device_reset() {
     copy_running_dir(h.dir.path(), image.path());
     let evt = image.path().join("evt");
     let (loc, _) = find_record(&evt, b"LOSE-ME");
-    // The frame's record count (its header is 24 bytes before its first
-    // record): the records can no longer be walked.
-    flip_byte(&evt, loc.segment, u64::from(loc.offset) - 24 + 16);
+    // The record's header (length, kind, back pointer): neither it nor
+    // anything after it in its batch can be told apart any more.
+    for i in 0..12 {
+        flip_byte(&evt, loc.segment, u64::from(loc.offset) + i);
+    }
 
     let (_keep, to, report) = salvage_checked(image.path(), &h.clock);
     assert!(report.uncertain.is_some(), "{report:#?}");

@@ -29,6 +29,7 @@
 mod replay;
 mod report;
 mod source;
+mod walk;
 mod write;
 
 pub use report::{Damage, LostEvents, LostMessages, RaisedFloor, SalvageReport};

@@ -15,9 +15,10 @@ use std::path::Path;
 
 use memmap2::Mmap;
 
+use super::walk::walk_frame;
 use crate::log::format::{
     self, decode_batch, decode_record_header, record_crc_ok, valid_batch_at, FrameError,
-    BATCH_HEADER_LEN, FRAME_TYPE_BATCH, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
+    BATCH_HEADER_LEN, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
 };
 use crate::log::{classify, list_dir, FileKind, Lsn, RecordLoc, SegmentId};
 
@@ -273,53 +274,4 @@ fn scan_segment(
             }
         }
     }
-}
-
-/// A walked record: location, kind, payload, whether its CRC verifies.
-type Walked<'a> = (RecordLoc, u8, &'a [u8], bool);
-
-/// Walks a frame whose batch CRC fails: its header must still say a batch
-/// of the expected LSN that ends at or before `limit`, and its records
-/// must fill it exactly with consistent back pointers. Returns its LSN,
-/// length and records, or `None` when its structure is damaged too.
-fn walk_frame<'a>(
-    id: SegmentId,
-    data: &'a [u8],
-    pos: usize,
-    limit: usize,
-    expected: Option<Lsn>,
-) -> Option<(Lsn, usize, Vec<Walked<'a>>)> {
-    let h = data.get(pos..pos + BATCH_HEADER_LEN)?;
-    let len = u32::from_le_bytes(h[0..4].try_into().ok()?) as usize;
-    let lsn = u64::from_le_bytes(h[8..16].try_into().ok()?);
-    let count = u32::from_le_bytes(h[16..20].try_into().ok()?);
-    if h[4] != FRAME_TYPE_BATCH || h[5..8] != [0, 0, 0] || len < BATCH_HEADER_LEN {
-        return None;
-    }
-    if pos + len > limit || expected.is_some_and(|e| e != lsn) || lsn == 0 {
-        return None;
-    }
-    let mut out = Vec::new();
-    let mut rel = BATCH_HEADER_LEN;
-    while rel < len {
-        let at = pos + rel;
-        let header = data.get(at..at + RECORD_HEADER_LEN)?;
-        let rh = decode_record_header(header);
-        if rh.back as usize != rel {
-            return None;
-        }
-        let end = rel + RECORD_HEADER_LEN + rh.len as usize;
-        if end > len {
-            return None;
-        }
-        let payload = &data[at + RECORD_HEADER_LEN..pos + end];
-        let loc = RecordLoc {
-            segment: id,
-            offset: u32::try_from(at).ok()?,
-        };
-        let ok = record_crc_ok(id, loc.offset, header, payload);
-        out.push((loc, rh.kind, payload, ok));
-        rel = end;
-    }
-    (out.len() == count as usize).then_some((lsn, len, out))
 }
