@@ -86,14 +86,14 @@ fn walk_records<'a>(
 
 /// The record at `at` in the frame at `pos`: kind, payload, whether its
 /// CRC verifies, and where the next record starts.
-fn record_at<'a>(
+fn record_at(
     id: SegmentId,
-    data: &'a [u8],
+    data: &[u8],
     pos: usize,
     at: usize,
     end: usize,
     zero_ends: bool,
-) -> Option<(u8, &'a [u8], bool, usize)> {
+) -> Option<(u8, &[u8], bool, usize)> {
     let header = data.get(at..at + RECORD_HEADER_LEN)?;
     let rh = decode_record_header(header);
     let rel = u32::try_from(at - pos).ok()?;
