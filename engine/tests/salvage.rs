@@ -280,6 +280,35 @@ fn a_batch_whose_records_cannot_be_told_apart_makes_every_device_reset() {
 }
 
 #[test]
+fn a_damaged_last_batch_that_a_checkpoint_covers_is_a_loss_not_a_torn_tail() {
+    let mut h = Harness::new();
+    activity(&h, 0);
+    let lost = h.send(C20, U3, 901, "LOSE-ME the last write before the shutdown");
+    drop(h.inbox.take()); // its final checkpoint covers the last batch
+    let evt = h.dir.path().join("evt");
+    let (loc, at) = find_record(&evt, b"LOSE-ME");
+    damage_payload(&evt, loc, at + 3);
+
+    let (_keep, to, report) = salvage_checked(h.dir.path(), &h.clock);
+    assert_eq!(
+        report.lost_messages,
+        vec![LostMessages {
+            conv: C20,
+            first: lost.msg_seq,
+            last: lost.msg_seq
+        }],
+        "{report:#?}"
+    );
+    assert_eq!(report.torn_tail, None, "{report:#?}");
+    let users: Vec<Uid> = report.lost_events.iter().map(|l| l.uid).collect();
+    assert_eq!(users, [U2, U3], "both members lost the message's event");
+    let d2 = open_salvaged(&to, &h.clock);
+    let last = history(&d2, U3, C20).into_iter().next().unwrap();
+    assert_eq!(last.msg_seq, lost.msg_seq);
+    assert!(last.tombstone && last.payload.is_empty(), "{last:?}");
+}
+
+#[test]
 fn a_damaged_newest_checkpoint_falls_back_and_loses_nothing_the_log_holds() {
     let h = Harness::new();
     activity(&h, 0);

@@ -36,8 +36,11 @@ use crate::inbox::state::record::Touched;
 use crate::inbox::state::{pack, MsgMeta, State, PENDING_LOC};
 use crate::log::{Lsn, RecordLoc};
 
-/// Loads the newest checkpoint of `data_dir` that verifies and is not
-/// beyond the log's last batch; `None` (with the reasons) when none does.
+/// Loads the newest checkpoint of `data_dir` that verifies; `None` (with
+/// the reasons) when none does. One that covers more of the log than
+/// verifies is still the best state there is (its batches were durable
+/// when it was written): it is taken, and the write step finds which of
+/// its bodies and events pointed into the damaged part.
 pub(super) fn load_checkpoint(
     data_dir: &std::path::Path,
     last_lsn: Lsn,
@@ -47,15 +50,19 @@ pub(super) fn load_checkpoint(
         let name = path
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        if lsn > last_lsn {
-            report.checkpoints_skipped.push((
-                name,
-                format!("covers evt LSN {lsn}, beyond the last batch that verifies ({last_lsn})"),
-            ));
-            continue;
-        }
         match checkpoint::read(&path) {
             Ok((_, st)) => {
+                if lsn > last_lsn {
+                    report.damage.push(Damage::new(
+                        "evt",
+                        0,
+                        0,
+                        format!(
+                            "{name} covers evt LSN {lsn} but the last batch that verifies is \
+                             {last_lsn}: the batches in between are damaged or gone"
+                        ),
+                    ));
+                }
                 report.checkpoint_lsn = Some(lsn);
                 return Ok(Some(st));
             }
@@ -86,9 +93,13 @@ pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport)
     let after = st.evt_lsn;
     let mut fatal: Option<Error> = None;
     let mut first_lsn: Option<Lsn> = None;
+    let mut last_seen: Lsn = 0;
     evt.scan(&mut |item| {
         if fatal.is_some() {
             return;
+        }
+        if let Item::Record { lsn, .. } | Item::Damaged { lsn, .. } = item {
+            last_seen = last_seen.max(lsn);
         }
         match item {
             Item::Record {
@@ -174,11 +185,23 @@ pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport)
                     report.make_uncertain("whole batches of the evt log are lost");
                 }
             }
+            // Unacknowledged, unless a checkpoint covers what it held.
             Item::TornTail {
                 segment,
                 offset,
                 bytes,
-            } => report.torn_tail = Some((segment, offset, bytes)),
+            } if after <= last_seen => report.torn_tail = Some((segment, offset, bytes)),
+            Item::TornTail {
+                segment, offset, ..
+            } => report.damage.push(Damage::new(
+                "evt",
+                segment,
+                offset,
+                format!(
+                    "the end of the log does not verify, but the checkpoint covers it up to LSN \
+                     {after}: a loss, not a torn write"
+                ),
+            )),
         }
     });
     if let Some(e) = fatal {
