@@ -151,6 +151,8 @@ impl Inbox {
             hints,
             large_group_hints,
             rounds_written: AtomicU64::new(0),
+            rounds_refused_for_space: AtomicU64::new(0),
+            state_reloads_for_space: AtomicU64::new(0),
             recovery,
             snapshots,
             compaction: compaction::runtime::Runtime::default(),
@@ -579,10 +581,29 @@ impl Inbox {
             Err(Error::ShuttingDown)
         };
         drop(sender);
+        self.join_threads();
+        result
+    }
+
+    /// Stops the engine's threads the way a killed process stops: no
+    /// final checkpoint, and commands still queued fail with
+    /// `ShuttingDown`. What is on disk stays as the last round left it.
+    /// For crash tests that image the files first and then need the old
+    /// engine gone quickly.
+    #[doc(hidden)]
+    pub fn halt(&self) {
+        self.shared.compaction.stop();
+        self.shared.snapshots.stop_builder();
+        // Dropping the only sender ends the sequencer's loop at its next
+        // receive, without the shutdown command's drain and checkpoint.
+        drop(self.tx.lock().take());
+        self.join_threads();
+    }
+
+    fn join_threads(&self) {
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
-        result
     }
 }
 
