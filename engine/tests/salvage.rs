@@ -309,6 +309,55 @@ fn a_damaged_last_batch_that_a_checkpoint_covers_is_a_loss_not_a_torn_tail() {
 }
 
 #[test]
+fn a_record_that_depends_on_a_lost_one_is_skipped_and_leaves_no_trace() {
+    const C40: ConvId = ConvId(40);
+    let h = Harness::new();
+    h.join(U1, C40);
+    h.join(U3, C40); // msg_seq 2: its record is damaged below
+    let evt = h.dir.path().join("evt");
+    let join = last_record_of_kind(&evt, 9);
+    h.ib().leave(U3, C40).wait().unwrap(); // 3: needs the lost join
+    let last = h.send(C40, U1, 1, "after the leave");
+    let image = tempfile::tempdir().unwrap();
+    copy_running_dir(h.dir.path(), image.path());
+    let evt = image.path().join("evt");
+    for i in 0..12 {
+        flip_byte(&evt, join.segment, u64::from(join.offset) + i);
+    }
+
+    let (_keep, to, report) = salvage_checked(image.path(), &h.clock);
+    assert_eq!(report.records_skipped.len(), 1, "the leave: {report:#?}");
+    assert!(report.uncertain.is_some());
+    assert_eq!(
+        report.lost_messages,
+        vec![LostMessages {
+            conv: C40,
+            first: MsgSeq(2),
+            last: MsgSeq(3)
+        }]
+    );
+    let d2 = open_salvaged(&to, &h.clock);
+    let seqs: Vec<(MsgSeq, bool)> = history(&d2, U1, C40)
+        .iter()
+        .rev()
+        .map(|m| (m.msg_seq, m.tombstone))
+        .collect();
+    assert_eq!(
+        seqs,
+        [
+            (MsgSeq(1), false),
+            (MsgSeq(2), true),
+            (MsgSeq(3), true),
+            (last.msg_seq, false)
+        ]
+    );
+    assert!(
+        d2.history(U3, C40, None, 10).is_err(),
+        "the lost join left no membership behind"
+    );
+}
+
+#[test]
 fn a_damaged_newest_checkpoint_falls_back_and_loses_nothing_the_log_holds() {
     let h = Harness::new();
     activity(&h, 0);

@@ -25,6 +25,19 @@ pub fn find_record(dir: &Path, marker: &[u8]) -> (RecordLoc, usize) {
     found.unwrap_or_else(|| panic!("no record in {} holds the marker", dir.display()))
 }
 
+/// The newest record of log kind `kind` in the log in `dir`.
+pub fn last_record_of_kind(dir: &Path, kind: u8) -> RecordLoc {
+    let mut found = None;
+    inbox_engine::log::replay_dir(dir, 0, &mut |_, loc, k, _| {
+        if k == kind {
+            found = Some(loc);
+        }
+        Ok(())
+    })
+    .unwrap();
+    found.expect("a record of that kind")
+}
+
 fn segment_path(dir: &Path, segment: u32) -> PathBuf {
     dir.join(format!("{segment:010}.seg"))
 }

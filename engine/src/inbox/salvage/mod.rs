@@ -26,6 +26,7 @@
 //! `Inbox::open` and passes `verify_data_dir`; nothing lost is served
 //! (a lost body is a tombstone, a lost event is below the floor).
 
+mod guard;
 mod replay;
 mod report;
 mod source;

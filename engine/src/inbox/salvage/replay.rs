@@ -4,8 +4,8 @@
 //!
 //! What cannot be applied is skipped and written down, never guessed:
 //! - a record whose CRC verifies but which does not apply (a recall of a
-//!   lost message, say) is skipped, on a copy of the state so a half
-//!   applied record never stays;
+//!   lost message, say) is skipped, and a half applied record never stays
+//!   ([`super::guard`]);
 //! - a message record whose CRC fails is applied only when its fields
 //!   agree with the copy of them inside its body (conversation, `msg_seq`,
 //!   `msg_id`, sender, kind, type, time) and with the state, with no
@@ -18,23 +18,20 @@
 //!   write step makes every device reset (`SalvageReport::uncertain`);
 //! - a message that arrives after a gap in its conversation (its
 //!   predecessors were in lost records) keeps its `msg_seq`: the gap is
-//!   filled with *lost* entries (flag [`FLAG_LOST`]), served as
-//!   tombstones.
+//!   filled with *lost* entries (flag `FLAG_LOST`), served as tombstones
+//!   ([`super::guard`]).
 
-use std::sync::Arc;
-
+use super::guard::Guard;
 use super::report::{Damage, SalvageReport};
 use super::source::{Item, LogFiles};
-use super::FLAG_LOST;
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::checkpoint;
 use crate::inbox::codec::Reader;
 use crate::inbox::effect::Effect;
 use crate::inbox::messaging::record::{decode_msg_header, MsgBodyEffect, Records};
-use crate::inbox::state::record::Touched;
-use crate::inbox::state::{pack, MsgMeta, State, PENDING_LOC};
-use crate::log::{Lsn, RecordLoc};
+use crate::inbox::state::State;
+use crate::log::Lsn;
 
 /// Loads the newest checkpoint of `data_dir` that verifies; `None` (with
 /// the reasons) when none does. One that covers more of the log than
@@ -94,6 +91,7 @@ pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport)
     let mut fatal: Option<Error> = None;
     let mut first_lsn: Option<Lsn> = None;
     let mut last_seen: Lsn = 0;
+    let mut guard = Guard::default();
     evt.scan(&mut |item| {
         if fatal.is_some() {
             return;
@@ -123,7 +121,7 @@ pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport)
                 }
                 match Effect::decode(kind, payload) {
                     Ok(effect) => {
-                        if let Err(e) = apply_guarded(st, &effect, loc, report) {
+                        if let Err(e) = guard.apply(st, effect, loc, report) {
                             fatal = Some(e);
                         }
                     }
@@ -158,7 +156,7 @@ pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport)
                 report.records_lost += 1;
                 match recover_message(kind, payload, st) {
                     Some(effect) => {
-                        if let Err(e) = apply_guarded(st, &effect, loc, report) {
+                        if let Err(e) = guard.apply(st, effect, loc, report) {
                             fatal = Some(e);
                         }
                     }
@@ -223,87 +221,6 @@ pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport)
     Ok(())
 }
 
-/// Applies one effect at `loc`. Once anything was lost, a record may
-/// depend on it (a recall of a lost message): it is applied to a copy
-/// first (users and conversations are shared `Arc`s, so the copy is
-/// pointer copies), and a failure leaves the state as it was. Before
-/// any loss a failure is not damage salvage can skip: the log does not
-/// belong to its checkpoint, and salvage refuses.
-fn apply_guarded(
-    st: &mut State,
-    effect: &Effect,
-    loc: RecordLoc,
-    report: &mut SalvageReport,
-) -> Result<()> {
-    let at = pack(loc);
-    if !report.anything_lost() {
-        return effect
-            .apply(st, at, 0, &mut Touched::default())
-            .map(|_| report.records_applied += 1)
-            .map_err(|e| Error::Corruption {
-                what: "evt",
-                reason: format!(
-                    "segment {} offset {}: a record that verifies does not apply before any damage \
-                     was met: {}",
-                    loc.segment, loc.offset, e.0
-                ),
-            });
-    }
-    let mut copy = st.clone();
-    fill_gap(&mut copy, effect);
-    match effect.apply(&mut copy, at, 0, &mut Touched::default()) {
-        Ok(()) => {
-            *st = copy;
-            report.records_applied += 1;
-        }
-        Err(e) => {
-            report.records_skipped.push(Damage::new(
-                "evt",
-                loc.segment,
-                loc.offset.into(),
-                format!("does not apply after the loss: {}", e.0),
-            ));
-            if may_hold_events(effect) {
-                report.make_uncertain("a record that depends on lost data was skipped");
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A message whose `msg_seq` is past its conversation's head: the ones in
-/// between were in lost records. They are entered as lost, with `msg_id`s
-/// between their neighbours' (ids grow with `msg_seq` in a conversation),
-/// so that this message lands at its own `msg_seq`.
-fn fill_gap(st: &mut State, effect: &Effect) {
-    let m = match effect {
-        Effect::Messaging(Records::MsgBody(b)) => &b.msg,
-        Effect::Messaging(Records::Msg(m)) => m,
-        _ => return,
-    };
-    let conv = st.convs.entry(m.conv).or_default();
-    let head = conv.head();
-    if m.msg_seq <= head.next() {
-        return;
-    }
-    let missing = m.msg_seq.0 - head.0 - 1;
-    let prev_id = conv.msgs.last().map_or(0, |x| x.msg_id.0);
-    if m.msg_id.0.saturating_sub(prev_id) <= missing {
-        return; // no room for their ids: the message is skipped
-    }
-    let conv = Arc::make_mut(conv);
-    for i in 0..missing {
-        conv.msgs.push(MsgMeta {
-            loc: PENDING_LOC,
-            msg_id: MsgId(prev_id + 1 + i),
-            sender: Uid(0),
-            kind: MessageKind::Normal,
-            flags: FLAG_LOST,
-        });
-    }
-    st.totals.messages += missing;
-}
-
 /// The effect of a damaged message record, when the fields the state
 /// needs are repeated in its body and both copies agree, and it follows
 /// its conversation's head: without its summary and idempotency key,
@@ -356,7 +273,7 @@ fn holds_no_events(kind: u8, payload: &[u8]) -> bool {
 /// messages reach (a large-group switch): a message, a read cursor, a
 /// flags change, a mode switch. Device and snapshot rows, compaction's
 /// records, marker clears, round marks and copies never do.
-fn may_hold_events(effect: &Effect) -> bool {
+pub(super) fn may_hold_events(effect: &Effect) -> bool {
     match effect {
         Effect::Messaging(r) => !matches!(r, Records::Clear(_)),
         _ => false,

@@ -79,27 +79,59 @@ pub(super) fn write(
     Ok(st)
 }
 
-/// Appends `records` to `log` in batches that fit a segment, and returns
-/// their locations in order.
-fn append_all(log: &Log, records: Vec<(u8, Vec<u8>)>) -> Result<Vec<PackedLoc>> {
-    let max = log.batch_records_bytes_max();
-    let mut locs = Vec::with_capacity(records.len());
-    let mut batch = Batch::new();
-    let mut bytes = 0u64;
-    for (kind, payload) in records {
-        let size = payload.len() as u64 + Log::RECORD_OVERHEAD_BYTES;
-        if !batch.is_empty() && bytes + size > max {
-            let done = log.append(std::mem::take(&mut batch))?;
-            locs.extend(done.locs.into_iter().map(pack));
-            bytes = 0;
+/// Appends records to a new log in batches that fit a segment, each
+/// record tagged with what its location is for: only one batch is held
+/// in memory, however large the store.
+struct Appender<'l, T> {
+    log: &'l Log,
+    max: u64,
+    batch: Batch,
+    bytes: u64,
+    tags: Vec<T>,
+    placed: Vec<(T, PackedLoc)>,
+}
+
+impl<'l, T> Appender<'l, T> {
+    fn new(log: &'l Log) -> Self {
+        Appender {
+            log,
+            max: log.batch_records_bytes_max(),
+            batch: Batch::new(),
+            bytes: 0,
+            tags: Vec::new(),
+            placed: Vec::new(),
         }
-        batch.push_owned(kind, payload);
-        bytes += size;
     }
-    if !batch.is_empty() {
-        locs.extend(log.append(batch)?.locs.into_iter().map(pack));
+
+    fn push(&mut self, kind: u8, payload: Vec<u8>, tag: T) -> Result<()> {
+        let size = payload.len() as u64 + Log::RECORD_OVERHEAD_BYTES;
+        if !self.batch.is_empty() && self.bytes + size > self.max {
+            self.flush()?;
+        }
+        self.batch.push_owned(kind, payload);
+        self.tags.push(tag);
+        self.bytes += size;
+        Ok(())
     }
-    Ok(locs)
+
+    /// Appends what is queued (durably: the log syncs every append).
+    fn flush(&mut self) -> Result<()> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let done = self.log.append(std::mem::take(&mut self.batch))?;
+        self.bytes = 0;
+        let locs = done.locs.into_iter().map(pack);
+        self.placed
+            .extend(std::mem::take(&mut self.tags).into_iter().zip(locs));
+        Ok(())
+    }
+
+    /// Every record's new location, by tag.
+    fn finish(mut self) -> Result<Vec<(T, PackedLoc)>> {
+        self.flush()?;
+        Ok(self.placed)
+    }
 }
 
 /// The body record of a retained message, read at its location in the
@@ -140,28 +172,36 @@ fn copy_bodies(
 ) -> Result<()> {
     let mut convs: Vec<ConvId> = st.convs.keys().copied().collect();
     convs.sort_unstable();
-    for conv_id in convs {
-        let conv = Arc::make_mut(st.convs.get_mut(&conv_id).expect("listed above"));
-        let mut records = Vec::with_capacity(conv.msgs.len());
-        let mut lost = Vec::new();
-        for (i, meta) in conv.msgs.iter_mut().enumerate() {
+    let mut out = Appender::new(new_msg);
+    let mut lost: Vec<(ConvId, usize)> = Vec::new();
+    for &conv_id in &convs {
+        let conv = &st.convs[&conv_id];
+        let mut lost_seqs = Vec::new();
+        for (i, meta) in conv.msgs.iter().enumerate() {
             let seq = conv.msgs_base.plus(i as u64 + 1);
-            let read = read_body(
-                evt,
-                msg,
-                meta.loc,
-                conv_id,
-                seq,
-                meta.msg_id,
-                target.payload_max,
-            );
+            let read = (meta.flags & FLAG_LOST == 0)
+                .then(|| {
+                    read_body(
+                        evt,
+                        msg,
+                        meta.loc,
+                        conv_id,
+                        seq,
+                        meta.msg_id,
+                        target.payload_max,
+                    )
+                })
+                .and_then(|r| r.ok());
             let body = match read {
-                Ok(body) if meta.flags & FLAG_LOST == 0 => body.to_vec(),
-                _ => {
+                Some(body) => {
+                    report.messages_copied += 1;
+                    body.to_vec()
+                }
+                None => {
                     // Lost: served as a tombstone, from a body that
                     // carries only what the index knows.
-                    meta.flags |= FLAG_LOST;
-                    lost.push(seq.0);
+                    lost.push((conv_id, i));
+                    lost_seqs.push(seq.0);
                     encode_msg_record(
                         &MsgHeader {
                             kind: meta.kind,
@@ -177,20 +217,22 @@ fn copy_bodies(
                     )
                 }
             };
-            records.push((MSG_RECORD, body));
+            out.push(MSG_RECORD, body, (conv_id, i))?;
         }
-        report.messages_copied += (records.len() - lost.len()) as u64;
-        let locs = append_all(new_msg, records)?;
-        for (meta, loc) in conv.msgs.iter_mut().zip(locs) {
-            meta.loc = loc;
-        }
-        for (first, last) in runs(lost) {
+        for (first, last) in runs(lost_seqs) {
             report.lost_messages.push(LostMessages {
                 conv: conv_id,
                 first: MsgSeq(first),
                 last: MsgSeq(last),
             });
         }
+    }
+    for ((conv, i), loc) in out.finish()? {
+        let c = Arc::make_mut(st.convs.get_mut(&conv).expect("listed above"));
+        c.msgs[i].loc = loc;
+    }
+    for (conv, i) in lost {
+        Arc::make_mut(st.convs.get_mut(&conv).expect("listed above")).msgs[i].flags |= FLAG_LOST;
     }
     Ok(())
 }
@@ -203,23 +245,27 @@ fn copy_events(
 ) -> Result<()> {
     let mut uids: Vec<Uid> = st.users.keys().copied().collect();
     uids.sort_unstable();
-    // One copy per source record, however many events point at it.
-    let mut order: Vec<PackedLoc> = Vec::new();
-    let mut records: Vec<(u8, Vec<u8>)> = Vec::new();
-    let mut index: HashMap<PackedLoc, Option<usize>> = HashMap::new();
+    // One copy per source record, however many events point at it; `None`
+    // for a record that does not read back.
+    let mut index: HashMap<PackedLoc, Option<PackedLoc>> = HashMap::new();
+    let mut out = Appender::new(new_evt);
     for uid in &uids {
         for &loc in &st.users[uid].events {
-            index.entry(loc).or_insert_with(|| {
-                let (kind, payload) = evt.read(unpack(loc)).ok()?;
-                let (kind, payload) =
-                    without_body(kind, payload).unwrap_or((kind, payload.to_vec()));
-                order.push(loc);
-                records.push((kind | COPY_FLAG, payload));
-                Some(order.len() - 1)
-            });
+            if index.contains_key(&loc) {
+                continue;
+            }
+            let Ok((kind, payload)) = evt.read(unpack(loc)) else {
+                index.insert(loc, None);
+                continue;
+            };
+            let (kind, payload) = without_body(kind, payload).unwrap_or((kind, payload.to_vec()));
+            index.insert(loc, Some(PENDING_LOC));
+            out.push(kind | COPY_FLAG, payload, loc)?;
         }
     }
-    let new_locs = append_all(new_evt, records)?;
+    for (old, new) in out.finish()? {
+        index.insert(old, Some(new));
+    }
     let mut lost_by_user: BTreeMap<Uid, Vec<u64>> = BTreeMap::new();
     for uid in uids {
         let user = Arc::make_mut(st.users.get_mut(&uid).expect("listed above"));
@@ -227,7 +273,7 @@ fn copy_events(
         let mut lost = Vec::new();
         for (i, loc) in user.events.iter_mut().enumerate() {
             match index[loc] {
-                Some(n) => *loc = new_locs[n],
+                Some(new) => *loc = new,
                 None => lost.push(base.0 + i as u64 + 1),
             }
         }
