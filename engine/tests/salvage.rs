@@ -241,6 +241,33 @@ fn a_damaged_message_batch_loses_exactly_that_message_and_its_events() {
 }
 
 #[test]
+fn a_message_whose_kind_byte_is_damaged_still_keeps_its_place() {
+    let h = Harness::new();
+    activity(&h, 0);
+    let lost = h.send(C20, U2, 901, "LOSE-ME a message whose header is damaged");
+    activity(&h, 1);
+    let image = tempfile::tempdir().unwrap();
+    copy_running_dir(h.dir.path(), image.path());
+    let evt = image.path().join("evt");
+    let (loc, _) = find_record(&evt, b"LOSE-ME");
+    flip_byte(&evt, loc.segment, u64::from(loc.offset) + 4); // the kind
+
+    let (_keep, to, report) = salvage_checked(image.path(), &h.clock);
+    assert_eq!(report.uncertain, None, "{report:#?}");
+    assert_eq!(
+        report.lost_messages,
+        vec![LostMessages {
+            conv: C20,
+            first: lost.msg_seq,
+            last: lost.msg_seq
+        }]
+    );
+    let users: Vec<Uid> = report.lost_events.iter().map(|l| l.uid).collect();
+    assert_eq!(users, [U2, U3]);
+    open_salvaged(&to, &h.clock);
+}
+
+#[test]
 fn a_batch_whose_records_cannot_be_told_apart_makes_every_device_reset() {
     let h = Harness::new();
     let dev = h.register(U3, DeviceId(4)).device;

@@ -79,8 +79,8 @@ pub fn render_text(report: &SalvageReport) -> String {
 }
 
 fn damage_text(d: &Damage) -> String {
-    if d.log == "checkpoint" {
-        return d.reason.clone();
+    if d.segment == 0 {
+        return format!("{}: {}", d.log, d.reason);
     }
     format!(
         "{} segment {} offset {}: {}",

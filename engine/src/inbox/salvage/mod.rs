@@ -64,11 +64,6 @@ pub fn salvage(config: &InboxConfig, to: &Path) -> Result<SalvageReport> {
     let mut state =
         replay::load_checkpoint(from, last_lsn, &mut report)?.unwrap_or_else(|| State::new(ttl_ms));
     state.idem_ttl_ms = ttl_ms;
-    for (name, reason) in &report.checkpoints_skipped {
-        report
-            .damage
-            .push(Damage::new("checkpoint", 0, 0, format!("{name}: {reason}")));
-    }
     replay::replay(&evt, &mut state, &mut report)?;
 
     let tmp = staging_dir(to)?;

@@ -29,7 +29,11 @@ use crate::error::{Error, Result};
 use crate::inbox::checkpoint;
 use crate::inbox::codec::Reader;
 use crate::inbox::effect::Effect;
-use crate::inbox::messaging::record::{decode_msg_header, MsgBodyEffect, Records};
+use crate::inbox::messaging::large::ModeEffect;
+use crate::inbox::messaging::record::{
+    decode_msg_header, FlagsEffect, MsgBodyEffect, MsgEffect, ReadEffect, Records,
+};
+use crate::inbox::state::record::Record;
 use crate::inbox::state::State;
 use crate::log::Lsn;
 
@@ -51,7 +55,7 @@ pub(super) fn load_checkpoint(
             Ok((_, st)) => {
                 if lsn > last_lsn {
                     report.damage.push(Damage::new(
-                        "evt",
+                        "checkpoint",
                         0,
                         0,
                         format!(
@@ -154,7 +158,7 @@ pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport)
                     format!("record of kind {kind} fails its checksum"),
                 ));
                 report.records_lost += 1;
-                match recover_message(kind, payload, st) {
+                match recover_message(payload, st) {
                     Some(effect) => {
                         if let Err(e) = guard.apply(st, effect, loc, report) {
                             fatal = Some(e);
@@ -225,8 +229,13 @@ pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport)
 /// needs are repeated in its body and both copies agree, and it follows
 /// its conversation's head: without its summary and idempotency key,
 /// which are not repeated. `None` otherwise.
-fn recover_message(kind: u8, payload: &[u8], st: &State) -> Option<Effect> {
-    let Ok(Effect::Messaging(Records::MsgBody(b))) = Effect::decode(kind, payload) else {
+///
+/// The payload is read as a message whatever the damaged header's kind
+/// byte says: one that reads exactly as a message and agrees with its
+/// body's copy is one.
+fn recover_message(payload: &[u8], st: &State) -> Option<Effect> {
+    let Ok(Effect::Messaging(Records::MsgBody(b))) = Effect::decode(MsgBodyEffect::KIND, payload)
+    else {
         return None;
     };
     let (_, h) = decode_msg_header(&mut Reader::new(&b.body)).ok()?;
@@ -262,20 +271,33 @@ fn recover_message(kind: u8, payload: &[u8], st: &State) -> Option<Effect> {
 }
 
 /// True when a damaged record still decodes exactly as a kind that never
-/// appends an event nor changes whom a message reaches: losing it loses
-/// no `sync_seq`. (A damaged kind byte that happens to name such a kind
-/// would have to decode exactly as one too.)
+/// appends an event nor changes whom a message reaches, and its payload
+/// does not also read exactly as a kind that does: then losing it loses
+/// no `sync_seq`, even if the damage is in its kind byte (a message whose
+/// kind byte turned into a device row's would still read as a message).
 fn holds_no_events(kind: u8, payload: &[u8]) -> bool {
+    const EVENT_KINDS: [u8; 5] = [
+        MsgEffect::KIND,
+        MsgBodyEffect::KIND,
+        ReadEffect::KIND,
+        FlagsEffect::KIND,
+        ModeEffect::KIND,
+    ];
     Effect::decode(kind, payload).is_ok_and(|e| !may_hold_events(&e))
+        && EVENT_KINDS
+            .iter()
+            .all(|&k| Effect::decode(k, payload).is_err())
 }
 
 /// Whether applying `effect` may append events or change whom later
-/// messages reach (a large-group switch): a message, a read cursor, a
-/// flags change, a mode switch. Device and snapshot rows, compaction's
-/// records, marker clears, round marks and copies never do.
+/// messages reach: a message, a read cursor, a flags change, a mode
+/// switch. Device and snapshot rows, compaction's records, marker clears
+/// and round marks never do. A copy is judged as what it copies: a
+/// damaged kind byte may have set the copy bit of an original.
 pub(super) fn may_hold_events(effect: &Effect) -> bool {
     match effect {
         Effect::Messaging(r) => !matches!(r, Records::Clear(_)),
+        Effect::Copied(inner) => may_hold_events(inner),
         _ => false,
     }
 }

@@ -8,6 +8,7 @@ use crate::api::*;
 pub struct Damage {
     /// `"evt"`, `"msg"` or `"checkpoint"`.
     pub log: &'static str,
+    /// 0 when the damage has no single place (segment ids start at 1).
     pub segment: u32,
     pub offset: u64,
     pub reason: String,
