@@ -119,6 +119,9 @@ fn an_undamaged_directory_salvages_to_the_same_state_and_an_empty_report() {
         "{report:#?}"
     );
     assert!(report.checkpoint_lsn.is_some(), "{report:#?}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&to).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "private, as a data directory is");
     let d2 = open_salvaged(&to, &h.clock);
     assert_eq!(
         d2.location_free_digest(),
@@ -456,6 +459,8 @@ fn a_damaged_body_in_the_message_store_is_reported_lost_and_never_served() {
     let msg = h.dir.path().join("msg");
     let (loc, at) = find_record(&msg, b"LOSE-ME");
     damage_payload(&msg, loc, at + 10);
+    let evt = inbox_engine::log::verify(&h.dir.path().join("evt")).unwrap();
+    assert!(evt.segments[0].id > 1, "compaction deleted evt segments");
 
     let (_keep, to, report) = salvage_checked(h.dir.path(), &h.clock);
     assert_eq!(
@@ -468,6 +473,10 @@ fn a_damaged_body_in_the_message_store_is_reported_lost_and_never_served() {
         "{report:#?}"
     );
     assert_eq!(report.uncertain, None);
+    assert!(
+        report.damage.is_empty(),
+        "deleted segments are not damage: {report:#?}"
+    );
     let d2 = open_salvaged(&to, &h.clock);
     let got = history(&d2, U2, C10);
     assert_eq!(got.len(), before.len());

@@ -36,6 +36,7 @@ mod write;
 pub use report::{Damage, LostEvents, LostMessages, RaisedFloor, SalvageReport};
 
 use std::fs::File;
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -48,13 +49,19 @@ use crate::log::LogError;
 use source::LogFiles;
 
 /// Salvages `config.data_dir` into `to` (which must not exist, or be an
-/// empty directory). `config` gives the source's directory and the limits
-/// the new logs are written with (segment size, payload maximum,
-/// idempotency TTL).
+/// empty directory). `config` gives the source's directory, the segment
+/// size of the new logs and the idempotency TTL.
 pub fn salvage(config: &InboxConfig, to: &Path) -> Result<SalvageReport> {
     let from = &config.data_dir;
     check_source(from)?;
     check_target(from, to)?;
+    let tmp = staging_dir(to)?;
+    if tmp.exists() {
+        return Err(Error::BadRequest(format!(
+            "{} exists (left by a salvage that was cut short?); remove it first",
+            tmp.display()
+        )));
+    }
     let _locks = lock_source(from)?;
     let evt = LogFiles::open(&from.join("evt")).map_err(LogError::Io)?;
     let msg = LogFiles::open(&from.join("msg")).map_err(LogError::Io)?;
@@ -66,14 +73,11 @@ pub fn salvage(config: &InboxConfig, to: &Path) -> Result<SalvageReport> {
     state.idem_ttl_ms = ttl_ms;
     replay::replay(&evt, &mut state, &mut report)?;
 
-    let tmp = staging_dir(to)?;
-    if tmp.exists() {
-        return Err(Error::BadRequest(format!(
-            "{} exists (left by a salvage that was cut short?); remove it first",
-            tmp.display()
-        )));
-    }
-    std::fs::create_dir_all(&tmp).map_err(LogError::Io)?;
+    // Private, as a data directory is (it holds the keys).
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&tmp)
+        .map_err(LogError::Io)?;
     let built = build(config, &tmp, &evt, &msg, state, &mut report);
     if let Err(e) = built.and_then(|()| publish(&tmp, to)) {
         // Best effort: what was staged is of no use.

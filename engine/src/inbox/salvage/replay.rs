@@ -187,6 +187,21 @@ pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport)
                     report.make_uncertain("whole batches of the evt log are lost");
                 }
             }
+            Item::Deleted {
+                lsns: (first, last),
+            } if last > after => {
+                report.damage.push(Damage::new(
+                    "evt",
+                    0,
+                    0,
+                    format!(
+                        "batches {first}..={last} are in segments that are gone, and the \
+                         state covers only LSN {after}"
+                    ),
+                ));
+                report.make_uncertain("whole batches of the evt log are gone");
+            }
+            Item::Deleted { .. } => {}
             // Unacknowledged, unless a checkpoint covers what it held.
             Item::TornTail {
                 segment,

@@ -67,6 +67,10 @@ pub(crate) enum Item<'a> {
         lsns: Option<(Lsn, Lsn)>,
         reason: String,
     },
+    /// LSNs that lie in segments no longer there: deleted by compaction,
+    /// which deletes only what every retained checkpoint covers (a loss
+    /// only if the state salvage starts from does not cover them).
+    Deleted { lsns: (Lsn, Lsn) },
     /// The end of the last segment does not verify and nothing valid
     /// follows: a write cut by a crash, never acknowledged. Recovery cuts
     /// it the same way; it is not a loss.
@@ -138,6 +142,7 @@ impl LogFiles {
             .next_back();
         // The LSN the next batch must carry (`None` before the first).
         let mut expected: Option<Lsn> = None;
+        let mut prev: Option<SegmentId> = None;
         for (&id, seg) in &self.segs {
             if seg.kind != FileKind::Begun {
                 continue;
@@ -147,17 +152,23 @@ impl LogFiles {
             {
                 Ok(h) if h.is_prepared() => continue,
                 Ok(h) => {
-                    if let Some(want) = expected {
-                        if h.first_lsn > want {
+                    match expected {
+                        Some(want) if h.first_lsn > want && prev == id.checked_sub(1) => {
                             f(Item::Lost {
                                 segment: id,
                                 offset: 0,
                                 lsns: Some((want, h.first_lsn - 1)),
-                                reason: "batches missing between segments (a segment or the \
-                                         tail of one is gone)"
+                                reason: "batches missing between segments (the tail of the \
+                                         one before is gone)"
                                     .into(),
-                            });
+                            })
                         }
+                        // Segments in between were deleted by compaction
+                        // (ids never repeat), or are missing.
+                        Some(want) if h.first_lsn > want => f(Item::Deleted {
+                            lsns: (want, h.first_lsn - 1),
+                        }),
+                        _ => {}
                     }
                     expected = Some(h.first_lsn);
                 }
@@ -168,6 +179,7 @@ impl LogFiles {
                     reason: format!("segment header: {reason}"),
                 }),
             }
+            prev = Some(id);
             scan_segment(id, data, Some(id) == last_begun, &mut expected, f);
         }
     }
