@@ -490,6 +490,32 @@ fn a_damaged_body_in_the_message_store_is_reported_lost_and_never_served() {
 }
 
 #[test]
+fn a_record_of_a_kind_this_version_does_not_know_is_refused_not_skipped() {
+    let mut h = Harness::new();
+    activity(&h, 0);
+    drop(h.inbox.take());
+    // A newer version's record: it verifies, and this version cannot
+    // apply it.
+    let evt = inbox_engine::log::Log::open(inbox_engine::log::LogOptions {
+        segment_bytes: 1 << 20,
+        spare_segments: 0,
+        ..inbox_engine::log::LogOptions::new(h.dir.path().join("evt"))
+    })
+    .unwrap();
+    let mut batch = inbox_engine::log::Batch::new();
+    batch.push(77, &[1, 2, 3]);
+    evt.append(batch).unwrap();
+    drop(evt);
+    let before = hash_tree(h.dir.path());
+    let parent = tempfile::tempdir().unwrap();
+    let to = parent.path().join("new");
+    let err = inbox_engine::inbox::salvage(&config_for(h.dir.path(), &h.clock), &to).unwrap_err();
+    assert!(err.to_string().contains("newer inboxd"), "{err}");
+    assert!(!to.exists() && std::fs::read_dir(parent.path()).unwrap().next().is_none());
+    assert_eq!(hash_tree(h.dir.path()), before);
+}
+
+#[test]
 fn salvage_refuses_a_live_directory_a_non_empty_target_and_a_non_data_directory() {
     let mut h = Harness::new();
     activity(&h, 0);

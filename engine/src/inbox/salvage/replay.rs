@@ -129,14 +129,19 @@ pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport)
                             fatal = Some(e);
                         }
                     }
+                    // Its CRC verifies, so this is not damage: a format
+                    // this binary does not know (a newer version wrote
+                    // it). Salvaging on would drop what it says.
                     Err(e) => {
-                        report.records_skipped.push(Damage::new(
-                            "evt",
-                            loc.segment,
-                            loc.offset.into(),
-                            format!("record verifies but does not decode: {}", e.0),
-                        ));
-                        report.make_uncertain("a record of an unknown kind may have held events");
+                        fatal = Some(Error::Corruption {
+                            what: "evt",
+                            reason: format!(
+                                "segment {} offset {}: a record that verifies does not decode \
+                                 ({}): was the directory written by a newer inboxd? Salvage it \
+                                 with that version",
+                                loc.segment, loc.offset, e.0
+                            ),
+                        });
                     }
                 }
                 st.evt_lsn = st.evt_lsn.max(lsn);
