@@ -3,6 +3,8 @@
 //! applied, through the same [`Effect::apply`] recovery uses.
 //!
 //! What cannot be applied is skipped and written down, never guessed:
+//! - a record whose CRC verifies but does not decode is no damage but a
+//!   format this version does not know: the salvage is refused;
 //! - a record whose CRC verifies but which does not apply (a recall of a
 //!   lost message, say) is skipped, and a half applied record never stays
 //!   ([`super::guard`]);
