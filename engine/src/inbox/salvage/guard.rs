@@ -118,7 +118,12 @@ fn fill_gap(st: &mut State, effect: &Effect) {
         return;
     }
     let missing = m.msg_seq.0 - head.0 - 1;
-    let prev_id = conv.msgs.last().map_or(0, |x| x.msg_id.0);
+    let last = conv
+        .msgs
+        .len()
+        .checked_sub(1)
+        .and_then(|i| conv.msgs.get(i));
+    let prev_id = last.map_or(0, |x| x.msg_id.0);
     if m.msg_id.0.saturating_sub(prev_id) <= missing {
         return; // no room for their ids: the message does not apply
     }

@@ -254,9 +254,7 @@ impl Inbox {
         let mut st = self.shared.state.read().clone();
         st.evt_lsn = 0;
         for c in st.convs.values_mut() {
-            for m in &mut std::sync::Arc::make_mut(c).msgs {
-                m.loc = 0;
-            }
+            std::sync::Arc::make_mut(c).msgs.for_each_mut(|m| m.loc = 0);
         }
         for u in st.users.values_mut() {
             for loc in &mut std::sync::Arc::make_mut(u).events {

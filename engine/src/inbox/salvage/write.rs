@@ -229,10 +229,11 @@ fn copy_bodies(
     }
     for ((conv, i), loc) in out.finish()? {
         let c = Arc::make_mut(st.convs.get_mut(&conv).expect("listed above"));
-        c.msgs[i].loc = loc;
+        c.msgs.get_mut(i).expect("placed where it was read").loc = loc;
     }
     for (conv, i) in lost {
-        Arc::make_mut(st.convs.get_mut(&conv).expect("listed above")).msgs[i].flags |= FLAG_LOST;
+        let c = Arc::make_mut(st.convs.get_mut(&conv).expect("listed above"));
+        c.msgs.get_mut(i).expect("read above").flags |= FLAG_LOST;
     }
     Ok(())
 }

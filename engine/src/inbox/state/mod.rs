@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+pub(crate) mod chunked;
 pub(crate) mod idem;
 mod invariants;
 pub(crate) mod loc;
@@ -91,8 +92,12 @@ pub(crate) struct Conv {
     /// `msg_seq` just below the first retained message (history
     /// retention, R19); only grows.
     pub msgs_base: MsgSeq,
-    pub msgs: Vec<MsgMeta>,
-    pub members: BTreeMap<Uid, Vec<Period>>,
+    /// Shared in chunks, so a checkpoint's copy of the state costs a
+    /// write to a long conversation one chunk, not its whole history.
+    pub msgs: chunked::ChunkedVec<MsgMeta>,
+    /// Shared on its own: a send changes no membership, so a checkpoint's
+    /// copy of the state costs a send to a large group no copy of it.
+    pub members: Arc<BTreeMap<Uid, Vec<Period>>>,
     /// The edits of each retained message that is not recalled, by the
     /// `msg_seq` they target: a recall tombstones the edits of what it
     /// recalls, and theirs, so no edit serves a recalled body (R6). An
@@ -559,7 +564,7 @@ impl State {
         let msgs: usize = self
             .convs
             .values()
-            .map(|c| c.msgs.capacity() * std::mem::size_of::<MsgMeta>())
+            .map(|c| c.msgs.capacity() * std::mem::size_of::<MsgMeta>() + c.msgs.overhead_bytes())
             .sum();
         (events as u64, msgs as u64)
     }
