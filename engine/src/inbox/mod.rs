@@ -28,6 +28,7 @@
 //! - [`effect`]: one `evt` record variant per subsystem (each subsystem
 //!   lists its own record kinds) and the one `apply`;
 //! - [`checkpoint`], [`recover`]: checkpoints and replay (R22);
+//!   [`salvage`]: the offline copy of a damaged directory's intact data;
 //!   [`inspect`]: stats and the checks tests use;
 //! - [`shared`], [`state`]: the tables, with their invariants; [`codec`],
 //!   [`token`]: byte helpers and batch tokens;
@@ -58,6 +59,7 @@ mod read_api;
 mod recover;
 mod replica;
 mod round;
+mod salvage;
 mod sequencer;
 mod shared;
 mod snapshots;
@@ -71,6 +73,7 @@ pub use pending::Pending;
 pub use read::Read;
 pub use recover::RecoveryReport;
 pub use replica::{Entry, Leader};
+pub use salvage::{salvage, Damage, LostEvents, LostMessages, RaisedFloor, SalvageReport};
 pub use shared::{Hint, LargeGroupHint};
 
 use std::sync::atomic::AtomicU64;

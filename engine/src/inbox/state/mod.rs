@@ -41,6 +41,11 @@ pub(crate) use seg_refs::SegRefs;
 pub(crate) const OPEN: MsgSeq = MsgSeq(u64::MAX);
 pub(crate) const FLAG_RECALLED: u8 = 1;
 pub(crate) const FLAG_EDITED: u8 = 2;
+/// The message was lost to damage and entered by a salvage
+/// (`inbox::salvage`): its body holds only what the index knows, and it is
+/// served as a tombstone. It still counts for unread like any message of
+/// its kind (the loss changes what is shown, not what was received).
+pub(crate) const FLAG_LOST: u8 = 4;
 
 /// Per-message index entry: where the record is and what the state
 /// machine needs without reading it.
@@ -50,7 +55,8 @@ pub(crate) struct MsgMeta {
     pub msg_id: MsgId,
     pub sender: Uid,
     pub kind: MessageKind,
-    /// [`FLAG_RECALLED`] / [`FLAG_EDITED`]: either makes it a tombstone.
+    /// [`FLAG_RECALLED`] / [`FLAG_EDITED`] / [`FLAG_LOST`]: any makes it a
+    /// tombstone.
     pub flags: u8,
 }
 
