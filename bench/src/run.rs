@@ -304,10 +304,10 @@ pub fn run(args: &Args) -> Result<()> {
         };
         println!("== {}", system.describe());
         report.machine.versions.push(system.describe());
-        if let Err(e) = run_system(&plan, &workload, &*system, &mut report, args.seed) {
+        let mut system = system;
+        if let Err(e) = run_system(&plan, &workload, &mut *system, &mut report, args.seed) {
             println!("{name}: stopped by an error: {e}");
         }
-        let mut system = system;
         if let Some(bytes) = plan.recovery_bytes {
             run_recovery(
                 &mut *system,
@@ -512,7 +512,7 @@ fn run_limit(plan: &Plan, base: &Path, report: &mut Report) -> Result<()> {
 fn run_system(
     plan: &Plan,
     workload: &Workload,
-    system: &dyn System,
+    system: &mut dyn System,
     report: &mut Report,
     seed: u64,
 ) -> Result<()> {
@@ -934,7 +934,7 @@ fn soak_scenario(sp: &SoakPlan, system: &dyn System, seed: u64) -> Result<(SoakR
 fn long_offline_scenario(
     lo: &LongOfflinePlan,
     plan: &Plan,
-    system: &dyn System,
+    system: &mut dyn System,
     report: &mut Report,
     seed: u64,
 ) -> Result<()> {
@@ -1040,7 +1040,47 @@ fn long_offline_scenario(
         }
         Err(e) => println!("{name}: long-offline by snapshot: skipped: {e}"),
     }
+    // The same first screen right after a restart, with the data files
+    // dropped from the page cache: what the first user after a deploy or
+    // a failover waits for.
+    match first_screen_cold(system, scenario.user, lo.per_conv) {
+        Ok((restart, took, screen)) => {
+            println!(
+                "{name}: long-offline first screen after a restart with cold caches ({} convs, {} messages, {} B) in {:.1} ms; the restart took {:.0} ms",
+                screen.convs,
+                screen.messages,
+                screen.bytes,
+                took.as_secs_f64() * 1e3,
+                restart.as_secs_f64() * 1e3
+            );
+            let mut latency = Latency::new();
+            latency.record(took);
+            report.results.push(ResultRow::new(
+                "long-offline-first-screen-cold",
+                &name,
+                1,
+                per_second(1, took),
+                &latency,
+                screen.bytes,
+            ));
+        }
+        Err(e) => println!("{name}: long-offline first screen with cold caches: skipped: {e}"),
+    }
     Ok(())
+}
+
+/// Restarts `system` with cold caches and times one first screen of
+/// `user`: (restart, first screen, what it fetched).
+fn first_screen_cold(
+    system: &mut dyn System,
+    user: crate::workload::Uid,
+    per_conv: u32,
+) -> Result<(Duration, Duration, crate::systems::Screen)> {
+    let restart = system.restart_cold()?;
+    let mut conn = system.connect()?;
+    let start = Instant::now();
+    let screen = conn.first_screen(user, per_conv)?;
+    Ok((restart, start.elapsed(), screen))
 }
 
 #[expect(

@@ -1028,18 +1028,28 @@ mod tests {
         .expect("workload")
     }
 
-    /// A CPU counter that ticks with wall time: 1 tick per millisecond.
-    struct Clock(Instant);
+    /// A CPU counter that ticks with wall time, 1 tick per millisecond
+    /// since `0`, and remembers when it was read.
+    struct Clock(Instant, Mutex<Vec<u64>>);
+
+    impl Clock {
+        fn new() -> Self {
+            Clock(Instant::now(), Mutex::new(Vec::new()))
+        }
+    }
 
     impl Meter for Clock {
         fn cpu_ticks(&self) -> Option<u64> {
-            u64::try_from(self.0.elapsed().as_millis()).ok()
+            let ms = u64::try_from(self.0.elapsed().as_millis()).ok()?;
+            self.1.lock().expect("samples").push(ms);
+            Some(ms)
         }
     }
 
     #[test]
     fn the_meter_samples_the_cpu_counter_at_the_edges_of_the_measured_window() {
         let model = Model::default();
+        let clock = Clock::new();
         let out = ingest(
             &model,
             &small_workload(),
@@ -1047,12 +1057,23 @@ mod tests {
             Duration::from_millis(100),
             Duration::from_millis(200),
             1,
-            &Clock(Instant::now()),
+            &clock,
         )
         .expect("ingest");
-        // The warm-up is left out: about 200 ticks, not 300.
-        let ticks = out.cpu_ticks.expect("metered");
-        assert!((190..290).contains(&ticks), "{ticks} ticks");
+        // Two samples: the first once the 100 ms warm-up is over (so it is
+        // left out), the second once the 200 ms window after it closed.
+        // Only lower bounds: a loaded machine may sample later, never
+        // earlier.
+        let samples = clock.1.lock().expect("samples").clone();
+        let [opened, closed] = samples[..] else {
+            panic!("sampled {samples:?}, not once at each edge");
+        };
+        assert!(opened >= 100, "sampled at {opened} ms, inside the warm-up");
+        assert!(
+            closed >= 300,
+            "sampled at {closed} ms, before the window closed"
+        );
+        assert_eq!(out.cpu_ticks, Some(closed - opened));
     }
 
     #[test]
@@ -1077,7 +1098,7 @@ mod tests {
             Duration::from_secs(30),
             Duration::from_secs(30),
             1,
-            &Clock(Instant::now()),
+            &Clock::new(),
         );
         assert!(err.is_err());
         assert!(
@@ -1107,7 +1128,7 @@ mod tests {
             Duration::ZERO,
             Duration::from_millis(150),
             9,
-            &Clock(Instant::now()),
+            &Clock::new(),
         )
         .expect("sync under ingest");
         assert!(

@@ -281,5 +281,70 @@ fn checkpoint_stall(_c: &mut Criterion) {
     );
 }
 
-criterion_group!(inbox, benches, checkpoint_stall);
+/// Messages in the conversation of `send_after_checkpoint_long_history`.
+const LONG_HISTORY_MSGS: u128 = 500_000;
+const LONG_HISTORY_ROUNDS: usize = 20;
+
+/// A send into a conversation with a long history while a checkpoint is
+/// being written, against a send with no checkpoint running. The
+/// checkpoint's writer shares the state with the sequencer, so the first
+/// change to a conversation meanwhile copies what of it is shared.
+fn send_after_checkpoint(_c: &mut Criterion) {
+    let name = "inbox/send_after_checkpoint_long_history";
+    let selected = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .all(|filter| name.contains(filter.as_str()));
+    if !selected {
+        return;
+    }
+    let payload = Bytes::from(vec![b'p'; 100]);
+    let dir = tempfile::tempdir().unwrap();
+    let ib = Arc::new(open(dir.path(), SyncPolicy::None));
+    for uid in 1..=2_000 {
+        ib.join(Uid(uid), ConvId(30)).wait().unwrap();
+    }
+    for chunk in 0..LONG_HISTORY_MSGS / 10_000 {
+        let pending: Vec<_> = (0..10_000u128)
+            .map(|i| {
+                ib.send(SendRequest {
+                    conv: ConvId(30),
+                    sender: Uid(1),
+                    client_msg_id: chunk * 10_000 + i,
+                    msg_type: 1,
+                    payload: payload.clone(),
+                })
+            })
+            .collect();
+        for p in pending {
+            p.wait().unwrap();
+        }
+    }
+    let mut plain = Histogram::<u64>::new(3).unwrap();
+    let mut after = Histogram::<u64>::new(3).unwrap();
+    for round in 0..LONG_HISTORY_ROUNDS as u128 {
+        let t = Instant::now();
+        send(&ib, ConvId(30), Uid(2), 10_000_000 + round, &payload);
+        plain.record(t.elapsed().as_micros() as u64).unwrap();
+        // The send goes in while the checkpoint's writer still holds its
+        // copy of the state, as a periodic checkpoint's writes do.
+        let writer = {
+            let ib = Arc::clone(&ib);
+            std::thread::spawn(move || ib.checkpoint().unwrap())
+        };
+        std::thread::sleep(Duration::from_millis(1));
+        let t = Instant::now();
+        send(&ib, ConvId(30), Uid(2), 20_000_000 + round, &payload);
+        after.record(t.elapsed().as_micros() as u64).unwrap();
+        writer.join().unwrap();
+    }
+    eprintln!("{name}: {LONG_HISTORY_MSGS} messages, 2,000 members (large group), sync none");
+    print_hist(&format!("{name}: send, no checkpoint before"), &plain);
+    print_hist(
+        &format!("{name}: send while a checkpoint is written"),
+        &after,
+    );
+}
+
+criterion_group!(inbox, benches, checkpoint_stall, send_after_checkpoint);
 criterion_main!(inbox);

@@ -540,4 +540,13 @@ pub struct Stats {
     pub bytes_on_disk: u64,
     pub index_bytes: u64,
     pub compaction: CompactionReport,
+    /// Rounds refused before any change because the disk had no room for
+    /// the next segment (each failed its writes with `NoSpace`, or answered
+    /// commands that wrote nothing).
+    pub rounds_refused_for_space: u64,
+    /// Times the state was reloaded from disk after the log refused a
+    /// round for space that had already been applied. The room check
+    /// before each round keeps this at zero unless another writer of the
+    /// log took the prepared segment first.
+    pub state_reloads_for_space: u64,
 }

@@ -252,3 +252,56 @@ fn a_power_cut_image_of_the_data_dir_keeps_its_checkpoint_and_every_acknowledged
     want.reverse();
     assert_eq!(kept, want, "every acknowledged send, newest first");
 }
+
+#[test]
+fn a_full_disk_refuses_sends_before_applying_them_and_never_reloads_the_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = Arc::new(FaultyIo::new());
+    let ib = open(dir.path(), &io);
+    ib.join(Uid(1), ConvId(10)).wait().unwrap();
+    ib.join(Uid(2), ConvId(10)).wait().unwrap();
+    io.set_no_space(true);
+    // 60 KB messages until the active segment has no room for the next.
+    let mut cmid = 100;
+    loop {
+        cmid += 1;
+        match send(&ib, ConvId(10), Uid(1), cmid, noise(60_000, cmid as u64)) {
+            Ok(_) => assert!(cmid < 120, "never ran out of space"),
+            Err(Error::NoSpace(_)) => break,
+            Err(e) => panic!("unexpected {e:?}"),
+        }
+    }
+    let head = ib.pull(Uid(2), &[(ConvId(10), MsgSeq(0))], 500).unwrap()[0].max_seq;
+    let digest = ib.state_digest();
+    // Many more writes of every size, each refused with nothing changed.
+    for i in 0..50u128 {
+        let size = [10, 1_000, 60_000][i as usize % 3];
+        let refused = send(&ib, ConvId(10), Uid(1), 1_000 + i, noise(size, i as u64));
+        assert!(matches!(refused, Err(Error::NoSpace(_))), "{refused:?}");
+        let joined = ib.join(Uid(3 + i as u64), ConvId(10)).wait();
+        assert!(matches!(joined, Err(Error::NoSpace(_))), "{joined:?}");
+    }
+    assert_eq!(ib.state_digest(), digest, "a refused write left a trace");
+    let stats = ib.stats();
+    assert!(
+        stats.rounds_refused_for_space >= 100,
+        "{} rounds refused for space",
+        stats.rounds_refused_for_space
+    );
+    assert_eq!(
+        stats.state_reloads_for_space, 0,
+        "a refusal reloaded the state from disk"
+    );
+    // A join that changes nothing needs no room and is answered.
+    ib.join(Uid(2), ConvId(10)).wait().unwrap();
+
+    io.set_no_space(false);
+    let resumed = send(&ib, ConvId(10), Uid(1), 1_000, noise(10, 0)).unwrap();
+    assert!(!resumed.duplicate, "the refused send was never made");
+    assert_eq!(
+        resumed.msg_seq,
+        head.next(),
+        "no seq was burnt by a refusal"
+    );
+    assert_eq!(ib.stats().state_reloads_for_space, 0);
+}

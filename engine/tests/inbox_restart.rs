@@ -227,3 +227,56 @@ fn sends_after_a_restart_continue_every_sequence_without_reuse() {
         vec![Bytes::from_static(b"before"), Bytes::from_static(b"after")]
     );
 }
+
+#[test]
+fn a_halted_engine_writes_no_final_checkpoint_and_reopening_replays_its_log() {
+    let mut h = Harness::new();
+    workload(&h, 1);
+    h.ib().checkpoint().unwrap();
+    for i in 0..7u128 {
+        h.send(ConvId(11), Uid(1), 60_000 + i, "after the checkpoint");
+    }
+    let digest = h.ib().state_digest();
+    let before = answers(&h);
+    let ckpt_dir = h.dir.path().join("checkpoint");
+    let files = |dir: &std::path::Path| -> Vec<_> {
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        names
+    };
+    let checkpoints = files(&ckpt_dir);
+    let inbox = h.inbox.take().unwrap();
+    inbox.halt();
+    assert!(
+        matches!(
+            inbox
+                .send(SendRequest {
+                    conv: ConvId(11),
+                    sender: Uid(1),
+                    client_msg_id: 70_000,
+                    msg_type: 1,
+                    payload: Bytes::from_static(b"after the halt"),
+                })
+                .wait(),
+            Err(Error::ShuttingDown)
+        ),
+        "a halted engine takes no command"
+    );
+    drop(inbox);
+    assert_eq!(
+        files(&ckpt_dir),
+        checkpoints,
+        "halting (and dropping the halted engine) wrote a checkpoint"
+    );
+    h.restart(true, |_| {});
+    let report = h.ib().recovery_report();
+    assert_eq!(
+        report.records_replayed, 7,
+        "recovery replays the sends after the explicit checkpoint"
+    );
+    assert_eq!(h.ib().state_digest(), digest);
+    assert_eq!(answers(&h), before);
+}

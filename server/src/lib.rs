@@ -9,6 +9,7 @@
 //! - [`client`]: the pipelined async client used by inboxctl and the tests;
 //! - [`tls`]: rustls setup for every listener and for the client;
 //! - [`dump`]: the records of a data directory in readable form;
+//! - [`salvage`]: the report of `inboxd salvage`, readable or as JSON;
 //! - [`disk_space`]: a new store's segments sized to its disk.
 
 pub mod client;
@@ -21,6 +22,7 @@ pub mod dump;
 pub mod hints;
 pub mod metrics;
 pub mod read_pool;
+pub mod salvage;
 pub mod server;
 pub mod service;
 pub mod tls;

@@ -342,6 +342,18 @@ impl Collector for EngineCollector {
             stats.write_batches,
         )?;
         counter(e, "inboxd_fsyncs", "fdatasync calls", stats.fsyncs)?;
+        counter(
+            e,
+            "inboxd_rounds_refused_for_space",
+            "Rounds refused before any change because the disk had no room for the next segment",
+            stats.rounds_refused_for_space,
+        )?;
+        counter(
+            e,
+            "inboxd_state_reloads_for_space",
+            "State reloads after the log refused an applied round for space (compaction's rounds)",
+            stats.state_reloads_for_space,
+        )?;
         let c = &stats.compaction;
         counter(
             e,

@@ -149,6 +149,15 @@ pub trait System: Sync {
         Err(format!("{} has no crash-recovery driver", self.name()).into())
     }
 
+    /// Stops the system cleanly, drops its data files from the page cache,
+    /// starts it again on the same data and drops them once more after
+    /// its recovery read them; returns the time from the restart until it
+    /// serves a request. For the first screen after a restart with cold
+    /// caches.
+    fn restart_cold(&mut self) -> Result<Duration> {
+        Err(format!("{} has no cold-restart driver", self.name()).into())
+    }
+
     /// Runs one compaction pass now (for `mixed`).
     fn compact_now(&self) -> Result<()> {
         Err(format!("{} has no compaction driver", self.name()).into())
@@ -187,6 +196,33 @@ pub trait System: Sync {
     fn describe(&self) -> String {
         self.name().to_string()
     }
+}
+
+/// Asks the kernel to drop every file under `path` from the page cache
+/// (`POSIX_FADV_DONTNEED`). Only clean pages go, so the files must have
+/// been written back: a cleanly stopped server has synced them. Returns
+/// the bytes of the files it was asked about.
+pub fn evict_from_page_cache(path: &std::path::Path) -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let mut bytes = 0;
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        if meta.is_dir() {
+            bytes += evict_from_page_cache(&entry.path())?;
+        } else if meta.is_file() {
+            let file = std::fs::File::open(entry.path())?;
+            // SAFETY: the descriptor is open for the duration of the call;
+            // the advice only concerns cached pages of this file.
+            let rc =
+                unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            if rc != 0 {
+                return Err(std::io::Error::from_raw_os_error(rc));
+            }
+            bytes += meta.len();
+        }
+    }
+    Ok(bytes)
 }
 
 /// Bytes a directory tree takes, following no symlink.

@@ -10,8 +10,10 @@
 
 use std::sync::mpsc;
 
+use super::messaging::record::MESSAGE_OVERHEAD_MAX;
 use super::round::{Env, Exec, Fail, Sink};
 use super::state::State;
+use super::InboxConfig;
 use super::{compaction, devices, messaging, snapshots};
 
 /// A command of one subsystem.
@@ -39,6 +41,19 @@ impl Exec for Command {
             Command::Devices(c) => devices::exec(c, st, env, sink),
             Command::Snapshots(c) => snapshots::exec(c, st, env, sink, &services.snapshot_jobs),
             Command::Compaction(c) => compaction::exec(c, st, env, sink),
+        }
+    }
+
+    /// A client's command adds at most one message's records (its payload
+    /// and their overhead) plus a few small ones. Compaction's commands
+    /// have no small bound, and they are what frees a full disk, so they
+    /// are not refused ahead (see the sequencer's failure rules).
+    fn record_bytes_max(&self, config: &InboxConfig) -> Option<u64> {
+        match self {
+            Command::Messaging(_) | Command::Devices(_) | Command::Snapshots(_) => {
+                Some(u64::from(config.payload_bytes_max) + 4 * MESSAGE_OVERHEAD_MAX)
+            }
+            Command::Compaction(_) => None,
         }
     }
 

@@ -116,6 +116,8 @@ impl Inbox {
             bytes_on_disk: segs.map(|s| s.bytes).sum(),
             index_bytes: event_index + msg_index,
             compaction: self.shared.compaction.report(),
+            rounds_refused_for_space: self.shared.rounds_refused_for_space.load(Ordering::Relaxed),
+            state_reloads_for_space: self.shared.state_reloads_for_space.load(Ordering::Relaxed),
         }
     }
 

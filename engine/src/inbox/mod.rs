@@ -28,6 +28,7 @@
 //! - [`effect`]: one `evt` record variant per subsystem (each subsystem
 //!   lists its own record kinds) and the one `apply`;
 //! - [`checkpoint`], [`recover`]: checkpoints and replay (R22);
+//!   [`salvage`]: the offline copy of a damaged directory's intact data;
 //!   [`inspect`]: stats and the checks tests use;
 //! - [`shared`], [`state`]: the tables, with their invariants; [`codec`],
 //!   [`token`]: byte helpers and batch tokens;
@@ -58,6 +59,7 @@ mod read_api;
 mod recover;
 mod replica;
 mod round;
+mod salvage;
 mod sequencer;
 mod shared;
 mod snapshots;
@@ -71,6 +73,7 @@ pub use pending::Pending;
 pub use read::Read;
 pub use recover::RecoveryReport;
 pub use replica::{Entry, Leader};
+pub use salvage::{salvage, Damage, LostEvents, LostMessages, RaisedFloor, SalvageReport};
 pub use shared::{Hint, LargeGroupHint};
 
 use std::sync::atomic::AtomicU64;
@@ -148,6 +151,8 @@ impl Inbox {
             hints,
             large_group_hints,
             rounds_written: AtomicU64::new(0),
+            rounds_refused_for_space: AtomicU64::new(0),
+            state_reloads_for_space: AtomicU64::new(0),
             recovery,
             snapshots,
             compaction: compaction::runtime::Runtime::default(),
@@ -576,10 +581,29 @@ impl Inbox {
             Err(Error::ShuttingDown)
         };
         drop(sender);
+        self.join_threads();
+        result
+    }
+
+    /// Stops the engine's threads the way a killed process stops: no
+    /// final checkpoint, and commands still queued fail with
+    /// `ShuttingDown`. What is on disk stays as the last round left it.
+    /// For crash tests that image the files first and then need the old
+    /// engine gone quickly.
+    #[doc(hidden)]
+    pub fn halt(&self) {
+        self.shared.compaction.stop();
+        self.shared.snapshots.stop_builder();
+        // Dropping the only sender ends the sequencer's loop at its next
+        // receive, without the shutdown command's drain and checkpoint.
+        drop(self.tx.lock().take());
+        self.join_threads();
+    }
+
+    fn join_threads(&self) {
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
-        result
     }
 }
 

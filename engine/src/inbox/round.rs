@@ -17,6 +17,7 @@ use super::effect::Effect;
 use super::pending::Reply;
 use super::shared::Shared;
 use super::state::State;
+use super::InboxConfig;
 use crate::api::TimestampMs;
 use crate::error::{Error, Result};
 use crate::log::LogError;
@@ -97,4 +98,13 @@ pub(crate) trait Exec: Send + 'static {
     fn exec(self, st: &mut State, sink: &mut dyn Sink, env: &Env<'_>, services: &Self::Services);
     /// Answers the command with `fail` without running it.
     fn fail(self, fail: &Fail);
+    /// The most record bytes the command may add to a round. The
+    /// sequencer makes sure the log has that much room before it runs the
+    /// command, so a full disk refuses it before anything changes (capped
+    /// at the bytes one round may gather). `None`: no bound is known; the
+    /// command runs in a round of its own kind, and a full disk is met at
+    /// the log's submit, after which the state is reloaded.
+    fn record_bytes_max(&self, _config: &InboxConfig) -> Option<u64> {
+        None
+    }
 }

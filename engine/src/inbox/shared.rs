@@ -92,6 +92,10 @@ pub(crate) struct Shared {
     pub(crate) hints: tokio::sync::broadcast::Sender<Vec<Hint>>,
     pub(crate) large_group_hints: tokio::sync::broadcast::Sender<Vec<LargeGroupHint>>,
     pub(crate) rounds_written: AtomicU64,
+    /// Rounds decided without applying because the disk had no room.
+    pub(crate) rounds_refused_for_space: AtomicU64,
+    /// State reloads after a submit refused for space (the fallback).
+    pub(crate) state_reloads_for_space: AtomicU64,
     pub(crate) recovery: RecoveryReport,
     pub(crate) snapshots: SnapshotStore,
     pub(crate) compaction: CompactionRuntime,

@@ -203,6 +203,39 @@ impl Log {
         })
     }
 
+    /// Frame bytes the next batch is sure to find without preparing a
+    /// segment on the submit path: the active segment's free bytes when
+    /// they reach `wanted`, else a whole segment's once a prepared spare
+    /// waits (one is prepared here if none does). When the disk has no
+    /// room for a spare, the active segment's free bytes are all there is.
+    ///
+    /// A writer that keeps its next batch within the answer gets no
+    /// `NoSpace` from [`Log::submit`], so it can decide on a full disk
+    /// *before* it changes anything, instead of undoing a change after the
+    /// submit refused it. Another writer of the same log may take the
+    /// spare first; `submit` still refuses safely then.
+    pub fn room(&self, wanted: u64) -> Result<u64, LogError> {
+        let st = self.shared.state.lock();
+        if self.shared.is_poisoned() {
+            return Err(self.shared.poison_error());
+        }
+        let active = st
+            .active
+            .as_ref()
+            .map_or(0, |a| a.capacity.saturating_sub(a.write_offset));
+        if active >= wanted {
+            return Ok(active);
+        }
+        let whole = self.shared.segment_bytes - SEGMENT_HEADER_LEN as u64;
+        // Under the submit mutex, as a roll would be: the spare prepared
+        // here is the one the next roll takes.
+        match self.shared.ensure_spare() {
+            Ok(()) => Ok(whole),
+            Err(LogError::NoSpace(_)) => Ok(active),
+            Err(e) => Err(e),
+        }
+    }
+
     /// `submit` then `wait`.
     pub fn append(&self, batch: Batch) -> Result<Appended, LogError> {
         self.submit(batch)?.wait()

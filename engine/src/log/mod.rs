@@ -55,6 +55,8 @@ pub use faulty::FaultyIo;
 pub use io::{write_file_durably, LogIo, PwriteIo};
 pub use lock::lock_dir;
 pub use recovery::{RecoveryReport, TruncatedTail};
+/// For the salvage scan, which walks segment files itself.
+pub(crate) use segment::{classify, list_dir, FileKind};
 pub use uring::UringIo;
 pub use verify::{
     replay_dir, verify, verify_with_progress, Problem, ProblemKind, SegmentReport, VerifyReport,

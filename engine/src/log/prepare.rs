@@ -183,6 +183,19 @@ impl Shared {
         }
     }
 
+    /// Makes sure a spare is ready for the next roll: returns at once if
+    /// one waits, else prepares one inline. Called under the submit mutex.
+    /// On `NoSpace` nothing has changed.
+    pub(super) fn ensure_spare(&self) -> Result<(), LogError> {
+        if !self.prep.state.lock().ready.is_empty() {
+            return Ok(());
+        }
+        let spare = self.take_spare()?;
+        // The spare with the lowest id goes first, as `take_spare` took it.
+        self.prep.state.lock().ready.push_front(spare);
+        Ok(())
+    }
+
     /// Prepares one spare (see the module docs). On error nothing named
     /// `*.seg` is left for it (best effort) and its id is never used.
     fn prepare(&self, job: Job) -> Result<Spare, LogError> {

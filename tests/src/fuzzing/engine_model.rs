@@ -11,14 +11,21 @@
 //!
 //! - a clean shutdown (the engine writes its final checkpoint);
 //! - a process kill: the data directory as it stands, copied while the
-//!   engine runs, is opened by a new engine and the old one is discarded,
-//!   so no shutdown checkpoint is written and recovery replays the `evt`
+//!   engine runs, is opened by a new engine and the old one is halted
+//!   without a final checkpoint, so recovery replays the `evt`
 //!   log after the last periodic or requested checkpoint;
 //! - a power cut: the logs as `FaultyIo::crash_image_tree` models them
 //!   (what was synced, plus a seeded prefix of the unsynced writes with the
 //!   last one torn) and the checkpoint files that were renamed into place
 //!   (the checkpoint writer fsyncs each file and its directory before the
 //!   rename is reported, so a renamed file is durable).
+//!
+//! While no fault is armed, runs of operations whose arguments do not
+//! depend on an earlier answer (joins, leaves, sends, recalls, read marks,
+//! registrations) are submitted together and checked in order once
+//! answered, so the engine decides them in shared rounds as it does under
+//! concurrent clients, and a power cut can tear a round of several
+//! commands. It also saves a thread hand-off per operation.
 //!
 //! Segments are 4 KiB and a checkpoint is written every 8 KiB of log, so a
 //! few dozen operations seal segments, compaction drops and rewrites them,
@@ -54,6 +61,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use inbox_engine::inbox::Pending;
 use inbox_engine::log::{FaultyIo, SyncPolicy};
 use inbox_engine::*;
 
@@ -152,6 +160,9 @@ pub struct Coverage {
     pub operations_after_failure: u64,
     /// Large-group marker clears acknowledged.
     pub marker_clears: u64,
+    /// Operations submitted beside others before any was answered, so
+    /// that the engine decided them in shared rounds.
+    pub operations_submitted_together: u64,
 }
 
 impl fmt::Display for Coverage {
@@ -161,7 +172,8 @@ impl fmt::Display for Coverage {
             "cases {} operations {} sends {} restarts clean/kill/power-cut {}/{}/{} \
              replays-after-checkpoint {} segments sealed {} dropped {} rewritten {} \
              events reclaimed {} multi-page syncs {} acks {} recalls {} duplicate retries {} \
-             injected failures fired {} operations after a failure {} marker clears {}",
+             injected failures fired {} operations after a failure {} marker clears {} \
+             submitted together {}",
             self.cases,
             self.operations,
             self.acknowledged_sends,
@@ -180,12 +192,13 @@ impl fmt::Display for Coverage {
             self.injected_failures_fired,
             self.operations_after_failure,
             self.marker_clears,
+            self.operations_submitted_together,
         )
     }
 }
 
 impl Coverage {
-    fn fields(&self) -> [(&'static str, u64); 18] {
+    fn fields(&self) -> [(&'static str, u64); 19] {
         [
             ("cases", self.cases),
             ("operations", self.operations),
@@ -208,6 +221,10 @@ impl Coverage {
             ("injected failures fired", self.injected_failures_fired),
             ("operations after a failure", self.operations_after_failure),
             ("marker clears", self.marker_clears),
+            (
+                "operations submitted together",
+                self.operations_submitted_together,
+            ),
         ]
     }
 
@@ -234,7 +251,7 @@ impl Coverage {
     }
 }
 
-static TOTALS: [AtomicU64; 18] = [const { AtomicU64::new(0) }; 18];
+static TOTALS: [AtomicU64; 19] = [const { AtomicU64::new(0) }; 19];
 
 /// The coverage summed over every case run in this process.
 pub fn coverage() -> Coverage {
@@ -258,6 +275,7 @@ pub fn coverage() -> Coverage {
         injected_failures_fired: n[15],
         operations_after_failure: n[16],
         marker_clears: n[17],
+        operations_submitted_together: n[18],
     }
 }
 
@@ -583,9 +601,14 @@ impl Run {
                 self.coverage.power_cut_restarts += 1;
             }
         }
-        // The old engine shuts down cleanly into its own directory; after
-        // a crash nothing reads that directory again.
-        drop(self.inbox.take());
+        // After a crash the old engine stops as a killed process would,
+        // with no final checkpoint (nothing reads its directory again);
+        // a clean restart shuts it down, checkpoint and all.
+        let old = self.inbox.take().expect("an open engine");
+        if next.is_some() {
+            old.halt();
+        }
+        drop(old);
         if let Some(image) = next {
             let _ = std::fs::remove_dir_all(&self.dir);
             self.dir = image;
@@ -802,14 +825,226 @@ fn check_durable(inbox: &Inbox, ledger: &Ledger) {
     }
 }
 
-fn membership(run: &mut Run, op: Op, conv: ConvId, uid: Uid) {
+/// An operation handed to the engine and not yet answered. Runs of
+/// operations that need no answer to be chosen are submitted together
+/// (see [`pipelines`]), so the engine decides them in one round as it
+/// does under concurrent clients; each is then checked in order.
+enum InFlight {
+    Membership {
+        conv: ConvId,
+        faults: Faults,
+        syncs_before: u64,
+        reply: Pending<MembershipReply>,
+    },
+    Send {
+        conv: ConvId,
+        sender: Uid,
+        client_msg_id: ClientMsgId,
+        payload: Bytes,
+        faults: Faults,
+        reply: Pending<SendReply>,
+    },
+    Recall {
+        conv: ConvId,
+        target: MsgId,
+        faults: Faults,
+        reply: Pending<SendReply>,
+    },
+    MarkRead {
+        uid: Uid,
+        conv: ConvId,
+        faults: Faults,
+        reply: Pending<ReadReply>,
+    },
+    Register {
+        uid: Uid,
+        device: DeviceId,
+        faults: Faults,
+        reply: Pending<RegisterReply>,
+    },
+}
+
+/// Whether `op` may join the operations in flight. Only while no fault is
+/// armed: a failure's effect on the ledger depends on which operation it
+/// hit. A join or leave of a conversation whose head is unsure needs its
+/// own count of syncs to tell an answer from a write.
+fn pipelines(run: &Run, op: &Op) -> bool {
+    if run.armed {
+        return false;
+    }
+    match *op {
+        Op::Join(conv, _) | Op::Leave(conv, _) => !run.ledger.head_unsure.contains(&conv),
+        Op::Send(..) | Op::Recall(..) | Op::MarkRead(..) | Op::Register(..) => true,
+        _ => false,
+    }
+}
+
+/// Hands `op` to the engine; `None` when it has nothing to do.
+fn submit(run: &mut Run, i: usize, op: Op) -> Option<InFlight> {
     let faults = run.faults();
-    let syncs_before = run.io.syncs();
-    let reply = if matches!(op, Op::Join(..)) {
-        run.inbox().join(uid, conv).wait()
-    } else {
-        run.inbox().leave(uid, conv).wait()
-    };
+    let inbox = run.inbox.as_ref().expect("an open engine");
+    Some(match op {
+        Op::Join(conv, uid) | Op::Leave(conv, uid) => InFlight::Membership {
+            conv,
+            faults,
+            syncs_before: run.io.syncs(),
+            reply: if matches!(op, Op::Join(..)) {
+                inbox.join(uid, conv)
+            } else {
+                inbox.leave(uid, conv)
+            },
+        },
+        Op::Send(conv, sender, client_msg_id, size) => {
+            // Bodies of 12 to 400 bytes: enough to seal 4 KiB segments
+            // within a few dozen operations. The first send of a key fixes
+            // its body, so that a retry is the same request (a different
+            // body under a used key is CONFLICT).
+            let size = *run
+                .ledger
+                .body_size
+                .entry((sender, client_msg_id))
+                .or_insert(size);
+            let payload = Bytes::from(format!("m-{sender}-{client_msg_id}-").repeat(1 + size % 32));
+            InFlight::Send {
+                conv,
+                sender,
+                client_msg_id,
+                payload: payload.clone(),
+                faults,
+                reply: inbox.send(SendRequest {
+                    conv,
+                    sender,
+                    client_msg_id,
+                    msg_type: 1,
+                    payload,
+                }),
+            }
+        }
+        Op::Recall(conv, sender, pick) => {
+            // A target among the sends acknowledged so far (not those
+            // still in flight beside it).
+            let own: Vec<MsgId> = run
+                .ledger
+                .sends
+                .iter()
+                .filter(|s| s.conv == conv && s.sender == sender)
+                .map(|s| s.msg_id)
+                .collect();
+            if own.is_empty() {
+                return None;
+            }
+            let target = own[pick % own.len()];
+            InFlight::Recall {
+                conv,
+                target,
+                faults,
+                reply: inbox.recall(RecallRequest {
+                    conv,
+                    sender,
+                    client_msg_id: 1_000_000 + i as u128,
+                    target,
+                }),
+            }
+        }
+        Op::MarkRead(uid, conv) => {
+            let head = run.ledger.head.get(&conv).copied().unwrap_or(MsgSeq(0));
+            InFlight::MarkRead {
+                uid,
+                conv,
+                faults,
+                reply: inbox.mark_read(uid, conv, head),
+            }
+        }
+        Op::Register(uid, device) => InFlight::Register {
+            uid,
+            device,
+            faults,
+            reply: inbox.register_device(uid, device),
+        },
+        _ => unreachable!("{op:?} is not submitted"),
+    })
+}
+
+/// Waits for an operation's answer and checks it against the ledger.
+fn settle(run: &mut Run, in_flight: InFlight) {
+    match in_flight {
+        InFlight::Membership {
+            conv,
+            faults,
+            syncs_before,
+            reply,
+        } => membership(run, conv, faults, syncs_before, reply.wait()),
+        InFlight::Send {
+            conv,
+            sender,
+            client_msg_id,
+            payload,
+            faults,
+            reply,
+        } => send(
+            run,
+            conv,
+            sender,
+            client_msg_id,
+            payload,
+            faults,
+            reply.wait(),
+        ),
+        InFlight::Recall {
+            conv,
+            target,
+            faults,
+            reply,
+        } => recall(run, conv, target, faults, reply.wait()),
+        InFlight::MarkRead {
+            uid,
+            conv,
+            faults,
+            reply,
+        } => {
+            let reply = reply.wait();
+            allowed(&reply, faults, "mark_read");
+            if let Ok(reply) = reply {
+                let before = run
+                    .ledger
+                    .reads
+                    .get(&(uid, conv))
+                    .copied()
+                    .unwrap_or(MsgSeq(0));
+                assert!(reply.read_seq >= before, "read cursor moved back");
+                if reply.read_seq > before {
+                    run.acknowledged("mark_read");
+                }
+                run.ledger.reads.insert((uid, conv), reply.read_seq);
+            }
+        }
+        InFlight::Register {
+            uid,
+            device,
+            faults,
+            reply,
+        } => {
+            let reply = reply.wait();
+            allowed(&reply, faults, "register");
+            if let Ok(reply) = reply {
+                run.ledger
+                    .generations
+                    .insert((uid, device), reply.device.generation);
+                if let Some(evicted) = reply.evicted {
+                    run.ledger.generations.remove(&(uid, evicted));
+                }
+            }
+        }
+    }
+}
+
+fn membership(
+    run: &mut Run,
+    conv: ConvId,
+    faults: Faults,
+    syncs_before: u64,
+    reply: Result<MembershipReply>,
+) {
     allowed(&reply, faults, "join/leave");
     match reply {
         Ok(reply) => {
@@ -833,28 +1068,16 @@ fn membership(run: &mut Run, op: Op, conv: ConvId, uid: Uid) {
     }
 }
 
-fn send(run: &mut Run, conv: ConvId, sender: Uid, client_msg_id: ClientMsgId, size: usize) {
-    let faults = run.faults();
-    // Bodies of 12 to 400 bytes: enough to seal 4 KiB segments within a
-    // few dozen operations. The first send of a key fixes its body, so that
-    // a retry is the same request (a different body under a used key is
-    // CONFLICT).
-    let size = *run
-        .ledger
-        .body_size
-        .entry((sender, client_msg_id))
-        .or_insert(size);
-    let payload = Bytes::from(format!("m-{sender}-{client_msg_id}-").repeat(1 + size % 32));
-    let reply = run
-        .inbox()
-        .send(SendRequest {
-            conv,
-            sender,
-            client_msg_id,
-            msg_type: 1,
-            payload: payload.clone(),
-        })
-        .wait();
+#[allow(clippy::too_many_arguments)] // one operation's fields, as submitted
+fn send(
+    run: &mut Run,
+    conv: ConvId,
+    sender: Uid,
+    client_msg_id: ClientMsgId,
+    payload: Bytes,
+    faults: Faults,
+    reply: Result<SendReply>,
+) {
     allowed(&reply, faults, "send");
     let reply = match reply {
         Ok(reply) => reply,
@@ -895,28 +1118,7 @@ fn send(run: &mut Run, conv: ConvId, sender: Uid, client_msg_id: ClientMsgId, si
     }
 }
 
-fn recall(run: &mut Run, i: usize, conv: ConvId, sender: Uid, pick: usize) {
-    let own: Vec<MsgId> = run
-        .ledger
-        .sends
-        .iter()
-        .filter(|s| s.conv == conv && s.sender == sender)
-        .map(|s| s.msg_id)
-        .collect();
-    if own.is_empty() {
-        return;
-    }
-    let faults = run.faults();
-    let target = own[pick % own.len()];
-    let reply = run
-        .inbox()
-        .recall(RecallRequest {
-            conv,
-            sender,
-            client_msg_id: 1_000_000 + i as u128,
-            target,
-        })
-        .wait();
+fn recall(run: &mut Run, conv: ConvId, target: MsgId, faults: Faults, reply: Result<SendReply>) {
     allowed(&reply, faults, "recall");
     match reply {
         Ok(reply) => {
@@ -935,51 +1137,37 @@ pub fn check(data: &[u8]) {
     // `ENGINE_MODEL_TRACE=1` prints each operation, to read a finding.
     let trace = std::env::var_os("ENGINE_MODEL_TRACE").is_some();
     let mut run = Run::new();
+    let mut in_flight = Vec::new();
     for (i, op) in ops.iter().enumerate() {
-        let faults = run.faults();
         if trace {
             eprintln!(
-                "op {i}: {op:?} (failures fired {})",
-                run.io.failures_fired()
+                "op {i}: {op:?} (failures fired {}, in flight {})",
+                run.io.failures_fired(),
+                in_flight.len()
             );
         }
-        match *op {
-            Op::Join(conv, uid) | Op::Leave(conv, uid) => membership(&mut run, *op, conv, uid),
-            Op::Send(conv, sender, client_msg_id, size) => {
-                send(&mut run, conv, sender, client_msg_id, size);
+        if pipelines(&run, op) {
+            in_flight.extend(submit(&mut run, i, *op));
+            run.coverage.operations += 1;
+            if in_flight.len() >= IN_FLIGHT_MAX {
+                settle_all(&mut run, &mut in_flight);
             }
-            Op::Recall(conv, sender, pick) => recall(&mut run, i, conv, sender, pick),
-            Op::MarkRead(uid, conv) => {
-                let head = run.ledger.head.get(&conv).copied().unwrap_or(MsgSeq(0));
-                let reply = run.inbox().mark_read(uid, conv, head).wait();
-                allowed(&reply, faults, "mark_read");
-                if let Ok(reply) = reply {
-                    let before = run
-                        .ledger
-                        .reads
-                        .get(&(uid, conv))
-                        .copied()
-                        .unwrap_or(MsgSeq(0));
-                    assert!(reply.read_seq >= before, "read cursor moved back");
-                    if reply.read_seq > before {
-                        run.acknowledged("mark_read");
-                    }
-                    run.ledger.reads.insert((uid, conv), reply.read_seq);
+            continue;
+        }
+        settle_all(&mut run, &mut in_flight);
+        let faults = run.faults();
+        match *op {
+            Op::Join(..)
+            | Op::Leave(..)
+            | Op::Send(..)
+            | Op::Recall(..)
+            | Op::MarkRead(..)
+            | Op::Register(..) => {
+                if let Some(one) = submit(&mut run, i, *op) {
+                    settle(&mut run, one);
                 }
             }
             Op::ClearDirty(uid, conv) => clear_dirty(&mut run, uid, conv),
-            Op::Register(uid, device) => {
-                let reply = run.inbox().register_device(uid, device).wait();
-                allowed(&reply, faults, "register");
-                if let Ok(reply) = reply {
-                    run.ledger
-                        .generations
-                        .insert((uid, device), reply.device.generation);
-                    if let Some(evicted) = reply.evicted {
-                        run.ledger.generations.remove(&(uid, evicted));
-                    }
-                }
-            }
             Op::SyncAck(uid, device, limit) => sync_and_ack(&mut run, uid, device, limit),
             Op::FailSyncAfter(n) => {
                 run.io.fail_nth_sync(n);
@@ -1006,10 +1194,32 @@ pub fn check(data: &[u8]) {
         if faults.fired_before && !matches!(op, Op::Restart(_)) {
             run.coverage.operations_after_failure += 1;
         }
-        // The per-segment counts compaction decides by match the index.
-        if let Err(e) = run.inbox().check_segment_refs() {
-            panic!("segment reference counts drifted: {e}");
-        }
+        check_segment_refs(&run);
     }
+    settle_all(&mut run, &mut in_flight);
     run.finish().add_to_totals();
+}
+
+/// Operations submitted together at most: enough for several rounds.
+const IN_FLIGHT_MAX: usize = 32;
+
+/// Checks every operation in flight, in the order it was submitted.
+fn settle_all(run: &mut Run, in_flight: &mut Vec<InFlight>) {
+    if in_flight.len() > 1 {
+        run.coverage.operations_submitted_together += in_flight.len() as u64;
+    }
+    if in_flight.is_empty() {
+        return;
+    }
+    for one in in_flight.drain(..) {
+        settle(run, one);
+    }
+    check_segment_refs(run);
+}
+
+/// The per-segment counts compaction decides by match the index.
+fn check_segment_refs(run: &Run) {
+    if let Err(e) = run.inbox().check_segment_refs() {
+        panic!("segment reference counts drifted: {e}");
+    }
 }

@@ -277,9 +277,8 @@ impl State {
             .ok_or_else(|| ApplyError("conv vanished".into()))?;
         let n = usize::try_from(msgs_base.0 - old_base.0)
             .map_err(|_| ApplyError("message trim length overflows".into()))?;
-        let gone: Vec<PackedLoc> = c.msgs.drain(..n).map(|m| m.loc).collect();
+        let gone: Vec<PackedLoc> = c.msgs.remove_front(n).iter().map(|m| m.loc).collect();
         self.totals.messages = self.totals.messages.saturating_sub(n as u64);
-        c.msgs.shrink_to(c.msgs.len() * 2);
         c.msgs_base = msgs_base;
         // A trim takes a prefix and an edit is above its target, so the
         // links of reclaimed targets are exactly the ones to drop.

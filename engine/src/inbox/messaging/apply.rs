@@ -16,8 +16,7 @@ use super::record::MsgEffect;
 use crate::api::*;
 use crate::inbox::state::record::{ApplyError, Touched};
 use crate::inbox::state::{
-    msg_counter, push_compact, Conv, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED,
-    OPEN,
+    msg_counter, Conv, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED, OPEN,
 };
 
 /// A recall of `target_seq` also recalls its edits, the edits of those,
@@ -89,16 +88,13 @@ impl State {
             )));
         }
         self.totals.messages += 1;
-        push_compact(
-            &mut conv.msgs,
-            MsgMeta {
-                loc: m.msg_loc,
-                msg_id: m.msg_id,
-                sender: m.sender,
-                kind: m.kind,
-                flags: 0,
-            },
-        );
+        conv.msgs.push(MsgMeta {
+            loc: m.msg_loc,
+            msg_id: m.msg_id,
+            sender: m.sender,
+            kind: m.kind,
+            flags: 0,
+        });
         crate::inbox::state::count_msg_ref(
             [&mut self.evt_refs, &mut self.body_refs, &mut self.msg_refs],
             m.msg_loc,
@@ -107,7 +103,9 @@ impl State {
         self.next_msg_counter = self.next_msg_counter.max(msg_counter(m.msg_id) + 1);
         match m.kind {
             MessageKind::Join => {
-                let periods = conv.members.entry(m.sender).or_default();
+                let periods = Arc::make_mut(&mut conv.members)
+                    .entry(m.sender)
+                    .or_default();
                 if periods.last().is_some_and(|p| p.leave_seq == OPEN) {
                     return Err(ApplyError(format!(
                         "uid {} joins conv {} twice",
@@ -180,8 +178,7 @@ impl State {
             .ok_or_else(|| ApplyError("conv vanished".into()))?;
         let recipients = super::large::recipients(conv, m, stamp);
         if m.kind == MessageKind::Leave {
-            let closed = conv
-                .members
+            let closed = Arc::make_mut(&mut conv.members)
                 .get_mut(&m.sender)
                 .and_then(|ps| ps.last_mut())
                 .filter(|p| p.leave_seq == OPEN)

@@ -19,7 +19,7 @@ pub(crate) fn put_convs(w: &mut Writer, st: &State) {
     for (id, c) in convs {
         w.u64(id);
         w.u64(c.msgs.len() as u64);
-        for m in &c.msgs {
+        for m in c.msgs.iter() {
             w.u64(m.loc);
             w.u64(m.msg_id);
             w.u64(m.sender);
@@ -27,7 +27,7 @@ pub(crate) fn put_convs(w: &mut Writer, st: &State) {
             w.u8(m.flags);
         }
         w.u64(c.members.len() as u64);
-        for (uid, periods) in &c.members {
+        for (uid, periods) in c.members.iter() {
             w.u64(*uid);
             w.u64(periods.len() as u64);
             for p in periods {
@@ -44,7 +44,6 @@ pub(crate) fn get_convs(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> 
         let id: ConvId = r.id()?;
         let mut c = Conv::default();
         let n = r.count(26)?;
-        c.msgs.reserve_exact(n);
         for _ in 0..n {
             c.msgs.push(MsgMeta {
                 loc: r.u64()?,
@@ -64,7 +63,7 @@ pub(crate) fn get_convs(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> 
                     leave_seq: r.id()?,
                 });
             }
-            c.members.insert(uid, periods);
+            Arc::make_mut(&mut c.members).insert(uid, periods);
         }
         st.convs.insert(id, Arc::new(c));
     }

@@ -167,9 +167,10 @@ pub(crate) fn encode_msg_record(h: &MsgHeader, p: &StoredPayload) -> Vec<u8> {
     w.buf
 }
 
-/// Decodes a message record; `raw_len_max` bounds the decompressed size.
-pub(crate) fn decode_msg_record(buf: &[u8], raw_len_max: u32) -> DecodeResult<(MsgHeader, Bytes)> {
-    let mut r = Reader::new(buf);
+/// The version, flags and header fields of a message record, up to its
+/// payload length. Split out so that salvage can read the header of a
+/// record whose payload may be damaged.
+pub(crate) fn decode_msg_header(r: &mut Reader<'_>) -> DecodeResult<(u8, MsgHeader)> {
     if r.u8()? != FORMAT_VERSION {
         return Err(DecodeError("unknown message record version"));
     }
@@ -184,6 +185,13 @@ pub(crate) fn decode_msg_record(buf: &[u8], raw_len_max: u32) -> DecodeResult<(M
         target: r.id()?,
         sent_at_ms: r.u64()?,
     };
+    Ok((flags, h))
+}
+
+/// Decodes a message record; `raw_len_max` bounds the decompressed size.
+pub(crate) fn decode_msg_record(buf: &[u8], raw_len_max: u32) -> DecodeResult<(MsgHeader, Bytes)> {
+    let mut r = Reader::new(buf);
+    let (flags, h) = decode_msg_header(&mut r)?;
     let raw_len = r.u32()?;
     let stored = r.bytes()?;
     if raw_len > raw_len_max {

@@ -382,7 +382,7 @@ impl Inbox {
             Arc::make_mut(u).events.iter_mut().for_each(|loc| *loc = 0);
         }
         for c in st.convs.values_mut() {
-            Arc::make_mut(c).msgs.iter_mut().for_each(|m| m.loc = 0);
+            Arc::make_mut(c).msgs.for_each_mut(|m| m.loc = 0);
         }
         let body = super::checkpoint::encode_state(&st);
         sha2::Sha256::digest(&body).into()

@@ -35,11 +35,24 @@
 //! Failure rules:
 //! - A write or fsync failure poisons the engine: that round and every
 //!   later one fail, and no later mutation is accepted (fail-stop, R21).
-//! - `NoSpace` on submit: nothing of the round is durable; the sequencer
-//!   waits for earlier rounds, then reloads the state from the checkpoint
-//!   and the log, so the failed round leaves no trace in memory. A sync in
-//!   that round that kept its device's generation is still served (all it
-//!   loses is its `last_seen` refresh): a full disk stops writes, not syncs.
+//! - A full disk is met before a client's command changes anything: a
+//!   round of client commands first asks the log for the room its batch
+//!   will find (`Log::room`, which prepares the next segment if it must),
+//!   and a command that might not fit what is left starts a new round.
+//!   When even the first command might not fit, the round is *refused*:
+//!   its commands are decided against the state but their effects are not
+//!   applied, and if any had one, every reply of the round fails with
+//!   `NoSpace` (a round of commands with no effect is answered). Refusing
+//!   costs nothing, and the state never held the refused changes.
+//! - A sync in a refused round that kept its device's generation is still
+//!   served (all it loses is its `last_seen` refresh): a full disk stops
+//!   writes, not syncs.
+//! - `NoSpace` on submit all the same (a round of compaction's commands,
+//!   which have no small bound and free the disk, so they are never
+//!   refused ahead; or another writer of the log took the spare): nothing
+//!   of the round is durable; the sequencer waits for earlier rounds, then
+//!   reloads the state from the checkpoint and the log, so the failed round
+//!   leaves no trace in memory.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,7 +142,19 @@ struct RoundBuf {
     /// A leader's round: the link to its consensus layer and the round's
     /// replication index (see `replica.rs`).
     replica: Option<(Arc<crate::inbox::replica::Link>, u64)>,
+    /// Frame bytes the log guaranteed this round's batch when its first
+    /// command came (see [`Log::room`]).
+    room: Option<u64>,
+    /// The disk had no room for the round's first command: its commands
+    /// are decided but nothing is applied or written.
+    refused: bool,
+    /// A refused round had a command with an effect.
+    refused_effects: bool,
 }
+
+/// Bytes a batch needs beyond its records: the batch header, and a
+/// leader's round mark.
+const ROUND_SLACK_BYTES: u64 = 256;
 
 /// The round as the subsystems see it.
 struct RoundSink<'a> {
@@ -141,6 +166,11 @@ struct RoundSink<'a> {
 impl Sink for RoundSink<'_> {
     fn effect(&mut self, st: &mut State, effect: Effect) {
         let r = &mut *self.round;
+        if r.refused {
+            // Nothing can be written: the change is not made at all.
+            r.refused_effects = true;
+            return;
+        }
         let idx = r.evt_records.len();
         let mut touched = Touched::default();
         if let Err(e) = effect.apply(st, PENDING_LOC, self.round_id, &mut touched) {
@@ -226,6 +256,26 @@ impl<C: Exec> Sequencer<C> {
                 match cmd {
                     c @ (Command::Checkpoint { .. } | Command::Shutdown { .. }) => control.push(c),
                     Command::Run(c) => {
+                        // A client's command joins a round that has room
+                        // for it; compaction's commands (no bound) run in
+                        // rounds of their own, as before the room check.
+                        let need = c
+                            .record_bytes_max(&self.shared.config)
+                            .map(|bound| bound.min(bytes_max) + ROUND_SLACK_BYTES);
+                        let fits = match need {
+                            Some(need) => round
+                                .room
+                                .is_some_and(|room| round.refused || round.size + need <= room),
+                            None => round.room.is_none(),
+                        };
+                        if !fits && (!round.replies.is_empty() || round.room.is_some()) {
+                            self.next_round += 1;
+                            self.finish_round(id, std::mem::take(&mut round));
+                            id = self.next_round;
+                        }
+                        if let (Some(need), None) = (need, round.room) {
+                            self.open_round(&mut round, need);
+                        }
                         self.exec(c, id, &mut round);
                         if round.size >= bytes_max && !round.replies.is_empty() {
                             self.next_round += 1;
@@ -352,7 +402,42 @@ impl<C: Exec> Sequencer<C> {
         cmd.exec(st, &mut sink, &env, &self.services);
     }
 
+    /// Asks the log for the room the round's batch will find, wanting at
+    /// least `need` bytes (the first command's bound): the log prepares the
+    /// next segment now if the active one has less. Without room for
+    /// `need`, the disk is full, and the round is refused.
+    fn open_round(&self, r: &mut RoundBuf, need: u64) {
+        // A poisoned log: `write_round` fails the round.
+        let room = self.shared.evt_log.room(need).unwrap_or(u64::MAX);
+        r.room = Some(room);
+        if room < need {
+            r.refused = true;
+            self.shared
+                .rounds_refused_for_space
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn finish_round(&mut self, id: u64, mut r: RoundBuf) {
+        if let (true, Some(room)) = (r.refused, r.room) {
+            let outcome = if r.refused_effects {
+                Outcome::Failed(Fail::NoSpace(format!(
+                    "the disk has no room for the next segment of the evt log \
+                     ({room} bytes left in the active one)"
+                )))
+            } else {
+                Outcome::Nothing
+            };
+            let _ = self.done.send(RoundDone {
+                id,
+                outcome,
+                replies: std::mem::take(&mut r.replies),
+                replica: r.replica.take(),
+                user_marks: BTreeMap::new(),
+                conv_marks: BTreeMap::new(),
+            });
+            return;
+        }
         let outcome = match self.write_round(&mut r) {
             Ok(Some(ticket)) => Outcome::Ticket(ticket),
             Ok(None) => Outcome::Nothing,
@@ -362,6 +447,9 @@ impl<C: Exec> Sequencer<C> {
                 // stays behind.
                 self.shared.wait_settled(id - 1);
                 self.wait_checkpoints();
+                self.shared
+                    .state_reloads_for_space
+                    .fetch_add(1, Ordering::Relaxed);
                 match recover::load_state(&self.shared.config, &self.shared.evt_log) {
                     Ok(state) => *self.shared.state.write() = state,
                     Err(e) => self

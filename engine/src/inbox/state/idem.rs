@@ -476,7 +476,7 @@ mod tests {
                 join_seq: MsgSeq(1),
                 leave_seq: OPEN,
             };
-            c.members.insert(Uid(uid), vec![p]);
+            Arc::make_mut(&mut c.members).insert(Uid(uid), vec![p]);
         }
         st.convs.insert(ConvId(10), std::sync::Arc::new(c));
         // Key 7 of uid 1 went to seq 1, key 7 of uid 2 to seq 2: one tag.
@@ -502,9 +502,9 @@ mod tests {
     fn a_reclaimed_send_is_taken_only_for_a_member_at_its_seq() {
         let mut st = state_with_shared_tags();
         let c = std::sync::Arc::make_mut(st.convs.get_mut(&ConvId(10)).unwrap());
-        c.msgs.drain(..2);
+        c.msgs.remove_front(2);
         c.msgs_base = MsgSeq(2);
-        c.members.get_mut(&Uid(2)).unwrap()[0].join_seq = MsgSeq(2);
+        Arc::make_mut(&mut c.members).get_mut(&Uid(2)).unwrap()[0].join_seq = MsgSeq(2);
         // Uid 1 was a member at seq 1 (its send) but not uid 2, which
         // joined at seq 2: only uid 1's key still answers seq 1.
         let one = st.idem_lookup(Uid(1), 7, 0).unwrap();

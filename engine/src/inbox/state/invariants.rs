@@ -50,7 +50,7 @@ impl State {
         for (&conv, c) in &self.convs {
             check_conv_watermarks(conv, c)?;
             check_edit_links(conv, c)?;
-            for (uid, periods) in &c.members {
+            for (uid, periods) in c.members.iter() {
                 for pair in periods.windows(2) {
                     if pair[0].leave_seq == OPEN || pair[0].leave_seq >= pair[1].join_seq {
                         return Err(format!(

@@ -130,7 +130,13 @@ impl Tally {
             for edits in c.edits.values() {
                 self.add(3, vec::<MsgSeq>(edits));
             }
-            self.add(4, vec::<MsgMeta>(&c.msgs));
+            self.add(
+                4,
+                (
+                    (c.msgs.len() * size_of::<MsgMeta>()) as u64,
+                    (c.msgs.capacity() * size_of::<MsgMeta>() + c.msgs.overhead_bytes()) as u64,
+                ),
+            );
         }
     }
 

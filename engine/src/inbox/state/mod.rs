@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+pub(crate) mod chunked;
 pub(crate) mod idem;
 mod invariants;
 pub(crate) mod loc;
@@ -40,6 +41,11 @@ pub(crate) use seg_refs::SegRefs;
 pub(crate) const OPEN: MsgSeq = MsgSeq(u64::MAX);
 pub(crate) const FLAG_RECALLED: u8 = 1;
 pub(crate) const FLAG_EDITED: u8 = 2;
+/// The message was lost to damage and entered by a salvage
+/// (`inbox::salvage`): its body holds only what the index knows, and it is
+/// served as a tombstone. It still counts for unread like any message of
+/// its kind (the loss changes what is shown, not what was received).
+pub(crate) const FLAG_LOST: u8 = 4;
 
 /// Per-message index entry: where the record is and what the state
 /// machine needs without reading it.
@@ -49,7 +55,8 @@ pub(crate) struct MsgMeta {
     pub msg_id: MsgId,
     pub sender: Uid,
     pub kind: MessageKind,
-    /// [`FLAG_RECALLED`] / [`FLAG_EDITED`]: either makes it a tombstone.
+    /// [`FLAG_RECALLED`] / [`FLAG_EDITED`] / [`FLAG_LOST`]: any makes it a
+    /// tombstone.
     pub flags: u8,
 }
 
@@ -85,8 +92,12 @@ pub(crate) struct Conv {
     /// `msg_seq` just below the first retained message (history
     /// retention, R19); only grows.
     pub msgs_base: MsgSeq,
-    pub msgs: Vec<MsgMeta>,
-    pub members: BTreeMap<Uid, Vec<Period>>,
+    /// Shared in chunks, so a checkpoint's copy of the state costs a
+    /// write to a long conversation one chunk, not its whole history.
+    pub msgs: chunked::ChunkedVec<MsgMeta>,
+    /// Shared on its own: a send changes no membership, so a checkpoint's
+    /// copy of the state costs a send to a large group no copy of it.
+    pub members: Arc<BTreeMap<Uid, Vec<Period>>>,
     /// The edits of each retained message that is not recalled, by the
     /// `msg_seq` they target: a recall tombstones the edits of what it
     /// recalls, and theirs, so no edit serves a recalled body (R6). An
@@ -553,7 +564,7 @@ impl State {
         let msgs: usize = self
             .convs
             .values()
-            .map(|c| c.msgs.capacity() * std::mem::size_of::<MsgMeta>())
+            .map(|c| c.msgs.capacity() * std::mem::size_of::<MsgMeta>() + c.msgs.overhead_bytes())
             .sum();
         (events as u64, msgs as u64)
     }
