@@ -217,7 +217,8 @@ impl Link {
 /// to replicate and tells which are committed.
 pub struct Leader {
     link: Arc<Link>,
-    shared: Arc<super::shared::Shared>,
+    /// Weak: a leader handle must not keep a closed engine's files open.
+    shared: std::sync::Weak<super::shared::Shared>,
 }
 
 impl Leader {
@@ -259,7 +260,8 @@ impl Leader {
     /// after taking it covers it. The consensus layer stores the leader's
     /// own entries this way instead of writing them a second time.
     pub fn flush(&self) -> Result<()> {
-        Ok(self.shared.evt_log.flush()?)
+        let shared = self.shared.upgrade().ok_or(Error::ShuttingDown)?;
+        Ok(shared.evt_log.flush()?)
     }
 }
 
@@ -283,7 +285,7 @@ impl Inbox {
         let link = self.control(|tx| Control::Lead { tx })?;
         Ok(Leader {
             link,
-            shared: Arc::clone(&self.shared),
+            shared: Arc::downgrade(&self.shared),
         })
     }
 
