@@ -42,6 +42,26 @@ fn send(ib: &Inbox, conv: ConvId, sender: Uid, cmid: u128, payload: &Bytes) -> S
     .unwrap()
 }
 
+/// `n` sends from uid 1 to `conv`, `in_flight` at a time.
+fn fill(ib: &Inbox, conv: ConvId, n: u128, in_flight: u128, payload: &Bytes) {
+    for chunk in 0..n / in_flight {
+        let pending: Vec<_> = (0..in_flight)
+            .map(|i| {
+                ib.send(SendRequest {
+                    conv,
+                    sender: Uid(1),
+                    client_msg_id: chunk * in_flight + i,
+                    msg_type: 1,
+                    payload: payload.clone(),
+                })
+            })
+            .collect();
+        for p in pending {
+            p.wait().unwrap();
+        }
+    }
+}
+
 fn benches(c: &mut Criterion) {
     let payload = Bytes::from(vec![b'p'; 200]);
     let mut g = c.benchmark_group("inbox");
@@ -219,22 +239,7 @@ fn checkpoint_stall(_c: &mut Criterion) {
     }
     ib.join(Uid(1001), ConvId(10)).wait().unwrap();
     ib.join(Uid(1002), ConvId(10)).wait().unwrap();
-    for chunk in 0..STALL_FILL_SENDS / 5_000 {
-        let pending: Vec<_> = (0..5_000u128)
-            .map(|i| {
-                ib.send(SendRequest {
-                    conv: ConvId(20),
-                    sender: Uid(1),
-                    client_msg_id: chunk * 5_000 + i,
-                    msg_type: 1,
-                    payload: payload.clone(),
-                })
-            })
-            .collect();
-        for p in pending {
-            p.wait().unwrap();
-        }
-    }
+    fill(&ib, ConvId(20), STALL_FILL_SENDS, 5_000, &payload);
     let t = Instant::now();
     ib.checkpoint().unwrap();
     let ckpt_bytes: u64 = std::fs::read_dir(dir.path().join("checkpoint"))
@@ -298,31 +303,23 @@ fn send_after_checkpoint(_c: &mut Criterion) {
     if !selected {
         return;
     }
+    // Outside `cargo bench` (criterion's test mode under `cargo test`),
+    // a small run only proves the bench still works.
+    let (messages, rounds) = if std::env::args().any(|a| a == "--bench") {
+        (LONG_HISTORY_MSGS, LONG_HISTORY_ROUNDS)
+    } else {
+        (20_000, 2)
+    };
     let payload = Bytes::from(vec![b'p'; 100]);
     let dir = tempfile::tempdir().unwrap();
     let ib = Arc::new(open(dir.path(), SyncPolicy::None));
     for uid in 1..=2_000 {
         ib.join(Uid(uid), ConvId(30)).wait().unwrap();
     }
-    for chunk in 0..LONG_HISTORY_MSGS / 10_000 {
-        let pending: Vec<_> = (0..10_000u128)
-            .map(|i| {
-                ib.send(SendRequest {
-                    conv: ConvId(30),
-                    sender: Uid(1),
-                    client_msg_id: chunk * 10_000 + i,
-                    msg_type: 1,
-                    payload: payload.clone(),
-                })
-            })
-            .collect();
-        for p in pending {
-            p.wait().unwrap();
-        }
-    }
+    fill(&ib, ConvId(30), messages, 10_000, &payload);
     let mut plain = Histogram::<u64>::new(3).unwrap();
     let mut after = Histogram::<u64>::new(3).unwrap();
-    for round in 0..LONG_HISTORY_ROUNDS as u128 {
+    for round in 0..rounds as u128 {
         let t = Instant::now();
         send(&ib, ConvId(30), Uid(2), 10_000_000 + round, &payload);
         plain.record(t.elapsed().as_micros() as u64).unwrap();
@@ -338,7 +335,7 @@ fn send_after_checkpoint(_c: &mut Criterion) {
         after.record(t.elapsed().as_micros() as u64).unwrap();
         writer.join().unwrap();
     }
-    eprintln!("{name}: {LONG_HISTORY_MSGS} messages, 2,000 members (large group), sync none");
+    eprintln!("{name}: {messages} messages, 2,000 members (large group), sync none");
     print_hist(&format!("{name}: send, no checkpoint before"), &plain);
     print_hist(
         &format!("{name}: send while a checkpoint is written"),

@@ -79,6 +79,18 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 impl Inboxd {
+    /// Starts the stopped server again on its data; returns the time until
+    /// it serves a request.
+    fn restart(&mut self) -> Result<Duration> {
+        let start = Instant::now();
+        let (server, addr) =
+            Self::spawn(&self.binary, self.dir.path(), &self.token, &self.extra_args)?;
+        self.server = server;
+        self.addr = addr;
+        self.wait_serving(Duration::from_secs(600))?;
+        Ok(start.elapsed())
+    }
+
     /// Starts inboxd on a fresh data directory under `base`, with
     /// `extra_args` added to its command line.
     pub fn start(
@@ -260,25 +272,13 @@ impl System for Inboxd {
 
     fn crash_and_restart(&mut self) -> Result<Duration> {
         self.server.kill_hard()?;
-        let start = Instant::now();
-        let (server, addr) =
-            Self::spawn(&self.binary, self.dir.path(), &self.token, &self.extra_args)?;
-        self.server = server;
-        self.addr = addr;
-        self.wait_serving(Duration::from_secs(600))?;
-        Ok(start.elapsed())
+        self.restart()
     }
 
     fn restart_cold(&mut self) -> Result<Duration> {
         self.server.stop(Duration::from_secs(60));
         super::evict_from_page_cache(self.dir.path())?;
-        let start = Instant::now();
-        let (server, addr) =
-            Self::spawn(&self.binary, self.dir.path(), &self.token, &self.extra_args)?;
-        self.server = server;
-        self.addr = addr;
-        self.wait_serving(Duration::from_secs(600))?;
-        let took = start.elapsed();
+        let took = self.restart()?;
         // Recovery read the newest segment back to find its end; drop that
         // too (pages the server has mapped and touched stay).
         super::evict_from_page_cache(self.dir.path())?;
