@@ -42,6 +42,15 @@ fn send(ib: &Inbox, conv: ConvId, sender: Uid, cmid: u128, payload: &Bytes) -> S
     .unwrap()
 }
 
+/// Whether the command line's filters select the hand-timed bench `name`
+/// (these print their figures instead of going through criterion).
+fn selected(name: &str) -> bool {
+    std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .all(|filter| name.contains(filter.as_str()))
+}
+
 /// `n` sends from uid 1 to `conv`, `in_flight` at a time.
 fn fill(ib: &Inbox, conv: ConvId, n: u128, in_flight: u128, payload: &Bytes) {
     for chunk in 0..n / in_flight {
@@ -224,11 +233,7 @@ fn print_hist(label: &str, h: &Histogram<u64>) {
 /// checkpoint's fsync is real).
 fn checkpoint_stall(_c: &mut Criterion) {
     let name = "inbox/send_p99_during_checkpoints";
-    let selected = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .all(|filter| name.contains(filter.as_str()));
-    if !selected {
+    if !selected(name) {
         return;
     }
     let payload = Bytes::from(vec![b'p'; 200]);
@@ -296,11 +301,7 @@ const LONG_HISTORY_ROUNDS: usize = 20;
 /// change to a conversation meanwhile copies what of it is shared.
 fn send_after_checkpoint(_c: &mut Criterion) {
     let name = "inbox/send_after_checkpoint_long_history";
-    let selected = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .all(|filter| name.contains(filter.as_str()));
-    if !selected {
+    if !selected(name) {
         return;
     }
     // Outside `cargo bench` (criterion's test mode under `cargo test`),
