@@ -538,21 +538,18 @@ pub async fn serve<R, W>(
                         }
                     }
                 };
-                let follower = shared.group.as_ref().filter(|g| !g.is_leading());
-                let reply: service::Started = match order {
-                    _ if follower.is_some() => {
-                        let refusal = follower.map(|g| g.not_leader("not the leader"));
-                        Box::pin(std::future::ready(Response::Error(
-                            refusal.expect("a follower"),
-                        )))
-                    }
-                    service::Order::Write => {
+                let refusal = (shared.group.as_ref())
+                    .filter(|g| !g.is_leading())
+                    .map(|g| g.not_leader("not the leader"));
+                let reply: service::Started = match (refusal, order) {
+                    (Some(refusal), _) => Box::pin(std::future::ready(Response::Error(refusal))),
+                    (None, service::Order::Write) => {
                         // Queued on the sequencer right here, in arrival
                         // order, once every earlier read has been answered.
                         let _no_reads = reads.write().await;
                         service::start(&shared.inbox, &shared.metrics, &shared.read_pool, request)
                     }
-                    service::Order::Read | service::Order::ReadWrite => {
+                    (None, service::Order::Read | service::Order::ReadWrite) => {
                         // Holds later writes back until this one has read.
                         let reading = Arc::clone(&reads).read_owned().await;
                         let shared = Arc::clone(&shared);
