@@ -72,7 +72,9 @@ pub use consistency::verify_data_dir;
 pub use pending::Pending;
 pub use read::Read;
 pub use recover::RecoveryReport;
-pub use replica::{Entry, Leader};
+pub use replica::{
+    copy_top_files, exchange_dirs, image_info, stage_image, Entry, ImageInfo, Leader,
+};
 pub use salvage::{salvage, Damage, LostEvents, LostMessages, RaisedFloor, SalvageReport};
 pub use shared::{Hint, LargeGroupHint};
 

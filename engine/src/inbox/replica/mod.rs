@@ -23,7 +23,10 @@
 //! describe the leader's own files (a relocation of events to copies, body
 //! moves to `msg`, copies) are not in it: each node compacts its own files.
 
+pub(crate) mod image;
 pub(crate) mod record;
+
+pub use image::{copy_top_files, exchange_dirs, image_info, stage_image, ImageInfo};
 
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc};
@@ -377,17 +380,8 @@ impl Inbox {
     /// its followers that applied the same rounds have equal digests.
     #[doc(hidden)]
     pub fn replica_digest(&self) -> [u8; 32] {
-        use sha2::Digest;
-        let mut st = self.shared.state.read().clone();
-        st.evt_lsn = 0;
-        for u in st.users.values_mut() {
-            Arc::make_mut(u).events.iter_mut().for_each(|loc| *loc = 0);
-        }
-        for c in st.convs.values_mut() {
-            Arc::make_mut(c).msgs.for_each_mut(|m| m.loc = 0);
-        }
-        let body = super::checkpoint::encode_state(&st);
-        sha2::Sha256::digest(&body).into()
+        let st = self.shared.state.read().clone();
+        image::digest_of(&st)
     }
 }
 

@@ -31,7 +31,7 @@ mod replay;
 mod report;
 mod source;
 mod walk;
-mod write;
+pub(crate) mod write;
 
 pub use report::{Damage, LostEvents, LostMessages, RaisedFloor, SalvageReport};
 

@@ -12,6 +12,7 @@
 //! applied on replay, so the checkpoint, which covers the new `evt` log's
 //! last batch, is the whole state.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
@@ -32,10 +33,32 @@ use crate::inbox::messaging::record::{
 use crate::inbox::state::{
     body_at, pack, unpack, BodyLog, PackedLoc, SnapshotPhase, State, PENDING_LOC,
 };
-use crate::log::{Batch, Log, LogOptions, PwriteIo, SyncPolicy};
+use crate::log::{Batch, Log, LogOptions, PwriteIo, RecordLoc, SyncPolicy};
+
+/// Where the records the state points at are read from: a damaged
+/// directory's mapped files (salvage), or a running engine's own logs (a
+/// replica image). A record is returned only once its CRC verified.
+pub(crate) trait Source {
+    fn read_record(&self, loc: RecordLoc) -> std::result::Result<(u8, Cow<'_, [u8]>), String>;
+}
+
+impl Source for LogFiles {
+    fn read_record(&self, loc: RecordLoc) -> std::result::Result<(u8, Cow<'_, [u8]>), String> {
+        self.read(loc)
+            .map(|(kind, payload)| (kind, Cow::Borrowed(payload)))
+    }
+}
+
+impl Source for Log {
+    fn read_record(&self, loc: RecordLoc) -> std::result::Result<(u8, Cow<'_, [u8]>), String> {
+        self.read(loc)
+            .map(|r| (r.kind, Cow::Owned(r.payload)))
+            .map_err(|e| e.to_string())
+    }
+}
 
 /// What the new logs are written with.
-pub(super) struct Target<'a> {
+pub(crate) struct Target<'a> {
     pub dir: &'a Path,
     pub segment_bytes: u64,
     pub payload_max: u32,
@@ -43,10 +66,10 @@ pub(super) struct Target<'a> {
 
 /// Writes the new directory's logs and checkpoint from `st` (whose
 /// locations point into the source), recording what is lost.
-pub(super) fn write(
+pub(crate) fn write(
     target: &Target<'_>,
-    evt: &LogFiles,
-    msg: &LogFiles,
+    evt: &dyn Source,
+    msg: &dyn Source,
     mut st: State,
     report: &mut SalvageReport,
 ) -> Result<State> {
@@ -137,8 +160,8 @@ impl<'l, T> Appender<'l, T> {
 /// The body record of a retained message, read at its location in the
 /// source and checked against its index entry.
 fn read_body(
-    evt: &LogFiles,
-    msg: &LogFiles,
+    evt: &dyn Source,
+    msg: &dyn Source,
     loc: PackedLoc,
     conv: ConvId,
     seq: MsgSeq,
@@ -149,10 +172,10 @@ fn read_body(
         return Err("in a lost record".into());
     }
     let body = match body_at(loc) {
-        (BodyLog::Msg, at) => Bytes::copy_from_slice(msg.read(unpack(at))?.1),
+        (BodyLog::Msg, at) => Bytes::copy_from_slice(&msg.read_record(unpack(at))?.1),
         (BodyLog::Evt, at) => {
-            let (kind, payload) = evt.read(unpack(at))?;
-            body_of_effect(kind, payload)?
+            let (kind, payload) = evt.read_record(unpack(at))?;
+            body_of_effect(kind, &payload)?
         }
     };
     let (h, _) = decode_msg_record(&body, payload_max).map_err(|e| e.0.to_string())?;
@@ -164,8 +187,8 @@ fn read_body(
 
 fn copy_bodies(
     target: &Target<'_>,
-    evt: &LogFiles,
-    msg: &LogFiles,
+    evt: &dyn Source,
+    msg: &dyn Source,
     new_msg: &Log,
     st: &mut State,
     report: &mut SalvageReport,
@@ -239,7 +262,7 @@ fn copy_bodies(
 }
 
 fn copy_events(
-    evt: &LogFiles,
+    evt: &dyn Source,
     new_evt: &Log,
     st: &mut State,
     report: &mut SalvageReport,
@@ -255,11 +278,12 @@ fn copy_events(
             if index.contains_key(&loc) {
                 continue;
             }
-            let Ok((kind, payload)) = evt.read(unpack(loc)) else {
+            let Ok((kind, payload)) = evt.read_record(unpack(loc)) else {
                 index.insert(loc, None);
                 continue;
             };
-            let (kind, payload) = without_body(kind, payload).unwrap_or((kind, payload.to_vec()));
+            let (kind, payload) =
+                without_body(kind, &payload).unwrap_or_else(|| (kind, payload.to_vec()));
             index.insert(loc, Some(PENDING_LOC));
             out.push(kind | COPY_FLAG, payload, loc)?;
         }

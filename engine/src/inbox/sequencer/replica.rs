@@ -21,7 +21,7 @@ use crate::inbox::replica::record::RoundMark;
 use crate::inbox::replica::{is_replicated_kind, Entry, Link};
 use crate::inbox::round::{reply_with, Exec, Fail, Sink, Tx};
 use crate::inbox::state::record::{Record, Touched};
-use crate::inbox::state::PENDING_LOC;
+use crate::inbox::state::{State, PENDING_LOC};
 use crate::log::LogError;
 
 /// Who commits this node's rounds.
@@ -50,6 +50,12 @@ pub(crate) enum Control {
         from: u64,
         tx: mpsc::Sender<Result<()>>,
     },
+    /// A copy of the state once every round in hand has settled (on a
+    /// leader: committed), as a periodic checkpoint takes it: for a
+    /// replica image.
+    Copy {
+        tx: mpsc::Sender<Result<Box<State>>>,
+    },
 }
 
 impl<C: Exec> Sequencer<C> {
@@ -70,6 +76,14 @@ impl<C: Exec> Sequencer<C> {
             Control::Apply { entry, tx } => self.apply_entry(entry, tx),
             Control::Discard { from, tx } => {
                 let _ = tx.send(self.discard_from(from));
+            }
+            Control::Copy { tx } => {
+                // O(users + conversations): the entries are shared, copy
+                // on write, so rounds go on while the image is written.
+                let copy = self
+                    .drain()
+                    .map(|()| Box::new(self.shared.state.read().clone()));
+                let _ = tx.send(copy);
             }
         }
     }

@@ -1,0 +1,478 @@
+//! Replica images: a node's whole state at one replication index,
+//! self-contained, for a node that cannot catch up from entries (its
+//! leader compacted them away, or its data directory is new). The
+//! consensus layer sends one as its snapshot; see `docs/CLUSTER.md`.
+//!
+//! An image is *logical*, built the way salvage builds a fresh directory:
+//! a copy of the state once every round in hand has settled (taken as a
+//! periodic checkpoint takes it, so rounds go on meanwhile), every
+//! retained body and event read back from this node's logs with its CRC
+//! checked, written into fresh logs with the log's own writer (locations
+//! remapped), then a checkpoint of the remapped state. That directory's
+//! files, with the device snapshot files, are the image. The receiver
+//! unpacks it beside its data directory, opens it, and checks the
+//! replication index and [`Inbox::replica_digest`] the image names before
+//! it swaps the directory in: a damaged or truncated image, or one whose
+//! content is not the state it claims, changes nothing.
+//!
+//! A record compaction moved (and whose old file it deleted) between the
+//! copy and the read does not read back: the image is then built again
+//! from a new copy.
+//!
+//! Layout (all integers little-endian):
+//! ```text
+//! "IXIMAGE1" [8], index u64, digest [32], meta_len u32, meta [meta_len],
+//! count u32, count × (name_len u16, name, file_len u64, data_len u64,
+//! data [data_len]), SHA-256 [32] of all before
+//! ```
+//! A file's trailing zeros (a segment's preallocated space) are not
+//! carried: `data` is its start, and the file is `file_len` long, the
+//! rest zeros. `meta` is the consensus layer's (its log id and
+//! membership), covered by the same checksum.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Component, Path, PathBuf};
+
+use sha2::Digest;
+
+use super::Inbox;
+use crate::error::{Error, Result};
+use crate::inbox::salvage::write::{self, Target};
+use crate::inbox::salvage::SalvageReport;
+use crate::inbox::sequencer::replica::Control;
+use crate::inbox::state::State;
+use crate::inbox::InboxConfig;
+use crate::log::LogError;
+
+const MAGIC: &[u8; 8] = b"IXIMAGE1";
+/// The top-level directories an image may hold.
+const PARTS: [&str; 4] = ["evt", "msg", "checkpoint", "snap"];
+/// Copies taken before giving up on records that keep moving.
+const ATTEMPTS: usize = 5;
+
+/// What an image says about itself (checked against its checksum).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageInfo {
+    /// The replication index of the last round it holds.
+    pub index: u64,
+    /// [`Inbox::replica_digest`] of its state.
+    pub digest: [u8; 32],
+    /// The consensus layer's metadata, as given to [`Inbox::export_image`].
+    pub meta: Vec<u8>,
+}
+
+/// SHA-256 of the canonical state encoding without what is a node's own
+/// (locations, the LSN); see [`Inbox::replica_digest`].
+pub(crate) fn digest_of(st: &State) -> [u8; 32] {
+    let mut st = st.clone();
+    st.evt_lsn = 0;
+    for u in st.users.values_mut() {
+        std::sync::Arc::make_mut(u)
+            .events
+            .iter_mut()
+            .for_each(|loc| *loc = 0);
+    }
+    for c in st.convs.values_mut() {
+        std::sync::Arc::make_mut(c).msgs.for_each_mut(|m| m.loc = 0);
+    }
+    let body = crate::inbox::checkpoint::encode_state(&st);
+    sha2::Sha256::digest(&body).into()
+}
+
+fn io(e: std::io::Error) -> Error {
+    Error::Log(LogError::Io(e))
+}
+
+impl Inbox {
+    /// Builds an image of this node's state once the rounds in hand have
+    /// settled (on a leader: committed), writing fresh logs in `scratch`
+    /// (created, and removed afterwards; it must be on the data
+    /// directory's file system or any other with room for a copy).
+    /// `meta` is carried as is. The image is returned in memory: its size
+    /// is about the retained bodies and events plus the state.
+    pub fn export_image(&self, scratch: &Path, meta: &[u8]) -> Result<(ImageInfo, Vec<u8>)> {
+        for _ in 0..ATTEMPTS {
+            let st = self.control(|tx| Control::Copy { tx })?;
+            let info = ImageInfo {
+                index: st.replica_index,
+                digest: digest_of(&st),
+                meta: meta.to_vec(),
+            };
+            remove_dir_if_exists(scratch)?;
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(scratch)
+                .map_err(io)?;
+            let built = self.write_copy(scratch, *st).and_then(|written| {
+                if digest_of(&written) != info.digest {
+                    return Ok(None);
+                }
+                copy_dir_files(
+                    &self.shared.config.data_dir.join("snap"),
+                    &scratch.join("snap"),
+                )?;
+                pack(scratch, &info).map(Some)
+            });
+            remove_dir_if_exists(scratch)?;
+            if let Some(buf) = built? {
+                return Ok((info, buf));
+            }
+            tracing::info!("records moved while the image was written; taking a new copy");
+        }
+        Err(Error::Internal(format!(
+            "no image after {ATTEMPTS} copies: compaction kept moving the records they point at"
+        )))
+    }
+
+    fn write_copy(&self, scratch: &Path, st: State) -> Result<State> {
+        let target = Target {
+            dir: scratch,
+            segment_bytes: self.shared.config.segment_bytes,
+            payload_max: u32::MAX,
+        };
+        let mut report = SalvageReport::default();
+        write::write(
+            &target,
+            &self.shared.evt_log,
+            &self.shared.msg_log,
+            st,
+            &mut report,
+        )
+    }
+}
+
+/// Packs the files under `dir`'s image parts.
+fn pack(dir: &Path, info: &ImageInfo) -> Result<Vec<u8>> {
+    let mut files = Vec::new();
+    for part in PARTS {
+        list_files(&dir.join(part), part, &mut files)?;
+    }
+    let mut buf = Vec::new();
+    buf.extend_from_slice(MAGIC);
+    buf.extend_from_slice(&info.index.to_le_bytes());
+    buf.extend_from_slice(&info.digest);
+    buf.extend_from_slice(&(info.meta.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&info.meta);
+    buf.extend_from_slice(&(files.len() as u32).to_le_bytes());
+    for (name, path) in files {
+        let data = std::fs::read(&path).map_err(io)?;
+        let kept = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        buf.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        buf.extend_from_slice(name.as_bytes());
+        buf.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        buf.extend_from_slice(&(kept as u64).to_le_bytes());
+        buf.extend_from_slice(&data[..kept]);
+    }
+    let sum: [u8; 32] = sha2::Sha256::digest(&buf).into();
+    buf.extend_from_slice(&sum);
+    Ok(buf)
+}
+
+/// The regular files under `dir` (none if it does not exist), named
+/// `prefix/...`, leaving out lock files and tmp files.
+fn list_files(dir: &Path, prefix: &str, out: &mut Vec<(String, PathBuf)>) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    let mut names = Vec::new();
+    for e in entries {
+        let e = e.map_err(io)?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let ty = e.file_type().map_err(io)?;
+        if ty.is_dir() {
+            list_files(&e.path(), &format!("{prefix}/{name}"), out)?;
+        } else if ty.is_file() && name != "LOCK" && !name.ends_with(".tmp") {
+            names.push((format!("{prefix}/{name}"), e.path()));
+        }
+    }
+    names.sort();
+    out.extend(names);
+    Ok(())
+}
+
+/// One file of an image.
+struct Part<'a> {
+    name: &'a str,
+    file_len: u64,
+    data: &'a [u8],
+}
+
+fn bad(why: impl std::fmt::Display) -> Error {
+    Error::BadRequest(format!("replica image: {why}"))
+}
+
+/// Checks an image's checksum and layout and returns what it says about
+/// itself and its files; changes nothing.
+fn parse(buf: &[u8]) -> Result<(ImageInfo, Vec<Part<'_>>)> {
+    if buf.len() < 8 + 8 + 32 + 4 + 4 + 32 || &buf[..8] != MAGIC {
+        return Err(bad("not an image (or cut short)"));
+    }
+    let (body, sum) = buf.split_at(buf.len() - 32);
+    if sha2::Sha256::digest(body).as_slice() != sum {
+        return Err(bad("checksum mismatch (damaged or cut short)"));
+    }
+    let mut r = Reader { buf: body, at: 8 };
+    let index = r.u64()?;
+    let digest: [u8; 32] = r.take(32)?.try_into().expect("32 bytes");
+    let meta_len = r.u32()? as usize;
+    let meta = r.take(meta_len)?.to_vec();
+    let count = r.u32()?;
+    let mut parts = Vec::new();
+    for _ in 0..count {
+        let name_len = r.u16()? as usize;
+        let name = std::str::from_utf8(r.take(name_len)?).map_err(|_| bad("a file name"))?;
+        let file_len = r.u64()?;
+        let data_len = r.u64()?;
+        if data_len > file_len {
+            return Err(bad(format!("{name}: more data than its length")));
+        }
+        let data = r.take(usize::try_from(data_len).map_err(|_| bad("a length"))?)?;
+        check_name(name)?;
+        parts.push(Part {
+            name,
+            file_len,
+            data,
+        });
+    }
+    if r.at != body.len() {
+        return Err(bad("trailing bytes"));
+    }
+    Ok((
+        ImageInfo {
+            index,
+            digest,
+            meta,
+        },
+        parts,
+    ))
+}
+
+/// A name is relative, under one of the image's parts, with no `..`.
+fn check_name(name: &str) -> Result<()> {
+    let path = Path::new(name);
+    let mut comps = path.components();
+    let first_ok =
+        matches!(comps.next(), Some(Component::Normal(p)) if PARTS.iter().any(|x| p == *x));
+    let rest_ok = comps.all(|c| matches!(c, Component::Normal(_)));
+    if !first_ok || !rest_ok || path.components().count() < 2 {
+        return Err(bad(format!("file name {name:?} is not one an image holds")));
+    }
+    Ok(())
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| bad("cut short"))?;
+        let out = &self.buf[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+    fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+}
+
+/// What an image says about itself, once its checksum and layout are
+/// checked; changes nothing.
+pub fn image_info(buf: &[u8]) -> Result<ImageInfo> {
+    parse(buf).map(|(info, _)| info)
+}
+
+/// Unpacks an image into `dir` (which must not exist), durably, then opens
+/// it with `config` (its `data_dir` set to `dir`) and checks that the
+/// state there is the one the image names (index and digest). On any
+/// failure `dir` is removed and the error returned; nothing else is
+/// touched. The staged directory holds no node-local files (a token key,
+/// the consensus layer's own): the caller adds them before
+/// [`exchange_dirs`].
+pub fn stage_image(buf: &[u8], dir: &Path, config: &InboxConfig) -> Result<ImageInfo> {
+    let (info, parts) = parse(buf)?;
+    if dir.exists() {
+        return Err(bad(format!("{} exists already", dir.display())));
+    }
+    let staged = unpack(&parts, dir).and_then(|()| verify(dir, config, &info));
+    if let Err(e) = staged {
+        let _ = std::fs::remove_dir_all(dir);
+        return Err(e);
+    }
+    Ok(info)
+}
+
+fn unpack(parts: &[Part<'_>], dir: &Path) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(io)?;
+    let mut dirs = vec![dir.to_path_buf()];
+    for p in parts {
+        let path = dir.join(p.name);
+        let parent = path.parent().expect("checked: under a part").to_path_buf();
+        if !dirs.contains(&parent) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&parent)
+                .map_err(io)?;
+            dirs.push(parent);
+        }
+        let mut f = File::create(&path).map_err(io)?;
+        f.write_all(p.data).map_err(io)?;
+        if p.file_len > p.data.len() as u64 {
+            // Allocated, as the log preallocates its segments.
+            let len = i64::try_from(p.file_len).map_err(|_| bad("a file length"))?;
+            // SAFETY: plain integer arguments; the fd is owned by `f`.
+            let rc = unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len) };
+            if rc != 0 {
+                return Err(io(std::io::Error::from_raw_os_error(rc)));
+            }
+        }
+        f.sync_all().map_err(io)?;
+    }
+    // Children before parents, so each new entry is durable in its parent.
+    for d in dirs.iter().rev() {
+        fsync_dir(d)?;
+    }
+    fsync_dir(parent_of(dir))
+}
+
+/// Opens the staged directory and compares its state with what the image
+/// names; the engine is shut down again whatever the outcome.
+fn verify(dir: &Path, config: &InboxConfig, info: &ImageInfo) -> Result<()> {
+    let mut config = config.clone();
+    config.data_dir = dir.to_path_buf();
+    config.compaction_interval = None;
+    let inbox = Inbox::open(config)?;
+    let found = (inbox.replica_index(), inbox.replica_digest());
+    inbox.shutdown()?;
+    if found != (info.index, info.digest) {
+        return Err(bad(format!(
+            "its state is not the one it names (index {} where it says {})",
+            found.0, info.index
+        )));
+    }
+    Ok(())
+}
+
+fn parent_of(dir: &Path) -> &Path {
+    dir.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|f| f.sync_all()).map_err(io)
+}
+
+fn remove_dir_if_exists(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Copies the regular files of `from` (if it exists) into `to`, durably.
+fn copy_dir_files(from: &Path, to: &Path) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return Ok(());
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(to)
+        .map_err(io)?;
+    for e in entries {
+        let e = e.map_err(io)?;
+        let name = e.file_name();
+        if !e.file_type().map_err(io)?.is_file() || name.to_string_lossy().ends_with(".tmp") {
+            continue;
+        }
+        std::fs::copy(e.path(), to.join(&name)).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Copies the regular files at the top of `from` (a data directory's own:
+/// a token key, the consensus layer's metadata) into `to`, durably,
+/// leaving out `skip` and tmp files.
+pub fn copy_top_files(from: &Path, to: &Path, skip: &[&str]) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return Ok(());
+    };
+    for e in entries {
+        let e = e.map_err(io)?;
+        let name = e.file_name();
+        let n = name.to_string_lossy();
+        if !e.file_type().map_err(io)?.is_file() || n.ends_with(".tmp") || skip.contains(&&*n) {
+            continue;
+        }
+        let target = to.join(&name);
+        std::fs::copy(e.path(), &target).map_err(io)?;
+        File::open(&target).and_then(|f| f.sync_all()).map_err(io)?;
+    }
+    fsync_dir(to)
+}
+
+/// Swaps two directories in one step (`renameat2` with
+/// `RENAME_EXCHANGE`): a crash leaves either both as they were or both
+/// swapped, never a data directory missing or half-replaced. Made durable
+/// by an fsync of their parent (they must share it).
+pub fn exchange_dirs(a: &Path, b: &Path) -> Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| bad("a path with NUL"));
+    let (ca, cb) = (c(a)?, c(b)?);
+    // SAFETY: two valid NUL-terminated paths, read only during the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc != 0 {
+        return Err(io(std::io::Error::last_os_error()));
+    }
+    fsync_dir(parent_of(a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_outside_the_image_parts_are_refused() {
+        for ok in ["evt/00000001.seg", "checkpoint/ckpt-1.bin", "snap/a/b"] {
+            assert!(check_name(ok).is_ok(), "{ok}");
+        }
+        for no in [
+            "../x",
+            "/etc/passwd",
+            "evt",
+            "evt/../../x",
+            "raft-meta.json",
+            "other/x",
+        ] {
+            assert!(check_name(no).is_err(), "{no}");
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Replica images: a leader's whole state at one index, staged on a node
+//! that has none of its files, is that state (same digest, same answers)
+//! and takes the entries after it; a damaged, cut or mislabelled image is
+//! refused and leaves nothing behind.
+
+mod replica_common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use inbox_engine::inbox::{exchange_dirs, image_info, stage_image, Entry};
+use inbox_engine::*;
+use replica_common::*;
+use sha2::Digest;
+
+const SEG: u64 = 64 << 10;
+
+/// Joins, devices, sends (enough to roll segments), a sync with an ACK, a
+/// recall and a read cursor.
+fn workload(ib: &Inbox, round: u128) {
+    for (uid, conv) in [(1, 10), (2, 10), (3, 11), (1, 11), (4, 12)] {
+        ib.join(Uid(uid), ConvId(conv)).wait().unwrap();
+    }
+    ib.register_device(Uid(2), DeviceId(1)).wait().unwrap();
+    let body = "x".repeat(900);
+    let mut first = None;
+    for i in 0..80u128 {
+        let conv = 10 + (i % 3) as u64;
+        let sender = [1, 3, 4][(i % 3) as usize];
+        let r = send(ib, conv, sender, round * 10_000 + i, &body).unwrap();
+        first.get_or_insert(r.msg_id);
+    }
+    catch_up(ib, 2, 1);
+    ib.recall(RecallRequest {
+        conv: ConvId(10),
+        sender: Uid(1),
+        client_msg_id: round * 10_000 + 900,
+        target: first.unwrap(),
+    })
+    .wait()
+    .unwrap();
+    ib.mark_read(Uid(2), ConvId(10), MsgSeq(5)).wait().unwrap();
+}
+
+/// A leader that ran the workload twice with a compaction between, its
+/// entries kept.
+fn leader_with_history() -> (Node, Vec<Entry>) {
+    let leader = Node::new(SEG);
+    let pump = Pump::start(leader.ib().lead().unwrap(), vec![]);
+    workload(leader.ib(), 1);
+    leader.clock.advance(Duration::from_secs(8 * 24 * 3600));
+    leader.ib().compact().unwrap();
+    workload(leader.ib(), 2);
+    let log = pump.stop();
+    let entries = log.lock().unwrap().clone();
+    (leader, entries)
+}
+
+#[test]
+fn an_image_staged_on_a_new_node_is_the_leaders_state_and_takes_the_entries_after_it() {
+    let (leader, _) = leader_with_history();
+    let scratch = tempfile::tempdir().unwrap();
+    let (info, image) = leader
+        .ib()
+        .export_image(&scratch.path().join("build"), b"raft meta")
+        .unwrap();
+    assert!(!scratch.path().join("build").exists(), "scratch removed");
+    assert_eq!(info.index, leader.ib().replica_index());
+    assert_eq!(info.digest, leader.ib().replica_digest());
+    assert_eq!(image_info(&image).unwrap(), info);
+
+    // A node with none of the leader's files, other segment sizes.
+    let mut node = Node::follower(SEG * 2);
+    let staged = node.dir.path().join("staged");
+    let cfg = config(&staged, &node.clock, SEG * 2);
+    assert_eq!(stage_image(&image, &staged, &cfg).unwrap(), info);
+    drop(node.inbox.take());
+    let new_dir = tempfile::tempdir().unwrap();
+    std::fs::remove_dir(new_dir.path()).unwrap();
+    std::fs::rename(&staged, new_dir.path()).unwrap();
+    node.dir = new_dir;
+    node.open_again();
+    let ib = node.ib();
+    assert_eq!(ib.replica_index(), info.index);
+    assert_eq!(ib.replica_digest(), leader.ib().replica_digest());
+    assert_eq!(answers(ib), answers(leader.ib()));
+    ib.check_invariants().unwrap();
+    ib.check_segment_refs().unwrap();
+
+    // It follows on from the image's index.
+    let pump = Pump::start(leader.ib().lead().unwrap(), vec![Arc::clone(ib)]);
+    workload(leader.ib(), 3);
+    wait_index(ib, leader.ib().replica_index());
+    pump.stop();
+    assert_eq!(ib.replica_digest(), leader.ib().replica_digest());
+    assert_eq!(answers(ib), answers(leader.ib()));
+}
+
+#[test]
+fn a_damaged_or_cut_image_is_refused_and_stages_nothing() {
+    let (leader, _) = leader_with_history();
+    let scratch = tempfile::tempdir().unwrap();
+    let (_, image) = leader
+        .ib()
+        .export_image(&scratch.path().join("build"), b"")
+        .unwrap();
+    let node = Node::follower(SEG);
+    let staged = node.dir.path().join("staged");
+    let cfg = config(&staged, &node.clock, SEG);
+    let step = (image.len() / 97).max(1);
+    for at in (0..image.len()).step_by(step) {
+        let mut bad = image.clone();
+        bad[at] ^= 0x40;
+        let err = stage_image(&bad, &staged, &cfg).unwrap_err();
+        assert!(matches!(err, Error::BadRequest(_)), "flip at {at}: {err}");
+        assert!(!staged.exists(), "flip at {at} left a directory");
+    }
+    for len in [0, 10, image.len() / 2, image.len() - 1] {
+        let err = stage_image(&image[..len], &staged, &cfg).unwrap_err();
+        assert!(matches!(err, Error::BadRequest(_)), "cut at {len}: {err}");
+        assert!(!staged.exists());
+    }
+}
+
+#[test]
+fn an_image_whose_state_is_not_the_one_it_names_is_refused_after_unpacking() {
+    let (leader, _) = leader_with_history();
+    let scratch = tempfile::tempdir().unwrap();
+    let (_, image) = leader
+        .ib()
+        .export_image(&scratch.path().join("build"), b"")
+        .unwrap();
+    // The digest it names (bytes 16..48) changed, the checksum made to
+    // match: only opening the unpacked state tells.
+    let mut lying = image[..image.len() - 32].to_vec();
+    lying[16] ^= 1;
+    let sum = sha2::Sha256::digest(&lying);
+    lying.extend_from_slice(&sum);
+    let node = Node::follower(SEG);
+    let staged = node.dir.path().join("staged");
+    let cfg = config(&staged, &node.clock, SEG);
+    let err = stage_image(&lying, &staged, &cfg).unwrap_err();
+    assert!(err.to_string().contains("not the one it names"), "{err}");
+    assert!(!staged.exists());
+}
+
+#[test]
+fn exchanging_two_directories_swaps_their_contents_in_one_step() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, b) = (root.path().join("a"), root.path().join("b"));
+    std::fs::create_dir(&a).unwrap();
+    std::fs::create_dir(&b).unwrap();
+    std::fs::write(a.join("f"), b"old").unwrap();
+    std::fs::write(b.join("f"), b"new").unwrap();
+    exchange_dirs(&b, &a).unwrap();
+    assert_eq!(std::fs::read(a.join("f")).unwrap(), b"new");
+    assert_eq!(std::fs::read(b.join("f")).unwrap(), b"old");
+    assert!(exchange_dirs(&root.path().join("missing"), &a).is_err());
+    assert_eq!(std::fs::read(a.join("f")).unwrap(), b"new");
+}
