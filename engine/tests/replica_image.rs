@@ -62,11 +62,14 @@ fn an_image_staged_on_a_new_node_is_the_leaders_state_and_takes_the_entries_afte
     let scratch = tempfile::tempdir().unwrap();
     let (info, image) = leader
         .ib()
-        .export_image(&scratch.path().join("build"), b"raft meta")
+        .export_image(&scratch.path().join("build"), &mut |i| {
+            format!("meta {i}").into_bytes()
+        })
         .unwrap();
     assert!(!scratch.path().join("build").exists(), "scratch removed");
     assert_eq!(info.index, leader.ib().replica_index());
     assert_eq!(info.digest, leader.ib().replica_digest());
+    assert_eq!(info.meta, format!("meta {}", info.index).into_bytes());
     assert_eq!(image_info(&image).unwrap(), info);
 
     // A node with none of the leader's files, other segment sizes.
@@ -102,7 +105,7 @@ fn a_damaged_or_cut_image_is_refused_and_stages_nothing() {
     let scratch = tempfile::tempdir().unwrap();
     let (_, image) = leader
         .ib()
-        .export_image(&scratch.path().join("build"), b"")
+        .export_image(&scratch.path().join("build"), &mut |_| Vec::new())
         .unwrap();
     let node = Node::follower(SEG);
     let staged = node.dir.path().join("staged");
@@ -128,7 +131,7 @@ fn an_image_whose_state_is_not_the_one_it_names_is_refused_after_unpacking() {
     let scratch = tempfile::tempdir().unwrap();
     let (_, image) = leader
         .ib()
-        .export_image(&scratch.path().join("build"), b"")
+        .export_image(&scratch.path().join("build"), &mut |_| Vec::new())
         .unwrap();
     // The digest it names (bytes 16..48) changed, the checksum made to
     // match: only opening the unpacked state tells.

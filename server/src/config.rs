@@ -189,6 +189,12 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_BOOTSTRAP", num_args = 0..=1, default_missing_value = "true")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<bool>,
+    /// Rounds between two raft snapshots (raft then forgets its log up to
+    /// 1000 rounds before the snapshot; a follower further behind is sent
+    /// the snapshot) [default: 50000].
+    #[arg(long, env = "INBOXD_SNAPSHOT_EVERY")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_every: Option<u64>,
 }
 
 /// A replicated group's settings, resolved.
@@ -199,6 +205,8 @@ pub struct ClusterConfig {
     pub peers: std::collections::BTreeMap<u64, crate::cluster::Peer>,
     /// Initialize the membership on an empty log.
     pub bootstrap: bool,
+    /// Rounds between two raft snapshots.
+    pub snapshot_every: u64,
 }
 
 /// Parses `ID=RAFT_ADDR/CLIENT_ADDR,...`.
@@ -256,6 +264,10 @@ fn resolve_cluster(s: &ServeArgs) -> Result<Option<ClusterConfig>, ConfigError> 
                 raft_listen,
                 peers,
                 bootstrap,
+                snapshot_every: s
+                    .snapshot_every
+                    .unwrap_or(crate::cluster::SNAPSHOT_EVERY)
+                    .max(1),
             }))
         }
         _ => Err(invalid(

@@ -91,6 +91,17 @@ pub struct Shared {
     pub group: Option<crate::cluster::GroupHandle>,
 }
 
+impl Shared {
+    /// The engine requests go to: a group's current one (a snapshot
+    /// install replaces it), else `inbox`, borrowed at no cost.
+    pub fn engine(&self) -> std::borrow::Cow<'_, Arc<Inbox>> {
+        match &self.group {
+            Some(g) => std::borrow::Cow::Owned(g.inbox()),
+            None => std::borrow::Cow::Borrowed(&self.inbox),
+        }
+    }
+}
+
 /// The semaphore bounding what all connections may have queued on the
 /// engine: `bytes_max` in units of [`ENGINE_QUEUE_UNIT`], never less than
 /// one largest request, so any request the framing accepts can be queued.
@@ -454,7 +465,7 @@ pub async fn serve<R, W>(
                 }
                 if hint_task.is_none() {
                     hint_task = Some(tokio::spawn(hints::hint_loop(
-                        shared.inbox.subscribe_hints(),
+                        shared.engine().subscribe_hints(),
                         Arc::clone(&subscribed),
                         tx.clone(),
                         Arc::clone(&shared.metrics),
@@ -463,8 +474,8 @@ pub async fn serve<R, W>(
                 }
                 if dirty && dirty_hint_task.is_none() {
                     dirty_hint_task = Some(tokio::spawn(hints::dirty_hint_loop(
-                        Arc::clone(&shared.inbox),
-                        shared.inbox.subscribe_large_group_hints(),
+                        Arc::clone(&shared.engine()),
+                        shared.engine().subscribe_large_group_hints(),
                         Arc::clone(&subscribed),
                         tx.clone(),
                         Arc::clone(&shared.metrics),
@@ -547,7 +558,12 @@ pub async fn serve<R, W>(
                         // Queued on the sequencer right here, in arrival
                         // order, once every earlier read has been answered.
                         let _no_reads = reads.write().await;
-                        service::start(&shared.inbox, &shared.metrics, &shared.read_pool, request)
+                        service::start(
+                            &shared.engine(),
+                            &shared.metrics,
+                            &shared.read_pool,
+                            request,
+                        )
                     }
                     (None, service::Order::Read | service::Order::ReadWrite) => {
                         // Holds later writes back until this one has read.
@@ -564,7 +580,7 @@ pub async fn serve<R, W>(
                                 }
                             }
                             let reply = service::start(
-                                &shared.inbox,
+                                &shared.engine(),
                                 &shared.metrics,
                                 &shared.read_pool,
                                 request,
@@ -749,7 +765,8 @@ fn handshake(shared: &Shared, frame: &Frame) -> Result<(Role, u16, Frame), Frame
 /// Everything `HELLO_OK` announces: the connection's limits and the
 /// engine's.
 fn hello_ok(shared: &Shared) -> HelloOk {
-    let engine = shared.inbox.config();
+    let inbox = shared.engine();
+    let engine = inbox.config();
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     HelloOk {
         version: PROTOCOL_VERSION,
@@ -757,7 +774,7 @@ fn hello_ok(shared: &Shared) -> HelloOk {
         frame_bytes_max: shared.limits.frame_bytes_max,
         in_flight_max: shared.limits.in_flight_max,
         reply_frame_bytes_max: shared.limits.reply_frame_bytes_max,
-        payload_bytes_max: u32::try_from(shared.inbox.payload_limit()).unwrap_or(u32::MAX),
+        payload_bytes_max: u32::try_from(inbox.payload_limit()).unwrap_or(u32::MAX),
         summary_bytes_max: u32::try_from(inbox_engine::SUMMARY_BYTES_MAX).unwrap_or(u32::MAX),
         sync_page_default: engine.sync_page_default,
         sync_page_max: engine.sync_page_max,

@@ -261,10 +261,14 @@ pub async fn run(
     metrics_task.abort();
     engine_stats_task.abort();
     drop(shared);
+    // A group's engine is the one its last snapshot install opened.
+    let engine = match &cluster {
+        Some(c) => c.inbox(),
+        None => Arc::clone(&inbox),
+    };
     if let Some(cluster) = cluster {
         cluster.shutdown().await;
     }
-    let engine = Arc::clone(&inbox);
     tokio::task::spawn_blocking(move || engine.shutdown())
         .await
         .unwrap_or_else(|join| Err(inbox_engine::Error::Internal(join.to_string())))

@@ -159,7 +159,7 @@ impl Group {
     }
 
     fn ib(&self, id: u64) -> Arc<Inbox> {
-        Arc::clone(self.nodes[&id].inbox())
+        self.nodes[&id].inbox()
     }
 
     /// The node whose engine leads, among those not cut off; fails the
@@ -200,7 +200,7 @@ impl Group {
             // A round's messages are readable once durable, a moment
             // after the round is applied.
             let histories: HashSet<Vec<u64>> =
-                self.nodes.values().map(|n| seqs(n.inbox())).collect();
+                self.nodes.values().map(|n| seqs(&n.inbox())).collect();
             if digests.len() == 1 && indexes.len() == 1 && histories.len() == 1 {
                 return digests.into_iter().next().unwrap();
             }

@@ -47,7 +47,12 @@ async fn start() -> (
         let node = Cluster::start(id, inbox, dir.path(), default_config(), net)
             .await
             .unwrap();
-        tokio::spawn(serve(l, node.raft().clone(), Arc::from(TOKEN.as_bytes())));
+        tokio::spawn(serve(
+            l,
+            node.raft().clone(),
+            node.snapshot_receiver(),
+            Arc::from(TOKEN.as_bytes()),
+        ));
         nodes.insert(id, node);
         dirs.push(dir);
     }
@@ -75,7 +80,7 @@ async fn leader(nodes: &BTreeMap<u64, Cluster>) -> u64 {
 async fn three_nodes_over_tcp_elect_commit_and_converge() {
     let (nodes, _peers, _dirs) = start().await;
     let l = leader(&nodes).await;
-    let ib = Arc::clone(nodes[&l].inbox());
+    let ib = nodes[&l].inbox();
     let acked = tokio::task::spawn_blocking(move || {
         ib.join(Uid(1), ConvId(10)).wait().unwrap();
         (0..20u128)

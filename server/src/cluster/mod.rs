@@ -18,13 +18,15 @@
 
 mod meta;
 pub mod network;
+mod snapshot;
 mod store;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Cursor;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use inbox_engine::inbox::Leader;
@@ -32,6 +34,7 @@ use inbox_engine::Inbox;
 use openraft::{CommittedLeaderId, Raft, RaftNetworkFactory, ServerState};
 use serde::{Deserialize, Serialize};
 
+pub use snapshot::SnapshotReceiver;
 pub use store::{LogStore, StateMachine};
 
 /// One engine round as a raft entry's payload: `Entry::encode`'s bytes.
@@ -73,17 +76,22 @@ openraft::declare_raft_types!(
 /// The raft handle of this crate's type config.
 pub type InboxRaft = Raft<TypeConfig>;
 
+/// Rounds between two snapshots, by default.
+pub const SNAPSHOT_EVERY: u64 = 50_000;
+
 /// raft's timing for a group: heartbeats every 250 ms (also the deadline
 /// of one append call, which includes the follower's fdatasync), elections
-/// after 1–2 s of silence. Snapshots are not built (not implemented yet),
-/// so the log is never purged.
+/// after 1–2 s of silence. A snapshot every [`SNAPSHOT_EVERY`] rounds;
+/// raft then forgets its log up to 1000 rounds before the snapshot
+/// (a follower further behind is sent the snapshot).
 pub fn default_config() -> openraft::Config {
     openraft::Config {
         cluster_name: "inboxd".into(),
         heartbeat_interval: 250,
         election_timeout_min: 1000,
         election_timeout_max: 2000,
-        snapshot_policy: openraft::SnapshotPolicy::Never,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
+        max_in_snapshot_log_to_keep: 1000,
         max_payload_entries: 256,
         ..Default::default()
     }
@@ -99,9 +107,16 @@ struct Leading {
 /// role watcher share.
 pub(crate) struct Glue {
     id: u64,
-    inbox: Arc<Inbox>,
+    /// The engine; replaced whole when a snapshot is installed.
+    inbox: RwLock<Arc<Inbox>>,
     dir: std::path::PathBuf,
     role: Mutex<Role>,
+    /// The last log id raft applied.
+    applied: Mutex<Option<openraft::LogId<u64>>>,
+    /// Bumped whenever rounds are discarded or the engine is replaced: a
+    /// snapshot build that saw it change takes a new copy.
+    epoch: AtomicU64,
+    snapshots: Mutex<snapshot::Snapshots>,
 }
 
 /// Guarded by one lock: every change of the engine's role and every
@@ -124,6 +139,17 @@ impl Glue {
         self.role.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The engine (the one a snapshot installed, after an install).
+    pub(crate) fn inbox(&self) -> Arc<Inbox> {
+        Arc::clone(&self.inbox.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Discards the engine's rounds from `from` on.
+    fn discard_from(&self, from: u64) -> inbox_engine::Result<()> {
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.inbox().discard_from(from)
+    }
+
     /// Ends this node's leadership in the engine, if it leads: replies of
     /// rounds not committed fail with `NotLeader`, and rounds the engine
     /// made that never reached raft's log are discarded (no quorum can
@@ -132,10 +158,11 @@ impl Glue {
         if role.leading.take().is_none() {
             return Ok(());
         }
-        self.inbox.follow()?;
+        let inbox = self.inbox();
+        inbox.follow()?;
         let keep = role.raft_last.unwrap_or(0);
-        if self.inbox.replica_index() > keep {
-            self.inbox.discard_from(keep + 1)?;
+        if inbox.replica_index() > keep {
+            self.discard_from(keep + 1)?;
         }
         Ok(())
     }
@@ -143,7 +170,7 @@ impl Glue {
     /// raft appended this node's blank entry of a new term: the engine
     /// leads from the next round on, and a thread hands its rounds to raft.
     fn become_leader(self: &Arc<Self>, role: &mut Role, leader_id: CommittedLeaderId<u64>) {
-        let handle = match self.inbox.lead() {
+        let handle = match self.inbox().lead() {
             Ok(l) => Arc::new(l),
             Err(e) => {
                 tracing::error!(error = %e, "the engine cannot lead");
@@ -223,6 +250,12 @@ impl Cluster {
         N: RaftNetworkFactory<TypeConfig>,
     {
         inbox.follow().map_err(|e| ClusterError(e.to_string()))?;
+        // The exchange of directories an install does names the data
+        // directory's parent: the path must have one.
+        let dir = &dir
+            .canonicalize()
+            .map_err(|e| ClusterError(format!("{}: {e}", dir.display())))?;
+        snapshot::remove_leftovers(dir).map_err(|e| ClusterError(e.to_string()))?;
         let meta = meta::Meta::load(dir).map_err(|e| ClusterError(e.to_string()))?;
         let index = inbox.replica_index();
         let raft_last = if index > 0 {
@@ -230,9 +263,10 @@ impl Cluster {
         } else {
             meta.memberships.contains_key(&0).then_some(0)
         };
+        let applied = meta.purged;
         let glue = Arc::new(Glue {
             id,
-            inbox,
+            inbox: RwLock::new(inbox),
             dir: dir.to_path_buf(),
             role: Mutex::new(Role {
                 leading: None,
@@ -241,6 +275,9 @@ impl Cluster {
                 cache: BTreeMap::new(),
                 raft: None,
             }),
+            applied: Mutex::new(applied),
+            epoch: AtomicU64::new(0),
+            snapshots: Mutex::new(snapshot::Snapshots::load(dir)),
         });
         let config = Arc::new(config.validate().map_err(|e| ClusterError(e.to_string()))?);
         let log = LogStore::new(Arc::clone(&glue));
@@ -271,10 +308,15 @@ impl Cluster {
             .await
             .map_err(|e| ClusterError(format!("cannot listen on {}: {e}", config.raft_listen)))?;
         let net = network::TcpNetwork::new(Arc::clone(&token));
-        let mut node = Cluster::start(config.node_id, inbox, dir, default_config(), net).await?;
+        let raft_config = openraft::Config {
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_every),
+            ..default_config()
+        };
+        let mut node = Cluster::start(config.node_id, inbox, dir, raft_config, net).await?;
         node.port = Some(tokio::spawn(network::serve(
             listener,
             node.raft.clone(),
+            node.snapshot_receiver(),
             token,
         )));
         let initialized = node
@@ -299,9 +341,18 @@ impl Cluster {
         &self.raft
     }
 
-    /// The engine.
-    pub fn inbox(&self) -> &Arc<Inbox> {
-        &self.glue.inbox
+    /// The engine: the one a snapshot installed, after an install (the
+    /// engine given to [`Cluster::start`] is shut down then).
+    pub fn inbox(&self) -> Arc<Inbox> {
+        self.glue.inbox()
+    }
+
+    /// Where this node's raft port hands incoming snapshot chunks.
+    pub fn snapshot_receiver(&self) -> SnapshotReceiver {
+        SnapshotReceiver {
+            glue: Arc::clone(&self.glue),
+            raft: self.raft.clone(),
+        }
     }
 
     /// Writes the first membership: only on an empty log, on one node.
@@ -349,6 +400,11 @@ pub struct GroupHandle {
 }
 
 impl GroupHandle {
+    /// The engine (replaced whole when a snapshot is installed).
+    pub fn inbox(&self) -> Arc<Inbox> {
+        self.glue.inbox()
+    }
+
     /// Whether the engine currently leads.
     pub fn is_leading(&self) -> bool {
         self.glue.role().leading.is_some()

@@ -78,7 +78,12 @@ async fn read_frame<T: DeserializeOwned>(s: &mut TcpStream) -> std::io::Result<T
 }
 
 /// Serves raft's port until the listener fails.
-pub async fn serve(listener: TcpListener, raft: InboxRaft, token: Arc<[u8]>) {
+pub async fn serve(
+    listener: TcpListener,
+    raft: InboxRaft,
+    snapshots: super::SnapshotReceiver,
+    token: Arc<[u8]>,
+) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -88,9 +93,9 @@ pub async fn serve(listener: TcpListener, raft: InboxRaft, token: Arc<[u8]>) {
                 continue;
             }
         };
-        let (raft, token) = (raft.clone(), Arc::clone(&token));
+        let (raft, snapshots, token) = (raft.clone(), snapshots.clone(), Arc::clone(&token));
         tokio::spawn(async move {
-            if let Err(e) = serve_conn(stream, raft, &token).await {
+            if let Err(e) = serve_conn(stream, raft, snapshots, &token).await {
                 if e.kind() != std::io::ErrorKind::UnexpectedEof {
                     tracing::debug!(%peer, error = %e, "raft connection closed");
                 }
@@ -99,7 +104,12 @@ pub async fn serve(listener: TcpListener, raft: InboxRaft, token: Arc<[u8]>) {
     }
 }
 
-async fn serve_conn(mut s: TcpStream, raft: InboxRaft, token: &[u8]) -> std::io::Result<()> {
+async fn serve_conn(
+    mut s: TcpStream,
+    raft: InboxRaft,
+    snapshots: super::SnapshotReceiver,
+    token: &[u8],
+) -> std::io::Result<()> {
     s.set_nodelay(true)?;
     let hello: Hello = read_frame(&mut s).await?;
     let ok: bool = hello.token.ct_eq(token).into();
@@ -123,7 +133,7 @@ async fn serve_conn(mut s: TcpStream, raft: InboxRaft, token: &[u8]) -> std::io:
                 write_frame(&mut s, &a).await?;
             }
             Request::Snapshot(rpc) => {
-                let a: Answer<_, InstallSnapshotError> = raft.install_snapshot(rpc).await;
+                let a: Answer<_, InstallSnapshotError> = snapshots.install_snapshot(rpc).await;
                 write_frame(&mut s, &a).await?;
             }
         }

@@ -25,8 +25,8 @@ use std::sync::{mpsc, Arc};
 use inbox_engine::inbox::{Entry, Leader, Pending};
 use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
 use openraft::{
-    AnyError, EntryPayload, LogId, LogState, RaftLogReader, RaftSnapshotBuilder, Snapshot,
-    SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
+    AnyError, EntryPayload, LogId, LogState, RaftLogReader, Snapshot, SnapshotMeta, StorageError,
+    StorageIOError, StoredMembership, Vote,
 };
 
 use super::{Glue, Role, Round, TypeConfig};
@@ -132,7 +132,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
             .collect();
         let mut rounds = std::collections::BTreeMap::new();
         if let (Some(&lo), Some(&hi)) = (missing.first(), missing.last()) {
-            for r in self.glue.inbox.read_entries(lo, hi).map_err(read_err)? {
+            for r in self.glue.inbox().read_entries(lo, hi).map_err(read_err)? {
                 rounds.insert(r.index(), r);
             }
         }
@@ -219,7 +219,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     // This leader's own round: the engine wrote it before
                     // handing it over; only its durability is awaited.
                     let entry = Entry::decode(&round.0).map_err(write_err)?;
-                    if entry.index() != index || glue.inbox.replica_index() < index {
+                    if entry.index() != index || glue.inbox().replica_index() < index {
                         return Err(write_err(format!(
                             "raft entry {index} holds round {} the engine does not have there",
                             entry.index()
@@ -232,8 +232,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     // follows, and a tail of its log that raft does not
                     // hold is dropped before the entry is applied.
                     glue.step_down(&mut role).map_err(write_err)?;
-                    if glue.inbox.replica_index() >= index {
-                        glue.inbox.discard_from(index).map_err(write_err)?;
+                    if glue.inbox().replica_index() >= index {
+                        glue.discard_from(index).map_err(write_err)?;
                     }
                     let entry = match payload {
                         EntryPayload::Normal(round) => {
@@ -247,7 +247,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                             entry.index()
                         )));
                     }
-                    applied.push(glue.inbox.apply_entry(entry));
+                    applied.push(glue.inbox().apply_entry(entry));
                     if matches!(payload, EntryPayload::Blank) && is_my_new_term(&role, glue.id, &e)
                     {
                         glue.become_leader(&mut role, e.log_id.leader_id);
@@ -275,8 +275,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let glue = &self.glue;
         let mut role = glue.role();
         glue.step_down(&mut role).map_err(write_err)?;
-        if index > 0 && glue.inbox.replica_index() >= index {
-            glue.inbox.discard_from(index).map_err(write_err)?;
+        if index > 0 && glue.inbox().replica_index() >= index {
+            glue.discard_from(index).map_err(write_err)?;
         }
         role.meta.cut_from(index);
         role.meta.store(&glue.dir).map_err(write_err)?;
@@ -307,7 +307,7 @@ fn is_my_new_term(role: &Role, id: u64, e: &RaftEntry) -> bool {
 /// raft's state machine: the engine already applied every entry when it
 /// was appended (see the module documentation), so applying records the
 /// applied log id and the membership, and on the leader commits the
-/// engine's rounds.
+/// engine's rounds. Snapshots: `snapshot.rs`.
 pub struct StateMachine {
     glue: Arc<Glue>,
     applied: Option<LogId<u64>>,
@@ -315,33 +315,31 @@ pub struct StateMachine {
 }
 
 impl StateMachine {
+    /// After a restart raft's applied point is the last snapshot's (what
+    /// its log no longer holds); what the log holds after it raft applies
+    /// again, which changes nothing in the engine.
     pub(crate) fn new(glue: Arc<Glue>) -> StateMachine {
+        let applied = glue.applied();
+        let membership = applied
+            .and_then(|a| {
+                let role = glue.role();
+                let (&i, m) = role.meta.memberships.range(..=a.index).next_back()?;
+                Some(StoredMembership::new(
+                    Some(LogId::new(role.meta.leader_at(i), i)),
+                    m.clone(),
+                ))
+            })
+            .unwrap_or_default();
         StateMachine {
             glue,
-            applied: None,
-            membership: StoredMembership::default(),
+            applied,
+            membership,
         }
     }
 }
 
-/// Snapshots are not built yet: with the snapshot policy `Never` raft does
-/// not ask for one, and a follower that lost the log it needs cannot
-/// catch up (see `docs/CLUSTER.md`).
-pub struct NoSnapshots;
-
-fn no_snapshots() -> StorageError<u64> {
-    StorageIOError::write_snapshot(None, AnyError::error("snapshots are not implemented yet"))
-        .into()
-}
-
-impl RaftSnapshotBuilder<TypeConfig> for NoSnapshots {
-    async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
-        Err(no_snapshots())
-    }
-}
-
 impl RaftStateMachine<TypeConfig> for StateMachine {
-    type SnapshotBuilder = NoSnapshots;
+    type SnapshotBuilder = super::snapshot::Builder;
 
     async fn applied_state(
         &mut self,
@@ -362,6 +360,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             self.applied = Some(e.log_id);
             replies.push(());
         }
+        self.glue.set_applied(self.applied);
         if let Some(applied) = self.applied {
             if let Some(l) = &self.glue.role().leading {
                 l.handle.commit(applied.index);
@@ -371,22 +370,37 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        NoSnapshots
+        super::snapshot::Builder {
+            glue: Arc::clone(&self.glue),
+        }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<std::io::Cursor<Vec<u8>>>> {
-        Err(no_snapshots())
+        Ok(Box::new(std::io::Cursor::new(Vec::new())))
     }
 
     async fn install_snapshot(
         &mut self,
-        _meta: &SnapshotMeta<u64, super::Peer>,
-        _snapshot: Box<std::io::Cursor<Vec<u8>>>,
+        meta: &SnapshotMeta<u64, super::Peer>,
+        snapshot: Box<std::io::Cursor<Vec<u8>>>,
     ) -> StorageResult<()> {
-        Err(no_snapshots())
+        let glue = Arc::clone(&self.glue);
+        let m = meta.clone();
+        let data = snapshot.into_inner();
+        tokio::task::spawn_blocking(move || glue.install_snapshot(&m, data))
+            .await
+            .map_err(|e| snapshot_err(meta, e))?
+            .map_err(|e| snapshot_err(meta, e))?;
+        self.applied = meta.last_log_id;
+        self.membership = meta.last_membership.clone();
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
-        Ok(None)
+        Ok(self.glue.current_snapshot())
     }
+}
+
+fn snapshot_err(meta: &SnapshotMeta<u64, super::Peer>, e: impl ToString) -> StorageError<u64> {
+    StorageIOError::write_snapshot(Some(meta.signature()), AnyError::error(e.to_string())).into()
 }

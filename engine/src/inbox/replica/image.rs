@@ -60,7 +60,7 @@ pub struct ImageInfo {
     pub index: u64,
     /// [`Inbox::replica_digest`] of its state.
     pub digest: [u8; 32],
-    /// The consensus layer's metadata, as given to [`Inbox::export_image`].
+    /// The consensus layer's metadata, as [`Inbox::export_image`] was given it.
     pub meta: Vec<u8>,
 }
 
@@ -91,15 +91,20 @@ impl Inbox {
     /// settled (on a leader: committed), writing fresh logs in `scratch`
     /// (created, and removed afterwards; it must be on the data
     /// directory's file system or any other with room for a copy).
-    /// `meta` is carried as is. The image is returned in memory: its size
-    /// is about the retained bodies and events plus the state.
-    pub fn export_image(&self, scratch: &Path, meta: &[u8]) -> Result<(ImageInfo, Vec<u8>)> {
+    /// `meta` gives the consensus layer's metadata for the image's index,
+    /// carried as is. The image is returned in memory: its size is about
+    /// the retained bodies and events plus the state.
+    pub fn export_image(
+        &self,
+        scratch: &Path,
+        meta: &mut dyn FnMut(u64) -> Vec<u8>,
+    ) -> Result<(ImageInfo, Vec<u8>)> {
         for _ in 0..ATTEMPTS {
             let st = self.control(|tx| Control::Copy { tx })?;
             let info = ImageInfo {
                 index: st.replica_index,
                 digest: digest_of(&st),
-                meta: meta.to_vec(),
+                meta: meta(st.replica_index),
             };
             remove_dir_if_exists(scratch)?;
             std::fs::DirBuilder::new()
