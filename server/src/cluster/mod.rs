@@ -117,6 +117,9 @@ pub(crate) struct Glue {
     /// snapshot build that saw it change takes a new copy.
     epoch: AtomicU64,
     snapshots: Mutex<snapshot::Snapshots>,
+    /// Rounds below this index were found deleted by the engine's own
+    /// compaction (0: none found); raft was asked to purge past them.
+    gone_below: AtomicU64,
 }
 
 /// Guarded by one lock: every change of the engine's role and every
@@ -142,6 +145,46 @@ impl Glue {
     /// The engine (the one a snapshot installed, after an install).
     pub(crate) fn inbox(&self) -> Arc<Inbox> {
         Arc::clone(&self.inbox.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The engine's compaction deleted the rounds below `held` (their
+    /// batches' segments held nothing live any more). raft is asked for a
+    /// snapshot covering them, if the last one does not, and to purge its
+    /// log up to `held - 1`, so that a follower that needs them is sent
+    /// the snapshot. raft purges only while no replication uses the range,
+    /// and the replication that found the gap keeps using it: until that
+    /// follower's replication restarts (a new leader, a restart) it stays
+    /// behind (see `docs/CLUSTER.md`).
+    fn compacted_away(&self, held: u64) {
+        use std::sync::atomic::Ordering;
+        if self.gone_below.fetch_max(held, Ordering::AcqRel) >= held {
+            return;
+        }
+        let Some(raft) = self.role().raft.clone() else {
+            return;
+        };
+        let upto = held - 1;
+        tracing::warn!(
+            node = self.id,
+            upto,
+            "rounds compacted away; purging raft's log past them"
+        );
+        tokio::spawn(async move {
+            let covered = |raft: &InboxRaft| {
+                raft.metrics()
+                    .borrow()
+                    .snapshot
+                    .is_some_and(|s| s.index >= upto)
+            };
+            if !covered(&raft) && raft.trigger().snapshot().await.is_err() {
+                return;
+            }
+            let start = std::time::Instant::now();
+            while !covered(&raft) && start.elapsed() < Duration::from_secs(60) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let _ = raft.trigger().purge_log(upto).await;
+        });
     }
 
     /// Discards the engine's rounds from `from` on.
@@ -278,6 +321,7 @@ impl Cluster {
             applied: Mutex::new(applied),
             epoch: AtomicU64::new(0),
             snapshots: Mutex::new(snapshot::Snapshots::load(dir)),
+            gone_below: AtomicU64::new(0),
         });
         let config = Arc::new(config.validate().map_err(|e| ClusterError(e.to_string()))?);
         let log = LogStore::new(Arc::clone(&glue));
@@ -361,6 +405,13 @@ impl Cluster {
             .initialize(members)
             .await
             .map_err(|e| ClusterError(e.to_string()))
+    }
+
+    /// Forgets the recent entries kept in memory, so that replication
+    /// reads the engine's log, as after a restart (tests).
+    #[doc(hidden)]
+    pub fn forget_recent_entries(&self) {
+        self.glue.role().cache.clear();
     }
 
     /// Whether the engine currently leads (its writes go through raft).

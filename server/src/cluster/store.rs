@@ -20,6 +20,7 @@
 //! round is committed, which releases the round's replies.
 
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 
 use inbox_engine::inbox::{Entry, Leader, Pending};
@@ -103,27 +104,25 @@ fn raft_entry(role: &Role, index: u64, round: Option<&Entry>) -> StorageResult<R
     Ok(RaftEntry { log_id, payload })
 }
 
-impl RaftLogReader<TypeConfig> for LogStore {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + std::fmt::Debug + Send>(
-        &mut self,
-        range: RB,
-    ) -> StorageResult<Vec<RaftEntry>> {
+impl LogStore {
+    /// The entries of `start..end` (`end` clamped to the last). A round the
+    /// engine's own compaction deleted is an error, or with `partial` the
+    /// end of the answer: the entries before it are returned, and when the
+    /// first one is gone raft is asked to purge its log past it (see
+    /// [`Glue::compacted_away`]), after which it sends that follower a
+    /// snapshot.
+    fn read_range(&self, start: u64, end: u64, partial: bool) -> StorageResult<Vec<RaftEntry>> {
         let role = self.glue.role();
         let Some(last) = role.raft_last else {
             return Ok(Vec::new());
         };
-        let start = match range.start_bound() {
-            Bound::Included(&i) => i,
-            Bound::Excluded(&i) => i + 1,
-            Bound::Unbounded => 0,
-        };
-        let end = match range.end_bound() {
-            Bound::Included(&i) => i.saturating_add(1),
-            Bound::Excluded(&i) => i,
-            Bound::Unbounded => u64::MAX,
-        }
-        .min(last + 1);
+        let end = end.min(last + 1);
         if start >= end {
+            return Ok(Vec::new());
+        }
+        let gone_below = self.glue.gone_below.load(Ordering::Acquire);
+        if partial && start < gone_below && !role.cache.contains_key(&start) {
+            // Known to be compacted away: not read again while raft purges.
             return Ok(Vec::new());
         }
         // What the cache lacks is read back from the log in one pass.
@@ -144,6 +143,15 @@ impl RaftLogReader<TypeConfig> for LogStore {
             }
             let round = rounds.get(&i);
             if i > 0 && round.is_none() {
+                if partial {
+                    if out.is_empty() {
+                        // Every round up to the first one still held is gone.
+                        let held = rounds.keys().next().copied().unwrap_or(end);
+                        drop(role);
+                        self.glue.compacted_away(held);
+                    }
+                    return Ok(out);
+                }
                 return Err(read_err(format!(
                     "raft entry {i} is no longer in this node's log (compacted); the follower needs a snapshot"
                 )));
@@ -151,6 +159,39 @@ impl RaftLogReader<TypeConfig> for LogStore {
             out.push(raft_entry(&role, i, round)?);
         }
         Ok(out)
+    }
+}
+
+fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
+    let start = match range.start_bound() {
+        Bound::Included(&i) => i,
+        Bound::Excluded(&i) => i + 1,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&i) => i.saturating_add(1),
+        Bound::Excluded(&i) => i,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start, end)
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + std::fmt::Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> StorageResult<Vec<RaftEntry>> {
+        let (start, end) = bounds(&range);
+        self.read_range(start, end, false)
+    }
+
+    /// Replication's read: stops before a round compaction deleted.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> StorageResult<Vec<RaftEntry>> {
+        self.read_range(start, end, true)
     }
 }
 
