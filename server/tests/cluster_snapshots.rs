@@ -497,7 +497,6 @@ async fn a_damaged_snapshot_is_refused_and_leaves_the_follower_as_it_was() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "known limit: raft does not purge a range its replication to that follower is using, so the follower is not sent the snapshot"]
 async fn rounds_the_leaders_compaction_deleted_reach_a_follower_as_a_snapshot() {
     // No snapshot by the policy: only the compaction makes raft purge.
     let g = Group::start_with(openraft::Config {

@@ -16,6 +16,7 @@
 //! Without a cluster configured none of this exists: a single node runs
 //! exactly as before.
 
+mod gap;
 mod meta;
 pub mod network;
 mod snapshot;
@@ -151,10 +152,9 @@ impl Glue {
     /// batches' segments held nothing live any more). raft is asked for a
     /// snapshot covering them, if the last one does not, and to purge its
     /// log up to `held - 1`, so that a follower that needs them is sent
-    /// the snapshot. raft purges only while no replication uses the range,
-    /// and the replication that found the gap keeps using it: until that
-    /// follower's replication restarts (a new leader, a restart) it stays
-    /// behind (see `docs/CLUSTER.md`).
+    /// the snapshot. raft purges only while no replication uses the range:
+    /// the network refuses that follower's empty appends meanwhile
+    /// (`gap.rs`), so its replication lets go of it.
     fn compacted_away(&self, held: u64) {
         use std::sync::atomic::Ordering;
         if self.gone_below.fetch_max(held, Ordering::AcqRel) >= held {
@@ -326,6 +326,10 @@ impl Cluster {
         let config = Arc::new(config.validate().map_err(|e| ClusterError(e.to_string()))?);
         let log = LogStore::new(Arc::clone(&glue));
         let sm = StateMachine::new(Arc::clone(&glue));
+        let network = gap::Factory {
+            inner: network,
+            glue: Arc::clone(&glue),
+        };
         let raft = Raft::new(id, config, network, log, sm)
             .await
             .map_err(|e| ClusterError(e.to_string()))?;
