@@ -21,6 +21,10 @@ use openraft::raft::{
 };
 use openraft::{RaftNetwork, RaftNetworkFactory};
 
+/// A running node as the router reaches it: its raft, where its snapshot
+/// chunks go, and the engine it runs now.
+type Target = (InboxRaft, SnapshotReceiver, Arc<Mutex<Option<Arc<Inbox>>>>);
+
 /// What a node refused, and its engine's index and digest right after.
 type Refusal = (u64, u64, [u8; 32]);
 
@@ -29,14 +33,12 @@ type Refusal = (u64, u64, [u8; 32]);
 /// node, and counts the snapshots each node took in whole.
 #[derive(Default)]
 struct Router {
-    nodes: Mutex<HashMap<u64, (InboxRaft, SnapshotReceiver, Arc<Mutex<Option<Arc<Inbox>>>>)>>,
+    nodes: Mutex<HashMap<u64, Target>>,
     cut: Mutex<HashSet<u64>>,
     damage_next_snapshot_to: Mutex<HashSet<u64>>,
     refused: Mutex<Vec<Refusal>>,
     installed: Mutex<HashMap<u64, usize>>,
 }
-
-type Target = (InboxRaft, SnapshotReceiver, Arc<Mutex<Option<Arc<Inbox>>>>);
 
 impl Router {
     #[allow(clippy::result_large_err, reason = "openraft's error type")]

@@ -54,11 +54,14 @@ const BUILD_ATTEMPTS: usize = 10;
 pub(crate) const FILE: &str = "raft-snapshot.img";
 const FILE_TMP: &str = "raft-snapshot.img.tmp";
 
+/// A snapshot's metadata and image.
+type Held = (SnapshotMeta<u64, Peer>, Arc<Vec<u8>>);
+
 /// The snapshots a node holds in memory.
 #[derive(Default)]
 pub(crate) struct Snapshots {
     /// The last one built or installed.
-    current: Option<(SnapshotMeta<u64, Peer>, Arc<Vec<u8>>)>,
+    current: Option<Held>,
     /// The chunks of the one being received: its id and bytes so far.
     receiving: Option<(String, Vec<u8>)>,
     /// Builds so far, for unique snapshot ids.

@@ -111,6 +111,7 @@ impl LogStore {
     /// first one is gone raft is asked to purge its log past it (see
     /// [`Glue::compacted_away`]), after which it sends that follower a
     /// snapshot.
+    #[allow(clippy::result_large_err, reason = "openraft's storage error type")]
     fn read_range(&self, start: u64, end: u64, partial: bool) -> StorageResult<Vec<RaftEntry>> {
         let role = self.glue.role();
         let Some(last) = role.raft_last else {
