@@ -23,6 +23,29 @@ async fn start() -> (
     BTreeMap<u64, Peer>,
     Vec<tempfile::TempDir>,
 ) {
+    let (nodes, peers, _late) = start_with(default_config(), &[]).await;
+    let mut out = BTreeMap::new();
+    let mut keep = Vec::new();
+    for (id, (node, dir)) in nodes {
+        out.insert(id, node);
+        keep.push(dir);
+    }
+    (out, peers, keep)
+}
+
+/// A node not started yet: its raft port's listener and its directory.
+type Late = (tokio::net::TcpListener, tempfile::TempDir);
+
+/// Three members on loopback; those in `late` are not started (their
+/// ports are bound, so their addresses are known).
+async fn start_with(
+    config: openraft::Config,
+    late: &[u64],
+) -> (
+    BTreeMap<u64, (Cluster, tempfile::TempDir)>,
+    BTreeMap<u64, Peer>,
+    BTreeMap<u64, Late>,
+) {
     let mut listeners = BTreeMap::new();
     let mut peers = BTreeMap::new();
     for id in 1..=3u64 {
@@ -35,29 +58,42 @@ async fn start() -> (
         listeners.insert(id, l);
     }
     let mut nodes = BTreeMap::new();
-    let mut dirs = Vec::new();
+    let mut later = BTreeMap::new();
     for (id, l) in listeners {
         let dir = tempfile::tempdir().unwrap();
-        let mut c = InboxConfig::new(dir.path());
-        c.segment_bytes = 1 << 20;
-        c.token_key = [42; 32];
-        c.compaction_interval = None;
-        let inbox = Arc::new(Inbox::open(c).unwrap());
-        let net = TcpNetwork::new(Arc::from(TOKEN.as_bytes()));
-        let node = Cluster::start(id, inbox, dir.path(), default_config(), net)
-            .await
-            .unwrap();
-        tokio::spawn(serve(
-            l,
-            node.raft().clone(),
-            node.snapshot_receiver(),
-            Arc::from(TOKEN.as_bytes()),
-        ));
-        nodes.insert(id, node);
-        dirs.push(dir);
+        if late.contains(&id) {
+            later.insert(id, (l, dir));
+            continue;
+        }
+        let node = run(id, l, dir.path(), config.clone()).await;
+        nodes.insert(id, (node, dir));
     }
-    nodes[&1].initialize(peers.clone()).await.unwrap();
-    (nodes, peers, dirs)
+    let first = nodes.keys().next().copied().unwrap();
+    nodes[&first].0.initialize(peers.clone()).await.unwrap();
+    (nodes, peers, later)
+}
+
+/// Starts node `id` on `dir`, serving its raft port on `l`.
+async fn run(
+    id: u64,
+    l: tokio::net::TcpListener,
+    dir: &std::path::Path,
+    config: openraft::Config,
+) -> Cluster {
+    let mut c = InboxConfig::new(dir);
+    c.segment_bytes = 1 << 20;
+    c.token_key = [42; 32];
+    c.compaction_interval = None;
+    let inbox = Arc::new(Inbox::open(c).unwrap());
+    let net = TcpNetwork::new(Arc::from(TOKEN.as_bytes()));
+    let node = Cluster::start(id, inbox, dir, config, net).await.unwrap();
+    tokio::spawn(serve(
+        l,
+        node.raft().clone(),
+        node.snapshot_receiver(),
+        Arc::from(TOKEN.as_bytes()),
+    ));
+    node
 }
 
 async fn leader(nodes: &BTreeMap<u64, Cluster>) -> u64 {
@@ -137,6 +173,73 @@ async fn a_peer_with_the_wrong_token_is_refused() {
         assert!(n.raft().metrics().borrow().current_term < 99);
     }
     for (_, n) in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_started_after_the_log_was_purged_catches_up_by_snapshot_over_tcp() {
+    let config = openraft::Config {
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(20),
+        max_in_snapshot_log_to_keep: 0,
+        purge_batch_size: 1,
+        ..default_config()
+    };
+    let (nodes, _peers, mut late) = start_with(config.clone(), &[3]).await;
+    let mut dirs = Vec::new();
+    let mut running = BTreeMap::new();
+    for (id, (node, dir)) in nodes {
+        running.insert(id, node);
+        dirs.push(dir);
+    }
+    let l = leader(&running).await;
+    let ib = running[&l].inbox();
+    tokio::task::spawn_blocking(move || {
+        ib.join(Uid(1), ConvId(10)).wait().unwrap();
+        for i in 0..60u128 {
+            let req = SendRequest {
+                conv: ConvId(10),
+                sender: Uid(1),
+                client_msg_id: i,
+                msg_type: 1,
+                payload: Bytes::from(format!("message {i}")),
+            };
+            ib.send(req).wait().unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    let start = Instant::now();
+    while running[&l].raft().metrics().borrow().purged.is_none() {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the leader never purged its log"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Node 3 starts with an empty directory: the entries it needs are
+    // purged, so only the snapshot brings it level.
+    let (listener, dir) = late.remove(&3).unwrap();
+    let third = run(3, listener, dir.path(), config).await;
+    let start = Instant::now();
+    loop {
+        let ours = (
+            third.inbox().replica_digest(),
+            third.inbox().replica_index(),
+        );
+        let theirs = (
+            running[&l].inbox().replica_digest(),
+            running[&l].inbox().replica_index(),
+        );
+        if ours == theirs {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "node 3 did not catch up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(third.raft().metrics().borrow().snapshot.is_some());
+    third.shutdown().await;
+    for (_, n) in running {
         n.shutdown().await;
     }
 }
