@@ -603,4 +603,30 @@ mod tests {
         };
         assert!(Config::resolve(&only_bootstrap).is_err());
     }
+
+    #[test]
+    fn snapshots_come_every_50000_rounds_unless_set_by_flag_or_toml() {
+        let peers = "1=a:1/a:2,2=b:1/b:2,3=c:1/c:2".to_string();
+        let args = ServeArgs {
+            node_id: Some(1),
+            raft_listen: Some("127.0.0.1:7080".parse().unwrap()),
+            peers: Some(peers.clone()),
+            ..ServeArgs::default()
+        };
+        let every = |a: &ServeArgs| Config::resolve(a).unwrap().cluster.unwrap().snapshot_every;
+        assert_eq!(every(&args), super::SNAPSHOT_EVERY);
+        let set = ServeArgs {
+            snapshot_every: Some(500),
+            ..args.clone()
+        };
+        assert_eq!(every(&set), 500);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inboxd.toml");
+        std::fs::write(&path, "snapshot_every = 7\n").unwrap();
+        let from_file = ServeArgs {
+            config: Some(path),
+            ..args
+        };
+        assert_eq!(every(&from_file), 7);
+    }
 }
