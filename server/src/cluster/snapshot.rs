@@ -209,10 +209,12 @@ impl Glue {
             {
                 std::thread::sleep(Duration::from_millis(10));
             }
+            // Checked and kept under the role lock, which an install holds
+            // throughout: an older image never replaces an installed one.
+            let role = self.role();
             let still = self.epoch.load(Ordering::Acquire) == epoch
                 && self.applied().map_or(0, |a| a.index) >= info.index
-                && self.role().meta.leader_at(info.index)
-                    == meta.last_log_id.expect("set").leader_id;
+                && role.meta.leader_at(info.index) == meta.last_log_id.expect("set").leader_id;
             if !still && !running {
                 return Err(format!(
                     "no snapshot to start from: the log was purged up to {:?}, the snapshot file is missing, and raft has not applied round {} yet",
@@ -224,6 +226,7 @@ impl Glue {
                 continue;
             }
             keep(&self.dir, &data).map_err(|e| format!("keeping the snapshot: {e}"))?;
+            drop(role);
             tracing::info!(
                 node = self.id,
                 index = info.index,
@@ -251,7 +254,10 @@ impl Glue {
     ) -> Result<(), String> {
         check(meta, &data)?;
         let last = meta.last_log_id.ok_or("a snapshot without a last log id")?;
+        // The lock is held to the end: raft's appends wait for the engine
+        // the snapshot leaves. A build under way takes a new copy.
         let mut role = self.role();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         self.step_down(&mut role).map_err(|e| e.to_string())?;
         let inbox = self.inbox();
         let holds = role.raft_last.is_some_and(|l| l >= last.index)
@@ -295,7 +301,11 @@ impl Glue {
     ) -> Result<meta::Meta, String> {
         let config = inbox.config().clone();
         let staged = beside(&self.dir, "install");
-        remove_leftovers(&self.dir).map_err(|e| e.to_string())?;
+        // Not the scratch image: a build may be writing it.
+        match std::fs::remove_dir_all(&staged) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.to_string()),
+            _ => {}
+        }
         stage_image(data, &staged, &config).map_err(|e| e.to_string())?;
         let mut new_meta = meta::Meta {
             vote,
