@@ -161,3 +161,46 @@ fn exchanging_two_directories_swaps_their_contents_in_one_step() {
     assert!(exchange_dirs(&root.path().join("missing"), &a).is_err());
     assert_eq!(std::fs::read(a.join("f")).unwrap(), b"new");
 }
+
+#[test]
+fn either_side_of_the_exchange_opens_whole_on_the_old_state_or_the_new_one() {
+    let (leader, _) = leader_with_history();
+    let scratch = tempfile::tempdir().unwrap();
+    let (info, image) = leader
+        .ib()
+        .export_image(&scratch.path().join("build"), &mut |_| Vec::new())
+        .unwrap();
+    // A node with a state of its own.
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    let staged = root.path().join(".data.install");
+    let clock = Arc::new(inbox_engine::inbox::ManualClock::new(T0));
+    let open = |dir: &std::path::Path| Inbox::open(config(dir, &clock, SEG)).unwrap();
+    let ib = open(&data);
+    ib.join(Uid(9), ConvId(90)).wait().unwrap();
+    send(&ib, 90, 9, 1, "the node's own").unwrap();
+    let old = (ib.replica_index(), ib.replica_digest());
+    stage_image(&image, &staged, &config(&staged, &clock, SEG)).unwrap();
+    ib.shutdown().unwrap();
+    drop(ib);
+
+    // Stopped before the exchange: the data directory is the old state.
+    let ib = open(&data);
+    assert_eq!((ib.replica_index(), ib.replica_digest()), old);
+    ib.shutdown().unwrap();
+    drop(ib);
+
+    // Stopped after it: the data directory is the image's state, the old
+    // one is whole beside it until removed.
+    exchange_dirs(&staged, &data).unwrap();
+    let ib = open(&data);
+    assert_eq!(
+        (ib.replica_index(), ib.replica_digest()),
+        (info.index, info.digest)
+    );
+    assert_eq!(answers(&ib), answers(leader.ib()));
+    ib.shutdown().unwrap();
+    drop(ib);
+    let ib = open(&staged);
+    assert_eq!((ib.replica_index(), ib.replica_digest()), old);
+}
