@@ -190,8 +190,8 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<bool>,
     /// Rounds between two raft snapshots (raft then forgets its log up to
-    /// 1000 rounds before the snapshot; a follower further behind is sent
-    /// the snapshot) [default: 50000].
+    /// 1000 rounds, or this many if fewer, before the snapshot; a follower
+    /// further behind is sent the snapshot) [default: 50000].
     #[arg(long, env = "INBOXD_SNAPSHOT_EVERY")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshot_every: Option<u64>,

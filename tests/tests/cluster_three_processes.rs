@@ -1,7 +1,8 @@
 //! Three `inboxd serve` processes on loopback form a group: clients are
 //! redirected to the leader, the leader is killed with SIGKILL, a new
 //! leader serves within a deadline, and every acknowledged send is there
-//! exactly once at its `msg_seq`, with no gap.
+//! exactly once at its `msg_seq`, with no gap. A member whose data
+//! directory was wiped rejoins by snapshot.
 
 use std::time::{Duration, Instant};
 
@@ -142,4 +143,114 @@ async fn a_killed_leader_is_replaced_and_no_acknowledged_send_is_lost() {
     for d in daemons.into_iter().flatten() {
         d.stop();
     }
+}
+
+/// Which member answers a ping itself (the leader), among `addrs`.
+async fn leading(addrs: &[std::net::SocketAddr]) -> usize {
+    let start = Instant::now();
+    loop {
+        for (n, a) in addrs.iter().enumerate() {
+            if let Ok(c) = inbox_server::client::Client::connect(*a, ADMIN_TOKEN).await {
+                if c.ping(Empty {}).await.is_ok() {
+                    return n;
+                }
+            }
+        }
+        assert!(start.elapsed() < DEADLINE, "no leader within {DEADLINE:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
+    let ports = free_ports(6);
+    let client_addr = |i: usize| format!("127.0.0.1:{}", ports[i - 1]);
+    let raft_addr = |i: usize| format!("127.0.0.1:{}", ports[i + 2]);
+    let peers = (1..=3)
+        .map(|i| format!("{i}={}/{}", raft_addr(i), client_addr(i)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let dirs: Vec<_> = (0..3).map(|_| data_dir()).collect();
+    // A snapshot every 10 rounds, the log kept 10 rounds behind it.
+    let start = |i: usize| {
+        let (id, raft, listen) = (i.to_string(), raft_addr(i), client_addr(i));
+        Daemon::start_with(
+            dirs[i - 1].path(),
+            &[
+                "--node-id",
+                &id,
+                "--raft-listen",
+                &raft,
+                "--peers",
+                &peers,
+                "--listen",
+                &listen,
+                "--snapshot-every",
+                "10",
+            ],
+        )
+    };
+    let mut daemons: Vec<Option<Daemon>> = (1..=3).map(|i| Some(start(i))).collect();
+    let addrs: Vec<std::net::SocketAddr> =
+        (1..=3).map(|i| client_addr(i).parse().unwrap()).collect();
+    let group = connect(&addrs).await;
+    for uid in 1..=2 {
+        until_served(&group, Request::Join(ConvMember { uid, conv: 7 })).await;
+    }
+    let send = |i: u128| {
+        Request::Send(SendReq {
+            conv: 7,
+            sender: 1 + (i % 2) as u64,
+            client_msg_id: 1000 + i,
+            msg_type: 1,
+            payload: Bytes::from(format!("message {i}")),
+        })
+    };
+    for i in 0..20u128 {
+        until_served(&group, send(i)).await;
+    }
+    let leader = leading(&addrs).await;
+    let wiped = (0..3).find(|n| *n != leader).unwrap();
+    let other = (0..3).find(|n| *n != leader && *n != wiped).unwrap();
+
+    // The member is killed and loses its log, checkpoints, raft state and
+    // snapshot; the others go on past several snapshots and purges.
+    daemons[wiped].take().unwrap().crash();
+    for name in ["evt", "msg", "checkpoint", "snap"] {
+        let _ = std::fs::remove_dir_all(dirs[wiped].path().join(name));
+    }
+    for name in ["raft-meta.json", "raft-snapshot.img"] {
+        let _ = std::fs::remove_file(dirs[wiped].path().join(name));
+    }
+    for i in 20..40u128 {
+        until_served(&group, send(i)).await;
+    }
+    daemons[wiped] = Some(start(wiped + 1));
+    // With the other follower stopped, a send commits only once the
+    // wiped member stores it: once it has installed the leader's snapshot
+    // (the entries it lacks are purged) and taken what followed.
+    daemons[other].take().unwrap().crash();
+    let last = tokio::time::timeout(DEADLINE, until_served(&group, send(40)))
+        .await
+        .expect("the rejoined member never acknowledged a round");
+    let Response::Send(last) = last else {
+        panic!("{last:?}")
+    };
+    assert_eq!(last.msg_seq, 2 + 41);
+    drop(group);
+    for d in daemons.into_iter().flatten() {
+        d.crash();
+    }
+    // Offline, the leader's and the rejoined member's stores hold the
+    // same state (every round of both was acknowledged, so durable).
+    let digest = |n: usize| {
+        let mut c = inbox_engine::InboxConfig::new(dirs[n].path());
+        c.segment_bytes = 1 << 20;
+        c.compaction_interval = None;
+        let ib = inbox_engine::Inbox::open(c).unwrap();
+        let d = (ib.replica_index(), ib.replica_digest());
+        ib.shutdown().unwrap();
+        d
+    };
+    assert_eq!(digest(wiped), digest(leader));
 }

@@ -80,11 +80,16 @@ pub type InboxRaft = Raft<TypeConfig>;
 /// Rounds between two snapshots, by default.
 pub const SNAPSHOT_EVERY: u64 = 50_000;
 
+/// Rounds raft keeps in its log before its last snapshot (at most the
+/// rounds between two snapshots): a follower behind by fewer gets entries,
+/// one further behind the snapshot.
+pub const KEEP_BEHIND_SNAPSHOT: u64 = 1000;
+
 /// raft's timing for a group: heartbeats every 250 ms (also the deadline
 /// of one append call, which includes the follower's fdatasync), elections
 /// after 1–2 s of silence. A snapshot every [`SNAPSHOT_EVERY`] rounds;
-/// raft then forgets its log up to 1000 rounds before the snapshot
-/// (a follower further behind is sent the snapshot).
+/// raft then forgets its log up to [`KEEP_BEHIND_SNAPSHOT`] rounds before
+/// the snapshot (a follower further behind is sent the snapshot).
 pub fn default_config() -> openraft::Config {
     openraft::Config {
         cluster_name: "inboxd".into(),
@@ -92,7 +97,7 @@ pub fn default_config() -> openraft::Config {
         election_timeout_min: 1000,
         election_timeout_max: 2000,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
-        max_in_snapshot_log_to_keep: 1000,
+        max_in_snapshot_log_to_keep: KEEP_BEHIND_SNAPSHOT,
         max_payload_entries: 256,
         ..Default::default()
     }
@@ -358,6 +363,7 @@ impl Cluster {
         let net = network::TcpNetwork::new(Arc::clone(&token));
         let raft_config = openraft::Config {
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_every),
+            max_in_snapshot_log_to_keep: KEEP_BEHIND_SNAPSHOT.min(config.snapshot_every),
             ..default_config()
         };
         let mut node = Cluster::start(config.node_id, inbox, dir, raft_config, net).await?;
