@@ -19,7 +19,7 @@
 //! got a send, a recall, an ACK or a reclaim acknowledged: a loop that
 //! exercised none of them proves nothing about them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -72,7 +72,12 @@ struct AckedSend {
 #[derive(Clone, Default)]
 struct Ledger {
     sends: Vec<AckedSend>,
-    recalled: Vec<u64>,
+    /// conv -> the highest `msg_seq` acknowledged in it.
+    heads: HashMap<u64, u64>,
+    /// (conv, sender) -> the acknowledged sends not yet recalled, which
+    /// the sender may recall.
+    recallable: HashMap<(u64, u64), Vec<u64>>,
+    recalled: HashSet<u64>,
     /// (uid, device) -> the highest ACK the daemon confirmed, and the
     /// generation the device is in.
     device_acks: HashMap<(u64, u64), (u64, u64)>,
@@ -133,12 +138,20 @@ async fn worker(worker_id: u64, client: Client, ledger: Arc<Mutex<Ledger>>, mut 
                         payload: vec![b'm'; rng.gen_range(1..400)].into(),
                     })
                     .await?;
-                ledger.lock().expect("ledger").sends.push(AckedSend {
+                let mut ledger = ledger.lock().expect("ledger");
+                ledger.sends.push(AckedSend {
                     conv: *conv,
                     sender: uid,
                     msg_id: reply.msg_id,
                     msg_seq: reply.msg_seq,
                 });
+                let head = ledger.heads.entry(*conv).or_default();
+                *head = (*head).max(reply.msg_seq);
+                ledger
+                    .recallable
+                    .entry((*conv, uid))
+                    .or_default()
+                    .push(reply.msg_id);
             } else if roll < 85 {
                 let (uid, device) = own_devices[rng.gen_range(0..own_devices.len())];
                 let known = ledger
@@ -178,15 +191,7 @@ async fn worker(worker_id: u64, client: Client, ledger: Arc<Mutex<Ledger>>, mut 
                 let entry = ledger.reclaimed_below.entry(uid).or_default();
                 *entry = (*entry).max(explain.oldest_retained);
             } else if roll < 95 {
-                let head = {
-                    let ledger = ledger.lock().expect("ledger");
-                    ledger
-                        .sends
-                        .iter()
-                        .filter(|s| s.conv == *conv)
-                        .map(|s| s.msg_seq)
-                        .max()
-                };
+                let head = ledger.lock().expect("ledger").heads.get(conv).copied();
                 if let Some(read_to_seq) = head {
                     let reply = client
                         .mark_read(MarkReadReq {
@@ -202,14 +207,11 @@ async fn worker(worker_id: u64, client: Client, ledger: Arc<Mutex<Ledger>>, mut 
             } else {
                 let target = {
                     let ledger = ledger.lock().expect("ledger");
-                    let own: Vec<u64> = ledger
-                        .sends
-                        .iter()
-                        .filter(|s| s.conv == *conv && s.sender == uid)
-                        .filter(|s| !ledger.recalled.contains(&s.msg_id))
-                        .map(|s| s.msg_id)
-                        .collect();
-                    (!own.is_empty()).then(|| own[rng.gen_range(0..own.len())])
+                    ledger
+                        .recallable
+                        .get(&(*conv, uid))
+                        .filter(|own| !own.is_empty())
+                        .map(|own| own[rng.gen_range(0..own.len())])
                 };
                 if let Some(target) = target {
                     // The only refusal expected is CONFLICT: a recall that
@@ -224,7 +226,13 @@ async fn worker(worker_id: u64, client: Client, ledger: Arc<Mutex<Ledger>>, mut 
                         })
                         .await
                     {
-                        Ok(_) => ledger.lock().expect("ledger").recalled.push(target),
+                        Ok(_) => {
+                            let mut ledger = ledger.lock().expect("ledger");
+                            ledger.recalled.insert(target);
+                            if let Some(own) = ledger.recallable.get_mut(&(*conv, uid)) {
+                                own.retain(|&id| id != target);
+                            }
+                        }
                         Err(e) if e.code() == Some(ErrorCode::Conflict) => {}
                         Err(e) => return Err(e),
                     }
@@ -265,23 +273,34 @@ async fn check(daemon: &Daemon, ledger: &Ledger) -> (usize, Vec<String>) {
             "conv 1 is not a large group since seq 5: {other:?}"
         )),
     }
+    // Every stored copy of each message, by `msg_id`: the checks below
+    // stay linear in the history, however long the run.
+    let mut by_id: HashMap<u64, Vec<&inbox_wire::Message>> = HashMap::new();
+    for (&conv, history) in &stored {
+        for m in history {
+            by_id.entry(m.msg_id).or_default().push(m);
+            if m.conv != conv {
+                violations.push(format!("conv {conv}'s history holds {m:?}"));
+            }
+        }
+    }
     for send in &ledger.sends {
         checked += 1;
-        let history = &stored[&send.conv];
-        let copies: Vec<&inbox_wire::Message> =
-            history.iter().filter(|m| m.msg_id == send.msg_id).collect();
-        match copies.as_slice() {
-            [one] if one.msg_seq == send.msg_seq => {}
+        let copies = by_id.get(&send.msg_id).map(Vec::as_slice).unwrap_or(&[]);
+        match copies {
+            [one]
+                if one.conv == send.conv
+                    && one.msg_seq == send.msg_seq
+                    && one.sender == send.sender => {}
             [] => violations.push(format!("acknowledged send {send:?} is missing")),
             other => violations.push(format!("send {send:?} stored as {other:?}")),
         }
     }
     for msg_id in &ledger.recalled {
         checked += 1;
-        let tombstoned = stored
-            .values()
-            .flatten()
-            .any(|m| m.msg_id == *msg_id && m.tombstone && m.payload.is_empty());
+        let tombstoned = by_id
+            .get(msg_id)
+            .is_some_and(|copies| copies.iter().all(|m| m.tombstone && m.payload.is_empty()));
         if !tombstoned {
             violations.push(format!("recalled message {msg_id} is not a tombstone"));
         }
@@ -385,6 +404,7 @@ async fn kill_nine_under_mixed_load_loses_no_acknowledged_operation() {
     }
 
     let kills = kills();
+    let started = std::time::Instant::now();
     let mut checked_total = 0;
     let mut violations_total = Vec::new();
     for kill in 0..kills {
@@ -412,8 +432,10 @@ async fn kill_nine_under_mixed_load_loses_no_acknowledged_operation() {
         // far it got.
         if (kill + 1) % 10 == 0 {
             println!(
-                "crash loop (seed {seed}): {} kills done, violations so far {}",
+                "crash loop (seed {seed}): {} kills done in {:.0} s, this check read back {checked} \
+                 operations, violations so far {}",
                 kill + 1,
+                started.elapsed().as_secs_f64(),
                 violations_total.len() + violations.len()
             );
         }
