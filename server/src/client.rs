@@ -329,6 +329,7 @@ typed_calls! {
     explain(UserReq) -> Explain(UserExplain);
     explain_segment(SegmentReq) -> ExplainSegment(SegmentExplain);
     memory(Empty) -> Memory(MemoryReport);
+    cluster_status(Empty) -> ClusterStatus(ClusterStatus);
     compact(Empty) -> Compact(CompactionReport);
     checkpoint(Empty) -> Checkpoint(Empty);
 }

@@ -18,6 +18,7 @@
 
 mod meta;
 pub mod network;
+mod status;
 mod store;
 
 use std::collections::BTreeMap;
