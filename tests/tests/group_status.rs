@@ -9,80 +9,24 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use inbox_server::client::Client;
+use inbox_tests::group::Group;
 use inbox_tests::*;
 use inbox_wire::{ClusterStatus, ConvMember, Empty, ErrorCode};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
-
-async fn statuses(addrs: &[std::net::SocketAddr]) -> Vec<ClusterStatus> {
-    let mut all = Vec::new();
-    for addr in addrs {
-        let client = Client::connect(*addr, ADMIN_TOKEN).await.expect("connect");
-        all.push(
-            client
-                .cluster_status(Empty {})
-                .await
-                .expect("CLUSTER_STATUS"),
-        );
-    }
-    all
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_member_reports_the_same_leader_and_term_and_the_leader_reports_each_members_lag() {
-    let ports = free_ports(6);
-    let client_addr = |i: usize| format!("127.0.0.1:{}", ports[i - 1]);
-    let raft_addr = |i: usize| format!("127.0.0.1:{}", ports[i + 2]);
-    let peers = (1..=3)
-        .map(|i| format!("{i}={}/{}", raft_addr(i), client_addr(i)))
-        .collect::<Vec<_>>()
-        .join(",");
-    let dirs: Vec<_> = (0..3).map(|_| data_dir()).collect();
-    let daemons: Vec<Daemon> = (1..=3)
-        .map(|i| {
-            let (id, raft, listen) = (i.to_string(), raft_addr(i), client_addr(i));
-            Daemon::start_with(
-                dirs[i - 1].path(),
-                &[
-                    "--node-id",
-                    &id,
-                    "--raft-listen",
-                    &raft,
-                    "--peers",
-                    &peers,
-                    "--listen",
-                    &listen,
-                ],
-            )
-        })
-        .collect();
-    let addrs: Vec<std::net::SocketAddr> =
-        (1..=3).map(|i| client_addr(i).parse().unwrap()).collect();
-
-    // Wait for a leader every member knows.
-    let start = Instant::now();
-    let leader = loop {
-        let all = statuses(&addrs).await;
-        let leaders: Vec<&ClusterStatus> = all.iter().filter(|s| s.role == "leader").collect();
-        if let [leader] = leaders.as_slice() {
-            if all.iter().all(|s| s.leader == Some(leader.node_id)) {
-                break leader.node_id;
-            }
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "no leader known to all within {DEADLINE:?}: {all:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let group = Group::start(3);
+    let leader = group.leader().await;
+    let addrs = group.client_addrs.clone();
+    let statuses = || async {
+        group
+            .statuses()
+            .await
+            .into_iter()
+            .map(|(_, s)| s)
+            .collect::<Vec<ClusterStatus>>()
     };
     let leader_addr = addrs[(leader - 1) as usize];
 
@@ -96,9 +40,14 @@ async fn every_member_reports_the_same_leader_and_term_and_the_leader_reports_ea
     }
     let start = Instant::now();
     let all = loop {
-        let all = statuses(&addrs).await;
-        let head = all[(leader - 1) as usize].last_log_index;
-        if all.iter().all(|s| s.last_applied_index == head) {
+        let all = statuses().await;
+        // Every member applied the leader's head, and the leader has heard
+        // so (it learns a follower's match from the next append's answer).
+        let lead = &all[(leader - 1) as usize];
+        let head = lead.last_log_index;
+        if all.iter().all(|s| s.last_applied_index == head)
+            && lead.members.iter().all(|m| m.matched_index == Some(head))
+        {
             break all;
         }
         assert!(
@@ -116,8 +65,9 @@ async fn every_member_reports_the_same_leader_and_term_and_the_leader_reports_ea
         let ids: Vec<u64> = status.members.iter().map(|m| m.node_id).collect();
         assert_eq!(ids, vec![1, 2, 3], "{status:?}");
         for member in &status.members {
-            assert_eq!(member.client_addr, client_addr(member.node_id as usize));
-            assert_eq!(member.raft_addr, raft_addr(member.node_id as usize));
+            let i = (member.node_id - 1) as usize;
+            assert_eq!(member.client_addr, group.client_addrs[i].to_string());
+            assert_eq!(member.raft_addr, group.raft_addrs[i].to_string());
             if status.node_id == leader {
                 // Idle and caught up: nothing left to replicate.
                 assert_eq!(
@@ -133,7 +83,7 @@ async fn every_member_reports_the_same_leader_and_term_and_the_leader_reports_ea
     }
 
     // The same figures on each member's metrics endpoint.
-    let leader_metrics = daemons[(leader - 1) as usize].scrape().await;
+    let leader_metrics = group.daemon(leader).scrape().await;
     assert!(
         leader_metrics.contains("inboxd_raft_is_leader 1"),
         "{leader_metrics}"
@@ -149,7 +99,7 @@ async fn every_member_reports_the_same_leader_and_term_and_the_leader_reports_ea
             )),
             "{leader_metrics}"
         );
-        let metrics = daemons[(follower - 1) as usize].scrape().await;
+        let metrics = group.daemon(follower).scrape().await;
         assert!(metrics.contains("inboxd_raft_is_leader 0"), "{metrics}");
         assert!(
             metrics.contains(&format!("inboxd_raft_leader_id {leader}")),
