@@ -76,6 +76,10 @@ enum Command {
     /// Open the store offline with `serve`'s configuration, run one
     /// compaction pass, and exit.
     Compact(Box<ServeArgs>),
+    /// Open the store offline and print the SHA-256 of its state with
+    /// what is each node's own left out (log locations, LSN): the members
+    /// of a group that applied the same entries print the same digest.
+    Digest(Box<ServeArgs>),
 }
 
 fn init_logs(format: LogFormat) {
@@ -170,6 +174,12 @@ fn main() -> ExitCode {
         Command::Checkpoint(args) => offline(&args, |inbox| {
             inbox.checkpoint()?;
             println!("checkpoint written");
+            Ok(())
+        }),
+        Command::Digest(args) => offline(&args, |inbox| {
+            let digest = inbox.replica_digest();
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            println!("{hex} replica index {}", inbox.replica_index());
             Ok(())
         }),
         Command::Compact(args) => offline(&args, |inbox| {
