@@ -7,7 +7,8 @@
 //! group message (inboxd's live event count), the send latency to the
 //! group under ingest (p50, p99), the ingest rate beside it, and the bytes
 //! the server process handed to `write` per group message, measured alone
-//! (`wchar` of `/proc/PID/io`; what the log writes, before page rounding).
+//! (`wchar` of `/proc/PID/io`, or of inboxd's log writer threads alone;
+//! what the log writes, before page rounding).
 //!
 //! inboxd runs twice: as a large group (the default threshold) and with
 //! `--large-group-members 0` (every group fans out), so the two modes are
@@ -54,9 +55,29 @@ fn events(system: &dyn System) -> Option<u64> {
     system.holdings().map(|h| h.events_live)
 }
 
-/// Bytes the process handed to write calls so far.
+/// Bytes the process handed to write calls so far. When the process has
+/// threads named `log-writer` (inboxd), only theirs count: a checkpoint
+/// that happens to fall inside the probe is written by another thread, and
+/// it is not a cost of the group's mode.
 fn wchar(pid: Option<u32>) -> Option<u64> {
-    let io = std::fs::read_to_string(format!("/proc/{}/io", pid?)).ok()?;
+    let pid = pid?;
+    let log_writers: Option<u64> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .filter_map(|task| task.ok())
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| comm.trim() == "log-writer")
+        })
+        .map(|task| io_wchar(&task.path().join("io")))
+        .sum();
+    match log_writers {
+        Some(bytes) if bytes > 0 => Some(bytes),
+        _ => io_wchar(std::path::Path::new(&format!("/proc/{pid}/io"))),
+    }
+}
+
+fn io_wchar(path: &std::path::Path) -> Option<u64> {
+    let io = std::fs::read_to_string(path).ok()?;
     io.lines()
         .find_map(|l| l.strip_prefix("wchar:"))
         .and_then(|v| v.trim().parse().ok())

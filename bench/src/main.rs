@@ -8,6 +8,7 @@
 //! named in `--scenarios`.
 
 mod fit;
+mod group;
 mod hist;
 mod large_group;
 mod machine;
@@ -97,6 +98,15 @@ pub struct Args {
     /// fan-out runs use at most 2000.
     #[arg(long)]
     pub group_size: Option<u32>,
+    /// Run nothing else: ingest on a single inboxd, then on a replicated
+    /// group of this many members on loopback (clients talk to the
+    /// leader), then kill the group's leader `--cluster-kills` times and
+    /// time its fail-over. Clients default to 16.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=7))]
+    pub cluster: Option<u16>,
+    /// `--cluster`: leader kills [quick: 5, full: 20].
+    #[arg(long)]
+    pub cluster_kills: Option<usize>,
     /// Seed of the workload.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,

@@ -194,7 +194,7 @@ fn cpu_per_op(ticks: Option<u64>, ops: u64, measured: Option<Measured>) -> Optio
     Some((us, measured?))
 }
 
-fn outcome_cpu(out: &Outcome, measured: Option<Measured>) -> Option<(f64, Measured)> {
+pub(crate) fn outcome_cpu(out: &Outcome, measured: Option<Measured>) -> Option<(f64, Measured)> {
     cpu_per_op(out.cpu_ticks, out.ops, measured)
 }
 
@@ -280,6 +280,27 @@ pub fn run(args: &Args) -> Result<()> {
         report.machine.data_fs
     );
 
+    if let Some(members) = args.cluster {
+        let quick = plan.mode == Mode::Quick;
+        let group_plan = crate::group::GroupPlan {
+            members: usize::from(members),
+            kills: args.cluster_kills.unwrap_or(if quick { 5 } else { 20 }),
+        };
+        let mut plan = plan;
+        if args.clients.is_empty() {
+            plan.clients = vec![16];
+        }
+        crate::group::run(
+            &group_plan,
+            &plan,
+            &workload,
+            &base,
+            args.inboxd.as_deref(),
+            args.seed,
+        )?;
+        println!("total {:.1} s", started.elapsed().as_secs_f64());
+        return Ok(());
+    }
     if wanted("limit") {
         run_limit(&plan, &base, &mut report)?;
     }

@@ -3,7 +3,7 @@
 //! both ways of preparing a segment (written in full before use, the
 //! default, or only fallocated), next to the machine's limit measured in
 //! the same run on the same disk: one 4 KiB pwrite + fdatasync that
-//! overwrites written blocks.
+//! overwrites written blocks, and the same write made with `O_DIRECT`.
 //!
 //! Each case waits until the preparer has its spare segment ready before
 //! it measures: the figures are the steady state, where preparation is
@@ -163,7 +163,20 @@ fn bench_log(c: &mut Criterion, summary: &Mutex<Vec<Line>>) {
     group.finish();
 }
 
-fn bench_raw(c: &mut Criterion, summary: &Mutex<Vec<Line>>, when: &str) {
+/// How the raw probe writes: through the page cache, or around it
+/// (`O_DIRECT`, 4 KiB-aligned buffer and offsets).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RawIo {
+    Buffered,
+    Direct,
+}
+
+/// A 4 KiB block of 0xA5 at a 4 KiB-aligned address, as `O_DIRECT` needs.
+#[repr(C, align(4096))]
+struct AlignedBlock([u8; 4096]);
+
+fn bench_raw(c: &mut Criterion, summary: &Mutex<Vec<Line>>, when: &str, io: RawIo) {
+    use std::os::unix::fs::OpenOptionsExt;
     let mut group = c.benchmark_group("raw_disk");
     group.throughput(Throughput::Elements(1));
     let dir = tempfile::tempdir_in(bench_root()).unwrap();
@@ -180,17 +193,31 @@ fn bench_raw(c: &mut Criterion, summary: &Mutex<Vec<Line>>, when: &str) {
     file.write_all_at(&vec![0u8; FILE_BYTES as usize], 0)
         .unwrap();
     file.sync_all().unwrap();
-    let block = [0xA5u8; 4096];
+    // Overwrites of written blocks either way; direct IO reopens the file.
+    let file = match io {
+        RawIo::Buffered => file,
+        RawIo::Direct => std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .unwrap(),
+    };
+    let aligned = Box::new(AlignedBlock([0xA5u8; 4096]));
+    let block = &aligned.0;
+    let probe = match io {
+        RawIo::Buffered => "pwrite_4k_fdatasync",
+        RawIo::Direct => "odirect_4k_fdatasync",
+    };
     let mut at = 0u64;
     let mut n = 0u64;
     let mut wall = Duration::ZERO;
     let mut samples: Vec<u32> = Vec::new();
-    group.bench_function(BenchmarkId::new("pwrite_4k_fdatasync", when), |b| {
+    group.bench_function(BenchmarkId::new(probe, when), |b| {
         b.iter_custom(|iters| {
             let start = Instant::now();
             for _ in 0..iters {
                 let t = Instant::now();
-                file.write_all_at(&block, at).unwrap();
+                file.write_all_at(block, at).unwrap();
                 file.sync_data().unwrap();
                 samples.push(t.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32);
                 at = (at + 4096) % FILE_BYTES;
@@ -203,7 +230,10 @@ fn bench_raw(c: &mut Criterion, summary: &Mutex<Vec<Line>>, when: &str) {
     });
     group.finish();
     summary.lock().push(Line {
-        name: format!("raw 4KiB pwrite+fdatasync ({when})"),
+        name: match io {
+            RawIo::Buffered => format!("raw 4KiB pwrite+fdatasync ({when})"),
+            RawIo::Direct => format!("raw 4KiB O_DIRECT+fdatasync ({when})"),
+        },
         appends: n,
         wall,
         latency_mean: wall / n.max(1) as u32,
@@ -230,10 +260,14 @@ fn main() {
         .measurement_time(Duration::from_secs(4))
         .configure_from_args();
     let summary = Mutex::new(Vec::new());
-    // The machine's limit, before and after, to show the drift of the run.
-    bench_raw(&mut c, &summary, "before");
+    // The machine's limit, before and after, to show the drift of the run;
+    // each time beside the same write through O_DIRECT, which the log does
+    // not use (docs/ARCHITECTURE.md says why).
+    bench_raw(&mut c, &summary, "before", RawIo::Buffered);
+    bench_raw(&mut c, &summary, "before", RawIo::Direct);
     bench_log(&mut c, &summary);
-    bench_raw(&mut c, &summary, "after");
+    bench_raw(&mut c, &summary, "after", RawIo::Direct);
+    bench_raw(&mut c, &summary, "after", RawIo::Buffered);
     c.final_summary();
     println!("\nsummary (log: 200-byte records, SyncPolicy::Always; raw: 4 KiB writes):");
     println!(

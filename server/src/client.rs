@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use inbox_wire::*;
@@ -329,6 +330,7 @@ typed_calls! {
     explain(UserReq) -> Explain(UserExplain);
     explain_segment(SegmentReq) -> ExplainSegment(SegmentExplain);
     memory(Empty) -> Memory(MemoryReport);
+    cluster_status(Empty) -> ClusterStatus(ClusterStatus);
     compact(Empty) -> Compact(CompactionReport);
     checkpoint(Empty) -> Checkpoint(Empty);
 }
@@ -538,57 +540,175 @@ pub fn leader_addr(err: &ClientError) -> Option<SocketAddr> {
     }
 }
 
-/// A client of a replicated group: a request answered `NOT_LEADER` with
-/// the leader's address is sent again, once per redirect and at most
-/// [`LEADER_HOPS_MAX`] times, over a new connection to that leader, which
-/// then serves the later requests. Sending again is safe: a write that
-/// was refused by a follower changed nothing, and one whose round lost its
-/// leadership may or may not have been kept, which the idempotency key of
-/// a send (`client_msg_id`) and the engine's duplicate detection resolve
-/// (the retry is answered as a duplicate with the original ids).
+/// How long a [`GroupClient`] keeps trying other members, by default,
+/// while none serves (a leader died and the group is electing another).
+/// A fail-over takes a few election timeouts (see `docs/CLUSTER.md`).
+pub const GROUP_PATIENCE: Duration = Duration::from_secs(15);
+
+/// How long one connection attempt to a member may take.
+const MEMBER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A client of a replicated group.
+///
+/// - A request answered `NOT_LEADER` that names the leader is sent again
+///   over a new connection to that leader, which then serves the later
+///   requests: at most [`LEADER_HOPS_MAX`] redirects per request.
+/// - When the connection breaks (its member died), or the leader named
+///   cannot be reached or no leader is known (an election is running), or
+///   a member is `UNAVAILABLE`, the request is sent again to the next
+///   member that accepts a connection, with a backoff of 50 ms doubling to
+///   500 ms, for up to its patience ([`GROUP_PATIENCE`] unless
+///   [`GroupClient::with_patience`]).
+///
+/// Sending again is safe for what the protocol makes idempotent: a write
+/// refused by a follower changed nothing; a send whose reply was lost (its
+/// round may or may not have been kept) is answered as a duplicate with the
+/// original ids, by its idempotency key (`client_msg_id`); joins, ACKs and
+/// read marks are idempotent by value; reads are always safe. A recall or
+/// edit whose first attempt was kept is refused with `CONFLICT` on the
+/// retry: the caller reads that as done.
 pub struct GroupClient {
     token: Bytes,
     tls: Option<ClientTls>,
-    current: tokio::sync::Mutex<Arc<Client>>,
+    /// Every member known: those given at connect, and leaders learned
+    /// from `NOT_LEADER`.
+    members: tokio::sync::Mutex<Vec<SocketAddr>>,
+    current: tokio::sync::Mutex<(SocketAddr, Arc<Client>)>,
+    patience: Duration,
+}
+
+/// Errors after which another member may serve the same request.
+fn another_member_may_serve(err: &ClientError) -> bool {
+    match err {
+        ClientError::Io(_) | ClientError::Closed(_) => true,
+        // A `NOT_LEADER` may name a leader that just died: the members
+        // learn of a new one only when their election timeout passes.
+        ClientError::Server { code, .. } => {
+            *code == ErrorCode::Unavailable || *code == ErrorCode::NotLeader
+        }
+        ClientError::Protocol(_) => false,
+    }
 }
 
 impl GroupClient {
-    /// Connects to any member.
+    /// Connects to one member; the others are learned from redirects.
     pub async fn connect(
         addr: SocketAddr,
         token: impl Into<Bytes>,
         tls: Option<ClientTls>,
     ) -> Result<GroupClient, ClientError> {
+        Self::connect_members(&[addr], token, tls).await
+    }
+
+    /// Connects to the first of `members` that accepts a connection, and
+    /// keeps all of them to fall back on.
+    pub async fn connect_members(
+        members: &[SocketAddr],
+        token: impl Into<Bytes>,
+        tls: Option<ClientTls>,
+    ) -> Result<GroupClient, ClientError> {
         let token = token.into();
-        let client = Client::connect_with(addr, token.clone(), tls.as_ref()).await?;
-        Ok(GroupClient {
-            token,
-            tls,
-            current: tokio::sync::Mutex::new(Arc::new(client)),
-        })
+        let mut last = ClientError::Io("no member given".into());
+        for &addr in members {
+            match connect_member(addr, &token, tls.as_ref()).await {
+                Ok(client) => {
+                    return Ok(GroupClient {
+                        token,
+                        tls,
+                        members: tokio::sync::Mutex::new(members.to_vec()),
+                        current: tokio::sync::Mutex::new((addr, Arc::new(client))),
+                        patience: GROUP_PATIENCE,
+                    })
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// How long a request keeps trying other members while none serves.
+    pub fn with_patience(mut self, patience: Duration) -> Self {
+        self.patience = patience;
+        self
     }
 
     /// The connection requests go to now.
     pub async fn client(&self) -> Arc<Client> {
-        Arc::clone(&*self.current.lock().await)
+        Arc::clone(&self.current.lock().await.1)
     }
 
-    /// Sends `request`, following `NOT_LEADER` redirects.
+    /// Sends `request`, following `NOT_LEADER` redirects and moving to
+    /// another member when this one cannot serve (see [`GroupClient`]).
     pub async fn call(&self, request: Request) -> Result<Response, ClientError> {
+        let deadline = tokio::time::Instant::now() + self.patience;
         let mut hops = 0;
+        let mut backoff = Duration::from_millis(50);
         loop {
-            let client = self.client().await;
+            let (at, client) = {
+                let current = self.current.lock().await;
+                (current.0, Arc::clone(&current.1))
+            };
             let err = match client.call(request.clone()).await {
                 Ok(r) => return Ok(r),
                 Err(e) => e,
             };
-            let Some(addr) = leader_addr(&err).filter(|_| hops < LEADER_HOPS_MAX) else {
+            if let Some(leader) = leader_addr(&err).filter(|_| hops < LEADER_HOPS_MAX) {
+                hops += 1;
+                self.learn(leader).await;
+                if let Ok(next) = connect_member(leader, &self.token, self.tls.as_ref()).await {
+                    *self.current.lock().await = (leader, Arc::new(next));
+                    continue;
+                }
+            } else if !another_member_may_serve(&err) {
                 return Err(err);
-            };
-            hops += 1;
-            let next = Client::connect_with(addr, self.token.clone(), self.tls.as_ref()).await?;
-            *self.current.lock().await = Arc::new(next);
+            }
+            if tokio::time::Instant::now() + backoff > deadline {
+                return Err(err);
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+            self.move_on(at).await;
         }
+    }
+
+    async fn learn(&self, addr: SocketAddr) {
+        let mut members = self.members.lock().await;
+        if !members.contains(&addr) {
+            members.push(addr);
+        }
+    }
+
+    /// Connects to the first member after `from` (in the known order,
+    /// wrapping around, `from` itself last) that accepts; keeps the current
+    /// connection if none does.
+    async fn move_on(&self, from: SocketAddr) {
+        let members = self.members.lock().await.clone();
+        let start = members.iter().position(|m| *m == from).map_or(0, |i| i + 1);
+        for i in 0..members.len() {
+            let addr = members[(start + i) % members.len()];
+            if let Ok(next) = connect_member(addr, &self.token, self.tls.as_ref()).await {
+                *self.current.lock().await = (addr, Arc::new(next));
+                return;
+            }
+        }
+    }
+}
+
+async fn connect_member(
+    addr: SocketAddr,
+    token: &Bytes,
+    tls: Option<&ClientTls>,
+) -> Result<Client, ClientError> {
+    match tokio::time::timeout(
+        MEMBER_CONNECT_TIMEOUT,
+        Client::connect_with(addr, token.clone(), tls),
+    )
+    .await
+    {
+        Ok(result) => result,
+        Err(_) => Err(ClientError::Io(format!(
+            "connect {addr}: no answer within {MEMBER_CONNECT_TIMEOUT:?}"
+        ))),
     }
 }
 

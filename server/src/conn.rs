@@ -139,6 +139,7 @@ fn is_admin(request: &Request) -> bool {
             | Request::Compact(_)
             | Request::Checkpoint(_)
             | Request::Memory(_)
+            | Request::ClusterStatus(_)
     )
 }
 
@@ -443,6 +444,19 @@ pub async fn serve<R, W>(
             }
             Request::Ping(_) => {
                 let _ = tx.send(Response::Ping(Empty {}).to_frame(request_id)).await;
+            }
+            // Every member answers for itself: no leader needed.
+            Request::ClusterStatus(_) => {
+                let status = match &shared.group {
+                    Some(group) => group.status(),
+                    None => inbox_wire::ClusterStatus {
+                        role: "single".into(),
+                        ..inbox_wire::ClusterStatus::default()
+                    },
+                };
+                let _ = tx
+                    .send(Response::ClusterStatus(status).to_frame(request_id))
+                    .await;
             }
             Request::Subscribe(ref list) | Request::SubscribeDirty(ref list) => {
                 let dirty = matches!(request, Request::SubscribeDirty(_));

@@ -247,6 +247,11 @@ impl Metrics {
         self.ready.store(false, Ordering::Relaxed);
     }
 
+    /// Exports `group`'s raft figures (`inboxd_raft_*`) from now on.
+    pub fn watch_group(&self, group: crate::cluster::GroupHandle) {
+        *self.engine.group.lock().unwrap_or_else(|p| p.into_inner()) = Some(group);
+    }
+
     /// The OpenMetrics text of every metric. Encodes what is already
     /// counted; never walks the engine.
     pub fn render(&self) -> String {
@@ -264,6 +269,9 @@ struct EngineFigures {
     /// The memory breakdown, taken at most every [`MEMORY_INTERVAL`]: it
     /// walks every user and conversation.
     memory: Mutex<Option<(MemoryReport, Instant)>>,
+    /// A group member's raft view, read at each scrape (raft keeps its
+    /// metrics current; reading them is a copy of a small struct).
+    group: Mutex<Option<crate::cluster::GroupHandle>>,
 }
 
 /// How often the refresh takes the memory breakdown.
@@ -291,6 +299,7 @@ fn counter(
 
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        encode_raft(&mut encoder, &self.0)?;
         let latest = self.0.latest.lock().unwrap_or_else(|p| p.into_inner());
         let Some((stats, at)) = latest.as_ref() else {
             return Ok(());
@@ -400,6 +409,81 @@ impl Collector for EngineCollector {
             None,
         )
     }
+}
+
+/// `inboxd_raft_*`, on a member of a replicated group: its term, the
+/// leader it knows, whether it leads, its log and applied index, and on the
+/// leader the time since a quorum acknowledged it and each follower's lag
+/// in entries.
+fn encode_raft(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::Result {
+    let group = figures.group.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(status) = group.as_ref().map(crate::cluster::GroupHandle::status) else {
+        return Ok(());
+    };
+    drop(group);
+    gauge(
+        e,
+        "inboxd_raft_term",
+        "Raft term this node is in",
+        status.term,
+    )?;
+    gauge(
+        e,
+        "inboxd_raft_leader_id",
+        "Node id of the leader this node knows (0: none known)",
+        status.leader.unwrap_or(0),
+    )?;
+    gauge(
+        e,
+        "inboxd_raft_is_leader",
+        "1 while this node leads its group",
+        u64::from(status.role == "leader"),
+    )?;
+    gauge(
+        e,
+        "inboxd_raft_last_log_index",
+        "Index of the last entry in this node's raft log",
+        status.last_log_index,
+    )?;
+    gauge(
+        e,
+        "inboxd_raft_last_applied_index",
+        "Index of the last entry this node applied",
+        status.last_applied_index,
+    )?;
+    if let Some(ms) = status.millis_since_quorum_ack {
+        gauge(
+            e,
+            "inboxd_raft_quorum_ack_age_seconds",
+            "On the leader: seconds since a quorum last acknowledged it (truncated)",
+            ms / 1000,
+        )?;
+    }
+    let lagging: Vec<(String, u64)> = status
+        .members
+        .iter()
+        .filter(|m| m.node_id != status.node_id)
+        .filter_map(|m| {
+            let matched = m.matched_index?;
+            Some((
+                m.node_id.to_string(),
+                status.last_log_index.saturating_sub(matched),
+            ))
+        })
+        .collect();
+    if !lagging.is_empty() {
+        let mut family = e.encode_descriptor(
+            "inboxd_raft_follower_lag_entries",
+            "On the leader: entries each follower is behind its log",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (node, lag) in &lagging {
+            let gauge = ConstGauge::new(i64::try_from(*lag).unwrap_or(i64::MAX));
+            gauge.encode(family.encode_family(&[("node", node.as_str())])?)?;
+        }
+    }
+    Ok(())
 }
 
 /// `inboxd_memory_bytes{structure, kind}`: bytes per structure, `live`

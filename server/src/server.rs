@@ -138,6 +138,9 @@ pub async fn run(
     };
     // The engine's figures are there from the first scrape on.
     let metrics = Arc::new(Metrics::default());
+    if let Some(cluster) = &cluster {
+        metrics.watch_group(cluster.handle());
+    }
     metrics::take_engine_stats(&inbox, &metrics).await;
 
     let listener = TcpListener::bind(config.listen)

@@ -72,6 +72,7 @@ pub fn order_of(request: &Request) -> Order {
         | Request::Compact(_)
         | Request::Checkpoint(_)
         | Request::Memory(_)
+        | Request::ClusterStatus(_)
         | Request::Hello(_)
         | Request::Ping(_)
         | Request::Subscribe(_)
@@ -336,6 +337,7 @@ fn call(
         ),
         Request::Hello(_)
         | Request::Ping(_)
+        | Request::ClusterStatus(_)
         | Request::Subscribe(_)
         | Request::SubscribeDirty(_)
         | Request::Unsubscribe(_) => {

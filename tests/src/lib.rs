@@ -6,6 +6,7 @@
 //! frames for the bad-input tests.
 
 pub mod fuzzing;
+pub mod group;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

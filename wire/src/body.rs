@@ -926,6 +926,37 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// One member of a replicated group, as `CLUSTER_STATUS` reports it.
+    pub struct ClusterMember {
+        pub node_id: u64,
+        pub raft_addr: String,
+        pub client_addr: String,
+        /// On the leader: the highest index this member is known to hold
+        /// (its lag is `last_log_index` minus this); elsewhere absent.
+        pub matched_index: Option<u64>,
+    }
+}
+
+wire_struct! {
+    /// `CLUSTER_STATUS`: this node's view of its replicated group. A single
+    /// node (no group) answers `role` "single" with `node_id` 0 and no
+    /// members.
+    pub struct ClusterStatus {
+        pub node_id: u64,
+        /// "single", "leader", "follower", "candidate", "learner" or
+        /// "shutdown".
+        pub role: String,
+        pub term: u64,
+        pub leader: Option<u64>,
+        pub last_log_index: u64,
+        pub last_applied_index: u64,
+        /// On the leader: milliseconds since a quorum last acknowledged it.
+        pub millis_since_quorum_ack: Option<u64>,
+        pub members: Vec<ClusterMember>,
+    }
+}
+
+wire_struct! {
     pub struct SegmentReq {
         pub stream: String,
         pub segment: u32,

@@ -203,4 +203,6 @@ ops! {
     Checkpoint = 0x64, Empty => Empty, "CHECKPOINT";
     /// Bytes per in-memory structure, live and allocated.
     Memory = 0x65, Empty => MemoryReport, "MEMORY";
+    /// This node's view of its replicated group; answered by every member.
+    ClusterStatus = 0x66, Empty => ClusterStatus, "CLUSTER_STATUS";
 }

@@ -658,3 +658,31 @@ fn sync_optional_fields_that_are_unknown_repeated_or_malformed_are_refused() {
     assert!(valued.to_string().contains("without_summaries"), "{valued}");
     assert!(with(&[1]).is_err(), "a tag without its value");
 }
+
+#[test]
+fn protocol_doc_example_cluster_status_reply() {
+    let status = Response::ClusterStatus(ClusterStatus {
+        node_id: 1,
+        role: "leader".into(),
+        term: 3,
+        leader: Some(1),
+        last_log_index: 42,
+        last_applied_index: 42,
+        millis_since_quorum_ack: Some(12),
+        members: vec![
+            ClusterMember {
+                node_id: 1,
+                raft_addr: "10.0.0.1:7080".into(),
+                client_addr: "10.0.0.1:7070".into(),
+                matched_index: Some(42),
+            },
+            ClusterMember {
+                node_id: 2,
+                raft_addr: "10.0.0.2:7080".into(),
+                client_addr: "10.0.0.2:7070".into(),
+                matched_index: Some(40),
+            },
+        ],
+    });
+    assert_doc_response("cluster-status-reply", &status, 6);
+}

@@ -41,7 +41,10 @@ pub struct Inboxd {
     token: String,
     /// Flags added to `inboxd serve` (kept for restarts).
     extra_args: Vec<String>,
-    addr: SocketAddr,
+    /// What `--listen` asks for: a port the kernel picks, or a fixed one a
+    /// group's members name each other by.
+    listen: String,
+    pub(crate) addr: SocketAddr,
     server: ChildGuard,
 }
 
@@ -83,12 +86,24 @@ impl Inboxd {
     /// it serves a request.
     fn restart(&mut self) -> Result<Duration> {
         let start = Instant::now();
-        let (server, addr) =
-            Self::spawn(&self.binary, self.dir.path(), &self.token, &self.extra_args)?;
-        self.server = server;
-        self.addr = addr;
+        self.respawn()?;
         self.wait_serving(Duration::from_secs(600))?;
         Ok(start.elapsed())
+    }
+
+    /// Starts the stopped server again on its data, without waiting for
+    /// it to serve (a group's follower never does).
+    pub(crate) fn respawn(&mut self) -> Result<()> {
+        let (server, addr) = Self::spawn(
+            &self.binary,
+            self.dir.path(),
+            &self.token,
+            &self.listen,
+            &self.extra_args,
+        )?;
+        self.server = server;
+        self.addr = addr;
+        Ok(())
     }
 
     /// Starts inboxd on a fresh data directory under `base`, with
@@ -98,6 +113,21 @@ impl Inboxd {
         explicit: Option<&Path>,
         extra_args: &[&str],
     ) -> Result<Box<dyn System>> {
+        let inboxd = Self::start_node(base, explicit, "127.0.0.1:0", extra_args, None)?;
+        inboxd.wait_serving(Duration::from_secs(60))?;
+        Ok(Box::new(inboxd))
+    }
+
+    /// Starts one inboxd listening on `listen`, without waiting for it to
+    /// serve (a group's member serves once the group has a leader), with
+    /// `token` shared by a group's members, or a fresh one.
+    pub(crate) fn start_node(
+        base: &Path,
+        explicit: Option<&Path>,
+        listen: &str,
+        extra_args: &[&str],
+        token: Option<&str>,
+    ) -> Result<Self> {
         let Some(binary) = binary(explicit) else {
             return Err(
                 "no inboxd binary (cargo build --release -p inbox-server, or --inboxd PATH)".into(),
@@ -106,19 +136,30 @@ impl Inboxd {
         let dir = tempfile::Builder::new()
             .prefix("inboxd-")
             .tempdir_in(base)?;
-        let token = format!("bench-{:016x}", rand::random::<u64>());
+        let token = token.map_or_else(
+            || format!("bench-{:016x}", rand::random::<u64>()),
+            str::to_string,
+        );
         let extra_args: Vec<String> = extra_args.iter().map(|a| (*a).to_string()).collect();
-        let (server, addr) = Self::spawn(&binary, dir.path(), &token, &extra_args)?;
-        let inboxd = Self {
+        let (server, addr) = Self::spawn(&binary, dir.path(), &token, listen, &extra_args)?;
+        Ok(Self {
             dir,
             binary,
             token,
             extra_args,
+            listen: listen.to_string(),
             addr,
             server,
-        };
-        inboxd.wait_serving(Duration::from_secs(60))?;
-        Ok(Box::new(inboxd))
+        })
+    }
+
+    /// Kills the server with SIGKILL, leaving its data as the kill left it.
+    pub(crate) fn kill_hard(&mut self) -> Result<()> {
+        self.server.kill_hard()
+    }
+
+    pub(crate) fn token(&self) -> &str {
+        &self.token
     }
 
     /// Starts `inboxd serve` and reads the address it listens on from its
@@ -127,6 +168,7 @@ impl Inboxd {
         binary: &Path,
         dir: &Path,
         token: &str,
+        listen: &str,
         extra_args: &[String],
     ) -> Result<(ChildGuard, SocketAddr)> {
         let mut command = Command::new(binary);
@@ -134,7 +176,7 @@ impl Inboxd {
             .arg("serve")
             .arg("--data-dir")
             .arg(dir.join("data"))
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .args(["--listen", listen, "--metrics-listen", "127.0.0.1:0"])
             .args(["--token", token])
             .args(["--admin-token", &admin_token(token)])
             .args(["--rate-per-s", "100000000", "--rate-burst", "100000000"])

@@ -7,6 +7,7 @@
 //! send or an ACK only once it is durable (fsynced), except the one labelled
 //! `redis-everysec`, which is measured to show what weaker durability buys.
 
+pub mod group;
 pub mod inboxd;
 pub mod limit;
 #[cfg(feature = "mariadb")]

@@ -99,6 +99,23 @@ class ProtocolDocExamples(unittest.TestCase):
         err = c.ErrorReply(18, 10, "marker moved")
         self.check_reply("marker-moved", c.Frame(c.OP_ERROR, 3, c.encode_body(err)), err)
 
+    def test_cluster_status_reply(self) -> None:
+        reply = c.ClusterStatus(
+            1,
+            "leader",
+            3,
+            1,
+            42,
+            42,
+            12,
+            [
+                c.ClusterMember(1, "10.0.0.1:7080", "10.0.0.1:7070", 42),
+                c.ClusterMember(2, "10.0.0.2:7080", "10.0.0.2:7070", 40),
+            ],
+        )
+        self.check_reply("cluster-status-reply", c.reply_frame(c.Op.CLUSTER_STATUS, 6, reply), reply)
+        self.assertEqual(reply.lag(reply.members[1]), 2)
+
     def test_memory_reply(self) -> None:
         reply = c.MemoryReport(120, 35, [c.MemoryUse("idempotency", 4000, 5120)])
         self.check_reply("memory-reply", c.reply_frame(c.Op.MEMORY, 5, reply), reply)

@@ -253,6 +253,8 @@ class AgainstTheDaemon(unittest.TestCase):
             self.assertEqual((segment.stream, segment.segment), ("evt", 1))
             with self.assertRaises(NotFoundError):
                 inbox.explain_segment("evt", 0)
+            status = inbox.cluster_status()
+            self.assertEqual((status.role, status.node_id, status.members), ("single", 0, []))
 
     def test_request_id_0_is_refused_and_the_connection_closes(self) -> None:
         inbox = self.connect()

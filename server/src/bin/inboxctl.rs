@@ -262,6 +262,18 @@ enum Command {
     Compact,
     /// Write an index checkpoint now.
     Checkpoint,
+    /// A replicated group, as the node asked sees it.
+    Cluster {
+        #[command(subcommand)]
+        action: ClusterCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Role, term, leader, log and applied index, and the members (on the
+    /// leader: each one's matched index and lag). Any member answers.
+    Status,
 }
 
 /// What went wrong, for the exit message.
@@ -635,6 +647,20 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
             (None, None) => return Err(Failure::Usage("give --uid or --segment".into())),
         },
         Command::Compact => to_json(&client.compact(Empty {}).await?),
+        Command::Cluster {
+            action: ClusterCommand::Status,
+        } => {
+            let status = client.cluster_status(Empty {}).await?;
+            let mut value = to_json(&status);
+            if let Some(members) = value["members"].as_array_mut() {
+                for (json, member) in members.iter_mut().zip(&status.members) {
+                    if let Some(matched) = member.matched_index {
+                        json["lag"] = json!(status.last_log_index.saturating_sub(matched));
+                    }
+                }
+            }
+            value
+        }
         Command::Checkpoint => {
             client.checkpoint(Empty {}).await?;
             Value::Object(Map::from_iter([(
@@ -660,7 +686,11 @@ async fn conv_mode(client: &Client, conv: u64, uid: Option<u64>) -> Result<Value
 fn is_admin(command: &Command) -> bool {
     matches!(
         command,
-        Command::Stats { .. } | Command::Explain { .. } | Command::Compact | Command::Checkpoint
+        Command::Stats { .. }
+            | Command::Explain { .. }
+            | Command::Compact
+            | Command::Checkpoint
+            | Command::Cluster { .. }
     )
 }
 

@@ -76,6 +76,10 @@ enum Command {
     /// Open the store offline with `serve`'s configuration, run one
     /// compaction pass, and exit.
     Compact(Box<ServeArgs>),
+    /// Open the store offline and print the SHA-256 of its state with
+    /// what is each node's own left out (log locations, LSN): the members
+    /// of a group that applied the same entries print the same digest.
+    Digest(Box<ServeArgs>),
 }
 
 fn init_logs(format: LogFormat) {
@@ -172,6 +176,12 @@ fn main() -> ExitCode {
             println!("checkpoint written");
             Ok(())
         }),
+        Command::Digest(args) => offline(&args, |inbox| {
+            let digest = inbox.replica_digest();
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            println!("{hex} replica index {}", inbox.replica_index());
+            Ok(())
+        }),
         Command::Compact(args) => offline(&args, |inbox| {
             let report = inbox.compact()?;
             println!(
@@ -194,11 +204,35 @@ fn resolve(args: &ServeArgs) -> Result<Config, ExitCode> {
     })
 }
 
+/// Arenas the C allocator may use unless `MALLOC_ARENA_MAX` says
+/// otherwise.
+const MALLOC_ARENAS: i32 = 2;
+
+/// glibc gives each thread that allocates under contention an arena of its
+/// own, up to eight per core, and memory freed into one is not reused by
+/// another. With the daemon's threads (workers, sequencer, log writers,
+/// checkpoint writer) that slack was most of the resident memory that no
+/// structure accounts for; two arenas cut it at no measurable cost in CPU
+/// per send (figures in `docs/OPERATIONS.md`, "Memory that clients cannot
+/// inflate"). An operator's `MALLOC_ARENA_MAX` wins.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets an allocator parameter; it is called
+        // before the runtime starts any thread.
+        let ok = unsafe { libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS) };
+        if ok != 1 {
+            tracing::warn!("mallopt(M_ARENA_MAX, {MALLOC_ARENAS}) failed; the allocator keeps its default arenas");
+        }
+    }
+}
+
 fn serve(args: &ServeArgs) -> ExitCode {
     let config = match resolve(args) {
         Ok(config) => config,
         Err(code) => return code,
     };
+    limit_malloc_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

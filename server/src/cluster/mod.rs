@@ -20,6 +20,7 @@ mod gap;
 mod meta;
 pub mod network;
 mod snapshot;
+mod status;
 mod store;
 
 use std::collections::BTreeMap;

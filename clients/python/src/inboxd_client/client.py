@@ -311,6 +311,11 @@ class Client:
         """Bytes per in-memory structure (admin)."""
         return self.call(c.Op.MEMORY, c.Empty())
 
+    def cluster_status(self) -> c.ClusterStatus:
+        """This node's view of its replicated group (admin; any member
+        answers)."""
+        return self.call(c.Op.CLUSTER_STATUS, c.Empty())
+
     # --- flows ----------------------------------------------------------------
 
     def sync_to_end(

@@ -825,6 +825,40 @@ class MemoryReport:
         return next((m for m in self.structures if m.structure == structure), None)
 
 
+@layout(U64, STRING, STRING, option(U64))
+@dataclass(frozen=True)
+class ClusterMember:
+    """One member of a replicated group. ``matched_index`` is set on the
+    leader only: the highest index the member is known to hold."""
+
+    node_id: int
+    raft_addr: str
+    client_addr: str
+    matched_index: int | None
+
+
+@layout(U64, STRING, U64, option(U64), U64, U64, option(U64), list_of(struct_of(ClusterMember)))
+@dataclass(frozen=True)
+class ClusterStatus:
+    """A node's view of its group; a daemon without one answers role
+    ``single``."""
+
+    node_id: int
+    role: str
+    term: int
+    leader: int | None
+    last_log_index: int
+    last_applied_index: int
+    millis_since_quorum_ack: int | None
+    members: list[ClusterMember]
+
+    def lag(self, member: ClusterMember) -> int | None:
+        """How far ``member`` is behind this leader's log, on the leader."""
+        if member.matched_index is None:
+            return None
+        return max(self.last_log_index - member.matched_index, 0)
+
+
 @layout(U16, U64, STRING)
 @dataclass(frozen=True)
 class ErrorReply:
@@ -899,6 +933,7 @@ class Op(enum.IntEnum):
     COMPACT = 0x63
     CHECKPOINT = 0x64
     MEMORY = 0x65
+    CLUSTER_STATUS = 0x66
 
 
 #: request body class and reply body class of every opcode
@@ -937,6 +972,7 @@ OPS: dict[Op, tuple[type, type]] = {
     Op.COMPACT: (Empty, CompactionReport),
     Op.CHECKPOINT: (Empty, Empty),
     Op.MEMORY: (Empty, MemoryReport),
+    Op.CLUSTER_STATUS: (Empty, ClusterStatus),
 }
 
 

@@ -1,0 +1,305 @@
+//! A replicated inboxd group: `members` `inboxd serve` processes on
+//! loopback, each with its own data directory, client port and raft port,
+//! forming one raft group. The harness's connections all go to the leader,
+//! as a service's would once `NOT_LEADER` has redirected them, so every
+//! scenario measures what a client of the group sees. CPU and memory are
+//! the leader's.
+//!
+//! [`Group::fail_over`] kills the leader with SIGKILL and times how long
+//! the group takes to serve a write and a read again; the killed member is
+//! then restarted on its data and rejoins as a follower.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use inbox_server::client::{Client, ClientError};
+use inbox_wire::{ErrorCode, UserDevice, UserReq};
+
+use super::inboxd::Inboxd;
+use super::{Conn, Result, Setup, System};
+use crate::procfs::Measured;
+
+/// How long a group may take to elect its first leader, or a new one.
+const ELECTION_DEADLINE: Duration = Duration::from_secs(60);
+/// The uid whose devices the fail-over probes write and read: outside
+/// every workload's population.
+const PROBE_UID: u64 = u64::MAX / 2;
+
+pub struct Group {
+    name: String,
+    members: Vec<Inboxd>,
+    leader: usize,
+    probes: u64,
+}
+
+/// Loopback ports free a moment ago (the group's members name each other
+/// by port, so they are chosen before any starts).
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let held = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    Ok(held
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<std::io::Result<Vec<_>>>()?)
+}
+
+/// Times from a leader's kill, as the probes saw them.
+#[derive(Clone, Copy, Debug)]
+pub struct FailOver {
+    /// A member first named a leader other than the killed one (or served).
+    pub elected: Duration,
+    /// The first write was served.
+    pub write: Duration,
+    /// A write and then a read were served: the group serves again.
+    pub served: Duration,
+}
+
+/// What one member answers to a probe.
+enum Answer {
+    Served,
+    NotLeader,
+    Down,
+}
+
+fn classify<T>(result: std::result::Result<T, ClientError>) -> Result<Answer> {
+    match result {
+        Ok(_) => Ok(Answer::Served),
+        Err(e) if e.code() == Some(ErrorCode::NotLeader) => Ok(Answer::NotLeader),
+        Err(ClientError::Io(_) | ClientError::Closed(_)) => Ok(Answer::Down),
+        // A group between leaders may also time a read out.
+        Err(e) if e.code() == Some(ErrorCode::Unavailable) => Ok(Answer::NotLeader),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What one member answered: a write, and a read once the write was
+/// served.
+struct Probe {
+    answer: Answer,
+    wrote: bool,
+    /// The leader a `NOT_LEADER` named (`leader_addr=`).
+    leader_named: Option<String>,
+}
+
+async fn probe(member: &Inboxd, device: u64) -> Probe {
+    let refused = |answer, leader_named| Probe {
+        answer,
+        wrote: false,
+        leader_named,
+    };
+    let Ok(client) = Client::connect(member.addr, member.token().to_string()).await else {
+        return refused(Answer::Down, None);
+    };
+    let write = client
+        .register_device(UserDevice {
+            uid: PROBE_UID,
+            device,
+        })
+        .await;
+    let leader_named = write.as_ref().err().and_then(|e| {
+        let text = e.to_string();
+        let named = text.split("leader_addr=").nth(1)?;
+        Some(named.split_whitespace().next().unwrap_or(named).to_string())
+    });
+    match classify(write) {
+        Ok(Answer::Served) => {}
+        Ok(other) => return refused(other, leader_named),
+        Err(_) => return refused(Answer::Down, leader_named),
+    }
+    let read = client.devices(UserReq { uid: PROBE_UID }).await;
+    Probe {
+        answer: classify(read).unwrap_or(Answer::Down),
+        wrote: true,
+        leader_named: None,
+    }
+}
+
+impl Group {
+    /// Starts a group of `size` members on fresh data directories under
+    /// `base` and waits for its first leader.
+    pub fn start(base: &Path, explicit: Option<&Path>, size: usize) -> Result<Self> {
+        if size == 0 {
+            return Err("a group needs at least one member".into());
+        }
+        let ports = free_ports(2 * size)?;
+        let client = |i: usize| format!("127.0.0.1:{}", ports[i]);
+        let raft = |i: usize| format!("127.0.0.1:{}", ports[size + i]);
+        let peers = (0..size)
+            .map(|i| format!("{}={}/{}", i + 1, raft(i), client(i)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = format!("bench-{:016x}", rand::random::<u64>());
+        let mut members = Vec::with_capacity(size);
+        for i in 0..size {
+            let id = (i + 1).to_string();
+            let raft = raft(i);
+            let args = [
+                "--node-id",
+                id.as_str(),
+                "--raft-listen",
+                raft.as_str(),
+                "--peers",
+                peers.as_str(),
+            ];
+            members.push(Inboxd::start_node(
+                base,
+                explicit,
+                &client(i),
+                &args,
+                Some(&token),
+            )?);
+        }
+        let mut group = Self {
+            name: format!("inboxd-group{size}"),
+            members,
+            leader: 0,
+            probes: 0,
+        };
+        group.await_leader(None)?;
+        Ok(group)
+    }
+
+    fn leader(&self) -> &Inboxd {
+        &self.members[self.leader]
+    }
+
+    /// Asks each member, skipping `down`, for a write and then a read
+    /// until one serves both: it is the leader.
+    fn await_leader(&mut self, down: Option<usize>) -> Result<FailOver> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let start = Instant::now();
+        let down_addr = down.map(|i| self.members[i].addr.to_string());
+        let mut elected = None;
+        let mut wrote = None;
+        loop {
+            for (i, member) in self.members.iter().enumerate() {
+                if Some(i) == down {
+                    continue;
+                }
+                self.probes += 1;
+                let device = self.probes;
+                let probe = rt.block_on(probe(member, device));
+                // A member that names a leader other than the killed one
+                // has seen the election end.
+                let new_leader_named = probe
+                    .leader_named
+                    .as_deref()
+                    .is_some_and(|named| Some(named) != down_addr.as_deref());
+                if elected.is_none() && (probe.wrote || new_leader_named) {
+                    elected = Some(start.elapsed());
+                }
+                if wrote.is_none() && probe.wrote {
+                    wrote = Some(start.elapsed());
+                }
+                let answer = probe.answer;
+                if let Answer::Served = answer {
+                    self.leader = i;
+                    let served = start.elapsed();
+                    return Ok(FailOver {
+                        elected: elected.unwrap_or(served),
+                        write: wrote.unwrap_or(served),
+                        served,
+                    });
+                }
+            }
+            if start.elapsed() > ELECTION_DEADLINE {
+                return Err(format!("{}: no leader after {ELECTION_DEADLINE:?}", self.name).into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Kills the leader with SIGKILL and times how long the group takes
+    /// to serve a write and then a read on another member. The killed
+    /// member is then restarted on its data, and has rejoined as a
+    /// follower, before this returns.
+    pub fn fail_over(&mut self) -> Result<FailOver> {
+        let killed = self.leader;
+        self.members[killed].kill_hard()?;
+        let took = self.await_leader(Some(killed))?;
+        self.members[killed].respawn()?;
+        self.await_follower(killed)?;
+        Ok(took)
+    }
+
+    /// Waits until member `i` answers as a follower that knows its leader:
+    /// it is back in the group, so the next kill leaves a quorum.
+    fn await_follower(&self, i: usize) -> Result<()> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let member = &self.members[i];
+        let start = Instant::now();
+        loop {
+            let knows_leader = rt.block_on(async {
+                let client = Client::connect(member.addr, member.token().to_string())
+                    .await
+                    .ok()?;
+                match client.devices(UserReq { uid: PROBE_UID }).await {
+                    Err(e) if e.code() == Some(ErrorCode::NotLeader) => {
+                        Some(e.to_string().contains("leader_addr="))
+                    }
+                    _ => None,
+                }
+            });
+            if knows_leader == Some(true) {
+                return Ok(());
+            }
+            if start.elapsed() > ELECTION_DEADLINE {
+                return Err(format!(
+                    "{}: member {} did not rejoin within {ELECTION_DEADLINE:?}",
+                    self.name,
+                    i + 1
+                )
+                .into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+}
+
+impl System for Group {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn connect(&self) -> Result<Box<dyn Conn + '_>> {
+        self.leader().connect()
+    }
+
+    fn prepare(&self, setup: &Setup) -> Result<()> {
+        self.leader().prepare(setup)
+    }
+
+    fn write_counters(&self) -> Option<super::WriteCounters> {
+        self.leader().write_counters()
+    }
+
+    fn measured(&self) -> Option<Measured> {
+        self.leader().measured()
+    }
+
+    fn holdings(&self) -> Option<super::Holdings> {
+        self.leader().holdings()
+    }
+
+    fn data_bytes(&self) -> u64 {
+        self.leader().data_bytes()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} ({} members on loopback, each fsyncing its own log; figures from the leader): {}",
+            self.name,
+            self.members.len(),
+            self.leader().describe()
+        )
+    }
+}

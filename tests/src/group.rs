@@ -1,0 +1,142 @@
+//! A replicated group of `inboxd serve` processes on loopback, for the
+//! tests that need one: fixed client and raft ports chosen up front (the
+//! members name each other by them), one data directory each, members
+//! killed and restarted on their data, and the leader found by asking
+//! every member for its `CLUSTER_STATUS`.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use inbox_server::client::Client;
+use inbox_wire::{ClusterStatus, Empty};
+
+use crate::{data_dir, Daemon, ADMIN_TOKEN};
+
+/// How long a test waits for a leader every live member knows.
+pub const ELECTION_DEADLINE: Duration = Duration::from_secs(30);
+
+pub struct Group {
+    /// `None` while a member is killed.
+    pub daemons: Vec<Option<Daemon>>,
+    dirs: Vec<tempfile::TempDir>,
+    pub client_addrs: Vec<SocketAddr>,
+    pub raft_addrs: Vec<SocketAddr>,
+    peers: String,
+}
+
+/// Loopback ports free a moment ago.
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("a bound port").port())
+        .collect()
+}
+
+impl Group {
+    /// Starts `size` members (node ids 1..=size) on fresh directories.
+    pub fn start(size: usize) -> Group {
+        let ports = free_ports(2 * size);
+        let addr = |port: u16| -> SocketAddr { ([127, 0, 0, 1], port).into() };
+        let client_addrs: Vec<SocketAddr> = ports[..size].iter().map(|p| addr(*p)).collect();
+        let raft_addrs: Vec<SocketAddr> = ports[size..].iter().map(|p| addr(*p)).collect();
+        let peers = (0..size)
+            .map(|i| format!("{}={}/{}", i + 1, raft_addrs[i], client_addrs[i]))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut group = Group {
+            daemons: (0..size).map(|_| None).collect(),
+            dirs: (0..size).map(|_| data_dir()).collect(),
+            client_addrs,
+            raft_addrs,
+            peers,
+        };
+        for node in 1..=size as u64 {
+            group.restart(node);
+        }
+        group
+    }
+
+    /// Starts member `node` (1-based) on its data directory.
+    pub fn restart(&mut self, node: u64) {
+        let i = (node - 1) as usize;
+        assert!(self.daemons[i].is_none(), "member {node} is running");
+        let (id, raft, listen) = (
+            node.to_string(),
+            self.raft_addrs[i].to_string(),
+            self.client_addrs[i].to_string(),
+        );
+        self.daemons[i] = Some(Daemon::start_with(
+            self.dirs[i].path(),
+            &[
+                "--node-id",
+                &id,
+                "--raft-listen",
+                &raft,
+                "--peers",
+                &self.peers,
+                "--listen",
+                &listen,
+            ],
+        ));
+    }
+
+    /// SIGKILL of member `node`.
+    pub fn kill(&mut self, node: u64) {
+        let daemon = self.daemons[(node - 1) as usize]
+            .take()
+            .unwrap_or_else(|| panic!("member {node} is not running"));
+        daemon.crash();
+    }
+
+    pub fn daemon(&self, node: u64) -> &Daemon {
+        self.daemons[(node - 1) as usize]
+            .as_ref()
+            .unwrap_or_else(|| panic!("member {node} is not running"))
+    }
+
+    /// Every running member's `CLUSTER_STATUS`, by node id.
+    pub async fn statuses(&self) -> Vec<(u64, ClusterStatus)> {
+        let mut all = Vec::new();
+        for (i, daemon) in self.daemons.iter().enumerate() {
+            if daemon.is_none() {
+                continue;
+            }
+            let client = Client::connect(self.client_addrs[i], ADMIN_TOKEN)
+                .await
+                .expect("connect to a running member");
+            let status = client
+                .cluster_status(Empty {})
+                .await
+                .expect("CLUSTER_STATUS");
+            all.push((i as u64 + 1, status));
+        }
+        all
+    }
+
+    /// Waits until exactly one running member leads and every running
+    /// member names it; returns its node id. Fails after
+    /// [`ELECTION_DEADLINE`], never hangs.
+    pub async fn leader(&self) -> u64 {
+        let start = Instant::now();
+        loop {
+            let all = self.statuses().await;
+            let leaders: Vec<u64> = all
+                .iter()
+                .filter(|(_, s)| s.role == "leader")
+                .map(|(node, _)| *node)
+                .collect();
+            if let [leader] = leaders.as_slice() {
+                if all.iter().all(|(_, s)| s.leader == Some(*leader)) {
+                    return *leader;
+                }
+            }
+            assert!(
+                start.elapsed() < ELECTION_DEADLINE,
+                "no leader known to every running member within {ELECTION_DEADLINE:?}: {all:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
