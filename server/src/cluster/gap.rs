@@ -3,7 +3,8 @@
 //! deleted fails as a network error. raft's replication to that follower
 //! then starts over instead of holding the range it found empty, raft can
 //! purge its log past the deleted rounds (see `Glue::compacted_away`),
-//! and sends that follower the snapshot.
+//! and sends that follower the snapshot. Also here: `Glue::compacted_away`,
+//! which asks raft for that snapshot and purge.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -16,7 +17,9 @@ use openraft::raft::{
 };
 use openraft::{RaftNetwork, RaftNetworkFactory};
 
-use super::{Glue, Peer, TypeConfig};
+use std::time::Duration;
+
+use super::{Glue, InboxRaft, Peer, TypeConfig};
 
 /// Wraps a network factory.
 pub(crate) struct Factory<N> {
@@ -78,5 +81,45 @@ impl<C: RaftNetwork<TypeConfig>> RaftNetwork<TypeConfig> for Conn<C> {
 
     fn backoff(&self) -> Backoff {
         self.inner.backoff()
+    }
+}
+
+impl Glue {
+    /// The engine's compaction deleted the rounds below `held` (their
+    /// batches' segments held nothing live any more). raft is asked for a
+    /// snapshot covering them, if the last one does not, and to purge its
+    /// log up to `held - 1`, so that a follower that needs them is sent
+    /// the snapshot. raft purges only while no replication uses the range:
+    /// the network refuses that follower's empty appends meanwhile
+    /// (`gap.rs`), so its replication lets go of it.
+    pub(crate) fn compacted_away(&self, held: u64) {
+        if self.gone_below.fetch_max(held, Ordering::AcqRel) >= held {
+            return;
+        }
+        let Some(raft) = self.role().raft.clone() else {
+            return;
+        };
+        let upto = held - 1;
+        tracing::warn!(
+            node = self.id,
+            upto,
+            "rounds compacted away; purging raft's log past them"
+        );
+        tokio::spawn(async move {
+            let covered = |raft: &InboxRaft| {
+                raft.metrics()
+                    .borrow()
+                    .snapshot
+                    .is_some_and(|s| s.index >= upto)
+            };
+            if !covered(&raft) && raft.trigger().snapshot().await.is_err() {
+                return;
+            }
+            let start = std::time::Instant::now();
+            while !covered(&raft) && start.elapsed() < Duration::from_secs(60) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let _ = raft.trigger().purge_log(upto).await;
+        });
     }
 }

@@ -154,45 +154,6 @@ impl Glue {
         Arc::clone(&self.inbox.read().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// The engine's compaction deleted the rounds below `held` (their
-    /// batches' segments held nothing live any more). raft is asked for a
-    /// snapshot covering them, if the last one does not, and to purge its
-    /// log up to `held - 1`, so that a follower that needs them is sent
-    /// the snapshot. raft purges only while no replication uses the range:
-    /// the network refuses that follower's empty appends meanwhile
-    /// (`gap.rs`), so its replication lets go of it.
-    fn compacted_away(&self, held: u64) {
-        use std::sync::atomic::Ordering;
-        if self.gone_below.fetch_max(held, Ordering::AcqRel) >= held {
-            return;
-        }
-        let Some(raft) = self.role().raft.clone() else {
-            return;
-        };
-        let upto = held - 1;
-        tracing::warn!(
-            node = self.id,
-            upto,
-            "rounds compacted away; purging raft's log past them"
-        );
-        tokio::spawn(async move {
-            let covered = |raft: &InboxRaft| {
-                raft.metrics()
-                    .borrow()
-                    .snapshot
-                    .is_some_and(|s| s.index >= upto)
-            };
-            if !covered(&raft) && raft.trigger().snapshot().await.is_err() {
-                return;
-            }
-            let start = std::time::Instant::now();
-            while !covered(&raft) && start.elapsed() < Duration::from_secs(60) {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            let _ = raft.trigger().purge_log(upto).await;
-        });
-    }
-
     /// Discards the engine's rounds from `from` on.
     fn discard_from(&self, from: u64) -> inbox_engine::Result<()> {
         self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
