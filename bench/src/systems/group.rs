@@ -12,12 +12,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use inbox_server::client::{Client, ClientError};
-use inbox_wire::{ErrorCode, UserDevice, UserReq};
+use inbox_server::client::{Client, ClientError, GroupClient};
+use inbox_wire::{ErrorCode, Request, Response, UserDevice, UserReq};
 
 use super::inboxd::Inboxd;
-use super::{Conn, Result, Setup, System};
+use super::{Conn, DeviceCursor, Page, Result, Setup, System};
 use crate::procfs::Measured;
+use crate::workload::Outgoing;
 
 /// How long a group may take to elect its first leader, or a new one.
 const ELECTION_DEADLINE: Duration = Duration::from_secs(60);
@@ -265,13 +266,45 @@ impl Group {
     }
 }
 
+struct GroupConn {
+    rt: tokio::runtime::Runtime,
+    client: GroupClient,
+}
+
+impl Conn for GroupConn {
+    fn send(&mut self, send: &Outgoing<'_>) -> Result<()> {
+        let request = Request::Send(super::inboxd::send_req(send));
+        match self.rt.block_on(self.client.call(request))? {
+            Response::Send(_) => Ok(()),
+            other => Err(format!("SEND answered {other:?}").into()),
+        }
+    }
+
+    fn sync_page(&mut self, _device: &mut DeviceCursor, _limit: u32) -> Result<Page> {
+        Err("the group is measured on ingest only".into())
+    }
+}
+
 impl System for Group {
     fn name(&self) -> &str {
         &self.name
     }
 
+    /// A group client starting at the leader: if the leadership moves
+    /// during a run, its requests follow it, as a service's would.
     fn connect(&self) -> Result<Box<dyn Conn + '_>> {
-        self.leader().connect()
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let leader = self.leader().addr;
+        let mut order = vec![leader];
+        order.extend(self.members.iter().map(|m| m.addr).filter(|a| *a != leader));
+        let client = rt.block_on(GroupClient::connect_members(
+            &order,
+            self.leader().token().to_string(),
+            None,
+        ))?;
+        Ok(Box::new(GroupConn { rt, client }))
     }
 
     fn prepare(&self, setup: &Setup) -> Result<()> {

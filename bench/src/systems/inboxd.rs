@@ -404,7 +404,7 @@ struct InboxdConn {
     client: Arc<Client>,
 }
 
-fn send_req(send: &Outgoing<'_>) -> SendReq {
+pub(crate) fn send_req(send: &Outgoing<'_>) -> SendReq {
     SendReq {
         conv: send.conv,
         sender: send.sender,
