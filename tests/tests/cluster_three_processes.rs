@@ -105,17 +105,8 @@ async fn a_killed_leader_is_replaced_and_no_acknowledged_send_is_lost() {
         }
     }
 
-    // Kill the leader: the member that answers a ping itself.
-    let mut leader = None;
-    for (n, a) in addrs.iter().enumerate() {
-        let c = inbox_server::client::Client::connect(*a, ADMIN_TOKEN)
-            .await
-            .unwrap();
-        if c.ping(Empty {}).await.is_ok() {
-            leader = Some(n);
-        }
-    }
-    let leader = leader.expect("one member leads");
+    // Kill the leader.
+    let leader = leading(&addrs).await;
     daemons[leader].take().unwrap().crash();
 
     let alive: Vec<_> = (0..3).filter(|n| *n != leader).map(|n| addrs[n]).collect();
@@ -145,13 +136,17 @@ async fn a_killed_leader_is_replaced_and_no_acknowledged_send_is_lost() {
     }
 }
 
-/// Which member answers a ping itself (the leader), among `addrs`.
+/// Which member says it leads (`CLUSTER_STATUS`), among `addrs`. (Every
+/// member answers a `PING` itself, followers too, so a ping says nothing.)
 async fn leading(addrs: &[std::net::SocketAddr]) -> usize {
     let start = Instant::now();
     loop {
         for (n, a) in addrs.iter().enumerate() {
             if let Ok(c) = inbox_server::client::Client::connect(*a, ADMIN_TOKEN).await {
-                if c.ping(Empty {}).await.is_ok() {
+                if c.cluster_status(Empty {})
+                    .await
+                    .is_ok_and(|s| s.role == "leader")
+                {
                     return n;
                 }
             }
