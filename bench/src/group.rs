@@ -6,7 +6,7 @@
 //!    on a fresh data directory with the same population;
 //! 2. `kills` times: the leader is killed with SIGKILL and the time until
 //!    another member serves a write and then a read is recorded; the killed
-//!    member is restarted on its data and must rejoin before the next kill.
+//!    member is restarted on its data and must catch up before the next kill.
 //!
 //! Figures: throughput and p99 of the group against the single node, the
 //! leader's CPU per send, and the distribution of fail-over times with how

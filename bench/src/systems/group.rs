@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use inbox_server::client::{Client, ClientError, GroupClient};
-use inbox_wire::{ErrorCode, Request, Response, UserDevice, UserReq};
+use inbox_wire::{Empty, ErrorCode, Request, Response, UserDevice, UserReq};
 
 use super::inboxd::Inboxd;
 use super::{Conn, DeviceCursor, Page, Result, Setup, System};
@@ -226,32 +226,35 @@ impl Group {
         Ok(took)
     }
 
-    /// Waits until member `i` answers as a follower that knows its leader:
-    /// it is back in the group, so the next kill leaves a quorum.
+    /// Waits until member `i` is back in the group and has caught up: the
+    /// leader reports every member holding its whole log. A kill before
+    /// that would time an election between members whose logs differ,
+    /// which raft slows down on purpose.
     fn await_follower(&self, i: usize) -> Result<()> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let member = &self.members[i];
+        let leader = self.leader();
         let start = Instant::now();
         loop {
-            let knows_leader = rt.block_on(async {
-                let client = Client::connect(member.addr, member.token().to_string())
-                    .await
-                    .ok()?;
-                match client.devices(UserReq { uid: PROBE_UID }).await {
-                    Err(e) if e.code() == Some(ErrorCode::NotLeader) => {
-                        Some(e.to_string().contains("leader_addr="))
-                    }
-                    _ => None,
-                }
+            let caught_up = rt.block_on(async {
+                let admin = super::inboxd::admin_token(leader.token());
+                let client = Client::connect(leader.addr, admin).await.ok()?;
+                let status = client.cluster_status(Empty {}).await.ok()?;
+                Some(
+                    status.role == "leader"
+                        && status
+                            .members
+                            .iter()
+                            .all(|m| m.matched_index == Some(status.last_log_index)),
+                )
             });
-            if knows_leader == Some(true) {
+            if caught_up == Some(true) {
                 return Ok(());
             }
             if start.elapsed() > ELECTION_DEADLINE {
                 return Err(format!(
-                    "{}: member {} did not rejoin within {ELECTION_DEADLINE:?}",
+                    "{}: member {} did not catch up within {ELECTION_DEADLINE:?}",
                     self.name,
                     i + 1
                 )

@@ -650,6 +650,6 @@ impl Conn for InboxdConn {
 
 /// The admin token the bench's daemon is started with, beside its client
 /// token.
-fn admin_token(token: &str) -> String {
+pub(crate) fn admin_token(token: &str) -> String {
     format!("{token}-admin")
 }
