@@ -22,6 +22,8 @@ pub struct Group {
     pub client_addrs: Vec<SocketAddr>,
     pub raft_addrs: Vec<SocketAddr>,
     peers: String,
+    /// Flags every member is started with, besides the group's own.
+    extra: Vec<String>,
 }
 
 /// Loopback ports free a moment ago.
@@ -37,6 +39,11 @@ fn free_ports(n: usize) -> Vec<u16> {
 impl Group {
     /// Starts `size` members (node ids 1..=size) on fresh directories.
     pub fn start(size: usize) -> Group {
+        Self::start_with(size, &[])
+    }
+
+    /// The same, every member with `extra` flags too.
+    pub fn start_with(size: usize, extra: &[&str]) -> Group {
         let ports = free_ports(2 * size);
         let addr = |port: u16| -> SocketAddr { ([127, 0, 0, 1], port).into() };
         let client_addrs: Vec<SocketAddr> = ports[..size].iter().map(|p| addr(*p)).collect();
@@ -51,6 +58,7 @@ impl Group {
             client_addrs,
             raft_addrs,
             peers,
+            extra: extra.iter().map(|a| (*a).to_string()).collect(),
         };
         for node in 1..=size as u64 {
             group.restart(node);
@@ -67,19 +75,23 @@ impl Group {
             self.raft_addrs[i].to_string(),
             self.client_addrs[i].to_string(),
         );
-        self.daemons[i] = Some(Daemon::start_with(
-            self.dirs[i].path(),
-            &[
-                "--node-id",
-                &id,
-                "--raft-listen",
-                &raft,
-                "--peers",
-                &self.peers,
-                "--listen",
-                &listen,
-            ],
-        ));
+        let mut args = vec![
+            "--node-id",
+            &id,
+            "--raft-listen",
+            &raft,
+            "--peers",
+            &self.peers,
+            "--listen",
+            &listen,
+        ];
+        args.extend(self.extra.iter().map(String::as_str));
+        self.daemons[i] = Some(Daemon::start_with(self.dirs[i].path(), &args));
+    }
+
+    /// Member `node`'s data directory.
+    pub fn dir(&self, node: u64) -> &std::path::Path {
+        self.dirs[(node - 1) as usize].path()
     }
 
     /// SIGKILL of member `node`.

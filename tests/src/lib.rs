@@ -322,6 +322,17 @@ pub async fn send_text(
 /// Every message of a conversation visible to `uid`, oldest first, by
 /// paging history backwards to the start.
 pub async fn all_history(client: &Client, uid: u64, conv: u64) -> Vec<inbox_wire::Message> {
+    history_above(client, uid, conv, 0).await
+}
+
+/// A conversation's history above `floor` (exclusive), in `msg_seq` order,
+/// read newest first in pages of 200 until a page reaches `floor`.
+pub async fn history_above(
+    client: &Client,
+    uid: u64,
+    conv: u64,
+    floor: u64,
+) -> Vec<inbox_wire::Message> {
     let mut messages = Vec::new();
     let mut before = None;
     loop {
@@ -337,8 +348,8 @@ pub async fn all_history(client: &Client, uid: u64, conv: u64) -> Vec<inbox_wire
         let Some(oldest) = page.messages.last().map(|m| m.msg_seq) else {
             break;
         };
-        messages.extend(page.messages);
-        if !page.has_more {
+        messages.extend(page.messages.into_iter().filter(|m| m.msg_seq > floor));
+        if !page.has_more || oldest <= floor + 1 {
             break;
         }
         before = Some(oldest);

@@ -8,20 +8,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use inbox_server::client::{ClientError, GroupClient};
+use inbox_tests::group::Group;
 use inbox_tests::*;
 use inbox_wire::{ConvMember, Empty, ErrorCode, Request, Response, SendReq};
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-/// Loopback ports free a moment ago.
-fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
 
 /// Retries `request` through `group` until a leader answers it.
 async fn until_served(group: &GroupClient, request: Request) -> Response {
@@ -53,34 +44,8 @@ async fn connect(addrs: &[std::net::SocketAddr]) -> GroupClient {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_leader_is_replaced_and_no_acknowledged_send_is_lost() {
-    let ports = free_ports(6);
-    let client_addr = |i: usize| format!("127.0.0.1:{}", ports[i - 1]);
-    let raft_addr = |i: usize| format!("127.0.0.1:{}", ports[i + 2]);
-    let peers = (1..=3)
-        .map(|i| format!("{i}={}/{}", raft_addr(i), client_addr(i)))
-        .collect::<Vec<_>>()
-        .join(",");
-    let dirs: Vec<_> = (0..3).map(|_| data_dir()).collect();
-    let mut daemons: Vec<Option<Daemon>> = (1..=3)
-        .map(|i| {
-            let (id, raft, listen) = (i.to_string(), raft_addr(i), client_addr(i));
-            Some(Daemon::start_with(
-                dirs[i - 1].path(),
-                &[
-                    "--node-id",
-                    &id,
-                    "--raft-listen",
-                    &raft,
-                    "--peers",
-                    &peers,
-                    "--listen",
-                    &listen,
-                ],
-            ))
-        })
-        .collect();
-    let addrs: Vec<std::net::SocketAddr> =
-        (1..=3).map(|i| client_addr(i).parse().unwrap()).collect();
+    let mut members = Group::start(3);
+    let addrs = members.client_addrs.clone();
 
     // Through the last member: followers redirect to the leader.
     let group = connect(&addrs[2..]).await;
@@ -107,7 +72,7 @@ async fn a_killed_leader_is_replaced_and_no_acknowledged_send_is_lost() {
 
     // Kill the leader.
     let leader = leading(&addrs).await;
-    daemons[leader].take().unwrap().crash();
+    members.kill(leader as u64 + 1);
 
     let alive: Vec<_> = (0..3).filter(|n| *n != leader).map(|n| addrs[n]).collect();
     let group = connect(&alive).await;
@@ -131,7 +96,7 @@ async fn a_killed_leader_is_replaced_and_no_acknowledged_send_is_lost() {
         assert_eq!(m.payload, Bytes::from(format!("message {i}")), "seq {seq}");
     }
     assert_eq!(history.len(), 2 + 25, "two joins and 25 distinct sends");
-    for d in daemons.into_iter().flatten() {
+    for d in members.daemons.into_iter().flatten() {
         d.stop();
     }
 }
@@ -158,36 +123,9 @@ async fn leading(addrs: &[std::net::SocketAddr]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
-    let ports = free_ports(6);
-    let client_addr = |i: usize| format!("127.0.0.1:{}", ports[i - 1]);
-    let raft_addr = |i: usize| format!("127.0.0.1:{}", ports[i + 2]);
-    let peers = (1..=3)
-        .map(|i| format!("{i}={}/{}", raft_addr(i), client_addr(i)))
-        .collect::<Vec<_>>()
-        .join(",");
-    let dirs: Vec<_> = (0..3).map(|_| data_dir()).collect();
     // A snapshot every 10 rounds, the log kept 10 rounds behind it.
-    let start = |i: usize| {
-        let (id, raft, listen) = (i.to_string(), raft_addr(i), client_addr(i));
-        Daemon::start_with(
-            dirs[i - 1].path(),
-            &[
-                "--node-id",
-                &id,
-                "--raft-listen",
-                &raft,
-                "--peers",
-                &peers,
-                "--listen",
-                &listen,
-                "--snapshot-every",
-                "10",
-            ],
-        )
-    };
-    let mut daemons: Vec<Option<Daemon>> = (1..=3).map(|i| Some(start(i))).collect();
-    let addrs: Vec<std::net::SocketAddr> =
-        (1..=3).map(|i| client_addr(i).parse().unwrap()).collect();
+    let mut members = Group::start_with(3, &["--snapshot-every", "10"]);
+    let addrs = members.client_addrs.clone();
     let group = connect(&addrs).await;
     for uid in 1..=2 {
         until_served(&group, Request::Join(ConvMember { uid, conv: 7 })).await;
@@ -210,21 +148,22 @@ async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
 
     // The member is killed and loses its log, checkpoints, raft state and
     // snapshot; the others go on past several snapshots and purges.
-    daemons[wiped].take().unwrap().crash();
+    let node = |n: usize| n as u64 + 1;
+    members.kill(node(wiped));
     for name in ["evt", "msg", "checkpoint", "snap"] {
-        let _ = std::fs::remove_dir_all(dirs[wiped].path().join(name));
+        let _ = std::fs::remove_dir_all(members.dir(node(wiped)).join(name));
     }
     for name in ["raft-meta.json", "raft-snapshot.img"] {
-        let _ = std::fs::remove_file(dirs[wiped].path().join(name));
+        let _ = std::fs::remove_file(members.dir(node(wiped)).join(name));
     }
     for i in 20..40u128 {
         until_served(&group, send(i)).await;
     }
-    daemons[wiped] = Some(start(wiped + 1));
+    members.restart(node(wiped));
     // With the other follower stopped, a send commits only once the
     // wiped member stores it: once it has installed the leader's snapshot
     // (the entries it lacks are purged) and taken what followed.
-    daemons[other].take().unwrap().crash();
+    members.kill(node(other));
     let last = tokio::time::timeout(DEADLINE, until_served(&group, send(40)))
         .await
         .expect("the rejoined member never acknowledged a round");
@@ -233,13 +172,13 @@ async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
     };
     assert_eq!(last.msg_seq, 2 + 41);
     drop(group);
-    for d in daemons.into_iter().flatten() {
+    for d in members.daemons.iter_mut().filter_map(Option::take) {
         d.crash();
     }
     // Offline, the leader's and the rejoined member's stores hold the
     // same state (every round of both was acknowledged, so durable).
     let digest = |n: usize| {
-        let mut c = inbox_engine::InboxConfig::new(dirs[n].path());
+        let mut c = inbox_engine::InboxConfig::new(members.dir(node(n)));
         c.segment_bytes = 1 << 20;
         c.compaction_interval = None;
         let ib = inbox_engine::Inbox::open(c).unwrap();

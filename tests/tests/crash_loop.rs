@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use inbox_server::client::{Client, ClientError};
-use inbox_tests::{all_history, data_dir, inboxd_binary, Daemon};
+use inbox_tests::{data_dir, history_above, inboxd_binary, Daemon};
 use inbox_wire::{
     ConvListReq, ConvMember, ConvModeReq, Empty, ErrorCode, MarkReadReq, RecallReq, SendReq,
     UserDevice, UserReq,
@@ -273,42 +273,6 @@ struct Checked {
 /// between check only what was acknowledged since the last check, and
 /// each conversation's history above what was checked before.
 const FULL_CHECK_EVERY: usize = 25;
-
-/// A conversation's history newest first down to `floor` (exclusive), in
-/// `msg_seq` order: all of it when `floor` is 0.
-async fn history_above(
-    client: &Client,
-    uid: u64,
-    conv: u64,
-    floor: u64,
-) -> Vec<inbox_wire::Message> {
-    if floor == 0 {
-        return all_history(client, uid, conv).await;
-    }
-    let mut messages = Vec::new();
-    let mut before = None;
-    loop {
-        let page = client
-            .history(inbox_wire::HistoryReq {
-                uid,
-                conv,
-                before_seq: before,
-                limit: 200,
-            })
-            .await
-            .expect("history");
-        let Some(oldest) = page.messages.last().map(|m| m.msg_seq) else {
-            break;
-        };
-        messages.extend(page.messages.into_iter().filter(|m| m.msg_seq > floor));
-        if !page.has_more || oldest <= floor + 1 {
-            break;
-        }
-        before = Some(oldest);
-    }
-    messages.reverse();
-    messages
-}
 
 /// Checks the restarted daemon against the ledger; returns the number of
 /// acknowledged operations checked and the violations found. With
