@@ -100,9 +100,17 @@ pub fn default_config() -> openraft::Config {
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
         max_in_snapshot_log_to_keep: KEEP_BEHIND_SNAPSHOT,
         max_payload_entries: 256,
+        install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
         ..Default::default()
     }
 }
+
+/// How long sending one snapshot chunk may take, the last one including
+/// the follower's install (unpack, fsync, open and check the image, swap
+/// the directories, reopen the engine). openraft's 200 ms default never
+/// let a follower under load finish an install of a few MB: it was sent
+/// again and again while the group could not commit without it.
+pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 60_000;
 
 /// This node's leadership as the engine knows it.
 struct Leading {
