@@ -14,6 +14,18 @@ use inbox_wire::{ConvMember, Empty, ErrorCode, Request, Response, SendReq};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
+/// Send `i` of the tests: to conversation 7, alternately from users 1
+/// and 2, with idempotency key `1000 + i` and payload "message i".
+fn send(i: u128) -> Request {
+    Request::Send(SendReq {
+        conv: 7,
+        sender: 1 + (i % 2) as u64,
+        client_msg_id: 1000 + i,
+        msg_type: 1,
+        payload: Bytes::from(format!("message {i}")),
+    })
+}
+
 /// Retries `request` through `group` until a leader answers it.
 async fn until_served(group: &GroupClient, request: Request) -> Response {
     let start = Instant::now();
@@ -49,19 +61,9 @@ async fn a_killed_leader_is_replaced_and_no_acknowledged_send_is_lost() {
 
     // Through the last member: followers redirect to the leader.
     let group = connect(&addrs[2..]).await;
-    until_served(&group, Request::Ping(Empty {})).await;
     for uid in 1..=2 {
         until_served(&group, Request::Join(ConvMember { uid, conv: 7 })).await;
     }
-    let send = |i: u128| {
-        Request::Send(SendReq {
-            conv: 7,
-            sender: 1 + (i % 2) as u64,
-            client_msg_id: 1000 + i,
-            msg_type: 1,
-            payload: Bytes::from(format!("message {i}")),
-        })
-    };
     let mut acked = Vec::new();
     for i in 0..20u128 {
         match until_served(&group, send(i)).await {
@@ -130,15 +132,6 @@ async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
     for uid in 1..=2 {
         until_served(&group, Request::Join(ConvMember { uid, conv: 7 })).await;
     }
-    let send = |i: u128| {
-        Request::Send(SendReq {
-            conv: 7,
-            sender: 1 + (i % 2) as u64,
-            client_msg_id: 1000 + i,
-            msg_type: 1,
-            payload: Bytes::from(format!("message {i}")),
-        })
-    };
     for i in 0..20u128 {
         until_served(&group, send(i)).await;
     }

@@ -26,7 +26,7 @@
 //! got a send, a recall, an ACK or a reclaim acknowledged: a loop that
 //! exercised none of them proves nothing about them.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -84,8 +84,7 @@ struct Ledger {
     /// (conv, sender) -> the acknowledged sends not yet recalled, which
     /// the sender may recall.
     recallable: HashMap<(u64, u64), Vec<u64>>,
-    recalled: HashSet<u64>,
-    /// The same recalls in the order they were acknowledged.
+    /// Acknowledged recalls, in order.
     recall_log: Vec<u64>,
     /// (uid, device) -> the highest ACK the daemon confirmed, and the
     /// generation the device is in.
@@ -237,7 +236,6 @@ async fn worker(worker_id: u64, client: Client, ledger: Arc<Mutex<Ledger>>, mut 
                     {
                         Ok(_) => {
                             let mut ledger = ledger.lock().expect("ledger");
-                            ledger.recalled.insert(target);
                             ledger.recall_log.push(target);
                             if let Some(own) = ledger.recallable.get_mut(&(*conv, uid)) {
                                 own.retain(|&id| id != target);
@@ -546,7 +544,7 @@ async fn kill_nine_under_mixed_load_loses_no_acknowledged_operation() {
     }
 
     let ledger = ledger.lock().expect("ledger").clone();
-    let (sends, recalls) = (ledger.sends.len(), ledger.recalled.len());
+    let (sends, recalls) = (ledger.sends.len(), ledger.recall_log.len());
     let (acks, reclaimed, resets) = (ledger.ack_advances, ledger.events_reclaimed, ledger.resets);
     println!(
         "crash loop (seed {seed}): kills {kills}, acknowledged sends {sends}, recalls {recalls}, \
