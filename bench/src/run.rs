@@ -194,7 +194,7 @@ fn cpu_per_op(ticks: Option<u64>, ops: u64, measured: Option<Measured>) -> Optio
     Some((us, measured?))
 }
 
-pub(crate) fn outcome_cpu(out: &Outcome, measured: Option<Measured>) -> Option<(f64, Measured)> {
+fn outcome_cpu(out: &Outcome, measured: Option<Measured>) -> Option<(f64, Measured)> {
     cpu_per_op(out.cpu_ticks, out.ops, measured)
 }
 
@@ -297,6 +297,7 @@ pub fn run(args: &Args) -> Result<()> {
             &base,
             args.inboxd.as_deref(),
             args.seed,
+            &mut report,
         )?;
         println!("total {:.1} s", started.elapsed().as_secs_f64());
         return Ok(());
@@ -644,7 +645,7 @@ fn run_system(
     Ok(())
 }
 
-fn ingest_scenario(
+pub(crate) fn ingest_scenario(
     plan: &Plan,
     workload: &Workload,
     system: &dyn System,

@@ -45,52 +45,29 @@ fn free_ports(n: usize) -> Result<Vec<u16>> {
         .collect::<std::io::Result<Vec<_>>>()?)
 }
 
-/// Times from a leader's kill, as the probes saw them.
-#[derive(Clone, Copy, Debug)]
-pub struct FailOver {
-    /// A member first named a leader other than the killed one (or served).
-    pub elected: Duration,
-    /// The first write was served.
-    pub write: Duration,
-    /// A write and then a read were served: the group serves again.
-    pub served: Duration,
-}
-
-/// What one member answers to a probe.
-enum Answer {
-    Served,
-    NotLeader,
-    Down,
-}
-
-fn classify<T>(result: std::result::Result<T, ClientError>) -> Result<Answer> {
+/// Whether a call was served: `NOT_LEADER`, `UNAVAILABLE` (a group
+/// between leaders) and a dead connection are "not here"; any other error
+/// ends the run.
+fn served<T>(result: std::result::Result<T, ClientError>) -> Result<bool> {
     match result {
-        Ok(_) => Ok(Answer::Served),
-        Err(e) if e.code() == Some(ErrorCode::NotLeader) => Ok(Answer::NotLeader),
-        Err(ClientError::Io(_) | ClientError::Closed(_)) => Ok(Answer::Down),
-        // A group between leaders may also time a read out.
-        Err(e) if e.code() == Some(ErrorCode::Unavailable) => Ok(Answer::NotLeader),
+        Ok(_) => Ok(true),
+        Err(ClientError::Io(_) | ClientError::Closed(_)) => Ok(false),
+        Err(e)
+            if matches!(
+                e.code(),
+                Some(ErrorCode::NotLeader | ErrorCode::Unavailable)
+            ) =>
+        {
+            Ok(false)
+        }
         Err(e) => Err(e.into()),
     }
 }
 
-/// What one member answered: a write, and a read once the write was
-/// served.
-struct Probe {
-    answer: Answer,
-    wrote: bool,
-    /// The leader a `NOT_LEADER` named (`leader_addr=`).
-    leader_named: Option<String>,
-}
-
-async fn probe(member: &Inboxd, device: u64) -> Probe {
-    let refused = |answer, leader_named| Probe {
-        answer,
-        wrote: false,
-        leader_named,
-    };
+/// Whether `member` serves a write and then a read: only a leader does.
+async fn serves(member: &Inboxd, device: u64) -> Result<bool> {
     let Ok(client) = Client::connect(member.addr, member.token().to_string()).await else {
-        return refused(Answer::Down, None);
+        return Ok(false);
     };
     let write = client
         .register_device(UserDevice {
@@ -98,22 +75,10 @@ async fn probe(member: &Inboxd, device: u64) -> Probe {
             device,
         })
         .await;
-    let leader_named = write.as_ref().err().and_then(|e| {
-        let text = e.to_string();
-        let named = text.split("leader_addr=").nth(1)?;
-        Some(named.split_whitespace().next().unwrap_or(named).to_string())
-    });
-    match classify(write) {
-        Ok(Answer::Served) => {}
-        Ok(other) => return refused(other, leader_named),
-        Err(_) => return refused(Answer::Down, leader_named),
+    if !served(write)? {
+        return Ok(false);
     }
-    let read = client.devices(UserReq { uid: PROBE_UID }).await;
-    Probe {
-        answer: classify(read).unwrap_or(Answer::Down),
-        wrote: true,
-        leader_named: None,
-    }
+    served(client.devices(UserReq { uid: PROBE_UID }).await)
 }
 
 impl Group {
@@ -166,44 +131,21 @@ impl Group {
     }
 
     /// Asks each member, skipping `down`, for a write and then a read
-    /// until one serves both: it is the leader.
-    fn await_leader(&mut self, down: Option<usize>) -> Result<FailOver> {
+    /// until one serves both: it is the leader. Returns how long that took.
+    fn await_leader(&mut self, down: Option<usize>) -> Result<Duration> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         let start = Instant::now();
-        let down_addr = down.map(|i| self.members[i].addr.to_string());
-        let mut elected = None;
-        let mut wrote = None;
         loop {
             for (i, member) in self.members.iter().enumerate() {
                 if Some(i) == down {
                     continue;
                 }
                 self.probes += 1;
-                let device = self.probes;
-                let probe = rt.block_on(probe(member, device));
-                // A member that names a leader other than the killed one
-                // has seen the election end.
-                let new_leader_named = probe
-                    .leader_named
-                    .as_deref()
-                    .is_some_and(|named| Some(named) != down_addr.as_deref());
-                if elected.is_none() && (probe.wrote || new_leader_named) {
-                    elected = Some(start.elapsed());
-                }
-                if wrote.is_none() && probe.wrote {
-                    wrote = Some(start.elapsed());
-                }
-                let answer = probe.answer;
-                if let Answer::Served = answer {
+                if rt.block_on(serves(member, self.probes))? {
                     self.leader = i;
-                    let served = start.elapsed();
-                    return Ok(FailOver {
-                        elected: elected.unwrap_or(served),
-                        write: wrote.unwrap_or(served),
-                        served,
-                    });
+                    return Ok(start.elapsed());
                 }
             }
             if start.elapsed() > ELECTION_DEADLINE {
@@ -217,7 +159,7 @@ impl Group {
     /// to serve a write and then a read on another member. The killed
     /// member is then restarted on its data, and has rejoined as a
     /// follower, before this returns.
-    pub fn fail_over(&mut self) -> Result<FailOver> {
+    pub fn fail_over(&mut self) -> Result<Duration> {
         let killed = self.leader;
         self.members[killed].kill_hard()?;
         let took = self.await_leader(Some(killed))?;
