@@ -544,8 +544,10 @@ pub async fn take_engine_stats(inbox: &Arc<Inbox>, metrics: &Metrics) {
 
 /// Takes the engine's figures every [`ENGINE_STATS_INTERVAL`] until
 /// `shutdown` flips: one walk per interval, however many scrapes.
+/// `engine` gives the engine to walk each time: a group member's is
+/// replaced whole when it installs a snapshot.
 pub async fn refresh_engine_stats(
-    inbox: Arc<Inbox>,
+    engine: impl Fn() -> Arc<Inbox>,
     metrics: Arc<Metrics>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -557,7 +559,7 @@ pub async fn refresh_engine_stats(
             _ = every.tick() => {}
             _ = shutdown.changed() => return,
         }
-        take_engine_stats(&inbox, &metrics).await;
+        take_engine_stats(&engine(), &metrics).await;
     }
 }
 

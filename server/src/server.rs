@@ -169,11 +169,6 @@ pub async fn run(
         Arc::clone(&metrics),
         tls.clone(),
     ));
-    let engine_stats_task = tokio::spawn(metrics::refresh_engine_stats(
-        Arc::clone(&inbox),
-        Arc::clone(&metrics),
-        shutdown.clone(),
-    ));
     let shared = Arc::new(Shared {
         inbox: Arc::clone(&inbox),
         metrics: Arc::clone(&metrics),
@@ -184,6 +179,14 @@ pub async fn run(
         engine_queue: crate::conn::engine_queue(&config.limits),
         group: cluster.as_ref().map(crate::cluster::Cluster::handle),
     });
+    let engine_stats_task = {
+        let shared = Arc::clone(&shared);
+        tokio::spawn(metrics::refresh_engine_stats(
+            move || shared.engine().into_owned(),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        ))
+    };
     let slots = Arc::new(Semaphore::new(config.limits.max_connections as usize));
     let mut connections = JoinSet::new();
 
@@ -263,12 +266,9 @@ pub async fn run(
     }
     metrics_task.abort();
     engine_stats_task.abort();
-    drop(shared);
     // A group's engine is the one its last snapshot install opened.
-    let engine = match &cluster {
-        Some(c) => c.inbox(),
-        None => Arc::clone(&inbox),
-    };
+    let engine = shared.engine().into_owned();
+    drop(shared);
     if let Some(cluster) = cluster {
         cluster.shutdown().await;
     }
