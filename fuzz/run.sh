@@ -7,6 +7,16 @@
 # fuzz/corpus/TARGET; crashes in fuzz/artifacts/TARGET. engine_model prints
 # its coverage counts (restarts, replays, seals, drops, rewrites) to stderr
 # every 1,000 cases.
+#
+# FUZZ_JOBS=N runs N fuzzing processes at once (libFuzzer's -fork=N),
+# sharing the corpus; one per core is the useful most.
+# FUZZ_SANITIZER picks cargo-fuzz's sanitizer. The byte-level targets run
+# under AddressSanitizer by default. engine_model defaults to none: its
+# checks are the model's own assertions over safe, bounds-checked Rust; the
+# engine's unsafe code is file mappings and slices read from them, memory
+# that ASan does not track (it is not heap), and flock/fallocate calls.
+# ASan costs engine_model about half its executions.
+# `fuzz/run.sh build` always builds with ASan.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -23,9 +33,19 @@ if [ "$target" = build ]; then
     exec cargo fuzz build
 fi
 seconds=${2:?$usage}
+default_sanitizer=address
+if [ "$target" = engine_model ]; then
+    default_sanitizer=none
+fi
+sanitizer=${FUZZ_SANITIZER:-$default_sanitizer}
+jobs=${FUZZ_JOBS:-1}
 mkdir -p "corpus/$target"
 if [ "$seconds" = cmin ]; then
-    exec cargo fuzz cmin "$target" "corpus/$target"
+    exec cargo fuzz cmin --sanitizer "$sanitizer" "$target" "corpus/$target"
 fi
-exec cargo fuzz run "$target" "corpus/$target" -- \
-    -max_total_time="$seconds" -print_final_stats=1 -max_len=4096
+fork=()
+if [ "$jobs" -gt 1 ]; then
+    fork=(-fork="$jobs")
+fi
+exec cargo fuzz run --sanitizer "$sanitizer" "$target" "corpus/$target" -- \
+    -max_total_time="$seconds" -print_final_stats=1 -max_len=4096 "${fork[@]}"

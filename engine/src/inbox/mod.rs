@@ -80,7 +80,6 @@ pub use shared::{Hint, LargeGroupHint};
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
 
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -97,7 +96,7 @@ use shared::{Progress, Shared};
 pub struct Inbox {
     shared: Arc<Shared>,
     tx: Mutex<Option<mpsc::Sender<sequencer::Command<Command>>>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    threads: Mutex<Vec<crate::threads::Handle>>,
 }
 
 impl Inbox {
@@ -186,31 +185,28 @@ impl Inbox {
         let mut threads = vec![
             // Exits once the sequencer (its only sender) has stopped and
             // the final checkpoint is written.
-            std::thread::Builder::new()
-                .name("inbox-checkpoint".into())
-                .spawn(move || sequencer::checkpoints::run_writer(writer_shared, ckpt_rx))
-                .map_err(LogError::Io)?,
+            crate::threads::spawn("inbox-checkpoint", move || {
+                sequencer::checkpoints::run_writer(writer_shared, ckpt_rx)
+            })
+            .map_err(LogError::Io)?,
             // Exits once the sequencer and the completion stage (whose
             // begin-snapshot replies hold its queue) have stopped.
-            std::thread::Builder::new()
-                .name("inbox-snapshot".into())
-                .spawn(move || snapshots::build::run_builder(builder_shared, snap_rx))
-                .map_err(LogError::Io)?,
-            std::thread::Builder::new()
-                .name("inbox-sequencer".into())
-                .spawn(move || seq.run())
-                .map_err(LogError::Io)?,
-            std::thread::Builder::new()
-                .name("inbox-completion".into())
-                .spawn(move || sequencer::completion::run_completion(completion_shared, done_rx))
-                .map_err(LogError::Io)?,
+            crate::threads::spawn("inbox-snapshot", move || {
+                snapshots::build::run_builder(builder_shared, snap_rx)
+            })
+            .map_err(LogError::Io)?,
+            crate::threads::spawn("inbox-sequencer", move || seq.run()).map_err(LogError::Io)?,
+            crate::threads::spawn("inbox-completion", move || {
+                sequencer::completion::run_completion(completion_shared, done_rx)
+            })
+            .map_err(LogError::Io)?,
         ];
         if let Some((shared, submit, every)) = compaction {
             threads.push(
-                std::thread::Builder::new()
-                    .name("inbox-compaction".into())
-                    .spawn(move || compaction::pass::run_background(shared, submit, every))
-                    .map_err(LogError::Io)?,
+                crate::threads::spawn("inbox-compaction", move || {
+                    compaction::pass::run_background(shared, submit, every)
+                })
+                .map_err(LogError::Io)?,
             );
         }
         Ok(Inbox {

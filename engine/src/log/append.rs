@@ -5,7 +5,6 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -26,8 +25,8 @@ use super::{
 /// An append-only segment log. Cheap to share by reference across threads.
 pub struct Log {
     pub(super) shared: Arc<Shared>,
-    writer: Option<JoinHandle<()>>,
-    preparer: Option<JoinHandle<()>>,
+    writer: Option<crate::threads::Handle>,
+    preparer: Option<crate::threads::Handle>,
     report: RecoveryReport,
     /// Held for the life of the log: one process per directory.
     _lock: File,
@@ -133,14 +132,9 @@ impl Log {
             stats: writer::Stats::default(),
         });
         let w = Arc::clone(&shared);
-        let writer = std::thread::Builder::new()
-            .name("log-writer".into())
-            .spawn(move || writer::run(w))?;
+        let writer = crate::threads::spawn("log-writer", move || writer::run(w))?;
         let p = Arc::clone(&shared);
-        let preparer = match std::thread::Builder::new()
-            .name("log-preparer".into())
-            .spawn(move || prepare::run(p))
-        {
+        let preparer = match crate::threads::spawn("log-preparer", move || prepare::run(p)) {
             Ok(h) => h,
             Err(e) => {
                 shared.state.lock().shutdown = true;

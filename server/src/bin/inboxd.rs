@@ -120,8 +120,11 @@ fn install_engine_panic_hook() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default(info);
-        let thread = std::thread::current();
-        let name = thread.name().unwrap_or("");
+        // Engine threads are pooled: the job's name says which one this is.
+        let name = inbox_engine::threads::current_name()
+            .or_else(|| std::thread::current().name().map(str::to_string))
+            .unwrap_or_default();
+        let name = name.as_str();
         if !is_engine_thread(name) {
             return;
         }
