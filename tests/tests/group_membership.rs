@@ -309,6 +309,17 @@ async fn a_fourth_node_added_under_load_catches_up_and_votes() {
     }
     println!("sends acknowledged: {}", acked.len());
     assert_history(&clients, &acked, acked.len()).await;
+
+    // A member killed and restarted after the change reads the new
+    // membership back from its own log.
+    let follower = (1..=3).find(|n| *n != leader).expect("a follower");
+    group.kill(follower);
+    group.restart(follower);
+    wait_statuses(&group, "the restarted member knows node 4", |all| {
+        let s = status_of(all, follower);
+        s.role == "follower" && member_ids(s) == vec![1, 2, 3, node]
+    })
+    .await;
     drop(clients);
     assert_same_state(&mut group).await;
 }
