@@ -331,6 +331,8 @@ typed_calls! {
     explain_segment(SegmentReq) -> ExplainSegment(SegmentExplain);
     memory(Empty) -> Memory(MemoryReport);
     cluster_status(Empty) -> ClusterStatus(ClusterStatus);
+    cluster_add_node(AddNodeReq) -> ClusterAddNode(ClusterStatus);
+    cluster_remove_node(RemoveNodeReq) -> ClusterRemoveNode(ClusterStatus);
     compact(Empty) -> Compact(CompactionReport);
     checkpoint(Empty) -> Checkpoint(Empty);
 }

@@ -140,6 +140,8 @@ fn is_admin(request: &Request) -> bool {
             | Request::Checkpoint(_)
             | Request::Memory(_)
             | Request::ClusterStatus(_)
+            | Request::ClusterAddNode(_)
+            | Request::ClusterRemoveNode(_)
     )
 }
 
@@ -458,6 +460,27 @@ pub async fn serve<R, W>(
                     .send(Response::ClusterStatus(status).to_frame(request_id))
                     .await;
             }
+            // Run on the leader by the group itself, for up to a minute:
+            // answered from a task of their own, like any request that
+            // takes time.
+            Request::ClusterAddNode(_) | Request::ClusterRemoveNode(_) => {
+                let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+                    break Close::Quietly;
+                };
+                let (shared, tx) = (Arc::clone(&shared), tx.clone());
+                tokio::spawn(async move {
+                    let op = request.op();
+                    let started = Instant::now();
+                    let response = change_membership(shared.group.as_ref(), request).await;
+                    let code = match &response {
+                        Response::Error(err) => Some(err.code),
+                        _ => None,
+                    };
+                    shared.metrics.observe_request(op, code, started.elapsed());
+                    let _ = tx.send(reply_frame(version, &response, request_id)).await;
+                    drop(permit);
+                });
+            }
             Request::Subscribe(ref list) | Request::SubscribeDirty(ref list) => {
                 let dirty = matches!(request, Request::SubscribeDirty(_));
                 if let Err(refusal) = subscribe(&shared, &subscribed, &list.uids) {
@@ -671,6 +694,30 @@ pub async fn serve<R, W>(
     }
     drop(tx);
     let _ = writer_task.await;
+}
+
+/// `CLUSTER_ADD_NODE` or `CLUSTER_REMOVE_NODE`, run by the group (a
+/// follower answers `NOT_LEADER`); a node without a group says so.
+async fn change_membership(
+    group: Option<&crate::cluster::GroupHandle>,
+    request: Request,
+) -> Response {
+    let Some(group) = group else {
+        return Response::Error(crate::cluster::not_in_a_group());
+    };
+    let done = match request {
+        Request::ClusterAddNode(req) => group.add_node(req).await.map(Response::ClusterAddNode),
+        Request::ClusterRemoveNode(req) => group
+            .remove_node(req)
+            .await
+            .map(Response::ClusterRemoveNode),
+        other => Err(ErrorReply {
+            code: ErrorCode::Internal,
+            detail: 0,
+            message: format!("{} is not a membership change", other.op().name()),
+        }),
+    };
+    done.unwrap_or_else(Response::Error)
 }
 
 /// Adds `uids` to a connection's subscriptions, all or nothing, within the

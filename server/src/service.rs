@@ -73,6 +73,8 @@ pub fn order_of(request: &Request) -> Order {
         | Request::Checkpoint(_)
         | Request::Memory(_)
         | Request::ClusterStatus(_)
+        | Request::ClusterAddNode(_)
+        | Request::ClusterRemoveNode(_)
         | Request::Hello(_)
         | Request::Ping(_)
         | Request::Subscribe(_)
@@ -338,6 +340,8 @@ fn call(
         Request::Hello(_)
         | Request::Ping(_)
         | Request::ClusterStatus(_)
+        | Request::ClusterAddNode(_)
+        | Request::ClusterRemoveNode(_)
         | Request::Subscribe(_)
         | Request::SubscribeDirty(_)
         | Request::Unsubscribe(_) => {

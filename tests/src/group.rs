@@ -1,8 +1,9 @@
 //! A replicated group of `inboxd serve` processes on loopback, for the
 //! tests that need one: fixed client and raft ports chosen up front (the
 //! members name each other by them), one data directory each, members
-//! killed and restarted on their data, and the leader found by asking
-//! every member for its `CLUSTER_STATUS`.
+//! killed and restarted on their data, new members started to be added by
+//! a membership change, and the leader found by asking every member for
+//! its `CLUSTER_STATUS`.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -21,7 +22,6 @@ pub struct Group {
     dirs: Vec<tempfile::TempDir>,
     pub client_addrs: Vec<SocketAddr>,
     pub raft_addrs: Vec<SocketAddr>,
-    peers: String,
     /// Flags every member is started with, besides the group's own.
     extra: Vec<String>,
 }
@@ -48,16 +48,11 @@ impl Group {
         let addr = |port: u16| -> SocketAddr { ([127, 0, 0, 1], port).into() };
         let client_addrs: Vec<SocketAddr> = ports[..size].iter().map(|p| addr(*p)).collect();
         let raft_addrs: Vec<SocketAddr> = ports[size..].iter().map(|p| addr(*p)).collect();
-        let peers = (0..size)
-            .map(|i| format!("{}={}/{}", i + 1, raft_addrs[i], client_addrs[i]))
-            .collect::<Vec<_>>()
-            .join(",");
         let mut group = Group {
             daemons: (0..size).map(|_| None).collect(),
             dirs: (0..size).map(|_| data_dir()).collect(),
             client_addrs,
             raft_addrs,
-            peers,
             extra: extra.iter().map(|a| (*a).to_string()).collect(),
         };
         for node in 1..=size as u64 {
@@ -66,14 +61,55 @@ impl Group {
         group
     }
 
+    /// Starts a node that is in no membership yet, with the next node id,
+    /// fresh ports and an empty data directory, and no `--bootstrap` (its
+    /// id is not the lowest of its `--peers`): it waits until the group
+    /// adds it (`CLUSTER_ADD_NODE`). Returns its node id.
+    pub fn start_new_member(&mut self) -> u64 {
+        let node = self.new_member();
+        self.restart(node);
+        node
+    }
+
+    /// The same without starting it: its id, ports and directory are
+    /// chosen, and [`Group::restart`] starts it.
+    pub fn new_member(&mut self) -> u64 {
+        let ports = free_ports(2);
+        self.client_addrs.push(([127, 0, 0, 1], ports[0]).into());
+        self.raft_addrs.push(([127, 0, 0, 1], ports[1]).into());
+        self.dirs.push(data_dir());
+        self.daemons.push(None);
+        self.daemons.len() as u64
+    }
+
+    /// `--peers`: every node this group has had, this one included. Only
+    /// a member with an empty log that bootstraps reads it.
+    fn peers(&self) -> String {
+        (0..self.daemons.len())
+            .map(|i| format!("{}={}/{}", i + 1, self.raft_addrs[i], self.client_addrs[i]))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Member `node`'s raft and client addresses, as `CLUSTER_ADD_NODE`
+    /// names them.
+    pub fn addrs(&self, node: u64) -> (String, String) {
+        let i = (node - 1) as usize;
+        (
+            self.raft_addrs[i].to_string(),
+            self.client_addrs[i].to_string(),
+        )
+    }
+
     /// Starts member `node` (1-based) on its data directory.
     pub fn restart(&mut self, node: u64) {
         let i = (node - 1) as usize;
         assert!(self.daemons[i].is_none(), "member {node} is running");
-        let (id, raft, listen) = (
+        let (id, raft, listen, peers) = (
             node.to_string(),
             self.raft_addrs[i].to_string(),
             self.client_addrs[i].to_string(),
+            self.peers(),
         );
         let mut args = vec![
             "--node-id",
@@ -81,7 +117,7 @@ impl Group {
             "--raft-listen",
             &raft,
             "--peers",
-            &self.peers,
+            &peers,
             "--listen",
             &listen,
         ];

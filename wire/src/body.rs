@@ -957,6 +957,24 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// `CLUSTER_ADD_NODE`: the node to make a voter of the group, and
+    /// where it is reached: its raft port (by the other members) and its
+    /// client port (what `NOT_LEADER` names when it leads).
+    pub struct AddNodeReq {
+        pub node_id: u64,
+        pub raft_addr: String,
+        pub client_addr: String,
+    }
+}
+
+wire_struct! {
+    /// `CLUSTER_REMOVE_NODE`: the member to take out of the group.
+    pub struct RemoveNodeReq {
+        pub node_id: u64,
+    }
+}
+
+wire_struct! {
     pub struct SegmentReq {
         pub stream: String,
         pub segment: u32,

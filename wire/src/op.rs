@@ -205,4 +205,10 @@ ops! {
     Memory = 0x65, Empty => MemoryReport, "MEMORY";
     /// This node's view of its replicated group; answered by every member.
     ClusterStatus = 0x66, Empty => ClusterStatus, "CLUSTER_STATUS";
+    /// Makes a node a voter of the group (learner, catch-up, joint
+    /// consensus); the leader answers with its view once it is done.
+    ClusterAddNode = 0x67, AddNodeReq => ClusterStatus, "CLUSTER_ADD_NODE";
+    /// Takes a member out of the group; the leader answers with its view
+    /// once it is done.
+    ClusterRemoveNode = 0x68, RemoveNodeReq => ClusterStatus, "CLUSTER_REMOVE_NODE";
 }

@@ -686,3 +686,37 @@ fn protocol_doc_example_cluster_status_reply() {
     });
     assert_doc_response("cluster-status-reply", &status, 6);
 }
+
+#[test]
+fn protocol_doc_example_cluster_add_node() {
+    let add = Request::ClusterAddNode(AddNodeReq {
+        node_id: 4,
+        raft_addr: "10.0.0.4:7080".into(),
+        client_addr: "10.0.0.4:7070".into(),
+    });
+    assert_doc_request("cluster-add-node", &add, 7);
+}
+
+#[test]
+fn protocol_doc_example_cluster_remove_node() {
+    let remove = Request::ClusterRemoveNode(RemoveNodeReq { node_id: 3 });
+    assert_doc_request("cluster-remove-node", &remove, 8);
+}
+
+#[test]
+fn membership_requests_answer_with_the_cluster_status_layout() {
+    for op in [Op::ClusterAddNode, Op::ClusterRemoveNode] {
+        let status = ClusterStatus {
+            node_id: 1,
+            role: "leader".into(),
+            ..ClusterStatus::default()
+        };
+        let frame = Response::ClusterStatus(status.clone()).to_frame(9);
+        let reply = Response::decode(op as u8 | REPLY_BIT, frame.body).expect("decodes");
+        assert_eq!(reply.opcode(), op as u8 | REPLY_BIT);
+        assert!(
+            matches!(&reply, Response::ClusterAddNode(s) | Response::ClusterRemoveNode(s) if *s == status),
+            "{reply:?}"
+        );
+    }
+}

@@ -116,6 +116,13 @@ class ProtocolDocExamples(unittest.TestCase):
         self.check_reply("cluster-status-reply", c.reply_frame(c.Op.CLUSTER_STATUS, 6, reply), reply)
         self.assertEqual(reply.lag(reply.members[1]), 2)
 
+    def test_cluster_add_node(self) -> None:
+        request = c.AddNodeReq(4, "10.0.0.4:7080", "10.0.0.4:7070")
+        self.check_request("cluster-add-node", c.Op.CLUSTER_ADD_NODE, 7, request)
+
+    def test_cluster_remove_node(self) -> None:
+        self.check_request("cluster-remove-node", c.Op.CLUSTER_REMOVE_NODE, 8, c.RemoveNodeReq(3))
+
     def test_memory_reply(self) -> None:
         reply = c.MemoryReport(120, 35, [c.MemoryUse("idempotency", 4000, 5120)])
         self.check_reply("memory-reply", c.reply_frame(c.Op.MEMORY, 5, reply), reply)

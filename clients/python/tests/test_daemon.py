@@ -255,6 +255,10 @@ class AgainstTheDaemon(unittest.TestCase):
                 inbox.explain_segment("evt", 0)
             status = inbox.cluster_status()
             self.assertEqual((status.role, status.node_id, status.members), ("single", 0, []))
+            with self.assertRaisesRegex(BadRequestError, "not in a replicated group"):
+                inbox.cluster_add_node(2, "127.0.0.1:9", "127.0.0.1:10")
+            with self.assertRaisesRegex(BadRequestError, "not in a replicated group"):
+                inbox.cluster_remove_node(1)
 
     def test_request_id_0_is_refused_and_the_connection_closes(self) -> None:
         inbox = self.connect()

@@ -3,7 +3,8 @@
 //! Every subcommand is one or a few client calls; `--json` prints the
 //! reply as one JSON object per line, otherwise a readable `key: value`
 //! form of the same object. Exit code 1 on a server error, printed with
-//! its code.
+//! its code. Membership changes go to the group's leader: a follower's
+//! `NOT_LEADER` names it, and the request is sent there.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,7 +12,9 @@ use std::process::ExitCode;
 
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
-use inbox_server::client::{CatchUpOptions, Client, ClientError, ClientTls};
+use inbox_server::client::{
+    leader_addr, CatchUpOptions, Client, ClientError, ClientTls, LEADER_HOPS_MAX,
+};
 use inbox_wire::*;
 use serde_json::{json, Map, Value};
 
@@ -30,7 +33,8 @@ struct Cli {
     #[arg(long, env = "INBOXCTL_TOKEN", hide_env_values = true, global = true)]
     token: Option<String>,
     /// File holding the shared secret [default: ./data/token, or
-    /// ./data/admin_token for stats, explain, compact and checkpoint].
+    /// ./data/admin_token for stats, explain, compact, checkpoint and
+    /// cluster].
     #[arg(long, env = "INBOXCTL_TOKEN_FILE", global = true)]
     token_file: Option<PathBuf>,
     /// PEM CA certificate(s) to trust: connect over TLS.
@@ -274,6 +278,42 @@ enum ClusterCommand {
     /// Role, term, leader, log and applied index, and the members (on the
     /// leader: each one's matched index and lag). Any member answers.
     Status,
+    /// Make a node a voter of the group (the leader runs it).
+    ///
+    /// The node is added as a learner, catches up (by snapshot if the
+    /// leader's log no longer holds what it lacks), then votes (joint
+    /// consensus). Start it first, on an empty data directory: `inboxd
+    /// serve --node-id ID --raft-listen RAFT_ADDR --listen CLIENT_ADDR
+    /// --peers ... --bootstrap=false`. Sent to the leader (a follower's
+    /// NOT_LEADER is followed); waits up to 60 s and prints the leader's
+    /// status. Adding a voter again at the same addresses changes nothing.
+    #[command(name = "add-node")]
+    AddNode {
+        /// The new node's id (not 0, not a member's).
+        #[arg(value_name = "ID")]
+        id: u64,
+        /// Where its raft port listens, as the other members reach it.
+        #[arg(value_name = "RAFT_ADDR")]
+        raft_addr: String,
+        /// Where its clients reach it (what NOT_LEADER names).
+        #[arg(value_name = "CLIENT_ADDR")]
+        client_addr: String,
+    },
+    /// Take a member out of the group (the leader runs it).
+    ///
+    /// E.g. a dead machine, before adding its replacement. A voter is made
+    /// a learner first, so that a removed member that still runs stops
+    /// standing for election (it answers NOT_LEADER; stop it afterwards).
+    /// Not the last voter, nor the leader itself (stop the leader; the
+    /// next one can remove it). Sent to the leader (a follower's
+    /// NOT_LEADER is followed); waits up to 60 s and prints the leader's
+    /// status.
+    #[command(name = "remove-node")]
+    RemoveNode {
+        /// The member's id.
+        #[arg(value_name = "ID")]
+        id: u64,
+    },
 }
 
 /// What went wrong, for the exit message.
@@ -352,7 +392,70 @@ fn render_text(value: &Value) -> String {
     out.trim_end().to_string()
 }
 
-async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
+/// How to open a connection: the token, and TLS as the flags say (the
+/// server name is `--tls-server-name`, or the address's IP).
+struct Dial<'a> {
+    cli: &'a Cli,
+    token: Bytes,
+}
+
+impl Dial<'_> {
+    fn tls(&self, addr: SocketAddr) -> Result<Option<ClientTls>, String> {
+        let Some(ca) = &self.cli.tls_ca else {
+            return Ok(None);
+        };
+        let name = self
+            .cli
+            .tls_server_name
+            .clone()
+            .unwrap_or_else(|| addr.ip().to_string());
+        let identity = self
+            .cli
+            .tls_cert
+            .as_deref()
+            .zip(self.cli.tls_key.as_deref());
+        ClientTls::new(ca, &name, identity)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+
+    async fn connect(&self, addr: SocketAddr) -> Result<Client, Failure> {
+        let tls = self.tls(addr).map_err(Failure::Usage)?;
+        Ok(Client::connect_with(addr, self.token.clone(), tls.as_ref()).await?)
+    }
+}
+
+/// Sends `request` through `client`, and again to the leader a
+/// `NOT_LEADER` names (at most [`LEADER_HOPS_MAX`] times).
+async fn at_leader(
+    dial: &Dial<'_>,
+    client: &Client,
+    request: Request,
+) -> Result<Response, Failure> {
+    let mut answer = client.call(request.clone()).await;
+    for _ in 0..LEADER_HOPS_MAX {
+        let Some(leader) = answer.as_ref().err().and_then(leader_addr) else {
+            break;
+        };
+        answer = dial.connect(leader).await?.call(request.clone()).await;
+    }
+    Ok(answer?)
+}
+
+/// A `CLUSTER_STATUS` as JSON, with each member's lag on the leader.
+fn status_json(status: &ClusterStatus) -> Value {
+    let mut value = to_json(status);
+    if let Some(members) = value["members"].as_array_mut() {
+        for (json, member) in members.iter_mut().zip(&status.members) {
+            if let Some(matched) = member.matched_index {
+                json["lag"] = json!(status.last_log_index.saturating_sub(matched));
+            }
+        }
+    }
+    value
+}
+
+async fn run(cli: &Cli, dial: &Dial<'_>, client: &Client) -> Result<Value, Failure> {
     Ok(match &cli.command {
         Command::Join { conv, uid } => {
             let r = client
@@ -647,20 +750,7 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
             (None, None) => return Err(Failure::Usage("give --uid or --segment".into())),
         },
         Command::Compact => to_json(&client.compact(Empty {}).await?),
-        Command::Cluster {
-            action: ClusterCommand::Status,
-        } => {
-            let status = client.cluster_status(Empty {}).await?;
-            let mut value = to_json(&status);
-            if let Some(members) = value["members"].as_array_mut() {
-                for (json, member) in members.iter_mut().zip(&status.members) {
-                    if let Some(matched) = member.matched_index {
-                        json["lag"] = json!(status.last_log_index.saturating_sub(matched));
-                    }
-                }
-            }
-            value
-        }
+        Command::Cluster { action } => cluster(dial, client, action).await?,
         Command::Checkpoint => {
             client.checkpoint(Empty {}).await?;
             Value::Object(Map::from_iter([(
@@ -669,6 +759,39 @@ async fn run(cli: &Cli, client: &Client) -> Result<Value, Failure> {
             )]))
         }
     })
+}
+
+/// `inboxctl cluster ...`: the status from the member asked; membership
+/// changes from the leader.
+async fn cluster(
+    dial: &Dial<'_>,
+    client: &Client,
+    action: &ClusterCommand,
+) -> Result<Value, Failure> {
+    let request = match action {
+        ClusterCommand::Status => return Ok(status_json(&client.cluster_status(Empty {}).await?)),
+        ClusterCommand::AddNode {
+            id,
+            raft_addr,
+            client_addr,
+        } => Request::ClusterAddNode(AddNodeReq {
+            node_id: *id,
+            raft_addr: raft_addr.clone(),
+            client_addr: client_addr.clone(),
+        }),
+        ClusterCommand::RemoveNode { id } => {
+            Request::ClusterRemoveNode(RemoveNodeReq { node_id: *id })
+        }
+    };
+    match at_leader(dial, client, request).await? {
+        Response::ClusterAddNode(status) | Response::ClusterRemoveNode(status) => {
+            Ok(status_json(&status))
+        }
+        other => Err(Failure::Client(ClientError::Protocol(format!(
+            "unexpected reply opcode 0x{:02x}",
+            other.opcode()
+        )))),
+    }
 }
 
 /// `CONV_MODE` as JSON, with the mode named in words.
@@ -714,23 +837,11 @@ fn main() -> ExitCode {
             }
         }
     };
-    let tls = match &cli.tls_ca {
-        None => None,
-        Some(ca) => {
-            let name = cli
-                .tls_server_name
-                .clone()
-                .unwrap_or_else(|| cli.addr.ip().to_string());
-            let identity = cli.tls_cert.as_deref().zip(cli.tls_key.as_deref());
-            match ClientTls::new(ca, &name, identity) {
-                Ok(tls) => Some(tls),
-                Err(err) => {
-                    eprintln!("inboxctl: {err}");
-                    return ExitCode::from(2);
-                }
-            }
-        }
-    };
+    let dial = Dial { cli: &cli, token };
+    if let Err(err) = dial.tls(cli.addr) {
+        eprintln!("inboxctl: {err}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -742,8 +853,8 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        let client = Client::connect_with(cli.addr, token, tls.as_ref()).await?;
-        run(&cli, &client).await
+        let client = dial.connect(cli.addr).await?;
+        run(&cli, &dial, &client).await
     });
     match result {
         Ok(value) => {

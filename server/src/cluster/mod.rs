@@ -17,6 +17,7 @@
 //! exactly as before.
 
 mod gap;
+mod membership;
 mod meta;
 pub mod network;
 mod snapshot;
@@ -36,6 +37,7 @@ use inbox_engine::Inbox;
 use openraft::{CommittedLeaderId, Raft, RaftNetworkFactory, ServerState};
 use serde::{Deserialize, Serialize};
 
+pub use membership::{not_in_a_group, CHANGE_WITHIN};
 pub use snapshot::SnapshotReceiver;
 pub use store::{LogStore, StateMachine};
 
@@ -135,6 +137,8 @@ pub(crate) struct Glue {
     /// Rounds below this index were found deleted by the engine's own
     /// compaction (0: none found); raft was asked to purge past them.
     gone_below: AtomicU64,
+    /// Held by the membership change in progress: one at a time.
+    changing: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Guarded by one lock: every change of the engine's role and every
@@ -150,6 +154,13 @@ pub(crate) struct Role {
     cache: BTreeMap<u64, openraft::Entry<TypeConfig>>,
     /// A raft handle for the hand-off thread, set once raft runs.
     raft: Option<InboxRaft>,
+    /// The last index the hand-off proposed to raft in this leadership
+    /// (at first, the index the leadership began after).
+    proposed: u64,
+    /// Set while raft writes membership entries on this leader: the
+    /// hand-off proposes nothing, and the engine follows (see
+    /// `membership.rs`).
+    paused: bool,
 }
 
 impl Glue {
@@ -173,6 +184,7 @@ impl Glue {
     /// made that never reached raft's log are discarded (no quorum can
     /// have them).
     fn step_down(&self, role: &mut Role) -> inbox_engine::Result<()> {
+        role.paused = false;
         if role.leading.take().is_none() {
             return Ok(());
         }
@@ -185,13 +197,21 @@ impl Glue {
         Ok(())
     }
 
-    /// raft appended this node's blank entry of a new term: the engine
-    /// leads from the next round on, and a thread hands its rounds to raft.
-    fn become_leader(self: &Arc<Self>, role: &mut Role, leader_id: CommittedLeaderId<u64>) {
+    /// raft appended this node's blank entry of a new term (or the
+    /// membership entries of a change, see `membership.rs`), the last at
+    /// index `after`: the engine leads from the next round on, and a
+    /// thread hands its rounds to raft.
+    fn become_leader(
+        self: &Arc<Self>,
+        role: &mut Role,
+        leader_id: CommittedLeaderId<u64>,
+        after: u64,
+    ) {
         let handle = match self.inbox().lead() {
             Ok(l) => Arc::new(l),
             Err(e) => {
                 tracing::error!(error = %e, "the engine cannot lead");
+                role.leading = None;
                 return;
             }
         };
@@ -199,6 +219,8 @@ impl Glue {
             leader_id,
             handle: Arc::clone(&handle),
         });
+        role.proposed = after;
+        role.paused = false;
         tracing::info!(node = self.id, term = leader_id.term, "leading");
         let glue = Arc::clone(self);
         let rt = tokio::runtime::Handle::current();
@@ -213,21 +235,22 @@ impl Glue {
     /// The leader's hand-off: takes the engine's rounds in index order
     /// and proposes each to raft, while this leadership lasts. raft gives
     /// each the next index of its log, which is the index the engine gave
-    /// it: nothing else is proposed on a leader (membership changes are
-    /// not supported yet), and the lock keeps a proposal from crossing a
-    /// change of role.
+    /// it: nothing else is proposed on a leader while the hand-off runs
+    /// (a membership change pauses it first, see `membership.rs`), and
+    /// the lock keeps a proposal from crossing a change of role. Entries
+    /// taken once the pause began are dropped: the pause discards them.
     fn hand_off(&self, leader: Arc<Leader>, rt: tokio::runtime::Handle) {
         while !leader.is_ended() {
             let entries = leader.wait_entries(Duration::from_millis(50));
             if entries.is_empty() {
                 continue;
             }
-            let role = self.role();
+            let mut role = self.role();
             let current = role
                 .leading
                 .as_ref()
                 .is_some_and(|l| Arc::ptr_eq(&l.handle, &leader));
-            let Some(raft) = role.raft.clone().filter(|_| current) else {
+            let Some(raft) = role.raft.clone().filter(|_| current && !role.paused) else {
                 return;
             };
             for e in entries {
@@ -238,6 +261,7 @@ impl Glue {
                 {
                     return;
                 }
+                role.proposed = e.index();
             }
             drop(role);
         }
@@ -292,11 +316,14 @@ impl Cluster {
                 meta,
                 cache: BTreeMap::new(),
                 raft: None,
+                proposed: 0,
+                paused: false,
             }),
             applied: Mutex::new(applied),
             epoch: AtomicU64::new(0),
             snapshots: Mutex::new(snapshot::Snapshots::load(dir)),
             gone_below: AtomicU64::new(0),
+            changing: Arc::new(tokio::sync::Mutex::new(())),
         });
         let config = Arc::new(config.validate().map_err(|e| ClusterError(e.to_string()))?);
         let log = LogStore::new(Arc::clone(&glue));
@@ -436,9 +463,11 @@ impl GroupHandle {
         self.glue.inbox()
     }
 
-    /// Whether the engine currently leads.
+    /// Whether the engine currently leads and takes writes (not while
+    /// a membership change pauses them).
     pub fn is_leading(&self) -> bool {
-        self.glue.role().leading.is_some()
+        let role = self.glue.role();
+        role.leading.is_some() && !role.paused
     }
 
     /// The leader raft knows of, with its addresses.
@@ -468,7 +497,11 @@ impl GroupHandle {
     /// The `NOT_LEADER` reply: `message` followed by the leader's client
     /// address when it is known (`; leader_addr=HOST:PORT`).
     pub fn not_leader(&self, message: &str) -> inbox_wire::ErrorReply {
+        let paused = self.glue.role().paused;
         let message = match self.leader() {
+            _ if paused => format!(
+                "{message}; this leader pauses its writes while the group's membership changes; retry shortly"
+            ),
             Some((id, peer)) if id != self.glue.id => {
                 format!(
                     "{message}; leader node {id}; leader_addr={}",

@@ -269,6 +269,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     }
                     own = Some(leader);
                 }
+                (_, Some(_)) if role.paused => {
+                    // raft's own entry (a membership change) written by
+                    // this leader while its rounds are paused: the engine
+                    // follows, with nothing past the rounds proposed, so
+                    // the entry takes the engine's next index as an empty
+                    // round (see `membership.rs`).
+                    applied.push(glue.inbox().apply_entry(Entry::empty(index)));
+                }
                 (payload, _) => {
                     // Another leader's entry, or raft's own: this node
                     // follows, and a tail of its log that raft does not
@@ -292,7 +300,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     applied.push(glue.inbox().apply_entry(entry));
                     if matches!(payload, EntryPayload::Blank) && is_my_new_term(&role, glue.id, &e)
                     {
-                        glue.become_leader(&mut role, e.log_id.leader_id);
+                        glue.become_leader(&mut role, e.log_id.leader_id, index);
                     }
                 }
             }

@@ -316,6 +316,19 @@ class Client:
         answers)."""
         return self.call(c.Op.CLUSTER_STATUS, c.Empty())
 
+    def cluster_add_node(self, node_id: int, raft_addr: str, client_addr: str) -> c.ClusterStatus:
+        """Make ``node_id`` a voter of the group (admin; the leader runs it,
+        a follower raises :class:`NotLeaderError` naming the leader). It
+        is added as a learner, caught up, then made a voter; returns the
+        leader's view once done. The server waits up to 60 s: give the
+        client a ``timeout_s`` above that for a node that must catch up."""
+        return self.call(c.Op.CLUSTER_ADD_NODE, c.AddNodeReq(node_id, raft_addr, client_addr))
+
+    def cluster_remove_node(self, node_id: int) -> c.ClusterStatus:
+        """Take ``node_id`` out of the group (admin; the leader runs it);
+        returns the leader's view once done (up to 60 s)."""
+        return self.call(c.Op.CLUSTER_REMOVE_NODE, c.RemoveNodeReq(node_id))
+
     # --- flows ----------------------------------------------------------------
 
     def sync_to_end(

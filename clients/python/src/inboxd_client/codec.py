@@ -859,6 +859,25 @@ class ClusterStatus:
         return max(self.last_log_index - member.matched_index, 0)
 
 
+@layout(U64, STRING, STRING)
+@dataclass(frozen=True)
+class AddNodeReq:
+    """``CLUSTER_ADD_NODE``: the node to make a voter, its raft port (as
+    the other members reach it) and its client port."""
+
+    node_id: int
+    raft_addr: str
+    client_addr: str
+
+
+@layout(U64)
+@dataclass(frozen=True)
+class RemoveNodeReq:
+    """``CLUSTER_REMOVE_NODE``: the member to take out of the group."""
+
+    node_id: int
+
+
 @layout(U16, U64, STRING)
 @dataclass(frozen=True)
 class ErrorReply:
@@ -934,6 +953,8 @@ class Op(enum.IntEnum):
     CHECKPOINT = 0x64
     MEMORY = 0x65
     CLUSTER_STATUS = 0x66
+    CLUSTER_ADD_NODE = 0x67
+    CLUSTER_REMOVE_NODE = 0x68
 
 
 #: request body class and reply body class of every opcode
@@ -973,6 +994,8 @@ OPS: dict[Op, tuple[type, type]] = {
     Op.CHECKPOINT: (Empty, Empty),
     Op.MEMORY: (Empty, MemoryReport),
     Op.CLUSTER_STATUS: (Empty, ClusterStatus),
+    Op.CLUSTER_ADD_NODE: (AddNodeReq, ClusterStatus),
+    Op.CLUSTER_REMOVE_NODE: (RemoveNodeReq, ClusterStatus),
 }
 
 
