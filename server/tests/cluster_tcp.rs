@@ -2,11 +2,14 @@
 //! on loopback: a leader is elected, writes commit and every node
 //! converges; a peer with the wrong token is refused.
 
+mod common;
+
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::{engine_config, DEADLINE};
 use inbox_engine::*;
 use inbox_server::cluster::network::{serve, TcpNetwork};
 use inbox_server::cluster::{default_config, Cluster, Peer};
@@ -15,7 +18,6 @@ use openraft::network::RPCOption;
 use openraft::raft::VoteRequest;
 use openraft::{RaftNetwork, RaftNetworkFactory, Vote};
 
-const DEADLINE: Duration = Duration::from_secs(30);
 const TOKEN: &str = "group-secret";
 
 async fn start() -> (
@@ -80,11 +82,7 @@ async fn run(
     dir: &std::path::Path,
     config: openraft::Config,
 ) -> Cluster {
-    let mut c = InboxConfig::new(dir);
-    c.segment_bytes = 1 << 20;
-    c.token_key = [42; 32];
-    c.compaction_interval = None;
-    let inbox = Arc::new(Inbox::open(c).unwrap());
+    let inbox = Arc::new(Inbox::open(engine_config(dir)).unwrap());
     let net = TcpNetwork::new(Arc::from(TOKEN.as_bytes()));
     let node = Cluster::start(id, inbox, dir, config, net).await.unwrap();
     tokio::spawn(serve(
@@ -96,20 +94,9 @@ async fn run(
     node
 }
 
+/// The node that leads.
 async fn leader(nodes: &BTreeMap<u64, Cluster>) -> u64 {
-    let start = Instant::now();
-    loop {
-        let leading: Vec<u64> = nodes
-            .iter()
-            .filter(|(_, n)| n.is_leading())
-            .map(|(id, _)| *id)
-            .collect();
-        if let [one] = leading[..] {
-            return one;
-        }
-        assert!(start.elapsed() < DEADLINE, "no leader within {DEADLINE:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::leader(nodes, HashSet::new).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -3,13 +3,15 @@
 //! members name each other by them), one data directory each, members
 //! killed and restarted on their data, new members started to be added by
 //! a membership change, and the leader found by asking every member for
-//! its `CLUSTER_STATUS`.
+//! its `CLUSTER_STATUS`. Also the sends the group tests make, and their
+//! retry until the group serves them.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use inbox_server::client::Client;
-use inbox_wire::{ClusterStatus, Empty};
+use bytes::Bytes;
+use inbox_server::client::{Client, ClientError, GroupClient};
+use inbox_wire::{ClusterStatus, Empty, ErrorCode, Request, Response, SendReq};
 
 use crate::{data_dir, Daemon, ADMIN_TOKEN};
 
@@ -185,6 +187,49 @@ impl Group {
                 "no leader known to every running member within {ELECTION_DEADLINE:?}: {all:?}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Send `i` of the group tests: to conversation 7, alternately from users
+/// 1 and 2, with idempotency key `1000 + i` and payload "message i".
+pub fn send(i: u64) -> Request {
+    Request::Send(SendReq {
+        conv: 7,
+        sender: 1 + i % 2,
+        client_msg_id: 1000 + u128::from(i),
+        msg_type: 1,
+        payload: Bytes::from(format!("message {i}")),
+    })
+}
+
+/// Whether `e` is a server's `NOT_LEADER`.
+pub fn not_leader(e: &ClientError) -> bool {
+    matches!(e, ClientError::Server { .. }) && e.code() == Some(ErrorCode::NotLeader)
+}
+
+/// Retries `request` through `group` until it is answered, while
+/// `retriable` says the errors met are ones the group gets over (an
+/// election, a membership change); fails on any other error, and after
+/// `deadline`.
+pub async fn until_served(
+    group: &GroupClient,
+    request: Request,
+    deadline: Duration,
+    retriable: impl Fn(&ClientError) -> bool,
+) -> Response {
+    let start = Instant::now();
+    loop {
+        match group.call(request.clone()).await {
+            Ok(r) => return r,
+            Err(e) if retriable(&e) => {
+                assert!(
+                    start.elapsed() < deadline,
+                    "not served within {deadline:?}: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
         }
     }
 }

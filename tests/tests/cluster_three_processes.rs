@@ -7,41 +7,16 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use inbox_server::client::{ClientError, GroupClient};
-use inbox_tests::group::Group;
+use inbox_server::client::GroupClient;
+use inbox_tests::group::{not_leader, send, Group};
 use inbox_tests::*;
-use inbox_wire::{ConvMember, Empty, ErrorCode, Request, Response, SendReq};
+use inbox_wire::{ConvMember, Empty, Request, Response};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// Send `i` of the tests: to conversation 7, alternately from users 1
-/// and 2, with idempotency key `1000 + i` and payload "message i".
-fn send(i: u128) -> Request {
-    Request::Send(SendReq {
-        conv: 7,
-        sender: 1 + (i % 2) as u64,
-        client_msg_id: 1000 + i,
-        msg_type: 1,
-        payload: Bytes::from(format!("message {i}")),
-    })
-}
-
 /// Retries `request` through `group` until a leader answers it.
 async fn until_served(group: &GroupClient, request: Request) -> Response {
-    let start = Instant::now();
-    loop {
-        match group.call(request.clone()).await {
-            Ok(r) => return r,
-            Err(e @ ClientError::Server { .. }) if e.code() == Some(ErrorCode::NotLeader) => {
-                assert!(
-                    start.elapsed() < DEADLINE,
-                    "no leader within {DEADLINE:?}: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
+    inbox_tests::group::until_served(group, request, DEADLINE, not_leader).await
 }
 
 /// A group client through the first member that accepts a connection.
@@ -65,7 +40,7 @@ async fn a_killed_leader_is_replaced_and_no_acknowledged_send_is_lost() {
         until_served(&group, Request::Join(ConvMember { uid, conv: 7 })).await;
     }
     let mut acked = Vec::new();
-    for i in 0..20u128 {
+    for i in 0..20u64 {
         match until_served(&group, send(i)).await {
             Response::Send(r) => acked.push((r.msg_seq, i)),
             other => panic!("{other:?}"),
@@ -79,7 +54,7 @@ async fn a_killed_leader_is_replaced_and_no_acknowledged_send_is_lost() {
     let alive: Vec<_> = (0..3).filter(|n| *n != leader).map(|n| addrs[n]).collect();
     let group = connect(&alive).await;
     // Retried sends are answered as duplicates with their original seqs.
-    for i in 15..25u128 {
+    for i in 15..25u64 {
         match until_served(&group, send(i)).await {
             Response::Send(r) if i < 20 => {
                 assert!(r.duplicate, "send {i} was acknowledged before");
@@ -132,7 +107,7 @@ async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
     for uid in 1..=2 {
         until_served(&group, Request::Join(ConvMember { uid, conv: 7 })).await;
     }
-    for i in 0..20u128 {
+    for i in 0..20u64 {
         until_served(&group, send(i)).await;
     }
     let leader = leading(&addrs).await;
@@ -149,7 +124,7 @@ async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
     for name in ["raft-meta.json", "raft-snapshot.img"] {
         let _ = std::fs::remove_file(members.dir(node(wiped)).join(name));
     }
-    for i in 20..40u128 {
+    for i in 20..40u64 {
         until_served(&group, send(i)).await;
     }
     members.restart(node(wiped));

@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use inbox_server::client::{self, Client, ClientError, GroupClient};
-use inbox_tests::group::Group;
+use inbox_tests::group::{send, Group};
 use inbox_tests::*;
 use inbox_wire::{
-    AddNodeReq, ClusterStatus, ConvMember, ErrorCode, RemoveNodeReq, Request, Response, SendReq,
+    AddNodeReq, ClusterStatus, ConvMember, ErrorCode, RemoveNodeReq, Request, Response,
 };
 
 /// How long a test waits for anything the group should do by itself.
@@ -38,35 +38,10 @@ const DEADLINE: Duration = Duration::from_secs(40);
 /// Two cores: one group of processes at a time.
 static ONE_GROUP_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Send `i`: to conversation 7, alternately from users 1 and 2, with
-/// idempotency key `1000 + i` and payload "message i".
-fn send(i: u64) -> Request {
-    Request::Send(SendReq {
-        conv: 7,
-        sender: 1 + i % 2,
-        client_msg_id: 1000 + u128::from(i),
-        msg_type: 1,
-        payload: Bytes::from(format!("message {i}")),
-    })
-}
-
 /// Retries `request` through `group` until a leader answers it (a
 /// membership change or an election answers `NOT_LEADER` a while).
 async fn until_served(group: &GroupClient, request: Request) -> Response {
-    let start = Instant::now();
-    loop {
-        match group.call(request.clone()).await {
-            Ok(r) => return r,
-            Err(e) if retriable(&e) => {
-                assert!(
-                    start.elapsed() < DEADLINE,
-                    "not served within {DEADLINE:?}: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
+    inbox_tests::group::until_served(group, request, DEADLINE, retriable).await
 }
 
 /// What a group client may meet while the group changes hands.
