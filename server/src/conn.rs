@@ -500,9 +500,11 @@ pub async fn serve<R, W>(
                         .await;
                     continue;
                 }
+                let current = Arc::clone(&shared);
+                let engine: hints::CurrentEngine = Arc::new(move || current.engine().into_owned());
                 if hint_task.is_none() {
                     hint_task = Some(tokio::spawn(hints::hint_loop(
-                        shared.engine().subscribe_hints(),
+                        Arc::clone(&engine),
                         Arc::clone(&subscribed),
                         tx.clone(),
                         Arc::clone(&shared.metrics),
@@ -511,8 +513,7 @@ pub async fn serve<R, W>(
                 }
                 if dirty && dirty_hint_task.is_none() {
                     dirty_hint_task = Some(tokio::spawn(hints::dirty_hint_loop(
-                        Arc::clone(&shared.engine()),
-                        shared.engine().subscribe_large_group_hints(),
+                        engine,
                         Arc::clone(&subscribed),
                         tx.clone(),
                         Arc::clone(&shared.metrics),

@@ -8,6 +8,14 @@
 //! newest, and go with the next round. A lagging broadcast receiver loses
 //! rounds (counted in `inboxd_hints_dropped`): a device still catches up by
 //! `SYNC`, `DIRTY` or opening the conversation.
+//!
+//! A member of a replicated group replaces its engine when it installs a
+//! snapshot. The loops follow: when the engine they listen to is gone,
+//! they listen to the current one and then push what its state says now
+//! (each subscribed uid's watermark, each dirty marker), so the rounds the
+//! snapshot carried, and any committed while the loop moved over, are
+//! hinted once, coalesced. The `DIRTY_HINT` loop reads markers from the
+//! current engine and never holds a replaced one alive.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -21,12 +29,21 @@ use tokio::sync::{broadcast, mpsc, watch};
 
 use crate::metrics::Metrics;
 
+/// The engine requests go to now (a group member's changes when it
+/// installs a snapshot).
+pub(crate) type CurrentEngine = Arc<dyn Fn() -> Arc<Inbox> + Send + Sync>;
+
 /// What a push loop keeps between broadcast rounds: the entries not yet
 /// sent, merged per key to the newest.
 trait Coalesced {
     type Round: Clone;
+    /// The engine's broadcast of these rounds.
+    fn subscribe(inbox: &Inbox) -> broadcast::Receiver<Self::Round>;
     /// Folds one commit round's news into the entries to send.
     fn merge(&mut self, round: Self::Round);
+    /// Folds in everything `inbox` holds now for the subscribed uids: for
+    /// a loop that has just moved to a new engine.
+    fn catch_up(&mut self, inbox: &Inbox);
     /// The push frame of the entries, and how many there are; `None` when
     /// there is nothing to send.
     fn frame(&self) -> Option<(Frame, u64)>;
@@ -37,6 +54,7 @@ trait Coalesced {
 /// writer is backed up, entries wait, merged, and go with the next round;
 /// a lagging receiver loses rounds (counted as dropped), which hints allow.
 async fn push_loop<C: Coalesced>(
+    engine: CurrentEngine,
     mut rounds: broadcast::Receiver<C::Round>,
     mut pending: C,
     tx: mpsc::Sender<Frame>,
@@ -54,7 +72,14 @@ async fn push_loop<C: Coalesced>(
                 metrics.hints_dropped.inc();
                 continue;
             }
-            Err(RecvError::Closed) => return,
+            // Every sender is gone only once its engine is dropped: it
+            // was replaced. Follow the one requests go to now, listening
+            // before reading its state, so nothing falls in between.
+            Err(RecvError::Closed) => {
+                let inbox = engine();
+                rounds = C::subscribe(&inbox);
+                pending.catch_up(&inbox);
+            }
         }
         let Some((frame, count)) = pending.frame() else {
             continue;
@@ -79,12 +104,28 @@ struct Watermarks {
 impl Coalesced for Watermarks {
     type Round = Vec<inbox_engine::inbox::Hint>;
 
+    fn subscribe(inbox: &Inbox) -> broadcast::Receiver<Self::Round> {
+        inbox.subscribe_hints()
+    }
+
     fn merge(&mut self, round: Self::Round) {
         let subscribed = self.subscribed.lock().unwrap_or_else(|p| p.into_inner());
         for hint in round.iter().filter(|h| subscribed.contains(&h.uid.get())) {
             let seq = self.pending.entry(hint.uid.get()).or_insert(0);
             *seq = (*seq).max(hint.committed_sync_seq.get());
         }
+    }
+
+    fn catch_up(&mut self, inbox: &Inbox) {
+        let round = inbox
+            .committed_sync_seqs(&subscribed_uids(&self.subscribed))
+            .into_iter()
+            .map(|(uid, committed_sync_seq)| inbox_engine::inbox::Hint {
+                uid,
+                committed_sync_seq,
+            })
+            .collect();
+        self.merge(round);
     }
 
     fn frame(&self) -> Option<(Frame, u64)> {
@@ -109,19 +150,28 @@ impl Coalesced for Watermarks {
     }
 }
 
-/// Pushes `HINT` for the subscribed uids.
-pub(crate) async fn hint_loop(
-    hints: broadcast::Receiver<Vec<inbox_engine::inbox::Hint>>,
+/// Pushes `HINT` for the subscribed uids. It listens from the moment it
+/// is called, before the future first runs: a round committed after the
+/// `SUBSCRIBE` reply is never missed.
+pub(crate) fn hint_loop(
+    engine: CurrentEngine,
     subscribed: Arc<Mutex<HashSet<u64>>>,
     tx: mpsc::Sender<Frame>,
     metrics: Arc<Metrics>,
     closed: watch::Receiver<bool>,
-) {
+) -> impl std::future::Future<Output = ()> {
+    let rounds = Watermarks::subscribe(&engine());
     let pending = Watermarks {
         subscribed,
         pending: HashMap::new(),
     };
-    push_loop(hints, pending, tx, metrics, closed).await;
+    push_loop(engine, rounds, pending, tx, metrics, closed)
+}
+
+/// The subscribed uids, copied out of their lock.
+fn subscribed_uids(subscribed: &Mutex<HashSet<u64>>) -> Vec<Uid> {
+    let set = subscribed.lock().unwrap_or_else(|p| p.into_inner());
+    set.iter().map(|&uid| Uid(uid)).collect()
 }
 
 /// `DIRTY_HINT` entries: the newest marker per (subscribed uid, large
@@ -129,40 +179,59 @@ pub(crate) async fn hint_loop(
 /// one lookup per subscribed uid, on this task (memory only, under the
 /// engine's state read lock).
 struct Markers {
-    inbox: Arc<Inbox>,
+    engine: CurrentEngine,
     subscribed: Arc<Mutex<HashSet<u64>>>,
     pending: HashMap<(u64, u64), DirtyHint>,
+}
+
+impl Markers {
+    /// Keeps `hint` unless a newer version of its marker is pending.
+    fn offer(&mut self, hint: DirtyHint) {
+        match self.pending.entry((hint.uid, hint.conv)) {
+            Entry::Occupied(mut e) if e.get().version <= hint.version => {
+                e.insert(hint);
+            }
+            Entry::Occupied(_) => {}
+            Entry::Vacant(e) => {
+                e.insert(hint);
+            }
+        }
+    }
 }
 
 impl Coalesced for Markers {
     type Round = Vec<LargeGroupHint>;
 
+    fn subscribe(inbox: &Inbox) -> broadcast::Receiver<Self::Round> {
+        inbox.subscribe_large_group_hints()
+    }
+
     fn merge(&mut self, round: Self::Round) {
-        let uids: Vec<Uid> = self
-            .subscribed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|&uid| Uid(uid))
-            .collect();
+        let uids = subscribed_uids(&self.subscribed);
         let convs: HashSet<ConvId> = round.iter().map(|h| h.conv).collect();
+        let inbox = (self.engine)();
         for conv in convs {
-            for (uid, m) in self.inbox.dirty_markers_among(conv, &uids) {
+            for (uid, m) in inbox.dirty_markers_among(conv, &uids) {
                 let hint = DirtyHint {
                     uid: uid.get(),
                     conv: conv.get(),
                     target_msg_seq: m.target_msg_seq.get(),
                     version: m.version,
                 };
-                match self.pending.entry((hint.uid, hint.conv)) {
-                    Entry::Occupied(mut e) if e.get().version <= hint.version => {
-                        e.insert(hint);
-                    }
-                    Entry::Occupied(_) => {}
-                    Entry::Vacant(e) => {
-                        e.insert(hint);
-                    }
-                }
+                self.offer(hint);
+            }
+        }
+    }
+
+    fn catch_up(&mut self, inbox: &Inbox) {
+        for uid in subscribed_uids(&self.subscribed) {
+            for m in inbox.dirty_markers(uid).unwrap_or_default() {
+                self.offer(DirtyHint {
+                    uid: uid.get(),
+                    conv: m.conv.get(),
+                    target_msg_seq: m.target_msg_seq.get(),
+                    version: m.version,
+                });
             }
         }
     }
@@ -184,19 +253,181 @@ impl Coalesced for Markers {
 
 /// Pushes `DIRTY_HINT` for the subscribed uids that are members of a large
 /// group whose head moved: the markers `DIRTY` would list for that group
-/// now.
-pub(crate) async fn dirty_hint_loop(
-    inbox: Arc<Inbox>,
-    heads: broadcast::Receiver<Vec<LargeGroupHint>>,
+/// now. Listens from the moment it is called, as [`hint_loop`].
+pub(crate) fn dirty_hint_loop(
+    engine: CurrentEngine,
     subscribed: Arc<Mutex<HashSet<u64>>>,
     tx: mpsc::Sender<Frame>,
     metrics: Arc<Metrics>,
     closed: watch::Receiver<bool>,
-) {
+) -> impl std::future::Future<Output = ()> {
+    let heads = Markers::subscribe(&engine());
     let pending = Markers {
-        inbox,
+        engine: Arc::clone(&engine),
         subscribed,
         pending: HashMap::new(),
     };
-    push_loop(heads, pending, tx, metrics, closed).await;
+    push_loop(engine, heads, pending, tx, metrics, closed)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use inbox_engine::{InboxConfig, SendRequest};
+    use inbox_wire::op::{OP_DIRTY_HINT, OP_HINT};
+
+    use super::*;
+
+    /// User 1, with a device, and user 2 in conversation 8, and 1, 2 and 3 in conversation 9:
+    /// with a threshold of two members, 9 is a large group, where a send
+    /// moves its head and sets markers instead of writing events.
+    /// (The engine's calls block: they run off the async workers.)
+    fn engine(dir: &std::path::Path) -> Arc<Inbox> {
+        tokio::task::block_in_place(|| open(dir))
+    }
+
+    fn open(dir: &std::path::Path) -> Arc<Inbox> {
+        let mut config = InboxConfig::new(dir);
+        config.segment_bytes = 1 << 20;
+        config.compaction_interval = None;
+        config.large_group_members = 2;
+        let inbox = Inbox::open(config).expect("open");
+        for (uid, conv) in [(1, 8), (2, 8), (1, 9), (2, 9), (3, 9)] {
+            inbox.join(Uid(uid), ConvId(conv)).wait().expect("join");
+        }
+        // User 1 syncs: its events are kept, and hinted.
+        inbox
+            .register_device(Uid(1), inbox_engine::DeviceId(1))
+            .wait()
+            .expect("register");
+        Arc::new(inbox)
+    }
+
+    /// A send to each conversation: an event for user 1 (a `HINT`) and a
+    /// large group's head moving (a `DIRTY_HINT`).
+    fn send(inbox: &Inbox, round: u128) {
+        tokio::task::block_in_place(|| {
+            for conv in [8u64, 9] {
+                inbox
+                    .send(SendRequest {
+                        conv: ConvId(conv),
+                        sender: Uid(2),
+                        client_msg_id: round * 10 + u128::from(conv),
+                        msg_type: 1,
+                        payload: Bytes::from_static(b"hi"),
+                    })
+                    .wait()
+                    .expect("send");
+            }
+        });
+    }
+
+    /// The next push of `opcode`, other pushes skipped.
+    async fn next_push(rx: &mut mpsc::Receiver<Frame>, opcode: u8, what: &str) -> Frame {
+        let wait = async {
+            loop {
+                match rx.recv().await {
+                    Some(f) if f.opcode == opcode => return f,
+                    Some(_) => continue,
+                    None => panic!("{what}: the push loop ended"),
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no push within 10 s"))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hints_follow_an_engine_replaced_by_a_snapshot_install() {
+        let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let current = Arc::new(Mutex::new(engine(dir_a.path())));
+        let c = Arc::clone(&current);
+        let engine_now: CurrentEngine = Arc::new(move || Arc::clone(&c.lock().unwrap()));
+        let subscribed = Arc::new(Mutex::new(HashSet::from([1u64])));
+        let (tx, mut rx) = mpsc::channel(64);
+        let (_closed_tx, closed) = watch::channel(false);
+        let metrics = Arc::new(Metrics::default());
+        let loops = [
+            tokio::spawn(hint_loop(
+                Arc::clone(&engine_now),
+                Arc::clone(&subscribed),
+                tx.clone(),
+                Arc::clone(&metrics),
+                closed.clone(),
+            )),
+            tokio::spawn(dirty_hint_loop(
+                Arc::clone(&engine_now),
+                subscribed,
+                tx,
+                metrics,
+                closed,
+            )),
+        ];
+
+        send(&current.lock().unwrap(), 1);
+        next_push(&mut rx, OP_HINT, "first engine").await;
+        next_push(&mut rx, OP_DIRTY_HINT, "first engine").await;
+
+        // The install: requests go to a new engine, and the old one is
+        // shut down and dropped, which closes its broadcasts.
+        // The snapshot's state already holds rounds no loop heard.
+        let installed = engine(dir_b.path());
+        send(&installed, 5);
+        let old = std::mem::replace(&mut *current.lock().unwrap(), installed);
+        assert_eq!(
+            Arc::strong_count(&old),
+            1,
+            "the push loops hold the replaced engine alive"
+        );
+        tokio::task::block_in_place(|| drop(old));
+        // Moved over, the loops push what the new engine holds now
+        // (user 1's watermark there, its marker of the large group)
+        // without waiting for its next round.
+        let b = Arc::clone(&current.lock().unwrap());
+        let (watermark, marker) = tokio::task::block_in_place(|| {
+            let seqs = b.committed_sync_seqs(&[Uid(1)]);
+            (seqs[0].1, b.dirty_markers(Uid(1)).expect("markers")[0])
+        });
+        let hint = next_push(&mut rx, OP_HINT, "after the install").await;
+        let Ok(Response::Hint(hints)) = Response::decode(hint.opcode, hint.body.clone()) else {
+            panic!("not a HINT: {hint:?}")
+        };
+        assert_eq!(
+            hints.hints,
+            [inbox_wire::Hint {
+                uid: 1,
+                committed_sync_seq: watermark.get()
+            }]
+        );
+        let dirty = next_push(&mut rx, OP_DIRTY_HINT, "after the install").await;
+        let Ok(Response::DirtyHint(dirty)) = Response::decode(dirty.opcode, dirty.body.clone())
+        else {
+            panic!("not a DIRTY_HINT: {dirty:?}")
+        };
+        assert_eq!(
+            dirty.hints,
+            [DirtyHint {
+                uid: 1,
+                conv: 9,
+                target_msg_seq: marker.target_msg_seq.get(),
+                version: marker.version,
+            }]
+        );
+        // And the new engine's rounds are hinted as they commit.
+        send(&b, 2);
+        let after = b.committed_sync_seqs(&[Uid(1)])[0].1;
+        assert!(after > watermark);
+        let hint = next_push(&mut rx, OP_HINT, "a round of the new engine").await;
+        let Ok(Response::Hint(hints)) = Response::decode(hint.opcode, hint.body.clone()) else {
+            panic!("not a HINT: {hint:?}")
+        };
+        assert_eq!(hints.hints[0].committed_sync_seq, after.get());
+        next_push(&mut rx, OP_DIRTY_HINT, "a round of the new engine").await;
+        for l in loops {
+            l.abort();
+        }
+    }
 }

@@ -45,6 +45,17 @@ impl Inbox {
         messaging::large::markers_among(&self.shared, conv, uids)
     }
 
+    /// The committed sync watermark of each of `uids` that has an event
+    /// stream: what a [`super::Hint`] carries. A subscriber that starts
+    /// listening to a new engine reads it after subscribing, so that no
+    /// round committed in between goes unhinted. Memory only.
+    pub fn committed_sync_seqs(&self, uids: &[Uid]) -> Vec<(Uid, SyncSeq)> {
+        let st = self.shared.state.read();
+        uids.iter()
+            .filter_map(|uid| Some((*uid, st.users.get(uid)?.committed_seq)))
+            .collect()
+    }
+
     /// [`Inbox::dirty_markers`]; memory only.
     pub fn read_dirty_markers(&self, uid: Uid) -> Read<Vec<DirtyMarker>> {
         Read::memory(&self.shared, move |sh| {
