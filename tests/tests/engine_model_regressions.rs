@@ -41,3 +41,17 @@ fn a_join_answered_from_a_period_that_landed_under_a_fault_is_not_a_write_after_
 fn a_sync_after_a_kill_and_a_power_cut_following_a_failed_compaction_fsync_finds_its_events() {
     replay("sync_after_kill_then_power_cut_following_a_failed_compaction_fsync.bin");
 }
+
+/// A read mark failed under an injected fsync fault but reached the disk,
+/// and clean restarts recovered its cursor. After a later fault had
+/// stopped the engine, a mark of the same conversation at or below that
+/// cursor was answered from it without a write (the engine writes nothing
+/// for a mark that does not move the cursor). The model took any cursor
+/// above its own record for a new write and reported an acknowledged
+/// write after the fault; the engine was right, and the model now counts a
+/// mark as a write only when the IO layer saw one, for a cursor a failed
+/// mark may have moved. Found a minute into a run with two fork jobs.
+#[test]
+fn a_read_mark_answered_from_a_cursor_a_failed_mark_left_on_disk_is_not_a_write_after_the_fault() {
+    replay("mark_read_answered_from_a_cursor_a_failed_mark_left_on_disk.bin");
+}

@@ -303,6 +303,9 @@ struct Ledger {
     head_unsure: HashSet<ConvId>,
     recalled: HashSet<MsgId>,
     reads: HashMap<(Uid, ConvId), MsgSeq>,
+    /// Read marks that failed under a fault: they may have reached the
+    /// disk and moved the cursor past what `reads` holds.
+    reads_unsure: HashSet<(Uid, ConvId)>,
     /// Acknowledged marker clears of large groups.
     clears: HashMap<(Uid, ConvId), MsgSeq>,
     acks: HashMap<(Uid, DeviceId), SyncSeq>,
@@ -854,6 +857,7 @@ enum InFlight {
         uid: Uid,
         conv: ConvId,
         faults: Faults,
+        syncs_before: u64,
         reply: Pending<ReadReply>,
     },
     Register {
@@ -952,6 +956,7 @@ fn submit(run: &mut Run, i: usize, op: Op) -> Option<InFlight> {
                 uid,
                 conv,
                 faults,
+                syncs_before: run.io.syncs(),
                 reply: inbox.mark_read(uid, conv, head),
             }
         }
@@ -1000,24 +1005,9 @@ fn settle(run: &mut Run, in_flight: InFlight) {
             uid,
             conv,
             faults,
+            syncs_before,
             reply,
-        } => {
-            let reply = reply.wait();
-            allowed(&reply, faults, "mark_read");
-            if let Ok(reply) = reply {
-                let before = run
-                    .ledger
-                    .reads
-                    .get(&(uid, conv))
-                    .copied()
-                    .unwrap_or(MsgSeq(0));
-                assert!(reply.read_seq >= before, "read cursor moved back");
-                if reply.read_seq > before {
-                    run.acknowledged("mark_read");
-                }
-                run.ledger.reads.insert((uid, conv), reply.read_seq);
-            }
-        }
+        } => mark_read(run, (uid, conv), faults, syncs_before, reply.wait()),
         InFlight::Register {
             uid,
             device,
@@ -1064,6 +1054,36 @@ fn membership(
             }
         }
         Err(_) if faults.armed => run.ledger.may_have_landed(conv),
+        Err(_) => {}
+    }
+}
+
+/// A read mark moves the cursor only forward. A mark that failed under a
+/// fault may still have reached the disk; a later mark at or below that
+/// cursor is answered from it without a write, which a stopped engine may
+/// do, so a cursor above the ledger's counts as a write only if one was
+/// made.
+fn mark_read(
+    run: &mut Run,
+    key: (Uid, ConvId),
+    faults: Faults,
+    syncs_before: u64,
+    reply: Result<ReadReply>,
+) {
+    allowed(&reply, faults, "mark_read");
+    match reply {
+        Ok(reply) => {
+            let before = run.ledger.reads.get(&key).copied().unwrap_or(MsgSeq(0));
+            assert!(reply.read_seq >= before, "read cursor moved back");
+            let wrote = run.io.syncs() > syncs_before;
+            if reply.read_seq > before && (wrote || !run.ledger.reads_unsure.contains(&key)) {
+                run.acknowledged("mark_read");
+            }
+            run.ledger.reads.insert(key, reply.read_seq);
+        }
+        Err(_) if faults.armed => {
+            run.ledger.reads_unsure.insert(key);
+        }
         Err(_) => {}
     }
 }
