@@ -276,7 +276,6 @@ mod tests {
 
     use bytes::Bytes;
     use inbox_engine::{InboxConfig, SendRequest};
-    use inbox_wire::op::{OP_DIRTY_HINT, OP_HINT};
 
     use super::*;
 
@@ -324,20 +323,29 @@ mod tests {
         });
     }
 
-    /// The next push of `opcode`, other pushes skipped.
-    async fn next_push(rx: &mut mpsc::Receiver<Frame>, opcode: u8, what: &str) -> Frame {
+    /// The next `HINT` and the next `DIRTY_HINT`, decoded, in whichever
+    /// order the two loops send them.
+    async fn next_pushes(rx: &mut mpsc::Receiver<Frame>, what: &str) -> (Hints, DirtyHints) {
+        let (mut hint, mut dirty) = (None, None);
         let wait = async {
-            loop {
-                match rx.recv().await {
-                    Some(f) if f.opcode == opcode => return f,
-                    Some(_) => continue,
-                    None => panic!("{what}: the push loop ended"),
+            while hint.is_none() || dirty.is_none() {
+                let Some(f) = rx.recv().await else {
+                    panic!("{what}: a push loop ended")
+                };
+                match Response::decode(f.opcode, f.body) {
+                    Ok(Response::Hint(h)) if hint.is_none() => hint = Some(h),
+                    Ok(Response::DirtyHint(d)) if dirty.is_none() => dirty = Some(d),
+                    other => panic!("{what}: unexpected push {other:?}"),
                 }
             }
         };
-        tokio::time::timeout(Duration::from_secs(10), wait)
+        if tokio::time::timeout(Duration::from_secs(10), wait)
             .await
-            .unwrap_or_else(|_| panic!("{what}: no push within 10 s"))
+            .is_err()
+        {
+            panic!("{what}: within 10 s, HINT {hint:?} and DIRTY_HINT {dirty:?}");
+        }
+        (hint.expect("a HINT"), dirty.expect("a DIRTY_HINT"))
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -366,14 +374,34 @@ mod tests {
                 closed,
             )),
         ];
+        // What engine `inbox` holds for user 1 now: its watermark and its
+        // marker of the large group, as pushes would carry them.
+        let now = |inbox: &Inbox| {
+            tokio::task::block_in_place(|| {
+                let watermark = inbox.committed_sync_seqs(&[Uid(1)])[0].1;
+                let m = inbox.dirty_markers(Uid(1)).expect("markers")[0];
+                (
+                    vec![inbox_wire::Hint {
+                        uid: 1,
+                        committed_sync_seq: watermark.get(),
+                    }],
+                    vec![DirtyHint {
+                        uid: 1,
+                        conv: 9,
+                        target_msg_seq: m.target_msg_seq.get(),
+                        version: m.version,
+                    }],
+                )
+            })
+        };
 
         send(&current.lock().unwrap(), 1);
-        next_push(&mut rx, OP_HINT, "first engine").await;
-        next_push(&mut rx, OP_DIRTY_HINT, "first engine").await;
+        let (hint, dirty) = next_pushes(&mut rx, "first engine").await;
+        assert_eq!((hint.hints, dirty.hints), now(&current.lock().unwrap()));
 
         // The install: requests go to a new engine, and the old one is
-        // shut down and dropped, which closes its broadcasts.
-        // The snapshot's state already holds rounds no loop heard.
+        // shut down and dropped, which closes its broadcasts. The
+        // snapshot's state already holds rounds no loop heard.
         let installed = engine(dir_b.path());
         send(&installed, 5);
         let old = std::mem::replace(&mut *current.lock().unwrap(), installed);
@@ -383,49 +411,19 @@ mod tests {
             "the push loops hold the replaced engine alive"
         );
         tokio::task::block_in_place(|| drop(old));
-        // Moved over, the loops push what the new engine holds now
-        // (user 1's watermark there, its marker of the large group)
+        // Moved over, the loops push what the new engine holds now,
         // without waiting for its next round.
         let b = Arc::clone(&current.lock().unwrap());
-        let (watermark, marker) = tokio::task::block_in_place(|| {
-            let seqs = b.committed_sync_seqs(&[Uid(1)]);
-            (seqs[0].1, b.dirty_markers(Uid(1)).expect("markers")[0])
-        });
-        let hint = next_push(&mut rx, OP_HINT, "after the install").await;
-        let Ok(Response::Hint(hints)) = Response::decode(hint.opcode, hint.body.clone()) else {
-            panic!("not a HINT: {hint:?}")
-        };
-        assert_eq!(
-            hints.hints,
-            [inbox_wire::Hint {
-                uid: 1,
-                committed_sync_seq: watermark.get()
-            }]
-        );
-        let dirty = next_push(&mut rx, OP_DIRTY_HINT, "after the install").await;
-        let Ok(Response::DirtyHint(dirty)) = Response::decode(dirty.opcode, dirty.body.clone())
-        else {
-            panic!("not a DIRTY_HINT: {dirty:?}")
-        };
-        assert_eq!(
-            dirty.hints,
-            [DirtyHint {
-                uid: 1,
-                conv: 9,
-                target_msg_seq: marker.target_msg_seq.get(),
-                version: marker.version,
-            }]
-        );
+        let expected = now(&b);
+        let (hint, dirty) = next_pushes(&mut rx, "after the install").await;
+        assert_eq!((hint.hints, dirty.hints), expected);
+
         // And the new engine's rounds are hinted as they commit.
         send(&b, 2);
-        let after = b.committed_sync_seqs(&[Uid(1)])[0].1;
-        assert!(after > watermark);
-        let hint = next_push(&mut rx, OP_HINT, "a round of the new engine").await;
-        let Ok(Response::Hint(hints)) = Response::decode(hint.opcode, hint.body.clone()) else {
-            panic!("not a HINT: {hint:?}")
-        };
-        assert_eq!(hints.hints[0].committed_sync_seq, after.get());
-        next_push(&mut rx, OP_DIRTY_HINT, "a round of the new engine").await;
+        let expected_after = now(&b);
+        assert_ne!(expected_after, expected, "the round moved nothing");
+        let (hint, dirty) = next_pushes(&mut rx, "a round of the new engine").await;
+        assert_eq!((hint.hints, dirty.hints), expected_after);
         for l in loops {
             l.abort();
         }
