@@ -836,7 +836,9 @@ enum InFlight {
     Membership {
         conv: ConvId,
         faults: Faults,
-        syncs_before: u64,
+        /// The conversation's head before, read from the engine when the
+        /// ledger's is unsure.
+        head_before: Option<MsgSeq>,
         reply: Pending<MembershipReply>,
     },
     Send {
@@ -857,7 +859,9 @@ enum InFlight {
         uid: Uid,
         conv: ConvId,
         faults: Faults,
-        syncs_before: u64,
+        /// The cursor before, read from the engine when a failed mark
+        /// may have moved it past the ledger's.
+        cursor_before: Option<MsgSeq>,
         reply: Pending<ReadReply>,
     },
     Register {
@@ -891,7 +895,11 @@ fn submit(run: &mut Run, i: usize, op: Op) -> Option<InFlight> {
         Op::Join(conv, uid) | Op::Leave(conv, uid) => InFlight::Membership {
             conv,
             faults,
-            syncs_before: run.io.syncs(),
+            head_before: run
+                .ledger
+                .head_unsure
+                .contains(&conv)
+                .then(|| engine_head(inbox, conv)),
             reply: if matches!(op, Op::Join(..)) {
                 inbox.join(uid, conv)
             } else {
@@ -956,7 +964,11 @@ fn submit(run: &mut Run, i: usize, op: Op) -> Option<InFlight> {
                 uid,
                 conv,
                 faults,
-                syncs_before: run.io.syncs(),
+                cursor_before: run
+                    .ledger
+                    .reads_unsure
+                    .contains(&(uid, conv))
+                    .then(|| engine_cursor(inbox, uid, conv)),
                 reply: inbox.mark_read(uid, conv, head),
             }
         }
@@ -976,9 +988,9 @@ fn settle(run: &mut Run, in_flight: InFlight) {
         InFlight::Membership {
             conv,
             faults,
-            syncs_before,
+            head_before,
             reply,
-        } => membership(run, conv, faults, syncs_before, reply.wait()),
+        } => membership(run, conv, faults, head_before, reply.wait()),
         InFlight::Send {
             conv,
             sender,
@@ -1005,9 +1017,9 @@ fn settle(run: &mut Run, in_flight: InFlight) {
             uid,
             conv,
             faults,
-            syncs_before,
+            cursor_before,
             reply,
-        } => mark_read(run, (uid, conv), faults, syncs_before, reply.wait()),
+        } => mark_read(run, (uid, conv), faults, cursor_before, reply.wait()),
         InFlight::Register {
             uid,
             device,
@@ -1032,7 +1044,7 @@ fn membership(
     run: &mut Run,
     conv: ConvId,
     faults: Faults,
-    syncs_before: u64,
+    head_before: Option<MsgSeq>,
     reply: Result<MembershipReply>,
 ) {
     allowed(&reply, faults, "join/leave");
@@ -1041,16 +1053,31 @@ fn membership(
             // Joining as a member answers with the open period's join seq
             // (idempotent); only a new record takes a seq.
             let head = run.ledger.head.get(&conv).copied().unwrap_or(MsgSeq(0));
-            let wrote = run.io.syncs() > syncs_before;
-            if reply.msg_seq > head && !wrote && run.ledger.head_unsure.contains(&conv) {
-                // The open period of a join that failed under a fault but
-                // reached the disk: answered without a write, which a
-                // stopped engine may do. Other failed operations may have
-                // landed after it, so the head stays unsure.
-                run.ledger.head.insert(conv, reply.msg_seq);
-            } else if reply.msg_seq > head {
-                run.acknowledged("join/leave");
-                run.ledger.took_seq(conv, reply.msg_seq);
+            match head_before {
+                // The ledger's head is unsure: operations failed under a
+                // fault may have landed. The engine's head before says
+                // whether this answer made a record (exactly the next
+                // seq) or came from the open period of a join that
+                // landed, without a write, which a stopped engine may do.
+                Some(before) if reply.msg_seq > before => {
+                    run.acknowledged("join/leave");
+                    assert_eq!(
+                        reply.msg_seq,
+                        before.next(),
+                        "conv {conv}: a new membership record does not follow the head {before}"
+                    );
+                    run.ledger.head_unsure.remove(&conv);
+                    run.ledger.head.insert(conv, reply.msg_seq);
+                }
+                Some(_) => {
+                    let h = run.ledger.head.entry(conv).or_default();
+                    *h = (*h).max(reply.msg_seq);
+                }
+                None if reply.msg_seq > head => {
+                    run.acknowledged("join/leave");
+                    run.ledger.took_seq(conv, reply.msg_seq);
+                }
+                None => {}
             }
         }
         Err(_) if faults.armed => run.ledger.may_have_landed(conv),
@@ -1058,16 +1085,35 @@ fn membership(
     }
 }
 
+/// The newest `msg_seq` of `conv` any user can read: its head, as the
+/// engine holds it (each record is readable by the member who made it).
+fn engine_head(inbox: &Inbox, conv: ConvId) -> MsgSeq {
+    (1..=USERS)
+        .filter_map(|uid| inbox.history(Uid(uid), conv, None, 1).ok())
+        .filter_map(|page| page.messages.first().map(|m| m.msg_seq))
+        .max()
+        .unwrap_or(MsgSeq(0))
+}
+
+/// `uid`'s read cursor of `conv`, as the engine holds it.
+fn engine_cursor(inbox: &Inbox, uid: Uid, conv: ConvId) -> MsgSeq {
+    inbox
+        .conv_list(uid, 100, None)
+        .ok()
+        .and_then(|list| list.convs.into_iter().find(|c| c.conv == conv))
+        .map_or(MsgSeq(0), |c| c.read_seq)
+}
+
 /// A read mark moves the cursor only forward. A mark that failed under a
 /// fault may still have reached the disk; a later mark at or below that
 /// cursor is answered from it without a write, which a stopped engine may
-/// do, so a cursor above the ledger's counts as a write only if one was
-/// made.
+/// do. For such a cursor the engine's cursor before the mark says whether
+/// this one moved it.
 fn mark_read(
     run: &mut Run,
     key: (Uid, ConvId),
     faults: Faults,
-    syncs_before: u64,
+    cursor_before: Option<MsgSeq>,
     reply: Result<ReadReply>,
 ) {
     allowed(&reply, faults, "mark_read");
@@ -1075,8 +1121,7 @@ fn mark_read(
         Ok(reply) => {
             let before = run.ledger.reads.get(&key).copied().unwrap_or(MsgSeq(0));
             assert!(reply.read_seq >= before, "read cursor moved back");
-            let wrote = run.io.syncs() > syncs_before;
-            if reply.read_seq > before && (wrote || !run.ledger.reads_unsure.contains(&key)) {
+            if reply.read_seq > cursor_before.unwrap_or(before) {
                 run.acknowledged("mark_read");
             }
             run.ledger.reads.insert(key, reply.read_seq);
