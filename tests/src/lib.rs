@@ -300,23 +300,32 @@ pub async fn register(client: &Client, uid: u64, device: u64) -> u64 {
         .generation
 }
 
-/// Sends `text` from `sender` to `conv` with a fresh idempotency key.
+/// Sends `text` from `sender` to `conv` with a fresh idempotency key. A
+/// `RATE_LIMITED` answer (many tasks share one connection) is retried
+/// with the same key after the wait its detail names, as a client should.
 pub async fn send_text(
     client: &Client,
     conv: u64,
     sender: u64,
     text: &str,
 ) -> inbox_wire::SendReply {
-    client
-        .send(inbox_wire::SendReq {
-            conv,
-            sender,
-            client_msg_id: rand::random(),
-            msg_type: 1,
-            payload: Bytes::from(text.to_string().into_bytes()),
-        })
-        .await
-        .expect("send")
+    let req = inbox_wire::SendReq {
+        conv,
+        sender,
+        client_msg_id: rand::random(),
+        msg_type: 1,
+        payload: Bytes::from(text.to_string().into_bytes()),
+    };
+    loop {
+        match client.send(req.clone()).await {
+            Err(inbox_server::client::ClientError::Server {
+                code: inbox_wire::ErrorCode::RateLimited,
+                detail,
+                ..
+            }) => tokio::time::sleep(Duration::from_millis(detail.clamp(1, 1_000))).await,
+            reply => return reply.expect("send"),
+        }
+    }
 }
 
 /// Every message of a conversation visible to `uid`, oldest first, by
