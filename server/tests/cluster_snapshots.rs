@@ -86,15 +86,20 @@ async fn send(ib: Arc<Inbox>, sender: u64, cmid: u128) -> Result<SendReply> {
     submit(ib, req).await
 }
 
-/// Some rounds on the leader: joins, then `n` sends.
+/// `n` sends on the leader. On a loaded machine an election may move the
+/// leadership meanwhile: a send the old leader gave up (`NOT_LEADER`) is
+/// retried on the new one by its key, as a client would.
 async fn writes(g: &Group, leader: u64, from: u128, n: u128) -> u64 {
     let mut last = 0;
     for i in from..from + n {
-        last = send(g.ib(leader), 1 + (i % 3) as u64, i)
-            .await
-            .unwrap()
-            .msg_seq
-            .0;
+        let mut at = leader;
+        last = loop {
+            match send(g.ib(at), 1 + (i % 3) as u64, i).await {
+                Ok(reply) => break reply.msg_seq.0,
+                Err(Error::NotLeader(_)) => at = g.leader().await,
+                Err(e) => panic!("send {i}: {e}"),
+            }
+        };
     }
     last
 }

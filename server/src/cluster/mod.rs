@@ -139,6 +139,10 @@ pub(crate) struct Glue {
     gone_below: AtomicU64,
     /// Held by the membership change in progress: one at a time.
     changing: Arc<tokio::sync::Mutex<()>>,
+    /// Held by a snapshot build for its whole run, which raft's shutdown
+    /// does not wait for: shutdown takes it, so that no build still
+    /// writes beside or into the data directory once the node is down.
+    building: Mutex<()>,
 }
 
 /// Guarded by one lock: every change of the engine's role and every
@@ -324,6 +328,7 @@ impl Cluster {
             snapshots: Mutex::new(snapshot::Snapshots::load(dir)),
             gone_below: AtomicU64::new(0),
             changing: Arc::new(tokio::sync::Mutex::new(())),
+            building: Mutex::new(()),
         });
         let config = Arc::new(config.validate().map_err(|e| ClusterError(e.to_string()))?);
         let log = LogStore::new(Arc::clone(&glue));
@@ -441,11 +446,19 @@ impl Cluster {
             port.abort();
         }
         let _ = self.raft.shutdown().await;
-        let mut role = self.glue.role();
-        role.raft = None;
-        if let Err(e) = self.glue.step_down(&mut role) {
-            tracing::warn!(error = %e, "stepping down at shutdown");
+        {
+            let mut role = self.glue.role();
+            role.raft = None;
+            if let Err(e) = self.glue.step_down(&mut role) {
+                tracing::warn!(error = %e, "stepping down at shutdown");
+            }
         }
+        // A build in flight sees raft gone and ends soon; wait for it.
+        let glue = Arc::clone(&self.glue);
+        let _ = tokio::task::spawn_blocking(move || {
+            drop(glue.building.lock().unwrap_or_else(|p| p.into_inner()));
+        })
+        .await;
     }
 }
 

@@ -180,6 +180,10 @@ impl Glue {
 
     /// Builds a snapshot (blocking): see the module documentation.
     pub(crate) fn build_snapshot(&self) -> Result<Snapshot<TypeConfig>, String> {
+        let _building = self.building.lock().unwrap_or_else(|p| p.into_inner());
+        if self.role().raft.is_none() {
+            return Err("the node is shutting down".into());
+        }
         for _ in 0..BUILD_ATTEMPTS {
             let epoch = self.epoch.load(Ordering::Acquire);
             let inbox = self.inbox();

@@ -297,12 +297,23 @@ impl Group {
         self.nodes.insert(id, node);
     }
 
-    /// Stops node `id` and shuts its engine down.
+    /// Stops node `id` and shuts its engine down, then waits until nothing
+    /// else holds the engine: a snapshot build or send still running holds
+    /// it a moment longer, and with it the logs' directory locks, which a
+    /// restart on the same directory needs.
     pub async fn stop(&mut self, id: u64) {
         self.router.remove(id);
         let node = self.nodes.remove(&id).unwrap();
         let ib = node.inbox();
         node.shutdown().await;
+        let start = Instant::now();
+        while Arc::strong_count(&ib) > 1 {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "node {id}'s engine is still held {DEADLINE:?} after its shutdown"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         tokio::task::spawn_blocking(move || ib.shutdown().unwrap())
             .await
             .unwrap();
