@@ -175,7 +175,9 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_NODE_ID")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_id: Option<u64>,
-    /// Listen address of the group's raft port [default: unset].
+    /// Listen address of the group's raft port; connections to the other
+    /// members leave from its IP unless that is unspecified (0.0.0.0, ::)
+    /// [default: unset].
     #[arg(long, env = "INBOXD_RAFT_LISTEN")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub raft_listen: Option<SocketAddr>,

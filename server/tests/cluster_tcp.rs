@@ -1,6 +1,7 @@
 //! Three engines under raft in one process, talking over raft's TCP port
 //! on loopback: a leader is elected, writes commit and every node
-//! converges; a peer with the wrong token is refused.
+//! converges; a peer with the wrong token is refused; connections leave
+//! from the node's own raft IP.
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{engine_config, DEADLINE};
 use inbox_engine::*;
-use inbox_server::cluster::network::{serve, TcpNetwork};
+use inbox_server::cluster::network::{serve, source_ip, TcpNetwork};
 use inbox_server::cluster::{default_config, Cluster, Peer};
 use openraft::error::RPCError;
 use openraft::network::RPCOption;
@@ -162,6 +163,38 @@ async fn a_peer_with_the_wrong_token_is_refused() {
     for (_, n) in nodes {
         n.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connections_leave_from_the_raft_ip_when_it_names_one() {
+    assert_eq!(source_ip("0.0.0.0:7080".parse().unwrap()), None);
+    assert_eq!(source_ip("[::]:7080".parse().unwrap()), None);
+    assert_eq!(
+        source_ip("10.0.0.4:7080".parse().unwrap()),
+        Some("10.0.0.4".parse().unwrap())
+    );
+
+    // All of 127.0.0.0/8 is loopback on Linux: a member on 127.0.0.3
+    // calls one on 127.0.0.1 from 127.0.0.3.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let peer = Peer {
+        raft_addr: l.local_addr().unwrap().to_string(),
+        client_addr: "client-1".into(),
+    };
+    let mut net = TcpNetwork::new(Arc::from(TOKEN.as_bytes()))
+        .with_source(source_ip("127.0.0.3:7080".parse().unwrap()).unwrap());
+    let mut conn = net.new_client(1, &peer).await;
+    let call = tokio::spawn(async move {
+        let rpc = VoteRequest::new(Vote::new(1, 2), None);
+        conn.vote(rpc, RPCOption::new(Duration::from_secs(5))).await
+    });
+    let (stream, from) = l.accept().await.unwrap();
+    assert_eq!(from.ip().to_string(), "127.0.0.3");
+    drop(stream);
+    assert!(
+        call.await.unwrap().is_err(),
+        "the listener answered nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -3,17 +3,20 @@
 //! members name each other by them), one data directory each, members
 //! killed and restarted on their data, new members started to be added by
 //! a membership change, and the leader found by asking every member for
-//! its `CLUSTER_STATUS`. Also the sends the group tests make, and their
-//! retry until the group serves them.
+//! its `CLUSTER_STATUS`. A group may have its raft traffic pass through a
+//! [`Proxy`] that cuts a member off from the others
+//! ([`Group::start_proxied`]). Also the sends the group tests make, and
+//! their retry until the group serves them.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use inbox_server::client::{Client, ClientError, GroupClient};
 use inbox_wire::{ClusterStatus, Empty, ErrorCode, Request, Response, SendReq};
 
-use crate::{data_dir, Daemon, ADMIN_TOKEN};
+use crate::proxy::Proxy;
+use crate::{data_dir, inboxd_binary, Daemon, ADMIN_TOKEN};
 
 /// How long a test waits for a leader every live member knows.
 pub const ELECTION_DEADLINE: Duration = Duration::from_secs(30);
@@ -23,15 +26,21 @@ pub struct Group {
     pub daemons: Vec<Option<Daemon>>,
     dirs: Vec<tempfile::TempDir>,
     pub client_addrs: Vec<SocketAddr>,
+    /// Each member's raft address as the membership names it: where the
+    /// others connect to it.
     pub raft_addrs: Vec<SocketAddr>,
+    /// Where each member's raft port listens: its raft address, unless a
+    /// proxy stands in between.
+    pub raft_listens: Vec<SocketAddr>,
     /// Flags every member is started with, besides the group's own.
     extra: Vec<String>,
+    proxy: Option<Proxy>,
 }
 
-/// Loopback ports free a moment ago.
-fn free_ports(n: usize) -> Vec<u16> {
+/// Ports of `ip` (a loopback address) free a moment ago.
+fn free_ports(ip: IpAddr, n: usize) -> Vec<u16> {
     let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
+        .map(|_| std::net::TcpListener::bind((ip, 0)).expect("bind a free port"))
         .collect();
     held.iter()
         .map(|l| l.local_addr().expect("a bound port").port())
@@ -46,21 +55,63 @@ impl Group {
 
     /// The same, every member with `extra` flags too.
     pub fn start_with(size: usize, extra: &[&str]) -> Group {
-        let ports = free_ports(2 * size);
-        let addr = |port: u16| -> SocketAddr { ([127, 0, 0, 1], port).into() };
+        let ports = free_ports(LOCALHOST, 2 * size);
+        let addr = |port: u16| SocketAddr::new(LOCALHOST, port);
         let client_addrs: Vec<SocketAddr> = ports[..size].iter().map(|p| addr(*p)).collect();
         let raft_addrs: Vec<SocketAddr> = ports[size..].iter().map(|p| addr(*p)).collect();
+        Self::launch(client_addrs, raft_addrs.clone(), raft_addrs, extra, None)
+    }
+
+    /// Starts `size` members whose raft traffic passes through a
+    /// [`Proxy`], which can cut one off from the others
+    /// ([`Group::proxy`]). Member `n`'s raft port listens on its own
+    /// loopback IP, [`member_ip`]`(n)`, from which its raft connections
+    /// leave too (the raft network binds them to the `--raft-listen` IP),
+    /// so the proxy knows who calls; the membership names the proxy's port
+    /// for each member. Client ports are not proxied.
+    pub fn start_proxied(size: usize, extra: &[&str]) -> Group {
+        let client_addrs: Vec<SocketAddr> = free_ports(LOCALHOST, size)
+            .into_iter()
+            .map(|port| SocketAddr::new(LOCALHOST, port))
+            .collect();
+        let ips: Vec<IpAddr> = (1..=size as u64).map(member_ip).collect();
+        let raft_listens: Vec<SocketAddr> = ips
+            .iter()
+            .map(|ip| SocketAddr::new(*ip, free_ports(*ip, 1)[0]))
+            .collect();
+        let proxy = Proxy::start(&raft_listens, &ips);
+        let raft_addrs = (1..=size as u64).map(|n| proxy.addr(n)).collect();
+        Self::launch(client_addrs, raft_addrs, raft_listens, extra, Some(proxy))
+    }
+
+    fn launch(
+        client_addrs: Vec<SocketAddr>,
+        raft_addrs: Vec<SocketAddr>,
+        raft_listens: Vec<SocketAddr>,
+        extra: &[&str],
+        proxy: Option<Proxy>,
+    ) -> Group {
+        let size = client_addrs.len();
         let mut group = Group {
             daemons: (0..size).map(|_| None).collect(),
             dirs: (0..size).map(|_| data_dir()).collect(),
             client_addrs,
             raft_addrs,
+            raft_listens,
             extra: extra.iter().map(|a| (*a).to_string()).collect(),
+            proxy,
         };
         for node in 1..=size as u64 {
             group.restart(node);
         }
         group
+    }
+
+    /// The proxy the group's raft traffic passes through.
+    pub fn proxy(&self) -> &Proxy {
+        self.proxy
+            .as_ref()
+            .expect("a group started with start_proxied")
     }
 
     /// Starts a node that is in no membership yet, with the next node id,
@@ -76,9 +127,15 @@ impl Group {
     /// The same without starting it: its id, ports and directory are
     /// chosen, and [`Group::restart`] starts it.
     pub fn new_member(&mut self) -> u64 {
-        let ports = free_ports(2);
-        self.client_addrs.push(([127, 0, 0, 1], ports[0]).into());
-        self.raft_addrs.push(([127, 0, 0, 1], ports[1]).into());
+        assert!(
+            self.proxy.is_none(),
+            "a proxied group has a proxy port for each of its first members only"
+        );
+        let ports = free_ports(LOCALHOST, 2);
+        let raft = SocketAddr::new(LOCALHOST, ports[1]);
+        self.client_addrs.push(SocketAddr::new(LOCALHOST, ports[0]));
+        self.raft_addrs.push(raft);
+        self.raft_listens.push(raft);
         self.dirs.push(data_dir());
         self.daemons.push(None);
         self.daemons.len() as u64
@@ -109,7 +166,7 @@ impl Group {
         assert!(self.daemons[i].is_none(), "member {node} is running");
         let (id, raft, listen, peers) = (
             node.to_string(),
-            self.raft_addrs[i].to_string(),
+            self.raft_listens[i].to_string(),
             self.client_addrs[i].to_string(),
             self.peers(),
         );
@@ -146,6 +203,63 @@ impl Group {
             .unwrap_or_else(|| panic!("member {node} is not running"))
     }
 
+    /// The node ids of the running members.
+    pub fn running(&self) -> Vec<u64> {
+        (1..=self.daemons.len() as u64)
+            .filter(|n| self.daemons[(*n - 1) as usize].is_some())
+            .collect()
+    }
+
+    /// Waits until every running member has applied the leader's last
+    /// index, then stops them all, followers first (so that no election
+    /// adds an entry to some only), and returns each one's `inboxd digest`
+    /// of its data directory, by node id. Fails after
+    /// [`ELECTION_DEADLINE`] if they do not catch up.
+    pub async fn stop_and_digest(&mut self) -> Vec<(u64, String)> {
+        let leader = self.leader().await;
+        let start = Instant::now();
+        loop {
+            let all = self.statuses().await;
+            let head = all
+                .iter()
+                .find(|(node, _)| *node == leader)
+                .map(|(_, s)| s.last_log_index)
+                .expect("the leader answers");
+            if all.iter().all(|(_, s)| s.last_applied_index == head) {
+                break;
+            }
+            assert!(
+                start.elapsed() < ELECTION_DEADLINE,
+                "members did not apply the leader's log within {ELECTION_DEADLINE:?}: {all:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let order: Vec<u64> = self
+            .running()
+            .into_iter()
+            .filter(|n| *n != leader)
+            .chain([leader])
+            .collect();
+        let mut digests = Vec::new();
+        for node in order {
+            let daemon = self.daemons[(node - 1) as usize].take().expect("running");
+            let dir = daemon.data_dir.clone();
+            daemon.stop();
+            let out = std::process::Command::new(inboxd_binary())
+                .args(["digest", "--data-dir"])
+                .arg(&dir)
+                .output()
+                .expect("run inboxd digest");
+            assert!(
+                out.status.success(),
+                "inboxd digest of member {node}: {out:?}"
+            );
+            let digest = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            digests.push((node, digest));
+        }
+        digests
+    }
+
     /// Every running member's `CLUSTER_STATUS`, by node id.
     pub async fn statuses(&self) -> Vec<(u64, ClusterStatus)> {
         let mut all = Vec::new();
@@ -169,9 +283,18 @@ impl Group {
     /// member names it; returns its node id. Fails after
     /// [`ELECTION_DEADLINE`], never hangs.
     pub async fn leader(&self) -> u64 {
+        self.leader_among(&self.running()).await
+    }
+
+    /// The same among `nodes` only (running members): exactly one of them
+    /// leads and all of them name it. What the side of a partition that
+    /// can elect agrees on, while a member cut off still calls itself the
+    /// leader.
+    pub async fn leader_among(&self, nodes: &[u64]) -> u64 {
         let start = Instant::now();
         loop {
-            let all = self.statuses().await;
+            let mut all = self.statuses().await;
+            all.retain(|(node, _)| nodes.contains(node));
             let leaders: Vec<u64> = all
                 .iter()
                 .filter(|(_, s)| s.role == "leader")
@@ -184,11 +307,26 @@ impl Group {
             }
             assert!(
                 start.elapsed() < ELECTION_DEADLINE,
-                "no leader known to every running member within {ELECTION_DEADLINE:?}: {all:?}"
+                "no leader known to every one of members {nodes:?} within \
+                 {ELECTION_DEADLINE:?}: {all:?}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// 127.0.0.1, where the members of a group without a proxy listen.
+const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// The loopback IP member `node` of a proxied group listens for raft on
+/// and connects from: 127.0.0.(node + 1), never 127.0.0.1, which the
+/// proxy and the client ports use.
+pub fn member_ip(node: u64) -> IpAddr {
+    let last = u8::try_from(node + 1)
+        .ok()
+        .filter(|b| *b < 255)
+        .expect("a proxied group has fewer than 254 members");
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
 }
 
 /// Send `i` of the group tests: to conversation 7, alternately from users

@@ -7,6 +7,7 @@
 
 pub mod fuzzing;
 pub mod group;
+pub mod proxy;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -351,8 +351,9 @@ impl Cluster {
     }
 
     /// `inboxd serve`'s group: binds the raft port, starts raft over TCP
-    /// with the group's shared token, and writes the first membership if
-    /// this node bootstraps and its log is empty.
+    /// with the group's shared token (connecting from the raft port's IP,
+    /// see `network::source_ip`), and writes the first membership if this
+    /// node bootstraps and its log is empty.
     pub async fn serve(
         config: &crate::config::ClusterConfig,
         inbox: Arc<Inbox>,
@@ -362,7 +363,10 @@ impl Cluster {
         let listener = tokio::net::TcpListener::bind(config.raft_listen)
             .await
             .map_err(|e| ClusterError(format!("cannot listen on {}: {e}", config.raft_listen)))?;
-        let net = network::TcpNetwork::new(Arc::clone(&token));
+        let mut net = network::TcpNetwork::new(Arc::clone(&token));
+        if let Some(ip) = network::source_ip(config.raft_listen) {
+            net = net.with_source(ip);
+        }
         let raft_config = openraft::Config {
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_every),
             max_in_snapshot_log_to_keep: KEEP_BEHIND_SNAPSHOT.min(config.snapshot_every),

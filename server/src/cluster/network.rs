@@ -8,7 +8,15 @@
 //! compared in constant time; a wrong token gets an error frame and the
 //! connection is closed. Then each request is a [`Request`] and each
 //! answer the matching `Result` of the receiving raft.
+//!
+//! A node's connections to the other members leave from the IP of its own
+//! raft address when that is a specific address ([`source_ip`]), not from
+//! whichever one the kernel's routing picks: a member's raft traffic then
+//! comes from the address the others know it by, which a firewall between
+//! the members can allow (and a test can tell the members apart by, on
+//! one host).
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +33,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 use super::{InboxRaft, Peer, TypeConfig};
 
@@ -143,12 +151,75 @@ async fn serve_conn(
 /// Makes connections to the other members, by their raft address.
 pub struct TcpNetwork {
     token: Arc<[u8]>,
+    /// The IP outgoing connections are bound to; `None` lets the kernel
+    /// choose.
+    source: Option<IpAddr>,
 }
 
 impl TcpNetwork {
+    /// Connections from whichever address the kernel chooses.
     pub fn new(token: Arc<[u8]>) -> TcpNetwork {
-        TcpNetwork { token }
+        TcpNetwork {
+            token,
+            source: None,
+        }
     }
+
+    /// Connections leave from `ip`: each socket is bound to it (any port)
+    /// before it connects. A member whose address is of the other family
+    /// (IPv4 or IPv6) is connected to unbound.
+    pub fn with_source(mut self, ip: IpAddr) -> TcpNetwork {
+        self.source = Some(ip);
+        self
+    }
+}
+
+/// The IP a node listening for raft on `listen` connects from: the listen
+/// IP, unless it is unspecified (`0.0.0.0`, `::`), which names no one
+/// address.
+pub fn source_ip(listen: SocketAddr) -> Option<IpAddr> {
+    Some(listen.ip()).filter(|ip| !ip.is_unspecified())
+}
+
+/// Connects to `addr` (`HOST:PORT`), from `source` if given, trying each
+/// address it resolves to in turn as `TcpStream::connect` does.
+async fn open(addr: &str, source: Option<IpAddr>) -> std::io::Result<TcpStream> {
+    let Some(source) = source else {
+        return TcpStream::connect(addr).await;
+    };
+    let mut last = None;
+    for target in tokio::net::lookup_host(addr).await? {
+        let attempt = if target.is_ipv4() == source.is_ipv4() {
+            connect_from(source, target).await
+        } else {
+            TcpStream::connect(target).await
+        };
+        match attempt {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{addr} resolves to no address"),
+        )
+    }))
+}
+
+/// A connection to `target` from `source` (any free port of it).
+async fn connect_from(source: IpAddr, target: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = match source {
+        IpAddr::V4(_) => TcpSocket::new_v4()?,
+        IpAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.bind(SocketAddr::new(source, 0)).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("binding {source} to connect to {target}: {e}"),
+        )
+    })?;
+    socket.connect(target).await
 }
 
 impl RaftNetworkFactory<TypeConfig> for TcpNetwork {
@@ -159,6 +230,7 @@ impl RaftNetworkFactory<TypeConfig> for TcpNetwork {
             target,
             addr: node.raft_addr.clone(),
             token: Arc::clone(&self.token),
+            source: self.source,
             stream: None,
         }
     }
@@ -170,6 +242,7 @@ pub struct TcpConn {
     target: u64,
     addr: String,
     token: Arc<[u8]>,
+    source: Option<IpAddr>,
     stream: Option<TcpStream>,
 }
 
@@ -181,7 +254,7 @@ fn unreachable<E: std::error::Error>(e: std::io::Error) -> RPCError<u64, Peer, E
 impl TcpConn {
     async fn connect(&mut self) -> std::io::Result<&mut TcpStream> {
         if self.stream.is_none() {
-            let mut s = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
+            let mut s = tokio::time::timeout(CONNECT_TIMEOUT, open(&self.addr, self.source))
                 .await
                 .map_err(|_| {
                     std::io::Error::other(format!("connecting to {}: timed out", self.addr))
