@@ -288,47 +288,8 @@ async fn leader_kills_under_load_lose_nothing_acknowledged_and_the_members_conve
     );
 
     // Idle: every member applies the leader's head, then each state is
-    // digested offline. Followers stop first, so no election adds an
-    // entry to some members only.
-    let deadline = Instant::now() + ELECTION_DEADLINE;
-    loop {
-        let all = group.statuses().await;
-        let head = all
-            .iter()
-            .find(|(node, _)| *node == leader)
-            .map(|(_, s)| s.last_log_index)
-            .expect("the leader answers");
-        if all.iter().all(|(_, s)| s.last_applied_index == head) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "members did not catch up: {all:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let order: Vec<u64> = (1..=3).filter(|n| *n != leader).chain([leader]).collect();
-    let mut dirs = Vec::new();
-    for node in order {
-        let daemon = group.daemons[(node - 1) as usize].take().expect("running");
-        dirs.push((node, daemon.data_dir.clone()));
-        daemon.stop();
-    }
-    let digests: Vec<(u64, String)> = dirs
-        .iter()
-        .map(|(node, dir)| {
-            let out = std::process::Command::new(inboxd_binary())
-                .args(["digest", "--data-dir"])
-                .arg(dir)
-                .output()
-                .expect("run inboxd digest");
-            assert!(out.status.success(), "{out:?}");
-            (
-                *node,
-                String::from_utf8_lossy(&out.stdout).trim().to_string(),
-            )
-        })
-        .collect();
+    // digested offline.
+    let digests = group.stop_and_digest().await;
     assert!(
         digests.windows(2).all(|w| w[0].1 == w[1].1),
         "the members' states differ: {digests:?}"
