@@ -208,11 +208,20 @@ async fn open(addr: &str, source: Option<IpAddr>) -> std::io::Result<TcpStream> 
 }
 
 /// A connection to `target` from `source` (any free port of it).
+///
+/// The port is chosen at `connect`, as for an unbound socket, not at
+/// `bind` (`IP_BIND_ADDRESS_NO_PORT`): a port taken at `bind` is held
+/// exclusively for the connection's life, and could be the raft or client
+/// port of a member that is down and about to restart on it (its restart
+/// then failed with "address already in use"). `SO_REUSEADDR` as well, so
+/// a listener may still bind a port this connection uses.
 async fn connect_from(source: IpAddr, target: SocketAddr) -> std::io::Result<TcpStream> {
     let socket = match source {
         IpAddr::V4(_) => TcpSocket::new_v4()?,
         IpAddr::V6(_) => TcpSocket::new_v6()?,
     };
+    socket.set_reuseaddr(true)?;
+    bind_address_no_port(&socket)?;
     socket.bind(SocketAddr::new(source, 0)).map_err(|e| {
         std::io::Error::new(
             e.kind(),
@@ -220,6 +229,29 @@ async fn connect_from(source: IpAddr, target: SocketAddr) -> std::io::Result<Tcp
         )
     })?;
     socket.connect(target).await
+}
+
+/// Linux's `IP_BIND_ADDRESS_NO_PORT` on `socket` (it applies to IPv6
+/// sockets too).
+fn bind_address_no_port(socket: &TcpSocket) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: a plain setsockopt on a socket this function borrows, with
+    // a pointer to a c_int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            std::ptr::addr_of!(on).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for TcpNetwork {
