@@ -3,11 +3,11 @@
 //!
 //! An open engine runs eight long-lived threads (the sequencer, the
 //! completion stage, the checkpoint and snapshot writers, and each log's
-//! writer and segment preparer). Creating and joining one costs tens of
-//! microseconds on a small VM, which is most of what opening an engine
-//! costs. The daemon opens an engine once, but a group member installing a
-//! snapshot opens a new one, and the crash tests and fuzz targets open
-//! thousands. When an engine stops, its threads park here instead of
+//! writer and segment preparer). Creating and joining them is a large
+//! part of what opening an engine costs (`docs/RELIABILITY.md` has the
+//! figures). The daemon opens an engine once, but a group member
+//! installing a snapshot opens a new one, and the crash tests and fuzz
+//! targets open thousands. When an engine stops, its threads park here instead of
 //! exiting, and the next engine takes them over.
 //!
 //! A pooled thread behaves like a spawned one for the code it runs: it

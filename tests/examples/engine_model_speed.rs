@@ -10,19 +10,6 @@ use std::time::Instant;
 
 use inbox_tests::fuzzing::engine_model::{check, coverage};
 
-fn corpus() -> Vec<Vec<u8>> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/engine_model");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("corpus {} is missing: {e}", dir.display()))
-        .map(|e| e.expect("a corpus entry").path())
-        .collect();
-    files.sort();
-    files
-        .iter()
-        .map(|f| std::fs::read(f).expect("a corpus file"))
-        .collect()
-}
-
 /// Runs `inputs` and prints cases, operations and restarts per second.
 fn measure(name: &str, inputs: &[Vec<u8>]) {
     let before = coverage();
@@ -52,7 +39,7 @@ fn repeated(op: [u8; 4], n: usize) -> Vec<u8> {
 }
 
 fn main() {
-    let corpus = corpus();
+    let corpus = inbox_tests::fuzzing::corpus("engine_model");
     measure("corpus", &corpus);
     // Joins first, so the sends are accepted; then only sends (op 3:
     // conversation c[1], sender c[2], key and size from c[3], varied).

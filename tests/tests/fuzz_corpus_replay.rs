@@ -1,25 +1,10 @@
 //! Replays every committed fuzz corpus through the same checks the fuzz
 //! targets run, so each finding stays a regression test in `cargo test`.
 
-use std::path::{Path, PathBuf};
-
-fn corpus(target: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz/corpus")
-        .join(target);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("corpus {} is missing: {e}", dir.display()))
-        .map(|entry| entry.expect("a readable corpus entry").path())
-        .collect();
-    files.sort();
-    files
-}
-
 fn replay(target: &str, check: fn(&[u8])) {
-    let files = corpus(target);
-    assert!(!files.is_empty(), "the {target} corpus is empty");
-    for file in files {
-        let data = std::fs::read(&file).expect("a readable corpus file");
+    let inputs = inbox_tests::fuzzing::corpus(target);
+    assert!(!inputs.is_empty(), "the {target} corpus is empty");
+    for data in inputs {
         check(&data);
     }
 }

@@ -181,35 +181,9 @@ async fn assert_history(group: &GroupClient, acked: &BTreeMap<u64, u64>, sends: 
 }
 
 /// Once every running member has applied the leader's last index, stops
-/// them (followers first, so that no election adds an entry to some
-/// only) and compares their `inboxd digest`s.
+/// them and compares their `inboxd digest`s.
 async fn assert_same_state(group: &mut Group) {
-    let leader = group.leader().await;
-    wait_statuses(group, "every member applies the leader's log", |all| {
-        let head = status_of(all, leader).last_log_index;
-        all.iter().all(|(_, s)| s.last_applied_index == head)
-    })
-    .await;
-    let nodes: Vec<u64> = (1..=group.daemons.len() as u64)
-        .filter(|n| *n != leader && group.daemons[(*n - 1) as usize].is_some())
-        .chain([leader])
-        .collect();
-    let mut digests = Vec::new();
-    for node in nodes {
-        let daemon = group.daemons[(node - 1) as usize].take().expect("running");
-        let dir = daemon.data_dir.clone();
-        daemon.stop();
-        let out = Command::new(inboxd_binary())
-            .args(["digest", "--data-dir"])
-            .arg(&dir)
-            .output()
-            .expect("run inboxd digest");
-        assert!(out.status.success(), "{out:?}");
-        digests.push((
-            node,
-            String::from_utf8_lossy(&out.stdout).trim().to_string(),
-        ));
-    }
+    let digests = group.stop_and_digest().await;
     assert!(
         digests.windows(2).all(|w| w[0].1 == w[1].1),
         "the members' states differ: {digests:?}"

@@ -9,6 +9,23 @@ pub mod engine_model;
 pub mod segment_recover;
 pub mod wire_decode;
 
+/// The committed corpus of fuzz target `target`, its inputs in file-name
+/// order.
+pub fn corpus(target: &str) -> Vec<Vec<u8>> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(target);
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("corpus {} is missing: {e}", dir.display()))
+        .map(|entry| entry.expect("a readable corpus entry").path())
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|f| std::fs::read(f).expect("a readable corpus file"))
+        .collect()
+}
+
 /// A scratch directory for one fuzz case: on tmpfs when the machine has
 /// one, so that fsync costs nothing and the fuzzer spends its time in the
 /// code under test. The checks do not depend on where it lives.
