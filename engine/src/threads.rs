@@ -1,9 +1,9 @@
 //! The engine's threads, taken from a process-wide pool of parked OS
 //! threads.
 //!
-//! An open engine runs eight long-lived threads (the sequencer, the
-//! completion stage, the checkpoint and snapshot writers, and each log's
-//! writer and segment preparer). Creating and joining them is a large
+//! An open engine runs seven long-lived threads (the sequencer, the
+//! checkpoint and snapshot writers, and each log's writer and segment
+//! preparer). Creating and joining them is a large
 //! part of what opening an engine costs (`docs/RELIABILITY.md` has the
 //! figures). The daemon opens an engine once, but a group member
 //! installing a snapshot opens a new one, and the crash tests and fuzz

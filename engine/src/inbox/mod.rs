@@ -6,12 +6,13 @@
 //! straight to the in-memory indexes and the segment files and never serve
 //! anything above the committed high watermark.
 //!
-//! Threads besides the logs' writers: the sequencer, the completion stage,
-//! the checkpoint writer (files are written off the sequencer, in LSN
+//! Threads besides the logs' writers: the sequencer, the checkpoint writer (files are written off the sequencer, in LSN
 //! order), the snapshot builder (content is built whether or not the caller
 //! still waits) and, if configured, the compaction pass. [`Inbox::shutdown`]
 //! stops taking commands, lets the sequencer hand off the final checkpoint
-//! and joins them all once it is durable.
+//! and joins them all once it is durable. The completion stage, which
+//! releases replies, has no thread: it runs on the `evt` writer's thread
+//! once a round is durable.
 //!
 //! The floor plan, top down (a file only uses files below it):
 //! - this file: the [`Inbox`] API; it turns calls into commands, and reads
@@ -147,6 +148,7 @@ impl Inbox {
             msg_log,
             evt_log,
             progress: Mutex::new(Progress::default()),
+            completions: Default::default(),
             progress_cv: Condvar::new(),
             settled_watch: tokio::sync::watch::Sender::new((0, false)),
             hints,
@@ -161,14 +163,12 @@ impl Inbox {
             checkpoints: Mutex::new(checkpoints),
         });
         let (tx, rx) = mpsc::channel();
-        let (done_tx, done_rx) = mpsc::channel();
         let (ckpt_tx, ckpt_rx) = mpsc::channel();
         let (snap_tx, snap_rx) = mpsc::channel();
         let services = command::Services {
             snapshot_jobs: snap_tx,
         };
-        let seq = sequencer::Sequencer::new(Arc::clone(&shared), rx, done_tx, ckpt_tx, services);
-        let completion_shared = Arc::clone(&shared);
+        let seq = sequencer::Sequencer::new(Arc::clone(&shared), rx, ckpt_tx, services);
         let writer_shared = Arc::clone(&shared);
         let builder_shared = Arc::clone(&shared);
         let compaction = shared
@@ -183,21 +183,18 @@ impl Inbox {
             (shared, submit, every)
         });
         let mut threads = vec![
+            // First: `join_threads` joins it before the others.
+            crate::threads::spawn("inbox-sequencer", move || seq.run()).map_err(LogError::Io)?,
             // Exits once the sequencer (its only sender) has stopped and
             // the final checkpoint is written.
             crate::threads::spawn("inbox-checkpoint", move || {
                 sequencer::checkpoints::run_writer(writer_shared, ckpt_rx)
             })
             .map_err(LogError::Io)?,
-            // Exits once the sequencer and the completion stage (whose
-            // begin-snapshot replies hold its queue) have stopped.
+            // Exits once the sequencer has stopped and every round is
+            // finished (begin-snapshot replies hold its queue).
             crate::threads::spawn("inbox-snapshot", move || {
                 snapshots::build::run_builder(builder_shared, snap_rx)
-            })
-            .map_err(LogError::Io)?,
-            crate::threads::spawn("inbox-sequencer", move || seq.run()).map_err(LogError::Io)?,
-            crate::threads::spawn("inbox-completion", move || {
-                sequencer::completion::run_completion(completion_shared, done_rx)
             })
             .map_err(LogError::Io)?,
         ];
@@ -209,6 +206,16 @@ impl Inbox {
                 .map_err(LogError::Io)?,
             );
         }
+        // Rounds are finished on the `evt` writer's thread once durable
+        // (see `sequencer/completion.rs`). The hook holds the engine
+        // weakly and is removed before the engine lets go of it, so the
+        // writer never drops the last handle (which would join itself).
+        let weak = Arc::downgrade(&shared);
+        shared.evt_log.set_durable_hook(Some(Box::new(move || {
+            if let Some(shared) = weak.upgrade() {
+                sequencer::completion::pump(&shared);
+            }
+        })));
         Ok(Inbox {
             shared,
             tx: Mutex::new(Some(tx)),
@@ -599,7 +606,18 @@ impl Inbox {
     }
 
     fn join_threads(&self) {
-        for t in self.threads.lock().drain(..) {
+        let threads: Vec<_> = self.threads.lock().drain(..).collect();
+        let mut threads = threads.into_iter();
+        // The sequencer (spawned first) goes first: once it is gone no
+        // round is queued. The writer then stops finishing rounds, and
+        // those left are finished here once their outcome is known, which
+        // lets the threads that wait on their replies exit.
+        if let Some(sequencer) = threads.next() {
+            let _ = sequencer.join();
+        }
+        self.shared.evt_log.set_durable_hook(None);
+        sequencer::completion::finish_all(&self.shared);
+        for t in threads {
             let _ = t.join();
         }
     }

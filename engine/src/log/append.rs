@@ -122,6 +122,7 @@ impl Log {
             durable_cv: Condvar::new(),
             durable_lsn: AtomicU64::new(rec.next_lsn - 1),
             poisoned: AtomicBool::new(false),
+            durable_hook: Mutex::new(None),
             segments: RwLock::new(segments),
             prep: Preparer::new(
                 rec.next_segment_id,
@@ -312,6 +313,14 @@ impl Log {
         self.shared.work.notify_one();
         rx.recv()
             .unwrap_or_else(|_| Err(LogError::Poisoned("the log writer thread is gone".into())))
+    }
+
+    /// Installs (or, with `None`, removes) the hook the writer thread runs
+    /// after each pass that may have made batches durable or poisoned the
+    /// log. Removing it waits for a call in flight, so once this returns
+    /// the old hook never runs again.
+    pub fn set_durable_hook(&self, hook: Option<super::DurableHook>) {
+        *self.shared.durable_hook.lock() = hook;
     }
 
     /// Why the log is poisoned, if it is.

@@ -70,6 +70,25 @@ impl AppendTicket {
     pub fn is_durable(&self) -> bool {
         self.log.0.durable_lsn.load(Ordering::Acquire) >= self.lsn
     }
+
+    /// Blocks like [`AppendTicket::wait`], keeping the ticket.
+    pub fn wait_durable(&self) -> Result<(), LogError> {
+        self.log.0.wait_durable(self.lsn)
+    }
+
+    /// What [`AppendTicket::wait`] would return, if it would return now:
+    /// `None` while the batch is neither durable nor failed (never
+    /// blocks).
+    pub fn poll(&self) -> Option<Result<(), LogError>> {
+        if self.is_durable() {
+            Some(Ok(()))
+        } else if self.log.0.is_poisoned() {
+            // A batch made durable just before the poison still counts.
+            Some(self.log.0.wait_durable(self.lsn))
+        } else {
+            None
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -57,6 +57,7 @@ pub use lock::lock_dir;
 pub use recovery::{RecoveryReport, TruncatedTail};
 /// For the salvage scan, which walks segment files itself.
 pub(crate) use segment::{classify, list_dir, FileKind};
+pub use shared::DurableHook;
 pub use uring::UringIo;
 pub use verify::{
     replay_dir, verify, verify_with_progress, Problem, ProblemKind, SegmentReport, VerifyReport,

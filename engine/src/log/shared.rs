@@ -48,7 +48,16 @@ pub(super) struct Shared {
     pub(super) segments: RwLock<BTreeMap<SegmentId, Arc<Segment>>>,
     pub(super) prep: Preparer,
     pub(super) stats: writer::Stats,
+    /// Called by the writer thread after each pass that may have made
+    /// batches durable or poisoned the log (see [`DurableHook`]). Held
+    /// while it runs, so clearing it waits for a call in flight.
+    pub(super) durable_hook: Mutex<Option<DurableHook>>,
 }
+
+/// What the owner of a log runs on the writer's thread once batches are
+/// durable: it finishes whatever waited for them there, without waking a
+/// thread of its own. It must not block on this log's writer.
+pub type DurableHook = Box<dyn Fn() + Send + Sync>;
 
 impl Shared {
     pub(super) fn is_poisoned(&self) -> bool {

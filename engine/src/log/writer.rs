@@ -18,6 +18,11 @@
 //!   so the data's end is marked even though stale bytes follow it.
 //! - after any write or sync error the log is poisoned: nothing queued or
 //!   submitted later is written or reported durable.
+//!
+//! After each pass the writer runs the owner's durable hook, if one is
+//! installed (`Log::set_durable_hook`): the inbox engine finishes its
+//! rounds there, on this thread, instead of waking a thread to wait for
+//! each batch.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -121,6 +126,9 @@ impl Writer {
                 if self.unsynced.is_some() && self.last_sync.elapsed() >= d {
                     self.sync_unsynced();
                 }
+            }
+            if let Some(hook) = &*self.shared.durable_hook.lock() {
+                hook();
             }
             if shutdown && self.shared.state.lock().queue.is_empty() {
                 self.sync_unsynced();

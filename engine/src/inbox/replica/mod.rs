@@ -159,6 +159,9 @@ impl Entry {
 pub(crate) struct Link {
     st: Mutex<LinkState>,
     cv: Condvar,
+    /// The engine whose completion stage finishes the rounds this link
+    /// decides (weak: a link must not keep a closed engine open).
+    engine: std::sync::Weak<super::shared::Shared>,
 }
 
 struct LinkState {
@@ -171,7 +174,7 @@ struct LinkState {
 }
 
 impl Link {
-    pub(crate) fn new(committed: u64) -> Arc<Link> {
+    pub(crate) fn new(committed: u64, engine: std::sync::Weak<super::shared::Shared>) -> Arc<Link> {
         Arc::new(Link {
             st: Mutex::new(LinkState {
                 outbox: VecDeque::new(),
@@ -179,7 +182,23 @@ impl Link {
                 ended: None,
             }),
             cv: Condvar::new(),
+            engine,
         })
+    }
+
+    /// Whether round `index` is committed, or never will be under this
+    /// leadership (never blocks).
+    pub(crate) fn is_decided(&self, index: u64) -> bool {
+        let st = self.st.lock();
+        st.committed >= index || st.ended.is_some()
+    }
+
+    /// Lets the completion stage finish the rounds a commit or the end of
+    /// the leadership decided.
+    fn finish_decided(&self) {
+        if let Some(shared) = self.engine.upgrade() {
+            crate::inbox::sequencer::completion::pump(&shared);
+        }
     }
 
     pub(crate) fn hand_off(&self, entry: Entry) {
@@ -209,10 +228,13 @@ impl Link {
     /// Ends the leadership: entries not yet taken are dropped, and every
     /// round not committed fails with `why`.
     pub(crate) fn end(&self, why: String) {
-        let mut st = self.st.lock();
-        st.outbox.clear();
-        st.ended.get_or_insert(why);
-        self.cv.notify_all();
+        {
+            let mut st = self.st.lock();
+            st.outbox.clear();
+            st.ended.get_or_insert(why);
+            self.cv.notify_all();
+        }
+        self.finish_decided();
     }
 }
 
@@ -242,9 +264,12 @@ impl Leader {
     /// Rounds up to `index` are committed (stored by a majority): their
     /// replies are released once they are durable here too.
     pub fn commit(&self, index: u64) {
-        let mut st = self.link.st.lock();
-        st.committed = st.committed.max(index);
-        self.link.cv.notify_all();
+        {
+            let mut st = self.link.st.lock();
+            st.committed = st.committed.max(index);
+            self.link.cv.notify_all();
+        }
+        self.link.finish_decided();
     }
 
     /// The highest index committed so far.

@@ -1,11 +1,26 @@
-//! The completion stage: finishes rounds strictly in order. It waits for
-//! durability, advances the committed watermarks, releases every reply of
+//! The completion stage: finishes rounds strictly in order. Once a round
+//! is durable (and, for a leader's round, committed by the consensus
+//! layer) it advances the committed watermarks, releases every reply of
 //! the round (errors too, so no answer ever reflects a change that is not
 //! durable) and publishes one coalesced hint per user.
+//!
+//! The stage has no thread of its own. Rounds wait in a queue, and
+//! whoever makes one ready finishes every ready round at the front:
+//! - the sequencer, as it queues a round (a round with nothing to write,
+//!   or one that failed, is ready at once);
+//! - the `evt` log's writer thread, after each pass that made batches
+//!   durable or poisoned the log (its durable hook, installed at open);
+//! - the consensus layer, when it commits a leader's rounds or the
+//!   leadership ends.
+//!
+//! So the common send crosses no thread after its fdatasync but the one
+//! that answers the client. Replies are sent after the queue's lock is
+//! released, so a slow reply never holds up the next round's finish.
 
-use std::collections::BTreeMap;
-use std::sync::mpsc;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::api::*;
 use crate::inbox::round::{Fail, ReplyFn};
@@ -29,78 +44,153 @@ pub(crate) struct RoundDone {
     pub conv_marks: BTreeMap<ConvId, MsgSeq>,
 }
 
-/// The completion stage's thread.
-pub(crate) fn run_completion(shared: Arc<Shared>, rx: mpsc::Receiver<RoundDone>) {
-    let mut poisoned: Option<Fail> = None;
-    while let Ok(done) = rx.recv() {
-        let result: std::result::Result<(), Fail> = match (&poisoned, done.outcome) {
-            (Some(f), _) => Err(f.clone()),
-            (None, Outcome::Ticket(t)) => t
-                .wait()
-                .map_err(|e| Fail::Poisoned(e.to_string()))
-                .and_then(|_| match shared.check_msg_log() {
-                    // A failure of the other log while the round was in
-                    // flight fails it too: nothing is answered after one.
-                    Some(m) => Err(Fail::Poisoned(m)),
-                    None => Ok(()),
-                })
-                .and_then(|()| match &done.replica {
-                    Some((link, index)) => link.wait_committed(*index),
-                    None => Ok(()),
-                }),
-            (None, Outcome::Nothing) => Ok(()),
-            (None, Outcome::Failed(f)) => Err(f),
-        };
-        let mut hints = Vec::new();
-        let mut large_group_hints = Vec::new();
-        match &result {
-            Ok(()) => {
-                let mut st = shared.state.write();
-                for (&uid, &seq) in &done.user_marks {
-                    if let Some(u) = st.users.get_mut(&uid).map(Arc::make_mut) {
-                        u.committed_seq = u.committed_seq.max(seq);
-                        hints.push(Hint {
-                            uid,
-                            committed_sync_seq: u.committed_seq,
-                        });
-                    }
-                }
-                for (&conv, &seq) in &done.conv_marks {
-                    if let Some(c) = st.convs.get_mut(&conv).map(Arc::make_mut) {
-                        c.committed_seq = c.committed_seq.max(seq);
-                        if c.large.is_some() {
-                            large_group_hints.push(LargeGroupHint {
-                                conv,
-                                head: c.committed_seq,
-                            });
-                        }
-                    }
-                }
-            }
-            Err(f @ Fail::Poisoned(m)) => {
-                shared.poison(m.clone());
-                poisoned = Some(f.clone());
-            }
-            // The state keeps the round until the consensus layer's
-            // rollback rebuilds it (`Inbox::discard_from`).
-            Err(Fail::NoSpace(_) | Fail::NotLeader(_)) => {}
+impl RoundDone {
+    /// Whether the round's outcome is known now (never blocks).
+    fn is_ready(&self) -> bool {
+        match &self.outcome {
+            Outcome::Ticket(t) => match t.poll() {
+                None => false,
+                Some(Err(_)) => true,
+                Some(Ok(())) => self
+                    .replica
+                    .as_ref()
+                    .is_none_or(|(link, index)| link.is_decided(*index)),
+            },
+            Outcome::Nothing | Outcome::Failed(_) => true,
         }
-        shared
-            .rounds_written
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        shared.settle(done.id);
-        // Hints go out before the replies, so a writer that got its reply
-        // knows its readers' subscribers have been told.
-        if !hints.is_empty() {
-            // No receiver is fine: hints are best effort (R16).
-            let _ = shared.hints.send(hints);
+    }
+}
+
+/// The rounds not yet finished, in order, and the failure that ended the
+/// engine (every later round fails with it).
+#[derive(Default)]
+pub(crate) struct Queue {
+    rounds: VecDeque<RoundDone>,
+    poisoned: Option<Fail>,
+}
+
+/// The completion stage's queue.
+pub(crate) type Completions = Mutex<Queue>;
+
+/// Queues `done` behind the rounds before it and finishes what is ready.
+pub(crate) fn submit(shared: &Shared, done: RoundDone) {
+    shared.completions.lock().rounds.push_back(done);
+    pump(shared);
+}
+
+/// Finishes every ready round at the front of the queue, in order, then
+/// sends their replies. Called by whoever may have made a round ready.
+pub(crate) fn pump(shared: &Shared) {
+    let mut answers: Vec<(Vec<ReplyFn>, Option<Fail>)> = Vec::new();
+    {
+        let mut q = shared.completions.lock();
+        while q.rounds.front().is_some_and(RoundDone::is_ready) {
+            let done = q.rounds.pop_front().expect("a front round");
+            answers.push(finish(shared, &mut q.poisoned, done));
         }
-        if !large_group_hints.is_empty() {
-            let _ = shared.large_group_hints.send(large_group_hints);
-        }
-        let fail = result.err();
-        for reply in done.replies {
+    }
+    for (replies, fail) in answers {
+        for reply in replies {
             reply(fail.as_ref());
         }
     }
+}
+
+/// Finishes the rounds left once the sequencer has stopped, blocking on
+/// each until its outcome is known (the log's writer still runs).
+pub(crate) fn finish_all(shared: &Shared) {
+    loop {
+        let Some(done) = shared.completions.lock().rounds.pop_front() else {
+            return;
+        };
+        if let Outcome::Ticket(t) = &done.outcome {
+            let _ = t.wait_durable();
+        }
+        if let Some((link, index)) = &done.replica {
+            let _ = link.wait_committed(*index);
+        }
+        let (replies, fail) = {
+            let mut q = shared.completions.lock();
+            finish(shared, &mut q.poisoned, done)
+        };
+        for reply in replies {
+            reply(fail.as_ref());
+        }
+    }
+}
+
+/// Finishes one round whose outcome is known: watermarks, poison, the
+/// settled round and hints. Returns its replies and the failure they get.
+fn finish(
+    shared: &Shared,
+    poisoned: &mut Option<Fail>,
+    done: RoundDone,
+) -> (Vec<ReplyFn>, Option<Fail>) {
+    let result: std::result::Result<(), Fail> = match (&*poisoned, done.outcome) {
+        (Some(f), _) => Err(f.clone()),
+        (None, Outcome::Ticket(t)) => t
+            .wait()
+            .map_err(|e| Fail::Poisoned(e.to_string()))
+            .and_then(|_| match shared.check_msg_log() {
+                // A failure of the other log while the round was in
+                // flight fails it too: nothing is answered after one.
+                Some(m) => Err(Fail::Poisoned(m)),
+                None => Ok(()),
+            })
+            .and_then(|()| match &done.replica {
+                // Decided already (see `is_ready`): does not block.
+                Some((link, index)) => link.wait_committed(*index),
+                None => Ok(()),
+            }),
+        (None, Outcome::Nothing) => Ok(()),
+        (None, Outcome::Failed(f)) => Err(f),
+    };
+    let mut hints = Vec::new();
+    let mut large_group_hints = Vec::new();
+    match &result {
+        Ok(()) => {
+            let mut st = shared.state.write();
+            for (&uid, &seq) in &done.user_marks {
+                if let Some(u) = st.users.get_mut(&uid).map(Arc::make_mut) {
+                    u.committed_seq = u.committed_seq.max(seq);
+                    hints.push(Hint {
+                        uid,
+                        committed_sync_seq: u.committed_seq,
+                    });
+                }
+            }
+            for (&conv, &seq) in &done.conv_marks {
+                if let Some(c) = st.convs.get_mut(&conv).map(Arc::make_mut) {
+                    c.committed_seq = c.committed_seq.max(seq);
+                    if c.large.is_some() {
+                        large_group_hints.push(LargeGroupHint {
+                            conv,
+                            head: c.committed_seq,
+                        });
+                    }
+                }
+            }
+        }
+        Err(f @ Fail::Poisoned(m)) => {
+            shared.poison(m.clone());
+            *poisoned = Some(f.clone());
+        }
+        // The state keeps the round until the consensus layer's
+        // rollback rebuilds it (`Inbox::discard_from`).
+        Err(Fail::NoSpace(_) | Fail::NotLeader(_)) => {}
+    }
+    shared
+        .rounds_written
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    shared.settle(done.id);
+    // Hints go out before the replies, so a writer that got its reply
+    // knows its readers' subscribers have been told.
+    if !hints.is_empty() {
+        // No receiver is fine: hints are best effort (R16).
+        let _ = shared.hints.send(hints);
+    }
+    if !large_group_hints.is_empty() {
+        let _ = shared.large_group_hints.send(large_group_hints);
+    }
+    (done.replies, result.err())
 }

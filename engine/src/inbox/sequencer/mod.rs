@@ -13,9 +13,10 @@
 //! The sequencer takes whatever commands are queued as one *round*: it
 //! decides and applies each in order (so the next one sees its effects),
 //! then writes the round's effects as one `evt` batch: one write and one
-//! fdatasync of one log commit the round, bodies included. It hands the
-//! `evt` ticket to the completion stage and goes on with the next round
-//! while that one syncs (pipelining).
+//! fdatasync of one log commit the round, bodies included. It queues the
+//! `evt` ticket for the completion stage, which the log's writer runs once
+//! the batch is durable, and goes on with the next round while that one
+//! syncs (pipelining).
 //!
 //! Replication (`replica.rs`): in the default *local* role the above is
 //! all. A *leader* closes each round that changes state with a round mark
@@ -204,7 +205,6 @@ impl Sink for RoundSink<'_> {
 pub(crate) struct Sequencer<C: Exec> {
     shared: Arc<Shared>,
     rx: mpsc::Receiver<Command<C>>,
-    done: mpsc::Sender<RoundDone>,
     /// The checkpoint writer's queue; dropped when the sequencer stops, which
     /// lets the writer finish the final checkpoint and exit.
     checkpoints: mpsc::Sender<checkpoints::Job>,
@@ -222,14 +222,12 @@ impl<C: Exec> Sequencer<C> {
     pub fn new(
         shared: Arc<Shared>,
         rx: mpsc::Receiver<Command<C>>,
-        done: mpsc::Sender<RoundDone>,
         checkpoints: mpsc::Sender<checkpoints::Job>,
         services: C::Services,
     ) -> Self {
         Self {
             shared,
             rx,
-            done,
             checkpoints,
             periodic_busy: Arc::new(AtomicBool::new(false)),
             services,
@@ -289,6 +287,7 @@ impl<C: Exec> Sequencer<C> {
                             self.finish_round(id, std::mem::take(&mut round));
                         }
                         self.replica(c);
+                        completion::pump(&self.shared);
                         id = self.next_round;
                     }
                 }
@@ -340,6 +339,9 @@ impl<C: Exec> Sequencer<C> {
 
     /// Waits until every submitted round is finished.
     fn drain(&self) -> Result<()> {
+        // Rounds that failed with a log poisoned off the writer's thread
+        // are finished here; durable ones by the writer.
+        completion::pump(&self.shared);
         self.shared.wait_settled(self.next_round - 1);
         match self.shared.poisoned() {
             Some(m) => Err(Error::Log(LogError::Poisoned(m))),
@@ -428,14 +430,17 @@ impl<C: Exec> Sequencer<C> {
             } else {
                 Outcome::Nothing
             };
-            let _ = self.done.send(RoundDone {
-                id,
-                outcome,
-                replies: std::mem::take(&mut r.replies),
-                replica: r.replica.take(),
-                user_marks: BTreeMap::new(),
-                conv_marks: BTreeMap::new(),
-            });
+            completion::submit(
+                &self.shared,
+                RoundDone {
+                    id,
+                    outcome,
+                    replies: std::mem::take(&mut r.replies),
+                    replica: r.replica.take(),
+                    user_marks: BTreeMap::new(),
+                    conv_marks: BTreeMap::new(),
+                },
+            );
             return;
         }
         let outcome = match self.write_round(&mut r) {
@@ -445,6 +450,7 @@ impl<C: Exec> Sequencer<C> {
                 // Nothing of this round is durable: wait for the earlier
                 // rounds, then rebuild memory from disk so no trace of it
                 // stays behind.
+                completion::pump(&self.shared);
                 self.shared.wait_settled(id - 1);
                 self.wait_checkpoints();
                 self.shared
@@ -467,14 +473,17 @@ impl<C: Exec> Sequencer<C> {
             }
         };
         self.bytes_since_checkpoint += r.size;
-        let _ = self.done.send(RoundDone {
-            id,
-            outcome,
-            replies: std::mem::take(&mut r.replies),
-            replica: r.replica.take(),
-            user_marks: std::mem::take(&mut r.user_marks),
-            conv_marks: std::mem::take(&mut r.conv_marks),
-        });
+        completion::submit(
+            &self.shared,
+            RoundDone {
+                id,
+                outcome,
+                replies: std::mem::take(&mut r.replies),
+                replica: r.replica.take(),
+                user_marks: std::mem::take(&mut r.user_marks),
+                conv_marks: std::mem::take(&mut r.conv_marks),
+            },
+        );
     }
 
     /// Writes the round: one `evt` batch (submitted; the completion stage

@@ -63,7 +63,7 @@ impl<C: Exec> Sequencer<C> {
         match c {
             Control::Lead { tx } => {
                 let committed = self.shared.state.read().replica_index;
-                let link = Link::new(committed);
+                let link = Link::new(committed, Arc::downgrade(&self.shared));
                 self.end_leadership("a new term began");
                 self.role = Role::Leader(Arc::clone(&link));
                 let _ = tx.send(Ok(link));
@@ -210,6 +210,7 @@ impl<C: Exec> Sequencer<C> {
         }
         // Every round in hand finishes (the discarded ones fail), so no
         // reply is pending on what is about to go.
+        super::completion::pump(&self.shared);
         self.shared.wait_settled(self.next_round - 1);
         self.wait_checkpoints();
         if let Some(m) = self.shared.poisoned() {

@@ -43,7 +43,7 @@ pub(crate) struct Job {
 
 /// The snapshot-builder thread: builds each snapshot whose begin step is
 /// durable, in the order received, until every sender is gone (the
-/// sequencer and the completion stage have stopped).
+/// sequencer has stopped and every round is finished).
 pub(crate) fn run_builder(shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
     while let Ok(Job { plan, tx }) = rx.recv() {
         let result = if shared.snapshots.stopping.load(Ordering::Acquire) {
