@@ -10,6 +10,13 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use inbox_server::config::{Config, ServeArgs};
 
+/// The daemon allocates on every request from several threads at once
+/// (tokio's workers, the blocking pool, the engine's threads). glibc's
+/// malloc spent a fifth of a sync page's CPU in its arena locks and
+/// consolidation; `docs/OPERATIONS.md` ("The allocator") has the figures.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "inboxd",
@@ -211,13 +218,12 @@ fn resolve(args: &ServeArgs) -> Result<Config, ExitCode> {
 /// otherwise.
 const MALLOC_ARENAS: i32 = 2;
 
-/// glibc gives each thread that allocates under contention an arena of its
-/// own, up to eight per core, and memory freed into one is not reused by
-/// another. With the daemon's threads (workers, sequencer, log writers,
-/// checkpoint writer) that slack was most of the resident memory that no
-/// structure accounts for; two arenas cut it at no measurable cost in CPU
-/// per send (figures in `docs/OPERATIONS.md`, "Memory that clients cannot
-/// inflate"). An operator's `MALLOC_ARENA_MAX` wins.
+/// Rust's allocations go to mimalloc (above); glibc's malloc still serves
+/// the C libraries (zstd's contexts). glibc gives each thread that
+/// allocates under contention an arena of its own, up to eight per core,
+/// and memory freed into one is not reused by another; two arenas bound
+/// that slack (figures in `docs/OPERATIONS.md`, "The allocator"). An
+/// operator's `MALLOC_ARENA_MAX` wins.
 fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
