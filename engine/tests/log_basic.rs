@@ -342,3 +342,62 @@ fn verify_counts_every_batch_and_record() {
     assert!(seen.len() >= 2);
     assert_eq!(verify(dir.path()).unwrap(), r);
 }
+
+#[test]
+fn a_deferred_batch_is_written_by_the_caller_that_commits_it_inline_and_the_durable_hook_runs_there(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(opts(dir.path())).unwrap();
+    let hook_threads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&hook_threads);
+    log.set_durable_hook(Some(Box::new(move || {
+        seen.lock().unwrap().push(std::thread::current().id());
+    })));
+    // The writer thread has started and gone idle.
+    log.append(batch(0, 1)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+
+    // A deferred submit does not wake the writer thread.
+    let first = log.submit_deferred(batch(1, 2)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        !first.is_durable(),
+        "a deferred batch was written without a commit"
+    );
+    assert!(log.commit_inline(), "the idle writer thread was in a pass");
+    assert!(
+        first.is_durable(),
+        "not durable once its inline commit returned"
+    );
+    assert!(
+        hook_threads
+            .lock()
+            .unwrap()
+            .contains(&std::thread::current().id()),
+        "the durable hook did not run on the committing thread"
+    );
+
+    // Many, rolling segments on the way: each is durable when the commit
+    // returns (unless the thread was in a pass, which nothing here starts).
+    let mut inline = 0;
+    let mut last = first.lsn;
+    for tag in 2..300u64 {
+        let ticket = log.submit_deferred(batch(tag, 4)).unwrap();
+        if log.commit_inline() && ticket.is_durable() {
+            inline += 1;
+        }
+        ticket.wait_durable().unwrap();
+        last = ticket.lsn;
+    }
+    assert_eq!(inline, 298, "batches the caller did not commit itself");
+    assert!(!log.commit_inline(), "nothing was left to write");
+    assert!(log.segments().len() >= 2, "64 KiB segments must roll");
+    log.set_durable_hook(None);
+    drop(log);
+    let log = Log::open(opts(dir.path())).unwrap();
+    assert_eq!(
+        log.durable_lsn(),
+        last,
+        "every batch is there after a reopen"
+    );
+}

@@ -123,6 +123,7 @@ impl Log {
             durable_lsn: AtomicU64::new(rec.next_lsn - 1),
             poisoned: AtomicBool::new(false),
             durable_hook: Mutex::new(None),
+            writer: Mutex::new(writer::WriterState::new()),
             segments: RwLock::new(segments),
             prep: Preparer::new(
                 rec.next_segment_id,
@@ -157,6 +158,19 @@ impl Log {
     /// commit writer. Fails at once, changing nothing, if the log is
     /// poisoned or no space can be reserved.
     pub fn submit(&self, batch: Batch) -> Result<AppendTicket, LogError> {
+        let ticket = self.queue_batch(batch)?;
+        self.shared.work.notify_one();
+        Ok(ticket)
+    }
+
+    /// Like [`Log::submit`], without waking the writer thread: the caller
+    /// commits the batch itself with [`Log::commit_inline`] before it
+    /// waits for anything this log writes.
+    pub fn submit_deferred(&self, batch: Batch) -> Result<AppendTicket, LogError> {
+        self.queue_batch(batch)
+    }
+
+    fn queue_batch(&self, batch: Batch) -> Result<AppendTicket, LogError> {
         let frame_len = batch.encoded_len();
         let room = self.shared.segment_bytes - SEGMENT_HEADER_LEN as u64;
         if frame_len > room {
@@ -190,7 +204,6 @@ impl Log {
             bytes,
         });
         drop(st);
-        self.shared.work.notify_one();
         Ok(AppendTicket {
             lsn,
             locs,
@@ -313,6 +326,16 @@ impl Log {
         self.shared.work.notify_one();
         rx.recv()
             .unwrap_or_else(|_| Err(LogError::Poisoned("the log writer thread is gone".into())))
+    }
+
+    /// Writes and (per the sync policy) commits everything submitted so
+    /// far on the caller's thread, unless the writer thread is in a pass,
+    /// which then takes it; the durable hook runs after. For a log's only
+    /// submitter, which would otherwise wake the writer thread and wait:
+    /// the caller blocks for the write and its fdatasync. Returns whether
+    /// it wrote. A write or fsync error poisons the log as on the thread.
+    pub fn commit_inline(&self) -> bool {
+        writer::commit_inline(&self.shared)
     }
 
     /// Installs (or, with `None`, removes) the hook the writer thread runs

@@ -52,6 +52,9 @@ pub(super) struct Shared {
     /// batches durable or poisoned the log (see [`DurableHook`]). Held
     /// while it runs, so clearing it waits for a call in flight.
     pub(super) durable_hook: Mutex<Option<DurableHook>>,
+    /// The writer's state between passes; held for a pass, by the writer
+    /// thread or by an inline commit (`writer::commit_inline`).
+    pub(super) writer: Mutex<writer::WriterState>,
 }
 
 /// What the owner of a log runs on the writer's thread once batches are

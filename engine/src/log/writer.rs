@@ -58,85 +58,155 @@ struct Run {
     buf: Vec<u8>,
 }
 
-struct Writer {
-    shared: Arc<Shared>,
+/// What the writer keeps between passes. It lives in the log's shared
+/// state, behind a mutex: the writer thread takes it for each pass, and so
+/// does a submitter that writes its own batches while the thread is idle
+/// ([`commit_inline`]).
+pub(crate) struct WriterState {
     run: Run,
     /// Segment written since its last fdatasync (Interval / None).
     unsynced: Option<Arc<Segment>>,
     last_sync: Instant,
 }
 
+impl WriterState {
+    pub(crate) fn new() -> Self {
+        WriterState {
+            run: Run {
+                seg: None,
+                start: 0,
+                last_lsn: 0,
+                buf: Vec::new(),
+            },
+            unsynced: None,
+            last_sync: Instant::now(),
+        }
+    }
+}
+
+/// One pass's view: the log and the writer's state, locked.
+struct Writer<'a> {
+    shared: &'a Shared,
+    st: &'a mut WriterState,
+}
+
 pub(crate) fn run(shared: Arc<Shared>) {
-    let mut w = Writer {
-        shared,
-        run: Run {
-            seg: None,
-            start: 0,
-            last_lsn: 0,
-            buf: Vec::new(),
-        },
-        unsynced: None,
-        last_sync: Instant::now(),
-    };
     // A panic here must not leave waiters blocked forever.
-    let guard = PoisonOnUnwind(Arc::clone(&w.shared));
-    w.main_loop();
+    let guard = PoisonOnUnwind(&shared);
+    main_loop(&shared);
     std::mem::drop(guard);
 }
 
-struct PoisonOnUnwind(Arc<Shared>);
+/// Writes (and, per the sync policy, makes durable) everything queued, on
+/// the caller's thread, unless the writer thread is in a pass: then that
+/// pass or the next takes it. Returns whether it wrote. A single
+/// submitter that would otherwise wake the writer thread and wait for it
+/// saves that hand-off; while its write and fdatasync run, new work
+/// gathers for the next pass as it would behind the thread's.
+pub(crate) fn commit_inline(shared: &Shared) -> bool {
+    let Some(mut st) = shared.writer.try_lock() else {
+        // The thread is in a pass; it looks at the queue again after it.
+        shared.work.notify_one();
+        return false;
+    };
+    let items = std::mem::take(&mut shared.state.lock().queue);
+    if items.is_empty() {
+        return false;
+    }
+    let guard = PoisonOnUnwind(shared);
+    let mut w = Writer {
+        shared,
+        st: &mut st,
+    };
+    w.process(items);
+    drop(st);
+    std::mem::drop(guard);
+    run_hook(shared);
+    true
+}
 
-impl Drop for PoisonOnUnwind {
+fn run_hook(shared: &Shared) {
+    if let Some(hook) = &*shared.durable_hook.lock() {
+        hook();
+    }
+}
+
+/// Poisons the log if a pass panics, so no waiter blocks forever.
+struct PoisonOnUnwind<'a>(&'a Shared);
+
+impl Drop for PoisonOnUnwind<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.0.poison("the log writer thread panicked".into());
+            self.0.poison("a log write panicked".into());
         }
     }
 }
 
-impl Writer {
-    fn main_loop(&mut self) {
-        let interval = match self.shared.sync {
-            SyncPolicy::Interval(d) => Some(d),
-            _ => None,
+fn main_loop(shared: &Shared) {
+    let interval = match shared.sync {
+        SyncPolicy::Interval(d) => Some(d),
+        _ => None,
+    };
+    loop {
+        // What the interval policy needs to know while idle, copied out
+        // of the writer's state (an inline commit may hold it). Only that
+        // policy looks: under the others the thread touches the state in
+        // its passes alone, so an idle thread never makes an inline
+        // commit find it taken.
+        let (pending_sync, last_sync) = match interval {
+            Some(_) => {
+                let st = shared.writer.lock();
+                (st.unsynced.is_some(), st.last_sync)
+            }
+            None => (false, Instant::now()),
         };
-        loop {
-            let (items, shutdown) = {
-                let mut st = self.shared.state.lock();
-                loop {
-                    if !st.queue.is_empty() || st.shutdown {
-                        break;
-                    }
-                    match (interval, &self.unsynced) {
-                        (Some(d), Some(_)) => {
-                            let due = self.last_sync + d;
-                            let now = Instant::now();
-                            if now >= due {
-                                break;
-                            }
-                            self.shared.work.wait_for(&mut st, due - now);
+        let shutdown = {
+            let mut st = shared.state.lock();
+            loop {
+                if !st.queue.is_empty() || st.shutdown {
+                    break;
+                }
+                match (interval, pending_sync) {
+                    (Some(d), true) => {
+                        let due = last_sync + d;
+                        let now = Instant::now();
+                        if now >= due {
+                            break;
                         }
-                        _ => self.shared.work.wait(&mut st),
+                        shared.work.wait_for(&mut st, due - now);
                     }
+                    _ => shared.work.wait(&mut st),
                 }
-                (std::mem::take(&mut st.queue), st.shutdown)
+            }
+            st.shutdown
+        };
+        {
+            // Taken before the queue, so passes run in queue order
+            // whichever thread runs them.
+            let mut ws = shared.writer.lock();
+            let items = std::mem::take(&mut shared.state.lock().queue);
+            let mut w = Writer {
+                shared,
+                st: &mut ws,
             };
-            self.process(items);
+            w.process(items);
             if let Some(d) = interval {
-                if self.unsynced.is_some() && self.last_sync.elapsed() >= d {
-                    self.sync_unsynced();
+                if w.st.unsynced.is_some() && w.st.last_sync.elapsed() >= d {
+                    w.sync_unsynced();
                 }
             }
-            if let Some(hook) = &*self.shared.durable_hook.lock() {
-                hook();
-            }
-            if shutdown && self.shared.state.lock().queue.is_empty() {
-                self.sync_unsynced();
+            if shutdown && shared.state.lock().queue.is_empty() {
+                w.sync_unsynced();
+                drop(ws);
+                run_hook(shared);
                 return;
             }
         }
+        run_hook(shared);
     }
+}
 
+impl Writer<'_> {
     fn poisoned(&self) -> bool {
         self.shared.is_poisoned()
     }
@@ -156,23 +226,33 @@ impl Writer {
                     lsn,
                     bytes,
                 } => {
-                    let same = self.run.seg.as_ref().is_some_and(|s| Arc::ptr_eq(s, &seg))
-                        && self.run.start + self.run.buf.len() as u64 == offset;
+                    let same = self
+                        .st
+                        .run
+                        .seg
+                        .as_ref()
+                        .is_some_and(|s| Arc::ptr_eq(s, &seg))
+                        && self.st.run.start + self.st.run.buf.len() as u64 == offset;
                     if !same {
                         // Cannot happen (offsets are handed out contiguously
                         // and a roll ends a run), but writing what we have
                         // first keeps the order safe anyway.
                         self.write_run(true);
-                        self.run.seg = Some(seg);
-                        self.run.start = offset;
+                        self.st.run.seg = Some(seg);
+                        self.st.run.start = offset;
                     }
-                    self.run.buf.extend_from_slice(&bytes);
-                    self.run.last_lsn = lsn;
+                    self.st.run.buf.extend_from_slice(&bytes);
+                    self.st.run.last_lsn = lsn;
                 }
                 Item::Roll { old, new, header } => {
                     self.write_run(true);
                     if let Some(old) = &old {
-                        if self.unsynced.as_ref().is_some_and(|s| Arc::ptr_eq(s, old)) {
+                        if self
+                            .st
+                            .unsynced
+                            .as_ref()
+                            .is_some_and(|s| Arc::ptr_eq(s, old))
+                        {
                             self.sync_unsynced();
                         }
                     }
@@ -226,33 +306,33 @@ impl Writer {
     /// Rolls and flushes sync whatever the policy, so a segment is always
     /// complete on disk before the next one exists.
     fn write_run(&mut self, sync: bool) {
-        let Some(seg) = self.run.seg.clone() else {
+        let Some(seg) = self.st.run.seg.clone() else {
             return;
         };
-        if self.run.buf.is_empty() {
+        if self.st.run.buf.is_empty() {
             return;
         }
         if self.poisoned() {
-            self.run.buf.clear();
+            self.st.run.buf.clear();
             return;
         }
         let do_sync = sync;
-        let start = self.run.start;
-        let end = start + self.run.buf.len() as u64;
+        let start = self.st.run.start;
+        let end = start + self.st.run.buf.len() as u64;
         assert_eq!(
             start,
             seg.durable_len(),
             "runs must extend the durable data"
         );
         let marker = seg.end_marker_len(end);
-        self.run.buf.resize(self.run.buf.len() + marker, 0);
+        self.st.run.buf.resize(self.st.run.buf.len() + marker, 0);
         let t = Instant::now();
         let res = self
             .shared
             .io
-            .write_at(&seg.file, start, &self.run.buf, do_sync);
-        self.run.buf.clear();
-        self.run.start = end;
+            .write_at(&seg.file, start, &self.st.run.buf, do_sync);
+        self.st.run.buf.clear();
+        self.st.run.start = end;
         if let Err(e) = res {
             let what = if do_sync { "write+fdatasync" } else { "write" };
             self.shared.poison(format!(
@@ -262,20 +342,25 @@ impl Writer {
             return;
         }
         if do_sync {
-            self.last_sync = Instant::now();
-            if self.unsynced.as_ref().is_some_and(|s| Arc::ptr_eq(s, &seg)) {
-                self.unsynced = None;
+            self.st.last_sync = Instant::now();
+            if self
+                .st
+                .unsynced
+                .as_ref()
+                .is_some_and(|s| Arc::ptr_eq(s, &seg))
+            {
+                self.st.unsynced = None;
             }
         } else {
-            self.unsynced = Some(Arc::clone(&seg));
+            self.st.unsynced = Some(Arc::clone(&seg));
         }
         self.shared.stats.record_commit(end - start, t.elapsed());
-        seg.set_durable(end, self.run.last_lsn);
-        self.shared.publish_durable(self.run.last_lsn);
+        seg.set_durable(end, self.st.run.last_lsn);
+        self.shared.publish_durable(self.st.run.last_lsn);
     }
 
     fn sync_unsynced(&mut self) {
-        let Some(seg) = self.unsynced.take() else {
+        let Some(seg) = self.st.unsynced.take() else {
             return;
         };
         if self.poisoned() {
@@ -285,7 +370,7 @@ impl Writer {
             self.shared
                 .poison(format!("fdatasync of segment {} failed: {e}", seg.id));
         }
-        self.last_sync = Instant::now();
+        self.st.last_sync = Instant::now();
     }
 }
 

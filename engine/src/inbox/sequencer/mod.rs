@@ -296,6 +296,7 @@ impl<C: Exec> Sequencer<C> {
                 self.next_round += 1;
                 self.finish_round(id, round);
             }
+            self.commit_submitted();
             let mut stop = false;
             for c in control {
                 match c {
@@ -337,8 +338,19 @@ impl<C: Exec> Sequencer<C> {
         }
     }
 
+    /// Writes and commits the rounds' batches submitted so far, here on
+    /// the sequencer's thread while the log's writer thread is idle (else
+    /// that thread does). New commands gather in the queue meanwhile and
+    /// make the next round, as they would behind the writer thread; what
+    /// this saves is waking that thread and waiting for it. Called before
+    /// anything that waits for a round to finish.
+    fn commit_submitted(&self) {
+        self.shared.evt_log.commit_inline();
+    }
+
     /// Waits until every submitted round is finished.
     fn drain(&self) -> Result<()> {
+        self.commit_submitted();
         // Rounds that failed with a log poisoned off the writer's thread
         // are finished here; durable ones by the writer.
         completion::pump(&self.shared);
@@ -450,6 +462,7 @@ impl<C: Exec> Sequencer<C> {
                 // Nothing of this round is durable: wait for the earlier
                 // rounds, then rebuild memory from disk so no trace of it
                 // stays behind.
+                self.commit_submitted();
                 completion::pump(&self.shared);
                 self.shared.wait_settled(id - 1);
                 self.wait_checkpoints();
@@ -510,7 +523,7 @@ impl<C: Exec> Sequencer<C> {
         let ticket = self
             .shared
             .evt_log
-            .submit(batch)
+            .submit_deferred(batch)
             .map_err(|e| Fail::from_log(&e))?;
         {
             let mut st = self.shared.state.write();
