@@ -442,17 +442,9 @@ impl<C: Exec> Sequencer<C> {
             } else {
                 Outcome::Nothing
             };
-            completion::submit(
-                &self.shared,
-                RoundDone {
-                    id,
-                    outcome,
-                    replies: std::mem::take(&mut r.replies),
-                    replica: r.replica.take(),
-                    user_marks: BTreeMap::new(),
-                    conv_marks: BTreeMap::new(),
-                },
-            );
+            // A refused round applied nothing, so it marks nothing.
+            debug_assert!(r.user_marks.is_empty() && r.conv_marks.is_empty());
+            self.queue_for_completion(id, outcome, &mut r);
             return;
         }
         let outcome = match self.write_round(&mut r) {
@@ -486,6 +478,12 @@ impl<C: Exec> Sequencer<C> {
             }
         };
         self.bytes_since_checkpoint += r.size;
+        self.queue_for_completion(id, outcome, &mut r);
+    }
+
+    /// Hands round `id` with its outcome, replies and marks to the
+    /// completion stage.
+    fn queue_for_completion(&self, id: u64, outcome: Outcome, r: &mut RoundBuf) {
         completion::submit(
             &self.shared,
             RoundDone {
@@ -499,8 +497,9 @@ impl<C: Exec> Sequencer<C> {
         );
     }
 
-    /// Writes the round: one `evt` batch (submitted; the completion stage
-    /// waits for it).
+    /// Writes the round: one `evt` batch, submitted without waking the
+    /// log's writer thread (`commit_submitted` writes it, or that thread
+    /// does).
     fn write_round(&self, r: &mut RoundBuf) -> std::result::Result<Option<AppendTicket>, Fail> {
         if let Some(m) = self
             .shared
