@@ -6,13 +6,14 @@
 //! straight to the in-memory indexes and the segment files and never serve
 //! anything above the committed high watermark.
 //!
-//! Threads besides the logs' writers: the sequencer, the checkpoint writer (files are written off the sequencer, in LSN
-//! order), the snapshot builder (content is built whether or not the caller
-//! still waits) and, if configured, the compaction pass. [`Inbox::shutdown`]
-//! stops taking commands, lets the sequencer hand off the final checkpoint
-//! and joins them all once it is durable. The completion stage, which
-//! releases replies, has no thread: it runs on the `evt` writer's thread
-//! once a round is durable.
+//! Threads besides the logs' writers: the sequencer, the checkpoint writer
+//! (files are written off the sequencer, in LSN order), the snapshot builder
+//! (content is built whether or not the caller still waits) and, if
+//! configured, the compaction pass. [`Inbox::shutdown`] stops taking
+//! commands, lets the sequencer hand off the final checkpoint and joins them
+//! all once it is durable. The completion stage, which releases replies, has
+//! no thread: it runs on the thread that made a round durable (the
+//! sequencer, which writes its own rounds, or the `evt` writer).
 //!
 //! The floor plan, top down (a file only uses files below it):
 //! - this file: the [`Inbox`] API; it turns calls into commands, and reads
@@ -206,8 +207,8 @@ impl Inbox {
                 .map_err(LogError::Io)?,
             );
         }
-        // Rounds are finished on the `evt` writer's thread once durable
-        // (see `sequencer/completion.rs`). The hook holds the engine
+        // Rounds are finished by the `evt` pass that made them durable,
+        // on whichever thread ran it (see `sequencer/completion.rs`). The hook holds the engine
         // weakly and is removed before the engine lets go of it, so the
         // writer never drops the last handle (which would join itself).
         let weak = Arc::downgrade(&shared);

@@ -338,9 +338,9 @@ impl Log {
         writer::commit_inline(&self.shared)
     }
 
-    /// Installs (or, with `None`, removes) the hook the writer thread runs
-    /// after each pass that may have made batches durable or poisoned the
-    /// log. Removing it waits for a call in flight, so once this returns
+    /// Installs (or, with `None`, removes) the hook run after each pass
+    /// that may have made batches durable or poisoned the log, on the
+    /// thread that ran the pass. Removing it waits for a call in flight, so once this returns
     /// the old hook never runs again.
     pub fn set_durable_hook(&self, hook: Option<super::DurableHook>) {
         *self.shared.durable_hook.lock() = hook;

@@ -48,8 +48,8 @@ pub(super) struct Shared {
     pub(super) segments: RwLock<BTreeMap<SegmentId, Arc<Segment>>>,
     pub(super) prep: Preparer,
     pub(super) stats: writer::Stats,
-    /// Called by the writer thread after each pass that may have made
-    /// batches durable or poisoned the log (see [`DurableHook`]). Held
+    /// Called after each pass that may have made batches durable or
+    /// poisoned the log, on the thread that ran it (see [`DurableHook`]). Held
     /// while it runs, so clearing it waits for a call in flight.
     pub(super) durable_hook: Mutex<Option<DurableHook>>,
     /// The writer's state between passes; held for a pass, by the writer
@@ -57,9 +57,11 @@ pub(super) struct Shared {
     pub(super) writer: Mutex<writer::WriterState>,
 }
 
-/// What the owner of a log runs on the writer's thread once batches are
-/// durable: it finishes whatever waited for them there, without waking a
-/// thread of its own. It must not block on this log's writer.
+/// What the owner of a log runs once batches are durable, on the thread
+/// that wrote them (the writer thread, or a caller of
+/// `Log::commit_inline`): it finishes whatever waited for them there,
+/// without waking a thread of its own. It must not block on this log's
+/// writer.
 pub type DurableHook = Box<dyn Fn() + Send + Sync>;
 
 impl Shared {

@@ -19,10 +19,11 @@
 //! - after any write or sync error the log is poisoned: nothing queued or
 //!   submitted later is written or reported durable.
 //!
-//! After each pass the writer runs the owner's durable hook, if one is
-//! installed (`Log::set_durable_hook`): the inbox engine finishes its
-//! rounds there, on this thread, instead of waking a thread to wait for
-//! each batch.
+//! A pass may also run on a submitter's thread (`Log::commit_inline`)
+//! while this thread is idle. After each pass, whichever thread ran it
+//! runs the owner's durable hook, if one is installed
+//! (`Log::set_durable_hook`): the inbox engine finishes its rounds there
+//! instead of waking a thread to wait for each batch.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -91,7 +92,8 @@ struct Writer<'a> {
 }
 
 pub(crate) fn run(shared: Arc<Shared>) {
-    // A panic here must not leave waiters blocked forever.
+    // A panic outside a pass (the final sync, the hook) must not leave
+    // waiters blocked forever either.
     let guard = PoisonOnUnwind(&shared);
     main_loop(&shared);
     std::mem::drop(guard);
@@ -109,20 +111,16 @@ pub(crate) fn commit_inline(shared: &Shared) -> bool {
         shared.work.notify_one();
         return false;
     };
-    let items = std::mem::take(&mut shared.state.lock().queue);
-    if items.is_empty() {
-        return false;
-    }
-    let guard = PoisonOnUnwind(shared);
-    let mut w = Writer {
+    let wrote = Writer {
         shared,
         st: &mut st,
-    };
-    w.process(items);
+    }
+    .pass();
     drop(st);
-    std::mem::drop(guard);
-    run_hook(shared);
-    true
+    if wrote {
+        run_hook(shared);
+    }
+    wrote
 }
 
 fn run_hook(shared: &Shared) {
@@ -181,15 +179,12 @@ fn main_loop(shared: &Shared) {
             st.shutdown
         };
         {
-            // Taken before the queue, so passes run in queue order
-            // whichever thread runs them.
             let mut ws = shared.writer.lock();
-            let items = std::mem::take(&mut shared.state.lock().queue);
             let mut w = Writer {
                 shared,
                 st: &mut ws,
             };
-            w.process(items);
+            w.pass();
             if let Some(d) = interval {
                 if w.st.unsynced.is_some() && w.st.last_sync.elapsed() >= d {
                     w.sync_unsynced();
@@ -207,6 +202,22 @@ fn main_loop(shared: &Shared) {
 }
 
 impl Writer<'_> {
+    /// One pass: takes everything queued and writes it. The caller holds
+    /// the writer's state, taken before the queue, so passes run in queue
+    /// order whichever thread runs them. Returns whether anything was
+    /// queued.
+    fn pass(&mut self) -> bool {
+        let items = std::mem::take(&mut self.shared.state.lock().queue);
+        if items.is_empty() {
+            return false;
+        }
+        // A panic here must not leave waiters blocked forever.
+        let guard = PoisonOnUnwind(self.shared);
+        self.process(items);
+        std::mem::drop(guard);
+        true
+    }
+
     fn poisoned(&self) -> bool {
         self.shared.is_poisoned()
     }

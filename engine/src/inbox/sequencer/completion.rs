@@ -8,8 +8,10 @@
 //! whoever makes one ready finishes every ready round at the front:
 //! - the sequencer, as it queues a round (a round with nothing to write,
 //!   or one that failed, is ready at once);
-//! - the `evt` log's writer thread, after each pass that made batches
-//!   durable or poisoned the log (its durable hook, installed at open);
+//! - the thread that wrote the `evt` batches, after each pass that made
+//!   some durable or poisoned the log (the log's durable hook, installed
+//!   at open): the sequencer, which commits its own rounds while the
+//!   log's writer thread is idle, or that thread;
 //! - the consensus layer, when it commits a leader's rounds or the
 //!   leadership ends.
 //!
@@ -90,9 +92,14 @@ pub(crate) fn pump(shared: &Shared) {
         }
     }
     for (replies, fail) in answers {
-        for reply in replies {
-            reply(fail.as_ref());
-        }
+        release(replies, fail);
+    }
+}
+
+/// Sends a finished round's replies: its failure, or durable.
+fn release(replies: Vec<ReplyFn>, fail: Option<Fail>) {
+    for reply in replies {
+        reply(fail.as_ref());
     }
 }
 
@@ -113,9 +120,7 @@ pub(crate) fn finish_all(shared: &Shared) {
             let mut q = shared.completions.lock();
             finish(shared, &mut q.poisoned, done)
         };
-        for reply in replies {
-            reply(fail.as_ref());
-        }
+        release(replies, fail);
     }
 }
 

@@ -287,7 +287,6 @@ impl<C: Exec> Sequencer<C> {
                             self.finish_round(id, std::mem::take(&mut round));
                         }
                         self.replica(c);
-                        completion::pump(&self.shared);
                         id = self.next_round;
                     }
                 }
@@ -348,13 +347,20 @@ impl<C: Exec> Sequencer<C> {
         self.shared.evt_log.commit_inline();
     }
 
+    /// Commits what was submitted and waits until every round up to
+    /// `round` is finished. The pump finishes rounds whose batches a log
+    /// poisoned off a pass will never write (an inline segment prepare
+    /// that failed); durable ones are finished by the pass that wrote
+    /// them.
+    fn wait_finished(&self, round: u64) {
+        self.commit_submitted();
+        completion::pump(&self.shared);
+        self.shared.wait_settled(round);
+    }
+
     /// Waits until every submitted round is finished.
     fn drain(&self) -> Result<()> {
-        self.commit_submitted();
-        // Rounds that failed with a log poisoned off the writer's thread
-        // are finished here; durable ones by the writer.
-        completion::pump(&self.shared);
-        self.shared.wait_settled(self.next_round - 1);
+        self.wait_finished(self.next_round - 1);
         match self.shared.poisoned() {
             Some(m) => Err(Error::Log(LogError::Poisoned(m))),
             None => Ok(()),
@@ -454,9 +460,7 @@ impl<C: Exec> Sequencer<C> {
                 // Nothing of this round is durable: wait for the earlier
                 // rounds, then rebuild memory from disk so no trace of it
                 // stays behind.
-                self.commit_submitted();
-                completion::pump(&self.shared);
-                self.shared.wait_settled(id - 1);
+                self.wait_finished(id - 1);
                 self.wait_checkpoints();
                 self.shared
                     .state_reloads_for_space

@@ -210,9 +210,7 @@ impl<C: Exec> Sequencer<C> {
         }
         // Every round in hand finishes (the discarded ones fail), so no
         // reply is pending on what is about to go.
-        self.commit_submitted();
-        super::completion::pump(&self.shared);
-        self.shared.wait_settled(self.next_round - 1);
+        self.wait_finished(self.next_round - 1);
         self.wait_checkpoints();
         if let Some(m) = self.shared.poisoned() {
             return Err(Error::Log(LogError::Poisoned(m)));
