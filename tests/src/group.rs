@@ -341,6 +341,45 @@ pub fn send(i: u64) -> Request {
     })
 }
 
+/// What a group client may meet while the group changes hands (an
+/// election, a membership change, a member going away): the errors
+/// [`until_served`] retries in the group tests.
+pub fn changing_hands(e: &ClientError) -> bool {
+    matches!(
+        e.code(),
+        Some(ErrorCode::NotLeader) | Some(ErrorCode::Unavailable)
+    ) || matches!(e, ClientError::Io(_) | ClientError::Closed(_))
+}
+
+/// Sends [`send`]`(i)` for each `i` of `sends`, one after another, each
+/// retried through the group's changes of hands until acknowledged, and
+/// records each `msg_seq` by send number. A call that hangs (a member that
+/// cannot commit holds it) fails at `deadline`. Returns the sends answered
+/// as duplicates: a retry whose first attempt was stored after all (its
+/// reply lost on the way), which a caller that knows no attempt could
+/// have been stored asserts never happens.
+pub async fn send_all(
+    group: &GroupClient,
+    sends: impl IntoIterator<Item = u64>,
+    deadline: Duration,
+    acked: &mut std::collections::BTreeMap<u64, u64>,
+) -> Vec<u64> {
+    let mut duplicates = Vec::new();
+    for i in sends {
+        let served = until_served(group, send(i), deadline, changing_hands);
+        let r = match tokio::time::timeout(deadline, served).await {
+            Ok(Response::Send(r)) => r,
+            Ok(other) => panic!("send {i}: {other:?}"),
+            Err(_) => panic!("send {i}: no answer within {deadline:?}"),
+        };
+        if r.duplicate {
+            duplicates.push(i);
+        }
+        assert!(acked.insert(i, r.msg_seq).is_none(), "send {i} twice");
+    }
+    duplicates
+}
+
 /// Whether `e` is a server's `NOT_LEADER`.
 pub fn not_leader(e: &ClientError) -> bool {
     matches!(e, ClientError::Server { .. }) && e.code() == Some(ErrorCode::NotLeader)

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use inbox_server::client::{self, Client, ClientError, GroupClient};
-use inbox_tests::group::{send, Group};
+use inbox_tests::group::{changing_hands, send, Group};
 use inbox_tests::*;
 use inbox_wire::{
     AddNodeReq, ClusterStatus, ConvMember, ErrorCode, RemoveNodeReq, Request, Response,
@@ -41,29 +41,14 @@ static ONE_GROUP_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_n
 /// Retries `request` through `group` until a leader answers it (a
 /// membership change or an election answers `NOT_LEADER` a while).
 async fn until_served(group: &GroupClient, request: Request) -> Response {
-    inbox_tests::group::until_served(group, request, DEADLINE, retriable).await
-}
-
-/// What a group client may meet while the group changes hands.
-fn retriable(e: &ClientError) -> bool {
-    matches!(
-        e.code(),
-        Some(ErrorCode::NotLeader) | Some(ErrorCode::Unavailable)
-    ) || matches!(e, ClientError::Io(_) | ClientError::Closed(_))
+    inbox_tests::group::until_served(group, request, DEADLINE, changing_hands).await
 }
 
 /// Sends `range` in order, each until acknowledged; returns each one's
 /// `msg_seq` by its number.
 async fn send_all(group: &GroupClient, range: std::ops::Range<u64>) -> BTreeMap<u64, u64> {
     let mut acked = BTreeMap::new();
-    for i in range {
-        match until_served(group, send(i)).await {
-            Response::Send(r) => {
-                acked.insert(i, r.msg_seq);
-            }
-            other => panic!("send {i}: {other:?}"),
-        }
-    }
+    inbox_tests::group::send_all(group, range, DEADLINE, &mut acked).await;
     acked
 }
 
@@ -87,11 +72,12 @@ async fn admin(addr: SocketAddr) -> Client {
         .expect("connect with the admin token")
 }
 
-/// The addresses of the running members.
+/// The client addresses of the running members.
 fn running(group: &Group) -> Vec<SocketAddr> {
-    (0..group.daemons.len())
-        .filter(|i| group.daemons[*i].is_some())
-        .map(|i| group.client_addrs[i])
+    group
+        .running()
+        .into_iter()
+        .map(|n| group.client_addrs[(n - 1) as usize])
         .collect()
 }
 

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use inbox_server::client::{Client, ClientError, GroupClient};
-use inbox_tests::group::{send, Group};
+use inbox_tests::group::{changing_hands, send, send_all, Group};
 use inbox_tests::*;
 use inbox_wire::{ConvMember, ErrorCode, HistoryReq, MessageKind, Request, Response};
 use tokio::task::JoinHandle;
@@ -46,42 +46,8 @@ use tokio::task::JoinHandle;
 /// How long a test waits for anything the group should do by itself.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// What a group client may meet while the group changes hands.
-fn retriable(e: &ClientError) -> bool {
-    matches!(
-        e.code(),
-        Some(ErrorCode::NotLeader) | Some(ErrorCode::Unavailable)
-    ) || matches!(e, ClientError::Io(_) | ClientError::Closed(_))
-}
-
-/// Sends `i`, retried until acknowledged; returns its reply. A call that
-/// hangs (a member that cannot commit holds it) fails the test at the
-/// deadline.
-async fn acknowledged(group: &GroupClient, i: u64) -> inbox_wire::SendReply {
-    let served = inbox_tests::group::until_served(group, send(i), DEADLINE, retriable);
-    match tokio::time::timeout(DEADLINE, served).await {
-        Ok(Response::Send(r)) => r,
-        Ok(other) => panic!("send {i}: {other:?}"),
-        Err(_) => panic!("send {i}: no answer within {DEADLINE:?}"),
-    }
-}
-
-/// Sends `range` one after another, each until acknowledged; records
-/// each `msg_seq` by send number.
-async fn send_all(
-    group: &GroupClient,
-    range: std::ops::Range<u64>,
-    acked: &mut BTreeMap<u64, u64>,
-) {
-    for i in range {
-        let r = acknowledged(group, i).await;
-        assert!(
-            !r.duplicate,
-            "send {i}, sent once, is answered as a duplicate"
-        );
-        assert!(acked.insert(i, r.msg_seq).is_none());
-    }
-}
+/// No send answered as a duplicate: nothing was sent twice.
+const NONE: [u64; 0] = [];
 
 /// Sends `range` on `client` (one member's client port), each on a task
 /// of its own, and returns those tasks.
@@ -143,10 +109,10 @@ async fn a_leader_cut_off_acknowledges_nothing_and_its_tail_is_discarded_when_it
         .expect("a member accepts");
     for uid in 1..=2 {
         let join = Request::Join(ConvMember { uid, conv: 7 });
-        inbox_tests::group::until_served(&everyone, join, DEADLINE, retriable).await;
+        inbox_tests::group::until_served(&everyone, join, DEADLINE, changing_hands).await;
     }
     let mut acked = BTreeMap::new();
-    send_all(&everyone, 0..20, &mut acked).await;
+    assert_eq!(send_all(&everyone, 0..20, DEADLINE, &mut acked).await, NONE);
     drop(everyone);
 
     // Cut the leader off. Whatever it makes from now on stays with it.
@@ -191,7 +157,10 @@ async fn a_leader_cut_off_acknowledges_nothing_and_its_tail_is_discarded_when_it
     let majority = GroupClient::connect_members(&majority, ADMIN_TOKEN, None)
         .await
         .expect("a member of the majority accepts");
-    send_all(&majority, 20..40, &mut acked).await;
+    assert_eq!(
+        send_all(&majority, 20..40, DEADLINE, &mut acked).await,
+        NONE
+    );
 
     // The old leader still says it leads (openraft 0.9 has no check-quorum:
     // a leader keeps its role until it hears of a later term), and makes
@@ -260,15 +229,15 @@ async fn a_leader_cut_off_acknowledges_nothing_and_its_tail_is_discarded_when_it
     // Some refused writes are retried by their keys: they run now, for
     // the first time in the group.
     let retried = [100, 101, 105, 106];
-    for i in retried {
-        let r = acknowledged(&everyone, i).await;
-        assert!(
-            !r.duplicate,
-            "send {i} was refused on the old leader, yet its retry is a duplicate: {r:?}"
-        );
-        acked.insert(i, r.msg_seq);
-    }
-    send_all(&everyone, 40..50, &mut acked).await;
+    assert_eq!(
+        send_all(&everyone, retried, DEADLINE, &mut acked).await,
+        NONE,
+        "a send refused on the old leader, yet its retry is a duplicate"
+    );
+    assert_eq!(
+        send_all(&everyone, 40..50, DEADLINE, &mut acked).await,
+        NONE
+    );
 
     // Everything is read back from the leader.
     let admin = group.daemon(leader).client().await;
