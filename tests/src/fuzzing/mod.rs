@@ -30,18 +30,24 @@ pub fn corpus(target: &str) -> Vec<Vec<u8>> {
 /// one, so that fsync costs nothing and the fuzzer spends its time in the
 /// code under test. The checks do not depend on where it lives.
 pub(crate) fn scratch_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in(scratch_root())
+        .or_else(|_| tempfile::tempdir())
+        .expect("a temp dir")
+}
+
+/// Where scratch directories go: tmpfs when the machine has one.
+fn scratch_root() -> std::path::PathBuf {
     let shm = std::path::Path::new("/dev/shm");
     if shm.is_dir() {
-        if let Ok(dir) = tempfile::tempdir_in(shm) {
-            return dir;
-        }
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
     }
-    tempfile::tempdir().expect("a temp dir")
 }
 
 /// Pins the calling thread, and every thread it starts from now on, to one
 /// CPU: the first one no other pinned process holds (a lock file per CPU
-/// in the scratch directory's parent, held until the process exits), so
+/// where scratch directories go, held until the process exits), so
 /// that the jobs of a forking fuzzer spread over the CPUs. The engine
 /// hands each operation across several threads; on a virtual machine a
 /// wake-up on another CPU costs an interrupt to that CPU, and on the same
@@ -53,11 +59,7 @@ pub(crate) fn scratch_dir() -> tempfile::TempDir {
 pub fn pin_to_one_cpu() {
     use std::os::fd::AsRawFd;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let dir = if std::path::Path::new("/dev/shm").is_dir() {
-        std::path::PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    };
+    let dir = scratch_root();
     // With every CPU taken, share one by process id.
     let mut cpu = std::process::id() as usize % cpus;
     for candidate in 0..cpus {
