@@ -166,15 +166,17 @@ async fn a_node_whose_data_directory_was_wiped_rejoins_and_catches_up_by_snapsho
     assert_eq!(seqs(&g.ib(w)), (1..=last).collect::<Vec<u64>>());
     // Restarted again, it opens on the installed directory and its raft
     // state (the snapshot's log id, the purge) and keeps up. What a crash
-    // in the middle of an install or a build leaves beside the data
-    // directory (a staged directory never swapped in, or the old one
-    // swapped out; a scratch image) is removed at start, unread.
+    // in the middle of an install or a build leaves (beside the data
+    // directory, a staged directory never swapped in or the old one
+    // swapped out; inside it, a scratch image) is removed at start,
+    // unread.
     g.stop(w).await;
     let dir = g.dirs[&w].path().canonicalize().unwrap();
     let name = dir.file_name().unwrap().to_string_lossy().into_owned();
     let leftovers = [
         dir.with_file_name(format!(".{name}.install")),
         dir.with_file_name(format!(".{name}.image")),
+        dir.join("image.tmp"),
     ];
     for d in &leftovers {
         std::fs::create_dir_all(d.join("evt")).unwrap();

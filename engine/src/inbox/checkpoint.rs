@@ -263,7 +263,12 @@ pub(crate) fn write(io: &dyn LogIo, data_dir: &Path, image: Image) -> Result<()>
     let crc = crc32fast::hash(&buf);
     buf.extend_from_slice(&crc.to_le_bytes());
     let d = dir(data_dir);
-    fs::create_dir_all(&d).map_err(io_err)?;
+    // Not `create_dir_all`: a data directory removed under a running
+    // engine is an error, never made again with a checkpoint alone in it.
+    match fs::create_dir(&d) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(io_err(e)),
+        _ => {}
+    }
     // A second checkpoint at an LSN that already has one (nothing was
     // logged in between) is written as a separate copy: then both retained
     // checkpoints cover that LSN, which is what lets compaction delete the

@@ -107,12 +107,20 @@ pub(crate) fn beside(dir: &Path, what: &str) -> PathBuf {
     dir.with_file_name(format!(".{name}.{what}"))
 }
 
-/// Removes what a build or an install cut short by a crash left beside
-/// the data directory: a scratch image, a staged directory never swapped
-/// in, or the old directory an install swapped out.
+/// Where a build writes its image before packing it: inside the data
+/// directory, so that a build cut short (a crash, or a node stopped
+/// mid-build) leaves nothing outside it.
+pub(crate) fn scratch(dir: &Path) -> PathBuf {
+    dir.join(SCRATCH)
+}
+const SCRATCH: &str = "image.tmp";
+
+/// Removes what a build or an install cut short by a crash left: a
+/// scratch image, a staged directory never swapped in, or the old
+/// directory an install swapped out.
 pub(crate) fn remove_leftovers(dir: &Path) -> std::io::Result<()> {
-    for what in ["image", "install"] {
-        match std::fs::remove_dir_all(beside(dir, what)) {
+    for d in [scratch(dir), beside(dir, "image"), beside(dir, "install")] {
+        match std::fs::remove_dir_all(d) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}
         }
@@ -188,7 +196,7 @@ impl Glue {
             let epoch = self.epoch.load(Ordering::Acquire);
             let inbox = self.inbox();
             let mut described = None;
-            let exported = inbox.export_image(&beside(&self.dir, "image"), &mut |index| {
+            let exported = inbox.export_image(&scratch(&self.dir), &mut |index| {
                 let m = self.image_meta(index);
                 let buf = serde_json::to_vec(&m).expect("metadata serializes");
                 described = Some(m);
