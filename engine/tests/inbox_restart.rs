@@ -280,3 +280,34 @@ fn a_halted_engine_writes_no_final_checkpoint_and_reopening_replays_its_log() {
     assert_eq!(h.ib().state_digest(), digest);
     assert_eq!(answers(&h), before);
 }
+
+#[test]
+fn a_data_directory_removed_under_the_engine_is_not_made_again_by_its_final_checkpoint() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    let clock = std::sync::Arc::new(inbox_engine::inbox::ManualClock::new(T0));
+    let inbox = Inbox::open(config(&data, &clock)).unwrap();
+    inbox.join(Uid(1), ConvId(11)).wait().unwrap();
+    inbox
+        .send(SendRequest {
+            conv: ConvId(11),
+            sender: Uid(1),
+            client_msg_id: 1,
+            msg_type: 1,
+            payload: Bytes::from_static(b"before the removal"),
+        })
+        .wait()
+        .unwrap();
+    std::fs::remove_dir_all(&data).unwrap();
+    let shut = inbox.shutdown();
+    assert!(
+        shut.is_err(),
+        "the final checkpoint cannot be written without its data directory"
+    );
+    drop(inbox);
+    assert!(
+        !data.exists(),
+        "the data directory was made again: {:?}",
+        std::fs::read_dir(&data).map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+    );
+}

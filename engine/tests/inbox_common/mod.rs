@@ -12,10 +12,12 @@ use inbox_engine::*;
 
 pub const T0: u64 = 1_700_000_000_000;
 
+/// Fields drop in order: the engine (and its final checkpoint) before
+/// its directory.
 pub struct Harness {
+    pub inbox: Option<Inbox>,
     pub dir: tempfile::TempDir,
     pub clock: Arc<ManualClock>,
-    pub inbox: Option<Inbox>,
 }
 
 pub fn config(dir: &std::path::Path, clock: &Arc<ManualClock>) -> InboxConfig {

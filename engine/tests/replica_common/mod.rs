@@ -25,12 +25,13 @@ pub fn config(dir: &std::path::Path, clock: &Arc<ManualClock>, segment_bytes: u6
     c
 }
 
-/// One engine with its own data directory and clock.
+/// One engine with its own data directory and clock. Fields drop in
+/// order: the engine (and its final checkpoint) before its directory.
 pub struct Node {
+    pub inbox: Option<Arc<Inbox>>,
     pub dir: tempfile::TempDir,
     pub clock: Arc<ManualClock>,
     pub segment_bytes: u64,
-    pub inbox: Option<Arc<Inbox>>,
 }
 
 impl Node {

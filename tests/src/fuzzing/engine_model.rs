@@ -501,14 +501,16 @@ fn allowed<T>(result: &Result<T>, faults: Faults, what: &str) {
     }
 }
 
+/// Fields drop in order: the engine (and its final checkpoint) before its
+/// directory.
 struct Run {
+    /// `None` only while a restart swaps engines.
+    inbox: Option<Inbox>,
     root: tempfile::TempDir,
     /// The data directory of the current engine (each crash restart opens
     /// its image in a fresh directory under `root`).
     dir: PathBuf,
     images: u32,
-    /// `None` only while a restart swaps engines.
-    inbox: Option<Inbox>,
     io: Arc<FaultyIo>,
     ledger: Ledger,
     armed: bool,
