@@ -1,7 +1,8 @@
 //! raft snapshots over the engine, three nodes in one process over an
 //! in-memory network: a follower cut off while the leader's log is purged
 //! catches up by snapshot; a node whose data directory was wiped rejoins
-//! and catches up by snapshot; a damaged snapshot is refused and leaves the
+//! and catches up by snapshot; a node stopped between a snapshot and the
+//! purge after it starts again; a damaged snapshot is refused and leaves the
 //! follower as it was, and the one sent again is installed.
 
 mod common;
@@ -60,6 +61,24 @@ impl Group {
             assert!(
                 start.elapsed() < DEADLINE,
                 "the leader's log was not purged past {index} (purged up to {purged})"
+            );
+            let _ = tokio::time::timeout(Duration::from_millis(50), m.changed()).await;
+        }
+    }
+
+    /// Waits until node `id` has built or installed a snapshot past
+    /// `index`; returns its index.
+    async fn snapshot_past(&self, id: u64, index: u64) -> u64 {
+        let start = Instant::now();
+        let mut m = self.nodes[&id].raft().metrics();
+        loop {
+            let at = m.borrow_and_update().snapshot.map_or(0, |s| s.index);
+            if at > index {
+                return at;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "node {id} has no snapshot past {index} (at {at})"
             );
             let _ = tokio::time::timeout(Duration::from_millis(50), m.changed()).await;
         }
@@ -189,6 +208,42 @@ async fn a_node_whose_data_directory_was_wiped_rejoins_and_catches_up_by_snapsho
     let last = writes(&g, l, 200, 5).await;
     g.converged().await;
     assert_eq!(seqs(&g.ib(w)), (1..=last).collect::<Vec<u64>>());
+    g.shutdown().await;
+}
+
+/// raft purges its log some time after a snapshot, and the snapshot file
+/// is durable before: a node stopped in between holds a snapshot past its
+/// purge point. raft refused to start on it (its snapshot past its applied
+/// point, which was the purge's), and the node never came back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_stopped_between_a_snapshot_and_the_purge_after_it_starts_again() {
+    // Snapshots every 20 rounds, the log kept far behind them: no purge.
+    let (mut g, _clock) = start_with(openraft::Config {
+        max_in_snapshot_log_to_keep: 1_000,
+        ..config()
+    })
+    .await;
+    let l = g.leader().await;
+    for uid in 1..=3 {
+        join(g.ib(l), uid).await;
+    }
+    writes(&g, l, 0, 30).await;
+    g.converged().await;
+    let f = (1..=3).find(|&id| id != l).unwrap();
+    let snapshot = g.snapshot_past(f, 1).await;
+    let purged = g.nodes[&f].raft().metrics().borrow().purged;
+    assert!(
+        purged.is_none_or(|p| p.index < snapshot),
+        "node {f} purged up to its snapshot at {snapshot}: {purged:?}"
+    );
+    g.stop(f).await;
+    g.run(f).await;
+    // raft started on the kept snapshot (it publishes its metrics a
+    // moment after it starts).
+    assert_eq!(g.snapshot_past(f, snapshot - 1).await, snapshot);
+    let last = writes(&g, l, 100, 5).await;
+    g.converged().await;
+    assert_eq!(seqs(&g.ib(f)), (1..=last).collect::<Vec<u64>>());
     g.shutdown().await;
 }
 

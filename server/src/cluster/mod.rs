@@ -313,7 +313,14 @@ impl Cluster {
         } else {
             meta.memberships.contains_key(&0).then_some(0)
         };
-        let applied = meta.purged;
+        // raft's applied point at start: the kept snapshot's, when it is
+        // past the purge (a build or an install is durable before raft
+        // purges its log up to it, and a node can stop in between). A
+        // snapshot is built only from rounds raft applied, or installed
+        // committed, so its index is committed. raft refuses to start with
+        // a snapshot past its applied point.
+        let snapshots = snapshot::Snapshots::load(dir);
+        let applied = meta.purged.max(snapshots.last_log_id());
         let glue = Arc::new(Glue {
             id,
             inbox: RwLock::new(inbox),
@@ -329,7 +336,7 @@ impl Cluster {
             }),
             applied: Mutex::new(applied),
             epoch: AtomicU64::new(0),
-            snapshots: Mutex::new(snapshot::Snapshots::load(dir)),
+            snapshots: Mutex::new(snapshots),
             gone_below: AtomicU64::new(0),
             changing: Arc::new(tokio::sync::Mutex::new(())),
             building: Mutex::new(()),

@@ -69,6 +69,11 @@ pub(crate) struct Snapshots {
 }
 
 impl Snapshots {
+    /// The last log id of the snapshot held, if any.
+    pub(crate) fn last_log_id(&self) -> Option<LogId<u64>> {
+        self.current.as_ref().and_then(|(m, _)| m.last_log_id)
+    }
+
     /// The snapshot file in `dir`, if there is one that verifies.
     pub(crate) fn load(dir: &Path) -> Snapshots {
         let mut s = Snapshots::default();
