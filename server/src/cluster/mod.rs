@@ -41,9 +41,10 @@ pub use membership::{not_in_a_group, CHANGE_WITHIN};
 pub use snapshot::SnapshotReceiver;
 pub use store::{LogStore, StateMachine};
 
-/// One engine round as a raft entry's payload: `Entry::encode`'s bytes.
+/// One engine round as a raft entry's payload: `Entry::encode`'s bytes,
+/// sent as one byte string (see `network`'s module documentation).
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Round(pub Vec<u8>);
+pub struct Round(#[serde(with = "serde_bytes")] pub Vec<u8>);
 
 impl fmt::Debug for Round {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
