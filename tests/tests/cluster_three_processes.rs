@@ -2,7 +2,8 @@
 //! redirected to the leader, the leader is killed with SIGKILL, a new
 //! leader serves within a deadline, and every acknowledged send is there
 //! exactly once at its `msg_seq`, with no gap. A member whose data
-//! directory was wiped rejoins by snapshot.
+//! directory was wiped rejoins by snapshot, and one restarted after its
+//! own snapshots rejoins.
 
 use std::time::{Duration, Instant};
 
@@ -155,4 +156,41 @@ async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
         d
     };
     assert_eq!(digest(wiped), digest(leader));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_restarted_after_its_own_snapshots_rejoins() {
+    // A snapshot every 10 rounds, the log kept 10 rounds behind it: a
+    // member's snapshot file is always past its purge point.
+    let mut members = Group::start_with(3, &["--snapshot-every", "10"]);
+    let addrs = members.client_addrs.clone();
+    let group = connect(&addrs).await;
+    for uid in 1..=2 {
+        until_served(&group, Request::Join(ConvMember { uid, conv: 7 })).await;
+    }
+    for i in 0..30u64 {
+        until_served(&group, send(i)).await;
+    }
+    let leader = leading(&addrs).await;
+    let restarted = (0..3).find(|n| *n != leader).unwrap();
+    let other = (0..3).find(|n| *n != leader && *n != restarted).unwrap();
+    let node = |n: usize| n as u64 + 1;
+    let kept = members.dir(node(restarted)).join("raft-snapshot.img");
+    let start = Instant::now();
+    while !kept.exists() {
+        assert!(start.elapsed() < DEADLINE, "the member took no snapshot");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    members.kill(node(restarted));
+    members.restart(node(restarted));
+    // With the other follower stopped, a send commits only once the
+    // restarted member stores it: its raft must run again.
+    members.kill(node(other));
+    let last = tokio::time::timeout(DEADLINE, until_served(&group, send(30)))
+        .await
+        .expect("the restarted member never acknowledged a round");
+    let Response::Send(last) = last else {
+        panic!("{last:?}")
+    };
+    assert_eq!(last.msg_seq, 2 + 31);
 }
