@@ -205,6 +205,29 @@ async fn a_node_whose_data_directory_was_wiped_rejoins_and_catches_up_by_snapsho
     for d in &leftovers {
         assert!(!d.exists(), "{} left in place", d.display());
     }
+    // It knows itself a voter of the group again: the membership came
+    // back from the raft metadata the install wrote (raft publishes its
+    // metrics a moment after it starts).
+    let mut m = g.nodes[&w].raft().metrics();
+    let start = Instant::now();
+    loop {
+        let voters: Vec<u64> = m
+            .borrow_and_update()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
+        if !voters.is_empty() || start.elapsed() > Duration::from_secs(5) {
+            assert_eq!(
+                voters,
+                vec![1, 2, 3],
+                "node {w}'s membership after a restart; raft-meta.json: {}",
+                std::fs::read_to_string(dir.join("raft-meta.json")).unwrap_or_default()
+            );
+            break;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(50), m.changed()).await;
+    }
     let last = writes(&g, l, 200, 5).await;
     g.converged().await;
     assert_eq!(seqs(&g.ib(w)), (1..=last).collect::<Vec<u64>>());

@@ -329,16 +329,21 @@ impl Glue {
             purged: Some(last),
             ..meta::Meta::default()
         };
-        if let (Some(at), Some(m)) = (
-            meta.last_membership.log_id(),
-            Some(meta.last_membership.membership()),
-        ) {
-            new_meta.memberships.insert(at.index, m.clone());
-            if at.index < last.index {
-                new_meta.note(at.index, at.leader_id);
-            }
+        // The leaders first: noting one forgets the memberships from its
+        // index on, which once took the one just inserted with it and left
+        // the node, after its next restart, with no membership at all (a
+        // learner of nothing, which never stands for election).
+        let membership = meta
+            .last_membership
+            .log_id()
+            .map(|at| (at, meta.last_membership.membership()));
+        if let Some((at, _)) = membership.filter(|(at, _)| at.index < last.index) {
+            new_meta.note(at.index, at.leader_id);
         }
         new_meta.note(last.index, last.leader_id);
+        if let Some((at, m)) = membership {
+            new_meta.memberships.insert(at.index, m.clone());
+        }
         let prepared = new_meta
             .store(&staged)
             .and_then(|()| keep(&staged, data))
