@@ -96,6 +96,15 @@ impl Group {
     }
 }
 
+/// The leader, once users 1 to 3 have joined the conversation on it.
+async fn joined(g: &Group) -> u64 {
+    let l = g.leader().await;
+    for uid in 1..=3 {
+        join(g.ib(l), uid).await;
+    }
+    l
+}
+
 /// A send with a payload of some 600 bytes.
 async fn send(ib: Arc<Inbox>, sender: u64, cmid: u128) -> Result<SendReply> {
     let req = SendRequest {
@@ -126,10 +135,7 @@ async fn writes(g: &Group, leader: u64, from: u128, n: u128) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_cut_off_while_the_leaders_log_is_purged_catches_up_by_snapshot() {
     let g = start().await;
-    let l = g.leader().await;
-    for uid in 1..=3 {
-        join(g.ib(l), uid).await;
-    }
+    let l = joined(&g).await;
     writes(&g, l, 0, 5).await;
     g.converged().await;
     let f = (1..=3).find(|&id| id != l).unwrap();
@@ -160,10 +166,7 @@ async fn a_follower_cut_off_while_the_leaders_log_is_purged_catches_up_by_snapsh
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_whose_data_directory_was_wiped_rejoins_and_catches_up_by_snapshot() {
     let mut g = start().await;
-    let l = g.leader().await;
-    for uid in 1..=3 {
-        join(g.ib(l), uid).await;
-    }
+    let l = joined(&g).await;
     writes(&g, l, 0, 30).await;
     g.converged().await;
     let w = (1..=3).find(|&id| id != l).unwrap();
@@ -246,10 +249,7 @@ async fn a_node_stopped_between_a_snapshot_and_the_purge_after_it_starts_again()
         ..config()
     })
     .await;
-    let l = g.leader().await;
-    for uid in 1..=3 {
-        join(g.ib(l), uid).await;
-    }
+    let l = joined(&g).await;
     writes(&g, l, 0, 30).await;
     g.converged().await;
     let f = (1..=3).find(|&id| id != l).unwrap();
@@ -273,10 +273,7 @@ async fn a_node_stopped_between_a_snapshot_and_the_purge_after_it_starts_again()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_damaged_snapshot_is_refused_and_leaves_the_follower_as_it_was() {
     let g = start().await;
-    let l = g.leader().await;
-    for uid in 1..=3 {
-        join(g.ib(l), uid).await;
-    }
+    let l = joined(&g).await;
     writes(&g, l, 0, 5).await;
     g.converged().await;
     let f = (1..=3).find(|&id| id != l).unwrap();
@@ -304,10 +301,7 @@ async fn rounds_the_leaders_compaction_deleted_reach_a_follower_as_a_snapshot() 
         ..config()
     })
     .await;
-    let l = g.leader().await;
-    for uid in 1..=3 {
-        join(g.ib(l), uid).await;
-    }
+    let l = joined(&g).await;
     g.converged().await;
     let f = (1..=3).find(|&id| id != l).unwrap();
     g.router.cut.lock().unwrap().insert(f);

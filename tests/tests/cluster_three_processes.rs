@@ -99,19 +99,39 @@ async fn leading(addrs: &[std::net::SocketAddr]) -> usize {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
-    // A snapshot every 10 rounds, the log kept 10 rounds behind it.
-    let mut members = Group::start_with(3, &["--snapshot-every", "10"]);
-    let addrs = members.client_addrs.clone();
-    let group = connect(&addrs).await;
+/// A group of three with a snapshot every 10 rounds, the log kept 10
+/// rounds behind each; users 1 and 2 in conversation 7 and `sends` sends
+/// acknowledged. Returns the group, its client and the leader's position
+/// among the members.
+async fn snapshotting_group(sends: u64) -> (Group, GroupClient, usize) {
+    let members = Group::start_with(3, &["--snapshot-every", "10"]);
+    let group = connect(&members.client_addrs).await;
     for uid in 1..=2 {
         until_served(&group, Request::Join(ConvMember { uid, conv: 7 })).await;
     }
-    for i in 0..20u64 {
+    for i in 0..sends {
         until_served(&group, send(i)).await;
     }
-    let leader = leading(&addrs).await;
+    let leader = leading(&members.client_addrs).await;
+    (members, group, leader)
+}
+
+/// Send `i` of a [`snapshotting_group`] (after its two joins and `i`
+/// sends), made while one follower is stopped: it is acknowledged only
+/// once the other one stores it.
+async fn acknowledged_by_the_last_follower(group: &GroupClient, i: u64) {
+    let reply = tokio::time::timeout(DEADLINE, until_served(group, send(i)))
+        .await
+        .expect("the follower left never acknowledged a round");
+    let Response::Send(reply) = reply else {
+        panic!("{reply:?}")
+    };
+    assert_eq!(reply.msg_seq, 2 + i + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
+    let (mut members, group, leader) = snapshotting_group(20).await;
     let wiped = (0..3).find(|n| *n != leader).unwrap();
     let other = (0..3).find(|n| *n != leader && *n != wiped).unwrap();
 
@@ -133,13 +153,7 @@ async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
     // wiped member stores it: once it has installed the leader's snapshot
     // (the entries it lacks are purged) and taken what followed.
     members.kill(node(other));
-    let last = tokio::time::timeout(DEADLINE, until_served(&group, send(40)))
-        .await
-        .expect("the rejoined member never acknowledged a round");
-    let Response::Send(last) = last else {
-        panic!("{last:?}")
-    };
-    assert_eq!(last.msg_seq, 2 + 41);
+    acknowledged_by_the_last_follower(&group, 40).await;
     drop(group);
     for d in members.daemons.iter_mut().filter_map(Option::take) {
         d.crash();
@@ -160,18 +174,9 @@ async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_restarted_after_its_own_snapshots_rejoins() {
-    // A snapshot every 10 rounds, the log kept 10 rounds behind it: a
-    // member's snapshot file is always past its purge point.
-    let mut members = Group::start_with(3, &["--snapshot-every", "10"]);
-    let addrs = members.client_addrs.clone();
-    let group = connect(&addrs).await;
-    for uid in 1..=2 {
-        until_served(&group, Request::Join(ConvMember { uid, conv: 7 })).await;
-    }
-    for i in 0..30u64 {
-        until_served(&group, send(i)).await;
-    }
-    let leader = leading(&addrs).await;
+    // The log kept 10 rounds behind each snapshot: a member's snapshot
+    // file is always past its purge point.
+    let (mut members, group, leader) = snapshotting_group(30).await;
     let restarted = (0..3).find(|n| *n != leader).unwrap();
     let other = (0..3).find(|n| *n != leader && *n != restarted).unwrap();
     let node = |n: usize| n as u64 + 1;
@@ -186,11 +191,5 @@ async fn a_member_restarted_after_its_own_snapshots_rejoins() {
     // With the other follower stopped, a send commits only once the
     // restarted member stores it: its raft must run again.
     members.kill(node(other));
-    let last = tokio::time::timeout(DEADLINE, until_served(&group, send(30)))
-        .await
-        .expect("the restarted member never acknowledged a round");
-    let Response::Send(last) = last else {
-        panic!("{last:?}")
-    };
-    assert_eq!(last.msg_seq, 2 + 31);
+    acknowledged_by_the_last_follower(&group, 30).await;
 }
