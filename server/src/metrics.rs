@@ -411,16 +411,29 @@ impl Collector for EngineCollector {
     }
 }
 
-/// `inboxd_raft_*`, on a member of a replicated group: its term, the
-/// leader it knows, whether it leads, its log and applied index, and on the
-/// leader the time since a quorum acknowledged it and each follower's lag
-/// in entries.
+/// `inboxd_raft_*`, on a member of a replicated group: the snapshots it
+/// built and installed, its term, the leader it knows, whether it leads,
+/// its log and applied index, and on the leader the time since a quorum
+/// acknowledged it and each follower's lag in entries.
 fn encode_raft(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::Result {
     let group = figures.group.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(status) = group.as_ref().map(crate::cluster::GroupHandle::status) else {
+    let Some((status, snapshots)) = group.as_ref().map(|g| (g.status(), g.snapshot_counts()))
+    else {
         return Ok(());
     };
     drop(group);
+    counter(
+        e,
+        "inboxd_raft_snapshots_built",
+        "Raft snapshots this node built and kept since it started",
+        snapshots.built,
+    )?;
+    counter(
+        e,
+        "inboxd_raft_snapshots_installed",
+        "Raft snapshots from the leader that replaced this node's engine since it started",
+        snapshots.installed,
+    )?;
     gauge(
         e,
         "inboxd_raft_term",

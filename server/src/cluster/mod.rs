@@ -38,7 +38,7 @@ use openraft::{CommittedLeaderId, Raft, RaftNetworkFactory, ServerState};
 use serde::{Deserialize, Serialize};
 
 pub use membership::{not_in_a_group, CHANGE_WITHIN};
-pub use snapshot::SnapshotReceiver;
+pub use snapshot::{SnapshotCounts, SnapshotReceiver};
 pub use store::{LogStore, StateMachine};
 
 /// One engine round as a raft entry's payload: `Entry::encode`'s bytes,
@@ -490,6 +490,11 @@ impl GroupHandle {
     /// The engine (replaced whole when a snapshot is installed).
     pub fn inbox(&self) -> Arc<Inbox> {
         self.glue.inbox()
+    }
+
+    /// Snapshots this node built and installed since it started.
+    pub fn snapshot_counts(&self) -> SnapshotCounts {
+        self.glue.snapshots().counts
     }
 
     /// Whether the engine currently leads and takes writes (not while

@@ -66,6 +66,15 @@ pub(crate) struct Snapshots {
     receiving: Option<(String, Vec<u8>)>,
     /// Builds so far, for unique snapshot ids.
     built: u64,
+    /// Since start: builds kept, and installs that replaced the engine.
+    pub(crate) counts: SnapshotCounts,
+}
+
+/// Snapshots a node built (and kept) and installed since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotCounts {
+    pub built: u64,
+    pub installed: u64,
 }
 
 impl Snapshots {
@@ -176,7 +185,7 @@ impl Glue {
         *self.applied.lock().unwrap_or_else(|p| p.into_inner()) = id;
     }
 
-    fn snapshots(&self) -> std::sync::MutexGuard<'_, Snapshots> {
+    pub(crate) fn snapshots(&self) -> std::sync::MutexGuard<'_, Snapshots> {
         self.snapshots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -251,7 +260,10 @@ impl Glue {
                 "snapshot built"
             );
             let data = Arc::new(data);
-            self.snapshots().current = Some((meta.clone(), Arc::clone(&data)));
+            let mut snaps = self.snapshots();
+            snaps.current = Some((meta.clone(), Arc::clone(&data)));
+            snaps.counts.built += 1;
+            drop(snaps);
             return Ok(Snapshot {
                 meta,
                 snapshot: Box::new(Cursor::new(data.to_vec())),
@@ -280,6 +292,7 @@ impl Glue {
         let holds = role.raft_last.is_some_and(|l| l >= last.index)
             && role.meta.leader_at(last.index) == last.leader_id
             && inbox.replica_index() >= last.index;
+        let installs = u64::from(!holds);
         if holds {
             keep(&self.dir, &data).map_err(|e| format!("keeping the snapshot: {e}"))?;
             tracing::info!(
@@ -302,7 +315,9 @@ impl Glue {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         drop(role);
         self.set_applied(Some(last));
-        self.snapshots().current = Some((meta.clone(), Arc::new(data)));
+        let mut snaps = self.snapshots();
+        snaps.current = Some((meta.clone(), Arc::new(data)));
+        snaps.counts.installed += installs;
         Ok(())
     }
 
