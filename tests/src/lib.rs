@@ -179,6 +179,11 @@ impl Daemon {
             .expect("connect and authenticate")
     }
 
+    /// The value of the unlabelled metric `name` on the metrics port.
+    pub async fn metric(&self, name: &str) -> Option<u64> {
+        metric(&self.scrape().await, name)
+    }
+
     /// The Prometheus text from the metrics port.
     pub async fn scrape(&self) -> String {
         let mut stream = TcpStream::connect(self.metrics_addr)
@@ -381,4 +386,11 @@ pub fn msg_refs(events: &[inbox_wire::Event]) -> Vec<(u64, u64)> {
             _ => None,
         })
         .collect()
+}
+
+/// The value of the unlabelled metric `name` in Prometheus text.
+pub fn metric(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
 }

@@ -28,10 +28,9 @@ fn binary() -> PathBuf {
 }
 
 async fn queue_bytes(daemon: &Daemon) -> u64 {
-    let text = daemon.scrape().await;
-    text.lines()
-        .find_map(|l| l.strip_prefix("inboxd_engine_queue_bytes "))
-        .and_then(|v| v.trim().parse().ok())
+    daemon
+        .metric("inboxd_engine_queue_bytes")
+        .await
         .expect("the inboxd_engine_queue_bytes gauge")
 }
 

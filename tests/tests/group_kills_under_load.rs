@@ -295,9 +295,15 @@ async fn leader_kills_under_load_lose_nothing_acknowledged_and_the_members_conve
     // (printed below; each restart starts the counts again).
     let (mut built, mut installed) = (0, 0);
     for node in group.running() {
-        let metrics = group.daemon(node).scrape().await;
-        built += metric(&metrics, "inboxd_raft_snapshots_built_total");
-        installed += metric(&metrics, "inboxd_raft_snapshots_installed_total");
+        let daemon = group.daemon(node);
+        built += daemon
+            .metric("inboxd_raft_snapshots_built_total")
+            .await
+            .unwrap_or(0);
+        installed += daemon
+            .metric("inboxd_raft_snapshots_installed_total")
+            .await
+            .unwrap_or(0);
     }
 
     // Idle: every member applies the leader's head, then each state is
@@ -320,12 +326,4 @@ async fn leader_kills_under_load_lose_nothing_acknowledged_and_the_members_conve
         ledger.ack_advances,
         digests[0].1
     );
-}
-
-/// The value of the unlabelled metric `name` in a scrape (0 when absent).
-fn metric(scrape: &str, name: &str) -> u64 {
-    scrape
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(0)
 }

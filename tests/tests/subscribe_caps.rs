@@ -19,9 +19,7 @@ fn uids(from: u64, count: u64) -> UidList {
 /// The `inboxd_subscriptions` gauge.
 async fn subscriptions(daemon: &Daemon) -> u64 {
     let text = daemon.scrape().await;
-    text.lines()
-        .find_map(|line| line.strip_prefix("inboxd_subscriptions "))
-        .and_then(|value| value.trim().parse().ok())
+    inbox_tests::metric(&text, "inboxd_subscriptions")
         .unwrap_or_else(|| panic!("no inboxd_subscriptions in {text}"))
 }
 
