@@ -101,9 +101,9 @@ async fn leading(addrs: &[std::net::SocketAddr]) -> usize {
 
 /// A group of three with a snapshot every 10 rounds, the log kept 10
 /// rounds behind each; users 1 and 2 in conversation 7 and `sends` sends
-/// acknowledged. Returns the group, its client and the leader's position
-/// among the members.
-async fn snapshotting_group(sends: u64) -> (Group, GroupClient, usize) {
+/// acknowledged. Returns the group, its client, and the node ids of the
+/// leader and of the two followers.
+async fn snapshotting_group(sends: u64) -> (Group, GroupClient, [u64; 3]) {
     let members = Group::start_with(3, &["--snapshot-every", "10"]);
     let group = connect(&members.client_addrs).await;
     for uid in 1..=2 {
@@ -112,8 +112,10 @@ async fn snapshotting_group(sends: u64) -> (Group, GroupClient, usize) {
     for i in 0..sends {
         until_served(&group, send(i)).await;
     }
-    let leader = leading(&members.client_addrs).await;
-    (members, group, leader)
+    let leader = leading(&members.client_addrs).await as u64 + 1;
+    let mut followers = (1..=3).filter(|n| *n != leader);
+    let (a, b) = (followers.next().unwrap(), followers.next().unwrap());
+    (members, group, [leader, a, b])
 }
 
 /// Send `i` of a [`snapshotting_group`] (after its two joins and `i`
@@ -131,48 +133,43 @@ async fn acknowledged_by_the_last_follower(group: &GroupClient, i: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
-    let (mut members, group, leader) = snapshotting_group(20).await;
-    let wiped = (0..3).find(|n| *n != leader).unwrap();
-    let other = (0..3).find(|n| *n != leader && *n != wiped).unwrap();
+    let (mut members, group, [leader, wiped, other]) = snapshotting_group(20).await;
 
     // The member is killed and loses its log, checkpoints, raft state and
     // snapshot; the others go on.
-    let node = |n: usize| n as u64 + 1;
-    members.kill(node(wiped));
+    members.kill(wiped);
     for name in ["evt", "msg", "checkpoint", "snap"] {
-        let _ = std::fs::remove_dir_all(members.dir(node(wiped)).join(name));
+        let _ = std::fs::remove_dir_all(members.dir(wiped).join(name));
     }
     for name in ["raft-meta.json", "raft-snapshot.img"] {
-        let _ = std::fs::remove_file(members.dir(node(wiped)).join(name));
+        let _ = std::fs::remove_file(members.dir(wiped).join(name));
     }
     for i in 20..40u64 {
         until_served(&group, send(i)).await;
     }
-    members.restart(node(wiped));
+    members.restart(wiped);
     // With the other follower stopped, a send commits only once the
     // wiped member stores it: once it has caught up, by the leader's
     // snapshot if the leader purged the entries it lacks, else from the
     // leader's log.
-    members.kill(node(other));
+    members.kill(other);
     acknowledged_by_the_last_follower(&group, 40).await;
     // Whether it caught up by an install depends on whether the leader
     // had purged the rounds it lacks (printed, not required: see
     // `docs/CLUSTER.md`, "Snapshots").
-    let metrics = members.daemon(node(wiped)).scrape().await;
-    let installed = metrics
-        .lines()
-        .find(|l| l.starts_with("inboxd_raft_snapshots_installed_total "))
-        .unwrap_or("inboxd_raft_snapshots_installed_total absent")
-        .to_string();
-    println!("the wiped member: {installed}");
+    let installed = members
+        .daemon(wiped)
+        .metric("inboxd_raft_snapshots_installed_total")
+        .await;
+    println!("the wiped member's snapshots installed: {installed:?}");
     drop(group);
     for d in members.daemons.iter_mut().filter_map(Option::take) {
         d.crash();
     }
     // Offline, the leader's and the rejoined member's stores hold the
     // same state (every round of both was acknowledged, so durable).
-    let digest = |n: usize| {
-        let mut c = inbox_engine::InboxConfig::new(members.dir(node(n)));
+    let digest = |node: u64| {
+        let mut c = inbox_engine::InboxConfig::new(members.dir(node));
         c.segment_bytes = 1 << 20;
         c.compaction_interval = None;
         let ib = inbox_engine::Inbox::open(c).unwrap();
@@ -187,20 +184,17 @@ async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
 async fn a_member_restarted_after_its_own_snapshots_rejoins() {
     // The log kept 10 rounds behind each snapshot: a member's snapshot
     // file is always past its purge point.
-    let (mut members, group, leader) = snapshotting_group(30).await;
-    let restarted = (0..3).find(|n| *n != leader).unwrap();
-    let other = (0..3).find(|n| *n != leader && *n != restarted).unwrap();
-    let node = |n: usize| n as u64 + 1;
-    let kept = members.dir(node(restarted)).join("raft-snapshot.img");
+    let (mut members, group, [_, restarted, other]) = snapshotting_group(30).await;
+    let kept = members.dir(restarted).join("raft-snapshot.img");
     let start = Instant::now();
     while !kept.exists() {
         assert!(start.elapsed() < DEADLINE, "the member took no snapshot");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    members.kill(node(restarted));
-    members.restart(node(restarted));
+    members.kill(restarted);
+    members.restart(restarted);
     // With the other follower stopped, a send commits only once the
     // restarted member stores it: its raft must run again.
-    members.kill(node(other));
+    members.kill(other);
     acknowledged_by_the_last_follower(&group, 30).await;
 }
