@@ -64,8 +64,8 @@ pub(crate) struct Snapshots {
     current: Option<Held>,
     /// The chunks of the one being received: its id and bytes so far.
     receiving: Option<(String, Vec<u8>)>,
-    /// Builds so far, for unique snapshot ids.
-    built: u64,
+    /// Images described so far (kept or not), for unique snapshot ids.
+    ids: u64,
     /// Since start: builds kept, and installs that replaced the engine.
     pub(crate) counts: SnapshotCounts,
 }
@@ -150,10 +150,10 @@ impl Glue {
     /// raft's metadata for the image of index `index`: its log id, the
     /// last membership at or before it, and a new snapshot id.
     fn image_meta(&self, index: u64) -> SnapshotMeta<u64, Peer> {
-        let built = {
+        let id = {
             let mut snaps = self.snapshots();
-            snaps.built += 1;
-            snaps.built
+            snaps.ids += 1;
+            snaps.ids
         };
         let role = self.role();
         let last_membership = role
@@ -172,7 +172,7 @@ impl Glue {
         SnapshotMeta {
             last_log_id: Some(last),
             last_membership,
-            snapshot_id: format!("{}-{}-{stamp}-{built}", last.leader_id.term, index),
+            snapshot_id: format!("{}-{}-{stamp}-{id}", last.leader_id.term, index),
         }
     }
 
