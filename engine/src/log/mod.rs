@@ -55,8 +55,9 @@ pub use faulty::FaultyIo;
 pub use io::{write_file_durably, LogIo, PwriteIo};
 pub use lock::lock_dir;
 pub use recovery::{RecoveryReport, TruncatedTail};
-/// For the salvage scan, which walks segment files itself.
-pub(crate) use segment::{classify, list_dir, FileKind};
+/// For the salvage scan, which walks segment files itself, and the
+/// replica image, which packs them.
+pub(crate) use segment::{classify, list_dir, segment_file_name, FileKind};
 pub use shared::DurableHook;
 pub use uring::UringIo;
 pub use verify::{

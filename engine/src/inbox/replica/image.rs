@@ -32,7 +32,7 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Component, Path, PathBuf};
 
@@ -40,12 +40,12 @@ use sha2::Digest;
 
 use super::Inbox;
 use crate::error::{Error, Result};
-use crate::inbox::salvage::write::{self, Target};
+use crate::inbox::salvage::write::{self, Target, Written};
 use crate::inbox::salvage::SalvageReport;
 use crate::inbox::sequencer::replica::Control;
 use crate::inbox::state::State;
 use crate::inbox::InboxConfig;
-use crate::log::LogError;
+use crate::log::{LogError, SegmentPrep};
 
 const MAGIC: &[u8; 8] = b"IXIMAGE1";
 /// The top-level directories an image may hold.
@@ -112,14 +112,14 @@ impl Inbox {
                 .create(scratch)
                 .map_err(io)?;
             let built = self.write_copy(scratch, *st).and_then(|written| {
-                if digest_of(&written) != info.digest {
+                if digest_of(&written.state) != info.digest {
                     return Ok(None);
                 }
                 copy_dir_files(
                     &self.shared.config.data_dir.join("snap"),
                     &scratch.join("snap"),
                 )?;
-                pack(scratch, &info).map(Some)
+                pack(scratch, &info, &written.data_ends).map(Some)
             });
             remove_dir_if_exists(scratch)?;
             if let Some(buf) = built? {
@@ -132,11 +132,14 @@ impl Inbox {
         )))
     }
 
-    fn write_copy(&self, scratch: &Path, st: State) -> Result<State> {
+    fn write_copy(&self, scratch: &Path, st: State) -> Result<Written> {
+        // Fallocated only: the copy is read once and removed, and zeros
+        // written over each segment would cost more than the data.
         let target = Target {
             dir: scratch,
             segment_bytes: self.shared.config.segment_bytes,
             payload_max: u32::MAX,
+            prep: SegmentPrep::Fallocate,
         };
         let mut report = SalvageReport::default();
         write::write(
@@ -149,8 +152,10 @@ impl Inbox {
     }
 }
 
-/// Packs the files under `dir`'s image parts.
-fn pack(dir: &Path, info: &ImageInfo) -> Result<Vec<u8>> {
+/// Packs the files under `dir`'s image parts. A file named in `data_ends`
+/// (a new segment) is read up to that end only: the rest is zeros. Any
+/// other file is read whole and its trailing zeros left out.
+fn pack(dir: &Path, info: &ImageInfo, data_ends: &[(PathBuf, u64)]) -> Result<Vec<u8>> {
     let mut files = Vec::new();
     for part in PARTS {
         list_files(&dir.join(part), part, &mut files)?;
@@ -163,17 +168,39 @@ fn pack(dir: &Path, info: &ImageInfo) -> Result<Vec<u8>> {
     buf.extend_from_slice(&info.meta);
     buf.extend_from_slice(&(files.len() as u32).to_le_bytes());
     for (name, path) in files {
-        let data = std::fs::read(&path).map_err(io)?;
-        let kept = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        let (file_len, data) = match data_ends.iter().find(|(p, _)| *p == path) {
+            Some(&(_, end)) => read_prefix(&path, end)?,
+            None => {
+                let mut data = std::fs::read(&path).map_err(io)?;
+                let len = data.len() as u64;
+                data.truncate(data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1));
+                (len, data)
+            }
+        };
         buf.extend_from_slice(&(name.len() as u16).to_le_bytes());
         buf.extend_from_slice(name.as_bytes());
+        buf.extend_from_slice(&file_len.to_le_bytes());
         buf.extend_from_slice(&(data.len() as u64).to_le_bytes());
-        buf.extend_from_slice(&(kept as u64).to_le_bytes());
-        buf.extend_from_slice(&data[..kept]);
+        buf.extend_from_slice(&data);
     }
     let sum: [u8; 32] = sha2::Sha256::digest(&buf).into();
     buf.extend_from_slice(&sum);
     Ok(buf)
+}
+
+/// A file's length and its first `end` bytes.
+fn read_prefix(path: &Path, end: u64) -> Result<(u64, Vec<u8>)> {
+    let f = File::open(path).map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
+    if end > len {
+        return Err(Error::Internal(format!(
+            "{}: data said to end at {end}, past the file's {len} bytes",
+            path.display()
+        )));
+    }
+    let mut data = vec![0u8; usize::try_from(end).map_err(|_| bad("a length"))?];
+    f.read_exact_at(&mut data, 0).map_err(io)?;
+    Ok((len, data))
 }
 
 /// The regular files under `dir` (none if it does not exist), named

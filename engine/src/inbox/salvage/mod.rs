@@ -45,7 +45,7 @@ use super::state::State;
 use super::{checkpoint, Inbox};
 use crate::error::{Error, Result};
 pub(crate) use crate::inbox::state::FLAG_LOST;
-use crate::log::LogError;
+use crate::log::{LogError, SegmentPrep};
 use source::LogFiles;
 
 /// Salvages `config.data_dir` into `to` (which must not exist, or be an
@@ -101,6 +101,7 @@ fn build(
         // A body is read only once its CRC verified: its length is the
         // one written, under whatever limit the daemon had then.
         payload_max: u32::MAX,
+        prep: SegmentPrep::Write,
     };
     write::write(&target, evt, msg, state, report)?;
     report.files_copied = copy_other_files(&config.data_dir, tmp)?;

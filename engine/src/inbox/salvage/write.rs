@@ -33,7 +33,9 @@ use crate::inbox::messaging::record::{
 use crate::inbox::state::{
     body_at, pack, unpack, BodyLog, PackedLoc, SnapshotPhase, State, PENDING_LOC,
 };
-use crate::log::{Batch, Log, LogOptions, PwriteIo, RecordLoc, SyncPolicy};
+use crate::log::{
+    segment_file_name, Batch, Log, LogOptions, PwriteIo, RecordLoc, SegmentPrep, SyncPolicy,
+};
 
 /// Where the records the state points at are read from: a damaged
 /// directory's mapped files (salvage), or a running engine's own logs (a
@@ -62,6 +64,18 @@ pub(crate) struct Target<'a> {
     pub dir: &'a Path,
     pub segment_bytes: u64,
     pub payload_max: u32,
+    /// How the new segments are prepared: written in full for a directory
+    /// that will take commits (salvage), fallocated only for one that is
+    /// read once and removed (a replica image), where writing zeros over
+    /// every segment would cost more than the data.
+    pub prep: SegmentPrep,
+}
+
+/// The new directory's state, and where each new segment's data ends
+/// (past it the file holds zeros).
+pub(crate) struct Written {
+    pub state: State,
+    pub data_ends: Vec<(std::path::PathBuf, u64)>,
 }
 
 /// Writes the new directory's logs and checkpoint from `st` (whose
@@ -72,11 +86,12 @@ pub(crate) fn write(
     msg: &dyn Source,
     mut st: State,
     report: &mut SalvageReport,
-) -> Result<State> {
+) -> Result<Written> {
     let opts = |name: &str| LogOptions {
         segment_bytes: target.segment_bytes,
         sync: SyncPolicy::Always,
         spare_segments: 0,
+        prepare: target.prep,
         ..LogOptions::new(target.dir.join(name))
     };
     let new_msg = Log::open(opts("msg"))?;
@@ -95,11 +110,22 @@ pub(crate) fn write(
         .map_err(|e| Error::Invariant(format!("salvaged state: {e}")))?;
     new_msg.flush()?;
     new_evt.flush()?;
+    let data_ends = [&new_msg, &new_evt]
+        .iter()
+        .flat_map(|log| {
+            log.segments()
+                .into_iter()
+                .map(|s| (log.dir().join(segment_file_name(s.id)), s.bytes))
+        })
+        .collect();
     drop(new_msg);
     drop(new_evt);
     let image = checkpoint::encode_image(&st, 0);
     checkpoint::write(&PwriteIo, target.dir, image)?;
-    Ok(st)
+    Ok(Written {
+        state: st,
+        data_ends,
+    })
 }
 
 /// Appends records to a new log in batches that fit a segment, each
