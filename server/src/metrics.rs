@@ -412,12 +412,15 @@ impl Collector for EngineCollector {
 }
 
 /// `inboxd_raft_*`, on a member of a replicated group: the snapshots it
-/// built and installed, its term, the leader it knows, whether it leads,
+/// built and installed, where its log starts (last snapshot, last
+/// purged index), its term, the leader it knows, whether it leads,
 /// its log and applied index, and on the leader the time since a quorum
 /// acknowledged it and each follower's lag in entries.
 fn encode_raft(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::Result {
     let group = figures.group.lock().unwrap_or_else(|p| p.into_inner());
-    let Some((status, snapshots)) = group.as_ref().map(|g| (g.status(), g.snapshot_counts()))
+    let Some((status, snapshots, bounds)) = group
+        .as_ref()
+        .map(|g| (g.status(), g.snapshot_counts(), g.log_bounds()))
     else {
         return Ok(());
     };
@@ -433,6 +436,18 @@ fn encode_raft(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::
         "inboxd_raft_snapshots_installed",
         "Raft snapshots from the leader that replaced this node's engine since it started",
         snapshots.installed,
+    )?;
+    gauge(
+        e,
+        "inboxd_raft_snapshot_index",
+        "Last index covered by the snapshot this node holds (0 for none)",
+        bounds.snapshot_index,
+    )?;
+    gauge(
+        e,
+        "inboxd_raft_purged_index",
+        "Last index purged from this node's raft log (0 for none); a follower behind it catches up only by a snapshot",
+        bounds.purged_index,
     )?;
     gauge(
         e,

@@ -38,7 +38,7 @@ use openraft::{CommittedLeaderId, Raft, RaftNetworkFactory, ServerState};
 use serde::{Deserialize, Serialize};
 
 pub use membership::{not_in_a_group, CHANGE_WITHIN};
-pub use snapshot::{SnapshotCounts, SnapshotReceiver};
+pub use snapshot::{LogBounds, SnapshotCounts, SnapshotReceiver};
 pub use store::{LogStore, StateMachine};
 
 /// One engine round as a raft entry's payload: `Entry::encode`'s bytes,
@@ -495,6 +495,16 @@ impl GroupHandle {
     /// Snapshots this node built and installed since it started.
     pub fn snapshot_counts(&self) -> SnapshotCounts {
         self.glue.snapshots().counts
+    }
+
+    /// Where this node's raft log starts: the index of its last snapshot
+    /// and the last index it purged (0 for none), from raft's metrics.
+    pub fn log_bounds(&self) -> LogBounds {
+        let m = self.raft.metrics().borrow().clone();
+        LogBounds {
+            snapshot_index: m.snapshot.map_or(0, |id| id.index),
+            purged_index: m.purged.map_or(0, |id| id.index),
+        }
     }
 
     /// Whether the engine currently leads and takes writes (not while

@@ -77,6 +77,16 @@ pub struct SnapshotCounts {
     pub installed: u64,
 }
 
+/// Where a node's raft log starts (see [`super::GroupHandle::log_bounds`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogBounds {
+    /// The last index of the snapshot it holds (0 for none).
+    pub snapshot_index: u64,
+    /// The last index purged from its log (0 for none): a follower
+    /// lacking it catches up only by a snapshot.
+    pub purged_index: u64,
+}
+
 impl Snapshots {
     /// The last log id of the snapshot held, if any.
     pub(crate) fn last_log_id(&self) -> Option<LogId<u64>> {
