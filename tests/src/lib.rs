@@ -56,7 +56,10 @@ pub fn serve_command(binary: &Path, data_dir: &Path, extra: &[&str]) -> Command 
         .args(["--metrics-listen", "127.0.0.1:0"])
         .args(["--token", TOKEN, "--admin-token", ADMIN_TOKEN])
         .args(extra)
-        .env("INBOXD_LOG", "warn");
+        .env(
+            "INBOXD_LOG",
+            std::env::var("INBOX_TEST_DAEMON_LOG").unwrap_or_else(|_| "warn".into()),
+        );
     // A member of a group listens where its peers know it.
     if !extra.contains(&"--listen") {
         command.args(["--listen", "127.0.0.1:0"]);

@@ -277,9 +277,6 @@ async fn wait_purged(dir: &std::path::Path) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open: on a loaded 2-core machine the leader's raft log is often not purged \
-            within the deadline after the dead member's removal, and once an add-node failed; \
-            run with --ignored"]
 async fn a_dead_member_is_replaced_and_the_group_survives_losing_another() {
     let _one = ONE_GROUP_AT_A_TIME.lock().await;
     // A snapshot every 10 rounds, the log kept 10 rounds behind it: the
