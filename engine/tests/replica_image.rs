@@ -8,7 +8,7 @@ mod replica_common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use inbox_engine::inbox::{exchange_dirs, image_info, stage_image, Entry};
+use inbox_engine::inbox::{exchange_dirs, image_info, stage_image, Entry, ImageCheck, ImageInfo};
 use inbox_engine::*;
 use replica_common::*;
 use sha2::Digest;
@@ -42,6 +42,30 @@ fn workload(ib: &Inbox, round: u128) {
     ib.mark_read(Uid(2), ConvId(10), MsgSeq(5)).wait().unwrap();
 }
 
+/// An image of `ib` built in `scratch` (its logs under `build`, the image
+/// in `image`), and the image's bytes.
+fn export(
+    ib: &Inbox,
+    scratch: &std::path::Path,
+    meta: &mut dyn FnMut(u64) -> Vec<u8>,
+) -> (ImageInfo, Vec<u8>) {
+    let file = scratch.join("image");
+    let info = ib
+        .export_image(&scratch.join("build"), &file, meta)
+        .unwrap();
+    (info, std::fs::read(file).unwrap())
+}
+
+/// What an [`ImageCheck`] fed `image` in chunks of `size` says.
+fn check_in_chunks(image: &[u8], size: usize) -> Result<ImageInfo> {
+    let mut check = ImageCheck::new();
+    for chunk in image.chunks(size) {
+        check.push(chunk);
+    }
+    assert_eq!(check.len(), image.len() as u64);
+    check.finish()
+}
+
 /// A leader that ran the workload twice with a compaction between, its
 /// entries kept.
 fn leader_with_history() -> (Node, Vec<Entry>) {
@@ -60,17 +84,22 @@ fn leader_with_history() -> (Node, Vec<Entry>) {
 fn an_image_staged_on_a_new_node_is_the_leaders_state_and_takes_the_entries_after_it() {
     let (leader, _) = leader_with_history();
     let scratch = tempfile::tempdir().unwrap();
-    let (info, image) = leader
-        .ib()
-        .export_image(&scratch.path().join("build"), &mut |i| {
-            format!("meta {i}").into_bytes()
-        })
-        .unwrap();
+    let (info, image) = export(leader.ib(), scratch.path(), &mut |i| {
+        format!("meta {i}").into_bytes()
+    });
     assert!(!scratch.path().join("build").exists(), "scratch removed");
     assert_eq!(info.index, leader.ib().replica_index());
     assert_eq!(info.digest, leader.ib().replica_digest());
     assert_eq!(info.meta, format!("meta {}", info.index).into_bytes());
     assert_eq!(image_info(&image).unwrap(), info);
+    // Checked as it streams in, in chunks of any size, it says the same.
+    for size in [1, 7, 31, 32, 33, 52, 4096, image.len()] {
+        assert_eq!(
+            check_in_chunks(&image, size).unwrap(),
+            info,
+            "chunks of {size}"
+        );
+    }
 
     // A node with none of the leader's files, other segment sizes.
     let mut node = Node::follower(SEG * 2);
@@ -103,10 +132,7 @@ fn an_image_staged_on_a_new_node_is_the_leaders_state_and_takes_the_entries_afte
 fn a_damaged_or_cut_image_is_refused_and_stages_nothing() {
     let (leader, _) = leader_with_history();
     let scratch = tempfile::tempdir().unwrap();
-    let (_, image) = leader
-        .ib()
-        .export_image(&scratch.path().join("build"), &mut |_| Vec::new())
-        .unwrap();
+    let (_, image) = export(leader.ib(), scratch.path(), &mut |_| Vec::new());
     let node = Node::follower(SEG);
     let staged = node.dir.path().join("staged");
     let cfg = config(&staged, &node.clock, SEG);
@@ -117,22 +143,34 @@ fn a_damaged_or_cut_image_is_refused_and_stages_nothing() {
         let err = stage_image(&bad, &staged, &cfg).unwrap_err();
         assert!(matches!(err, Error::BadRequest(_)), "flip at {at}: {err}");
         assert!(!staged.exists(), "flip at {at} left a directory");
+        let err = check_in_chunks(&bad, 1000).unwrap_err();
+        assert!(matches!(err, Error::BadRequest(_)), "flip at {at}: {err}");
     }
-    for len in [0, 10, image.len() / 2, image.len() - 1] {
+    for len in [0, 10, 60, image.len() / 2, image.len() - 1] {
         let err = stage_image(&image[..len], &staged, &cfg).unwrap_err();
         assert!(matches!(err, Error::BadRequest(_)), "cut at {len}: {err}");
         assert!(!staged.exists());
+        let err = check_in_chunks(&image[..len], 1000).unwrap_err();
+        assert!(matches!(err, Error::BadRequest(_)), "cut at {len}: {err}");
     }
+    // An image longer than it should be: the checksum is then not where
+    // it was.
+    let mut long = image.clone();
+    long.extend_from_slice(&[0; 5]);
+    assert!(check_in_chunks(&long, 1000).is_err());
+    // A header naming 4 GiB of metadata is refused, not buffered.
+    let mut huge = image[..48].to_vec();
+    huge.extend_from_slice(&u32::MAX.to_le_bytes());
+    huge.extend_from_slice(&[7; 100_000]);
+    let err = check_in_chunks(&huge, 4096).unwrap_err();
+    assert!(err.to_string().contains("metadata is longer"), "{err}");
 }
 
 #[test]
 fn an_image_whose_state_is_not_the_one_it_names_is_refused_after_unpacking() {
     let (leader, _) = leader_with_history();
     let scratch = tempfile::tempdir().unwrap();
-    let (_, image) = leader
-        .ib()
-        .export_image(&scratch.path().join("build"), &mut |_| Vec::new())
-        .unwrap();
+    let (_, image) = export(leader.ib(), scratch.path(), &mut |_| Vec::new());
     // The digest it names (bytes 16..48) changed, the checksum made to
     // match: only opening the unpacked state tells.
     let mut lying = image[..image.len() - 32].to_vec();
@@ -166,10 +204,7 @@ fn exchanging_two_directories_swaps_their_contents_in_one_step() {
 fn either_side_of_the_exchange_opens_whole_on_the_old_state_or_the_new_one() {
     let (leader, _) = leader_with_history();
     let scratch = tempfile::tempdir().unwrap();
-    let (info, image) = leader
-        .ib()
-        .export_image(&scratch.path().join("build"), &mut |_| Vec::new())
-        .unwrap();
+    let (info, image) = export(leader.ib(), scratch.path(), &mut |_| Vec::new());
     // A node with a state of its own.
     let root = tempfile::tempdir().unwrap();
     let data = root.path().join("data");

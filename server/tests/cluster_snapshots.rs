@@ -190,8 +190,8 @@ async fn a_node_whose_data_directory_was_wiped_rejoins_and_catches_up_by_snapsho
     // state (the snapshot's log id, the purge) and keeps up. What a crash
     // in the middle of an install or a build leaves (beside the data
     // directory, a staged directory never swapped in or the old one
-    // swapped out; inside it, a scratch image) is removed at start,
-    // unread.
+    // swapped out; inside it, a scratch image and a partial image file)
+    // is removed at start, unread.
     g.stop(w).await;
     let dir = g.dirs[&w].path().canonicalize().unwrap();
     let name = dir.file_name().unwrap().to_string_lossy().into_owned();
@@ -204,8 +204,16 @@ async fn a_node_whose_data_directory_was_wiped_rejoins_and_catches_up_by_snapsho
         std::fs::create_dir_all(d.join("evt")).unwrap();
         std::fs::write(d.join("evt").join("0000000001.seg"), b"not a segment").unwrap();
     }
+    // An image file being built or received, cut short.
+    let partial = [
+        dir.join("raft-snapshot.build.tmp"),
+        dir.join("raft-snapshot.recv.tmp"),
+    ];
+    for f in &partial {
+        std::fs::write(f, b"IXIMAGE1 cut short").unwrap();
+    }
     g.run(w).await;
-    for d in &leftovers {
+    for d in leftovers.iter().chain(&partial) {
         assert!(!d.exists(), "{} left in place", d.display());
     }
     // It knows itself a voter of the group again: the membership came

@@ -26,7 +26,6 @@ mod store;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::Cursor;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -74,7 +73,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = Peer,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = tokio::fs::File,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

@@ -21,16 +21,22 @@
 //!   the new one. A node whose log already holds the snapshot's last entry
 //!   keeps its engine as it is.
 //!
-//! The last snapshot built or installed is kept in memory for raft to
-//! send; after a restart raft builds a new one when its log was purged.
+//! The last snapshot built or installed is kept in a file beside the logs
+//! (`raft-snapshot.img`), and raft reads it from there in chunks to send
+//! it: no image is ever held whole in memory. A build streams its image
+//! into `raft-snapshot.build.tmp`, an incoming one is written into
+//! `raft-snapshot.recv.tmp` while [`ImageCheck`] hashes its chunks, and
+//! either is renamed over the kept file once it is synced.
 
-use std::io::Cursor;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inbox_engine::inbox::{copy_top_files, exchange_dirs, image_info, stage_image};
+use inbox_engine::inbox::{
+    copy_top_files, exchange_dirs, image_info, stage_image, ImageCheck, ImageInfo,
+};
 use inbox_engine::Inbox;
 use openraft::error::{InstallSnapshotError, RaftError, SnapshotMismatch};
 use openraft::raft::{InstallSnapshotRequest, InstallSnapshotResponse};
@@ -52,18 +58,19 @@ const BUILD_ATTEMPTS: usize = 10;
 /// one to send without building it again (raft would build one at start,
 /// before it can tell which rounds are committed).
 pub(crate) const FILE: &str = "raft-snapshot.img";
-const FILE_TMP: &str = "raft-snapshot.img.tmp";
+/// Where a build writes its image.
+const BUILD_TMP: &str = "raft-snapshot.build.tmp";
+/// Where raft writes the chunks of an incoming snapshot.
+const RECEIVE_TMP: &str = "raft-snapshot.recv.tmp";
 
-/// A snapshot's metadata and image.
-type Held = (SnapshotMeta<u64, Peer>, Arc<Vec<u8>>);
-
-/// The snapshots a node holds in memory.
+/// The snapshots a node holds: the last one's metadata (its image is
+/// [`FILE`]), and the check of the one coming in.
 #[derive(Default)]
 pub(crate) struct Snapshots {
     /// The last one built or installed.
-    current: Option<Held>,
-    /// The chunks of the one being received: its id and bytes so far.
-    receiving: Option<(String, Vec<u8>)>,
+    current: Option<SnapshotMeta<u64, Peer>>,
+    /// The one being received: its id and the check of its bytes so far.
+    receiving: Option<(String, ImageCheck)>,
     /// Images described so far (kept or not), for unique snapshot ids.
     ids: u64,
     /// Since start: builds kept, and installs that replaced the engine.
@@ -90,20 +97,20 @@ pub struct LogBounds {
 impl Snapshots {
     /// The last log id of the snapshot held, if any.
     pub(crate) fn last_log_id(&self) -> Option<LogId<u64>> {
-        self.current.as_ref().and_then(|(m, _)| m.last_log_id)
+        self.current.as_ref().and_then(|m| m.last_log_id)
     }
 
     /// The snapshot file in `dir`, if there is one that verifies.
     pub(crate) fn load(dir: &Path) -> Snapshots {
         let mut s = Snapshots::default();
-        let Ok(data) = std::fs::read(dir.join(FILE)) else {
+        let Ok(file) = std::fs::File::open(dir.join(FILE)) else {
             return s;
         };
-        match image_info(&data)
-            .map_err(|e| e.to_string())
+        match map(&file)
+            .and_then(|data| image_info(&data).map_err(|e| e.to_string()))
             .and_then(|i| serde_json::from_slice(&i.meta).map_err(|e| e.to_string()))
         {
-            Ok(meta) => s.current = Some((meta, Arc::new(data))),
+            Ok(meta) => s.current = Some(meta),
             Err(e) => {
                 tracing::warn!(error = %e, "the kept snapshot does not verify; a new one is built")
             }
@@ -112,14 +119,40 @@ impl Snapshots {
     }
 }
 
-/// Writes the snapshot file into `dir`, durably.
-fn keep(dir: &Path, data: &[u8]) -> std::io::Result<()> {
-    inbox_engine::log::write_file_durably(
-        &inbox_engine::log::PwriteIo,
-        &dir.join(FILE_TMP),
-        &dir.join(FILE),
-        data,
-    )
+/// A read-only mapping of a whole image file.
+fn map(file: &std::fs::File) -> Result<memmap2::Mmap, String> {
+    // SAFETY: the image files are this node's own; none is written while
+    // mapped (a build and a receive each write their own tmp file, and a
+    // file is only ever replaced by a rename).
+    unsafe { memmap2::Mmap::map(file) }.map_err(|e| format!("mapping a snapshot image: {e}"))
+}
+
+/// Makes the synced image `tmp` (a file in `from`) the snapshot file of
+/// `to` (a directory on the same file system), durably.
+fn publish(from: &Path, tmp: &str, to: &Path) -> std::io::Result<()> {
+    std::fs::File::open(from.join(tmp))?.sync_all()?;
+    std::fs::rename(from.join(tmp), to.join(FILE))?;
+    std::fs::File::open(to)?.sync_all()?;
+    if from != to {
+        std::fs::File::open(from)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// A new, empty file for an incoming snapshot's chunks (any left by an
+/// earlier one is removed first, so a handle raft still holds to it writes
+/// into a file no longer named).
+pub(crate) fn receive_file(dir: &Path) -> std::io::Result<std::fs::File> {
+    let path = dir.join(RECEIVE_TMP);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
 }
 
 /// `.<name>.<what>` beside the data directory `dir`.
@@ -140,11 +173,18 @@ pub(crate) fn scratch(dir: &Path) -> PathBuf {
 const SCRATCH: &str = "image.tmp";
 
 /// Removes what a build or an install cut short by a crash left: a
-/// scratch image, a staged directory never swapped in, or the old
+/// scratch image, an image file being built or received (or, from older
+/// versions, being kept), a staged directory never swapped in, or the old
 /// directory an install swapped out.
 pub(crate) fn remove_leftovers(dir: &Path) -> std::io::Result<()> {
     for d in [scratch(dir), beside(dir, "image"), beside(dir, "install")] {
         match std::fs::remove_dir_all(d) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    for f in [BUILD_TMP, RECEIVE_TMP, "raft-snapshot.img.tmp"] {
+        match std::fs::remove_file(dir.join(f)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}
         }
@@ -199,15 +239,40 @@ impl Glue {
         self.snapshots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The last snapshot built or installed.
+    /// The last snapshot built or installed, read from its file.
     pub(crate) fn current_snapshot(&self) -> Option<Snapshot<TypeConfig>> {
-        self.snapshots()
-            .current
-            .as_ref()
-            .map(|(meta, data)| Snapshot {
-                meta: meta.clone(),
-                snapshot: Box::new(Cursor::new(data.to_vec())),
-            })
+        // Opened under the lock that a new one is published under, so the
+        // metadata and the file are the same snapshot's.
+        let snaps = self.snapshots();
+        let meta = snaps.current.clone()?;
+        match std::fs::File::open(self.dir.join(FILE)) {
+            Ok(file) => Some(Snapshot {
+                meta,
+                snapshot: Box::new(tokio::fs::File::from_std(file)),
+            }),
+            Err(e) => {
+                tracing::warn!(node = self.id, error = %e, "the snapshot file cannot be opened");
+                None
+            }
+        }
+    }
+
+    /// Publishes the synced image `tmp` (in the data directory) as the
+    /// current snapshot `meta`, returns it opened for raft.
+    fn publish_current(
+        &self,
+        tmp: &str,
+        meta: &SnapshotMeta<u64, Peer>,
+    ) -> Result<Snapshot<TypeConfig>, String> {
+        let mut snaps = self.snapshots();
+        publish(&self.dir, tmp, &self.dir).map_err(|e| format!("keeping the snapshot: {e}"))?;
+        snaps.current = Some(meta.clone());
+        let file = std::fs::File::open(self.dir.join(FILE))
+            .map_err(|e| format!("opening the snapshot kept: {e}"))?;
+        Ok(Snapshot {
+            meta: meta.clone(),
+            snapshot: Box::new(tokio::fs::File::from_std(file)),
+        })
     }
 
     /// Builds a snapshot (blocking): see the module documentation.
@@ -220,13 +285,14 @@ impl Glue {
             let epoch = self.epoch.load(Ordering::Acquire);
             let inbox = self.inbox();
             let mut described = None;
-            let exported = inbox.export_image(&scratch(&self.dir), &mut |index| {
+            let out = self.dir.join(BUILD_TMP);
+            let exported = inbox.export_image(&scratch(&self.dir), &out, &mut |index| {
                 let m = self.image_meta(index);
                 let buf = serde_json::to_vec(&m).expect("metadata serializes");
                 described = Some(m);
                 buf
             });
-            let (info, data) = match exported {
+            let info = match exported {
                 Ok(x) => x,
                 // The engine was replaced meanwhile (an install).
                 Err(_) if self.epoch.load(Ordering::Acquire) != epoch => continue,
@@ -261,23 +327,12 @@ impl Glue {
             if !still {
                 continue;
             }
-            keep(&self.dir, &data).map_err(|e| format!("keeping the snapshot: {e}"))?;
+            let bytes = std::fs::metadata(&out).map_or(0, |m| m.len());
+            let snapshot = self.publish_current(BUILD_TMP, &meta)?;
             drop(role);
-            tracing::info!(
-                node = self.id,
-                index = info.index,
-                bytes = data.len(),
-                "snapshot built"
-            );
-            let data = Arc::new(data);
-            let mut snaps = self.snapshots();
-            snaps.current = Some((meta.clone(), Arc::clone(&data)));
-            snaps.counts.built += 1;
-            drop(snaps);
-            return Ok(Snapshot {
-                meta,
-                snapshot: Box::new(Cursor::new(data.to_vec())),
-            });
+            tracing::info!(node = self.id, index = info.index, bytes, "snapshot built");
+            self.snapshots().counts.built += 1;
+            return Ok(snapshot);
         }
         Err(format!(
             "no snapshot after {BUILD_ATTEMPTS} copies: rounds kept being discarded or raft did not apply them"
@@ -289,8 +344,19 @@ impl Glue {
     pub(crate) fn install_snapshot(
         &self,
         meta: &SnapshotMeta<u64, Peer>,
-        data: Vec<u8>,
+        file: std::fs::File,
     ) -> Result<(), String> {
+        // raft hands over the file it wrote the chunks into: the one
+        // named RECEIVE_TMP, which is renamed into place below.
+        let named = std::fs::metadata(self.dir.join(RECEIVE_TMP))
+            .map_err(|e| format!("the received snapshot's file: {e}"))?;
+        let held = file
+            .metadata()
+            .map_err(|e| format!("the received snapshot: {e}"))?;
+        if (named.dev(), named.ino()) != (held.dev(), held.ino()) {
+            return Err("the received snapshot is not the file last begun".into());
+        }
+        let data = map(&file)?;
         check(meta, &data)?;
         let last = meta.last_log_id.ok_or("a snapshot without a last log id")?;
         // The lock is held to the end: raft's appends wait for the engine
@@ -304,41 +370,48 @@ impl Glue {
             && inbox.replica_index() >= last.index;
         let installs = u64::from(!holds);
         if holds {
-            keep(&self.dir, &data).map_err(|e| format!("keeping the snapshot: {e}"))?;
+            drop(data);
+            let mut snaps = self.snapshots();
+            publish(&self.dir, RECEIVE_TMP, &self.dir)
+                .map_err(|e| format!("keeping the snapshot: {e}"))?;
+            snaps.current = Some(meta.clone());
+            drop(snaps);
             tracing::info!(
                 node = self.id,
                 index = last.index,
                 "snapshot covered by this node's log"
             );
         } else {
-            let new_meta = self.swap_in(&inbox, meta, last, &data, role.meta.vote)?;
+            let bytes = data.len();
+            let new_meta = self.swap_in(&inbox, meta, last, data, role.meta.vote)?;
+            self.snapshots().current = Some(meta.clone());
             role.meta = new_meta;
             role.raft_last = Some(last.index);
             role.cache.clear();
             tracing::info!(
                 node = self.id,
                 index = last.index,
-                bytes = data.len(),
+                bytes,
                 "snapshot installed"
             );
         }
         self.epoch.fetch_add(1, Ordering::AcqRel);
         drop(role);
         self.set_applied(Some(last));
-        let mut snaps = self.snapshots();
-        snaps.current = Some((meta.clone(), Arc::new(data)));
-        snaps.counts.installed += installs;
+        self.snapshots().counts.installed += installs;
         Ok(())
     }
 
-    /// Stages the image, adds raft's metadata and the node's own files,
-    /// exchanges the directories and opens the engine on the new one.
+    /// Stages the image (`data`, a mapping of the received file), adds
+    /// raft's metadata, the image file itself and the node's own files,
+    /// exchanges the directories and opens the engine on the new one. The
+    /// new directory's snapshot is then the one installed.
     fn swap_in(
         &self,
         inbox: &Arc<Inbox>,
         meta: &SnapshotMeta<u64, Peer>,
         last: LogId<u64>,
-        data: &[u8],
+        data: memmap2::Mmap,
         vote: Option<openraft::Vote<u64>>,
     ) -> Result<meta::Meta, String> {
         let config = inbox.config().clone();
@@ -348,7 +421,8 @@ impl Glue {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.to_string()),
             _ => {}
         }
-        stage_image(data, &staged, &config).map_err(|e| e.to_string())?;
+        stage_image(&data, &staged, &config).map_err(|e| e.to_string())?;
+        drop(data);
         let mut new_meta = meta::Meta {
             vote,
             purged: Some(last),
@@ -371,7 +445,7 @@ impl Glue {
         }
         let prepared = new_meta
             .store(&staged)
-            .and_then(|()| keep(&staged, data))
+            .and_then(|()| publish(&self.dir, RECEIVE_TMP, &staged))
             .map_err(|e| e.to_string())
             .and_then(|()| {
                 copy_top_files(&self.dir, &staged, &["raft-meta.json", FILE])
@@ -401,7 +475,11 @@ impl Glue {
 /// An image's checksum, layout and the raft metadata inside it, against
 /// the request's.
 fn check(meta: &SnapshotMeta<u64, Peer>, data: &[u8]) -> Result<(), String> {
-    let info = image_info(data).map_err(|e| e.to_string())?;
+    check_info(meta, &image_info(data).map_err(|e| e.to_string())?)
+}
+
+/// What an image says about itself, against the request's metadata.
+fn check_info(meta: &SnapshotMeta<u64, Peer>, info: &ImageInfo) -> Result<(), String> {
     let inside: SnapshotMeta<u64, Peer> = serde_json::from_slice(&info.meta)
         .map_err(|e| format!("replica image: its raft metadata: {e}"))?;
     if inside != *meta || info.index != meta.last_log_id.map_or(0, |l| l.index) {
@@ -448,23 +526,26 @@ impl SnapshotReceiver {
             let mut snaps = self.glue.snapshots();
             let id = &rpc.meta.snapshot_id;
             if rpc.offset == 0 {
-                snaps.receiving = Some((id.clone(), Vec::new()));
+                snaps.receiving = Some((id.clone(), ImageCheck::new()));
             }
             let in_order = snaps
                 .receiving
                 .as_ref()
-                .is_some_and(|(i, buf)| i == id && buf.len() as u64 == rpc.offset);
+                .is_some_and(|(i, c)| i == id && c.len() == rpc.offset);
             if in_order {
-                let (_, buf) = snaps.receiving.as_mut().expect("checked");
-                buf.extend_from_slice(&rpc.data);
+                let (_, c) = snaps.receiving.as_mut().expect("checked");
+                c.push(&rpc.data);
             } else {
                 // raft answers an out-of-order chunk itself.
                 snaps.receiving = None;
             }
             match (rpc.done, in_order) {
                 (true, true) => {
-                    let (_, whole) = snaps.receiving.take().expect("checked");
-                    check(&rpc.meta, &whole).err()
+                    let (_, c) = snaps.receiving.take().expect("checked");
+                    c.finish()
+                        .map_err(|e| e.to_string())
+                        .and_then(|info| check_info(&rpc.meta, &info))
+                        .err()
                 }
                 _ => None,
             }

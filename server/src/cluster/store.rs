@@ -425,19 +425,28 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<std::io::Cursor<Vec<u8>>>> {
-        Ok(Box::new(std::io::Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<tokio::fs::File>> {
+        let file = super::snapshot::receive_file(&self.glue.dir).map_err(|e| {
+            StorageError::from(StorageIOError::write_snapshot(None, AnyError::new(&e)))
+        })?;
+        Ok(Box::new(tokio::fs::File::from_std(file)))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<u64, super::Peer>,
-        snapshot: Box<std::io::Cursor<Vec<u8>>>,
+        snapshot: Box<tokio::fs::File>,
     ) -> StorageResult<()> {
         let glue = Arc::clone(&self.glue);
         let m = meta.clone();
-        let data = snapshot.into_inner();
-        tokio::task::spawn_blocking(move || glue.install_snapshot(&m, data))
+        // A write of raft's still in flight finishes here, and its error
+        // is reported (which `into_std` alone would drop).
+        let mut snapshot = snapshot;
+        tokio::io::AsyncWriteExt::flush(&mut *snapshot)
+            .await
+            .map_err(|e| snapshot_err(meta, e))?;
+        let file = snapshot.into_std().await;
+        tokio::task::spawn_blocking(move || glue.install_snapshot(&m, file))
             .await
             .map_err(|e| snapshot_err(meta, e))?
             .map_err(|e| snapshot_err(meta, e))?;

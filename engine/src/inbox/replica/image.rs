@@ -25,14 +25,20 @@
 //! count u32, count × (name_len u16, name, file_len u64, data_len u64,
 //! data [data_len]), SHA-256 [32] of all before
 //! ```
-//! A file's trailing zeros (a segment's preallocated space) are not
-//! carried: `data` is its start, and the file is `file_len` long, the
+//! A new segment's preallocated space is not carried: `data` is its start,
+//! up to the end its log reports, and the file is `file_len` long, the
 //! rest zeros. `meta` is the consensus layer's (its log id and
 //! membership), covered by the same checksum.
+//!
+//! An image is written into a file and never held whole in memory: the
+//! build streams it out ([`Inbox::export_image`]), a receiver checks it as
+//! its chunks arrive ([`ImageCheck`]), and [`stage_image`] reads it through
+//! a mapping of that file.
 
 use std::fs::File;
+use std::io::Read;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, FileExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Component, Path, PathBuf};
 
@@ -90,15 +96,18 @@ impl Inbox {
     /// Builds an image of this node's state once the rounds in hand have
     /// settled (on a leader: committed), writing fresh logs in `scratch`
     /// (created, and removed afterwards; it must be on the data
-    /// directory's file system or any other with room for a copy).
-    /// `meta` gives the consensus layer's metadata for the image's index,
-    /// carried as is. The image is returned in memory: its size is about
-    /// the retained bodies and events plus the state.
+    /// directory's file system or any other with room for a copy), and
+    /// packs it into the file `out` (created or replaced, synced; it is
+    /// about the retained bodies and events plus the state). The image is
+    /// streamed into the file: memory holds one file's read buffer, never
+    /// the image. `meta` gives the consensus layer's metadata for the
+    /// image's index, carried as is.
     pub fn export_image(
         &self,
         scratch: &Path,
+        out: &Path,
         meta: &mut dyn FnMut(u64) -> Vec<u8>,
-    ) -> Result<(ImageInfo, Vec<u8>)> {
+    ) -> Result<ImageInfo> {
         for _ in 0..ATTEMPTS {
             let st = self.control(|tx| Control::Copy { tx })?;
             let info = ImageInfo {
@@ -113,17 +122,17 @@ impl Inbox {
                 .map_err(io)?;
             let built = self.write_copy(scratch, *st).and_then(|written| {
                 if digest_of(&written.state) != info.digest {
-                    return Ok(None);
+                    return Ok(false);
                 }
                 copy_dir_files(
                     &self.shared.config.data_dir.join("snap"),
                     &scratch.join("snap"),
                 )?;
-                pack(scratch, &info, &written.data_ends).map(Some)
+                pack(scratch, &info, &written.data_ends, out).map(|()| true)
             });
             remove_dir_if_exists(scratch)?;
-            if let Some(buf) = built? {
-                return Ok((info, buf));
+            if built? {
+                return Ok(info);
             }
             tracing::info!("records moved while the image was written; taking a new copy");
         }
@@ -152,55 +161,78 @@ impl Inbox {
     }
 }
 
-/// Packs the files under `dir`'s image parts. A file named in `data_ends`
-/// (a new segment) is read up to that end only: the rest is zeros. Any
-/// other file is read whole and its trailing zeros left out.
-fn pack(dir: &Path, info: &ImageInfo, data_ends: &[(PathBuf, u64)]) -> Result<Vec<u8>> {
+/// Packs the files under `dir`'s image parts into the file `out`
+/// (created or truncated, then synced). A file named in `data_ends` (a new
+/// segment) is copied up to that end only: the rest is zeros. Any other
+/// file is copied whole.
+fn pack(dir: &Path, info: &ImageInfo, data_ends: &[(PathBuf, u64)], out: &Path) -> Result<()> {
     let mut files = Vec::new();
     for part in PARTS {
         list_files(&dir.join(part), part, &mut files)?;
     }
-    let mut buf = Vec::new();
-    buf.extend_from_slice(MAGIC);
-    buf.extend_from_slice(&info.index.to_le_bytes());
-    buf.extend_from_slice(&info.digest);
-    buf.extend_from_slice(&(info.meta.len() as u32).to_le_bytes());
-    buf.extend_from_slice(&info.meta);
-    buf.extend_from_slice(&(files.len() as u32).to_le_bytes());
+    let file = File::create(out).map_err(io)?;
+    let mut w = HashingWriter {
+        out: std::io::BufWriter::with_capacity(1 << 20, file),
+        sum: sha2::Sha256::new(),
+    };
+    w.put(MAGIC)?;
+    w.put(&info.index.to_le_bytes())?;
+    w.put(&info.digest)?;
+    w.put(&(info.meta.len() as u32).to_le_bytes())?;
+    w.put(&info.meta)?;
+    w.put(&(files.len() as u32).to_le_bytes())?;
     for (name, path) in files {
-        let (file_len, data) = match data_ends.iter().find(|(p, _)| *p == path) {
-            Some(&(_, end)) => read_prefix(&path, end)?,
-            None => {
-                let mut data = std::fs::read(&path).map_err(io)?;
-                let len = data.len() as u64;
-                data.truncate(data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1));
-                (len, data)
+        let mut f = File::open(&path).map_err(io)?;
+        let file_len = f.metadata().map_err(io)?.len();
+        let data_len = match data_ends.iter().find(|(p, _)| *p == path) {
+            Some(&(_, end)) if end > file_len => {
+                return Err(Error::Internal(format!(
+                    "{}: data said to end at {end}, past the file's {file_len} bytes",
+                    path.display()
+                )))
             }
+            Some(&(_, end)) => end,
+            None => file_len,
         };
-        buf.extend_from_slice(&(name.len() as u16).to_le_bytes());
-        buf.extend_from_slice(name.as_bytes());
-        buf.extend_from_slice(&file_len.to_le_bytes());
-        buf.extend_from_slice(&(data.len() as u64).to_le_bytes());
-        buf.extend_from_slice(&data);
+        w.put(&(name.len() as u16).to_le_bytes())?;
+        w.put(name.as_bytes())?;
+        w.put(&file_len.to_le_bytes())?;
+        w.put(&data_len.to_le_bytes())?;
+        let copied = std::io::copy(&mut (&mut f).take(data_len), &mut w).map_err(io)?;
+        if copied != data_len {
+            return Err(Error::Internal(format!(
+                "{}: {copied} bytes read of {data_len}",
+                path.display()
+            )));
+        }
     }
-    let sum: [u8; 32] = sha2::Sha256::digest(&buf).into();
-    buf.extend_from_slice(&sum);
-    Ok(buf)
+    let sum: [u8; 32] = w.sum.finalize_reset().into();
+    let mut out_file = w.out.into_inner().map_err(|e| io(e.into_error()))?;
+    out_file.write_all(&sum).map_err(io)?;
+    out_file.sync_all().map_err(io)
 }
 
-/// A file's length and its first `end` bytes.
-fn read_prefix(path: &Path, end: u64) -> Result<(u64, Vec<u8>)> {
-    let f = File::open(path).map_err(io)?;
-    let len = f.metadata().map_err(io)?.len();
-    if end > len {
-        return Err(Error::Internal(format!(
-            "{}: data said to end at {end}, past the file's {len} bytes",
-            path.display()
-        )));
+/// A writer that hashes what it writes.
+struct HashingWriter {
+    out: std::io::BufWriter<File>,
+    sum: sha2::Sha256,
+}
+
+impl HashingWriter {
+    fn put(&mut self, bytes: &[u8]) -> Result<()> {
+        std::io::Write::write_all(self, bytes).map_err(io)
     }
-    let mut data = vec![0u8; usize::try_from(end).map_err(|_| bad("a length"))?];
-    f.read_exact_at(&mut data, 0).map_err(io)?;
-    Ok((len, data))
+}
+
+impl std::io::Write for HashingWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.sum.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// The regular files under `dir` (none if it does not exist), named
@@ -319,6 +351,112 @@ impl<'a> Reader<'a> {
     }
     fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+}
+
+/// An image checked as it streams in, chunk by chunk, without holding
+/// it: its SHA-256 is computed on the way and only its header (up to the
+/// end of `meta`) is kept. [`ImageCheck::finish`] says whether the bytes
+/// pushed are a whole image with a matching checksum, and what it says
+/// about itself. The layout of its files is checked when it is staged
+/// ([`stage_image`]), which changes nothing when it fails.
+#[derive(Default)]
+pub struct ImageCheck {
+    sum: sha2::Sha256,
+    /// The last 32 bytes pushed: the checksum, once every chunk is in.
+    tail: Vec<u8>,
+    /// The first bytes, up to the end of the header's `meta`.
+    head: Vec<u8>,
+    len: u64,
+}
+
+/// The header's fixed part: magic, index, digest, meta_len.
+const HEAD_FIXED: usize = 8 + 8 + 32 + 4;
+/// The longest `meta` an [`ImageCheck`] keeps (raft's metadata is a
+/// small JSON document).
+const META_MAX: usize = 1 << 20;
+
+impl ImageCheck {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes pushed so far.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The next bytes of the image.
+    pub fn push(&mut self, chunk: &[u8]) {
+        self.len += chunk.len() as u64;
+        let mut rest = chunk;
+        loop {
+            let wanted = self.head_len().saturating_sub(self.head.len());
+            if wanted == 0 || rest.is_empty() {
+                break;
+            }
+            let n = wanted.min(rest.len());
+            self.head.extend_from_slice(&rest[..n]);
+            rest = &rest[n..];
+        }
+        // Everything but the last 32 bytes is hashed; they are held back.
+        self.tail.extend_from_slice(chunk);
+        if self.tail.len() > 32 {
+            let spill = self.tail.len() - 32;
+            self.sum.update(&self.tail[..spill]);
+            self.tail.drain(..spill);
+        }
+    }
+
+    /// The header's `meta_len`, once its fixed part is in.
+    fn meta_len(&self) -> Option<usize> {
+        let bytes = self.head.get(HEAD_FIXED - 4..HEAD_FIXED)?;
+        Some(u32::from_le_bytes(bytes.try_into().expect("4")) as usize)
+    }
+
+    /// How long the header is, as far as it is known yet (the fixed part
+    /// alone when `meta_len` is past [`META_MAX`], which `finish` refuses).
+    fn head_len(&self) -> usize {
+        match self.meta_len() {
+            Some(n) if n <= META_MAX => HEAD_FIXED + n,
+            _ => HEAD_FIXED,
+        }
+    }
+
+    /// Whether what was pushed is a whole image whose checksum matches,
+    /// and what its header says.
+    pub fn finish(self) -> Result<ImageInfo> {
+        if self.len < (HEAD_FIXED + 4 + 32) as u64 || !self.head.starts_with(MAGIC) {
+            return Err(bad("not an image (or cut short)"));
+        }
+        if self.meta_len().is_some_and(|n| n > META_MAX) {
+            return Err(bad(
+                "its metadata is longer than any the consensus layer writes",
+            ));
+        }
+        if self.head.len() < self.head_len() {
+            return Err(bad("cut short"));
+        }
+        if self.sum.finalize().as_slice() != self.tail.as_slice() {
+            return Err(bad("checksum mismatch (damaged or cut short)"));
+        }
+        let mut r = Reader {
+            buf: &self.head,
+            at: 8,
+        };
+        let index = r.u64()?;
+        let digest: [u8; 32] = r.take(32)?.try_into().expect("32 bytes");
+        let meta_len = r.u32()? as usize;
+        let meta = r.take(meta_len)?.to_vec();
+        Ok(ImageInfo {
+            index,
+            digest,
+            meta,
+        })
     }
 }
 
