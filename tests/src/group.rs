@@ -315,6 +315,28 @@ impl Group {
     }
 }
 
+impl Group {
+    /// Every message of a conversation visible to `uid`, oldest first,
+    /// read from the leader. A read that meets a change of hands (a
+    /// member just restarted may call an election even after it named the
+    /// leader) is read again from the leader then, until
+    /// [`ELECTION_DEADLINE`].
+    pub async fn history_from_leader(&self, uid: u64, conv: u64) -> Vec<inbox_wire::Message> {
+        let start = Instant::now();
+        loop {
+            let leader = self.leader().await;
+            let client = self.daemon(leader).client().await;
+            match crate::try_history_above(&client, uid, conv, 0).await {
+                Ok(history) => return history,
+                Err(e) if changing_hands(&e) && start.elapsed() < ELECTION_DEADLINE => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("history from the leader, node {leader}: {e}"),
+            }
+        }
+    }
+}
+
 /// 127.0.0.1, where the members of a group without a proxy listen.
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 

@@ -27,8 +27,12 @@ pub const TOKEN: &str = "e2e-test-token";
 pub const ADMIN_TOKEN: &str = "e2e-test-admin-token";
 
 /// Path of the `inboxd` binary built next to the running test executable
-/// (`target/<profile>/inboxd`; tests live in `target/<profile>/deps`).
+/// (`target/<profile>/inboxd`; tests live in `target/<profile>/deps`), or
+/// `INBOXD_BINARY` when set (to run the examples against another build).
 pub fn inboxd_binary() -> PathBuf {
+    if let Some(binary) = std::env::var_os("INBOXD_BINARY") {
+        return PathBuf::from(binary);
+    }
     let exe = std::env::current_exe().expect("test executable path");
     let profile_dir = exe
         .parent()
@@ -351,6 +355,18 @@ pub async fn history_above(
     conv: u64,
     floor: u64,
 ) -> Vec<inbox_wire::Message> {
+    try_history_above(client, uid, conv, floor)
+        .await
+        .expect("history")
+}
+
+/// [`history_above`], its error returned.
+pub async fn try_history_above(
+    client: &Client,
+    uid: u64,
+    conv: u64,
+    floor: u64,
+) -> Result<Vec<inbox_wire::Message>, inbox_server::client::ClientError> {
     let mut messages = Vec::new();
     let mut before = None;
     loop {
@@ -361,8 +377,7 @@ pub async fn history_above(
                 before_seq: before,
                 limit: 200,
             })
-            .await
-            .expect("history");
+            .await?;
         let Some(oldest) = page.messages.last().map(|m| m.msg_seq) else {
             break;
         };
@@ -373,7 +388,7 @@ pub async fn history_above(
         before = Some(oldest);
     }
     messages.reverse();
-    messages
+    Ok(messages)
 }
 
 /// The `(conv, msg_seq)` of every `msg` event, in stream order.

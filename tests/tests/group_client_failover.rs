@@ -95,8 +95,7 @@ async fn a_group_client_keeps_every_send_across_leader_kills_without_a_new_clien
         writer.await.expect("a writer panicked");
     }
 
-    let leader = group.leader().await;
-    let history = all_history(&group.daemon(leader).client().await, 1, CONV).await;
+    let history = group.history_from_leader(1, CONV).await;
     let seqs: Vec<u64> = history.iter().map(|m| m.msg_seq).collect();
     assert_eq!(
         seqs,

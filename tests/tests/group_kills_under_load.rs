@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use inbox_server::client::{ClientError, GroupClient};
-use inbox_tests::group::{Group, ELECTION_DEADLINE};
+use inbox_tests::group::{changing_hands, Group, ELECTION_DEADLINE};
 use inbox_tests::*;
 use inbox_wire::{
     AckReq, ConvMember, ErrorCode, FinishLeaseReq, RecallReq, Request, Response, SendReq, SyncReq,
@@ -250,9 +250,7 @@ async fn leader_kills_under_load_lose_nothing_acknowledged_and_the_members_conve
     }
 
     // Read everything back from the leader.
-    let leader = group.leader().await;
-    let admin = group.daemon(leader).client().await;
-    let history = all_history(&admin, 1, CONV).await;
+    let history = group.history_from_leader(1, CONV).await;
     let seqs: Vec<u64> = history.iter().map(|m| m.msg_seq).collect();
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "a gap");
     let ledger = std::mem::take(&mut *ledger.lock().unwrap());
@@ -275,11 +273,7 @@ async fn leader_kills_under_load_lose_nothing_acknowledged_and_the_members_conve
         "stored but never acknowledged"
     );
     for (&uid, &(acked, _)) in &ledger.acks {
-        let devices = admin
-            .devices(inbox_wire::UserReq { uid })
-            .await
-            .expect("devices")
-            .devices;
+        let devices = devices_from_leader(&group, uid).await;
         let device = devices.iter().find(|d| d.device == DEVICE).expect("device");
         assert!(
             device.acked_sync_seq >= acked,
@@ -326,4 +320,21 @@ async fn leader_kills_under_load_lose_nothing_acknowledged_and_the_members_conve
         ledger.ack_advances,
         digests[0].1
     );
+}
+
+/// A user's devices, read from the leader, read again from the leader
+/// after a change of hands (see `Group::history_from_leader`).
+async fn devices_from_leader(group: &Group, uid: u64) -> Vec<inbox_wire::DeviceInfo> {
+    let start = Instant::now();
+    loop {
+        let leader = group.leader().await;
+        let client = group.daemon(leader).client().await;
+        match client.devices(inbox_wire::UserReq { uid }).await {
+            Ok(reply) => return reply.devices,
+            Err(e) if changing_hands(&e) && start.elapsed() < ELECTION_DEADLINE => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("devices of uid {uid} from node {leader}: {e}"),
+        }
+    }
 }
