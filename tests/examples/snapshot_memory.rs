@@ -4,9 +4,10 @@
 //! incompressible messages while one follower is down and its data
 //! directory wiped; once the leader has purged what that follower lacks,
 //! the follower starts again and catches up by installing the leader's
-//! snapshot. Each process's anonymous resident memory (`RssAnon`) is
-//! sampled every 20 ms through the catch-up; the peak and the value before
-//! it are printed with the image's size.
+//! snapshot. The anonymous resident memory (`RssAnon`) of the leader is
+//! sampled every 20 ms through the sends, and of both through the
+//! catch-up; the peaks and the leader's value before the catch-up are
+//! printed with the image's size.
 //!
 //! ```text
 //! cargo build --release -p inbox-server --bins
@@ -87,8 +88,23 @@ async fn main() {
     for name in ["raft-meta.json", "raft-snapshot.img"] {
         let _ = std::fs::remove_file(members.dir(wiped).join(name));
     }
+    let leader_pid = members.daemon(leader).pid();
+    let ingest_stop = Arc::new(AtomicBool::new(false));
+    let ingest_sampler = {
+        let stop = Arc::clone(&ingest_stop);
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !stop.load(Ordering::Relaxed) {
+                peak = peak.max(rss_anon_kib(leader_pid));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            peak
+        })
+    };
     let started = Instant::now();
     send_range(&group, 0..MESSAGES).await;
+    ingest_stop.store(true, Ordering::Relaxed);
+    let leader_ingest_peak = ingest_sampler.join().expect("sampler");
     println!(
         "{MESSAGES} sends of {PAYLOAD} bytes in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -105,7 +121,6 @@ async fn main() {
     }
     let image =
         std::fs::metadata(members.dir(leader).join("raft-snapshot.img")).map_or(0, |m| m.len());
-    let leader_pid = members.daemon(leader).pid();
     let leader_before = rss_anon_kib(leader_pid);
 
     members.restart(wiped);
@@ -144,7 +159,8 @@ async fn main() {
         installed_after.as_secs_f64()
     );
     println!(
-        "leader (sends the snapshot): RssAnon {:.1} MiB before, peak {:.1} MiB during the catch-up",
+        "leader (sends the snapshot): RssAnon peak {:.1} MiB during the sends, {:.1} MiB before the catch-up, peak {:.1} MiB during it",
+        leader_ingest_peak as f64 / 1024.0,
         leader_before as f64 / 1024.0,
         leader_peak as f64 / 1024.0
     );

@@ -128,9 +128,16 @@ pub(crate) fn write(
     })
 }
 
-/// Appends records to a new log in batches that fit a segment, each
-/// record tagged with what its location is for: only one batch is held
-/// in memory, however large the store.
+/// The most record bytes an [`Appender`] holds before it appends them. A
+/// batch used to be as large as a segment takes (about 128 MiB by
+/// default), so every replica image built on a large store held that much
+/// of it in memory, beside the daemon's own.
+const APPEND_BYTES_MAX: u64 = 4 << 20;
+
+/// Appends records to a new log in batches of at most
+/// [`APPEND_BYTES_MAX`] (a larger record goes alone), each record tagged
+/// with what its location is for: only one batch is held in memory,
+/// however large the store.
 struct Appender<'l, T> {
     log: &'l Log,
     max: u64,
@@ -144,7 +151,7 @@ impl<'l, T> Appender<'l, T> {
     fn new(log: &'l Log) -> Self {
         Appender {
             log,
-            max: log.batch_records_bytes_max(),
+            max: log.batch_records_bytes_max().min(APPEND_BYTES_MAX),
             batch: Batch::new(),
             bytes: 0,
             tags: Vec::new(),
