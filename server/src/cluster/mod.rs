@@ -16,6 +16,7 @@
 //! Without a cluster configured none of this exists: a single node runs
 //! exactly as before.
 
+mod cache;
 mod gap;
 mod membership;
 mod meta;
@@ -39,6 +40,9 @@ use serde::{Deserialize, Serialize};
 pub use membership::{not_in_a_group, CHANGE_WITHIN};
 pub use snapshot::{LogBounds, SnapshotCounts, SnapshotReceiver};
 pub use store::{LogStore, StateMachine};
+
+/// A raft log entry of this group.
+pub(crate) type RaftEntry = openraft::Entry<TypeConfig>;
 
 /// One engine round as a raft entry's payload: `Entry::encode`'s bytes,
 /// sent as one byte string (see `network`'s module documentation).
@@ -159,7 +163,7 @@ pub(crate) struct Role {
     meta: meta::Meta,
     /// Recent entries as raft stored them, so that replication to a
     /// follower that is a little behind does not read the log.
-    cache: BTreeMap<u64, openraft::Entry<TypeConfig>>,
+    cache: cache::EntryCache,
     /// A raft handle for the hand-off thread, set once raft runs.
     raft: Option<InboxRaft>,
     /// The last index the hand-off proposed to raft in this leadership
@@ -329,7 +333,7 @@ impl Cluster {
                 leading: None,
                 raft_last,
                 meta,
-                cache: BTreeMap::new(),
+                cache: cache::EntryCache::default(),
                 raft: None,
                 proposed: 0,
                 paused: false,

@@ -30,13 +30,10 @@ use openraft::{
     StorageIOError, StoredMembership, Vote,
 };
 
+use super::RaftEntry;
 use super::{Glue, Role, Round, TypeConfig};
 
-type RaftEntry = openraft::Entry<TypeConfig>;
 type StorageResult<T> = Result<T, StorageError<u64>>;
-
-/// How many recent entries are kept in memory for replication.
-const CACHE_ENTRIES: usize = 8192;
 
 fn write_err(e: impl ToString) -> StorageError<u64> {
     StorageIOError::write_logs(AnyError::error(e.to_string())).into()
@@ -122,13 +119,13 @@ impl LogStore {
             return Ok(Vec::new());
         }
         let gone_below = self.glue.gone_below.load(Ordering::Acquire);
-        if partial && start < gone_below && !role.cache.contains_key(&start) {
+        if partial && start < gone_below && !role.cache.contains(start) {
             // Known to be compacted away: not read again while raft purges.
             return Ok(Vec::new());
         }
         // What the cache lacks is read back from the log in one pass.
         let missing: Vec<u64> = (start.max(1)..end)
-            .filter(|i| !role.cache.contains_key(i))
+            .filter(|&i| !role.cache.contains(i))
             .collect();
         let mut rounds = std::collections::BTreeMap::new();
         if let (Some(&lo), Some(&hi)) = (missing.first(), missing.last()) {
@@ -138,7 +135,7 @@ impl LogStore {
         }
         let mut out = Vec::with_capacity((end - start) as usize);
         for i in start..end {
-            if let Some(e) = role.cache.get(&i) {
+            if let Some(e) = role.cache.get(i) {
                 out.push(e.clone());
                 continue;
             }
@@ -305,10 +302,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 }
             }
             role.raft_last = Some(index);
-            role.cache.insert(index, e);
-            while role.cache.len() > CACHE_ENTRIES {
-                role.cache.pop_first();
-            }
+            role.cache.push(index, e);
         }
         drop(role);
         self.flusher
@@ -330,7 +324,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         role.meta.cut_from(index);
         role.meta.store(&glue.dir).map_err(write_err)?;
-        role.cache.split_off(&index);
+        role.cache.cut_from(index);
         role.raft_last = index.checked_sub(1);
         Ok(())
     }
@@ -340,7 +334,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut role = self.glue.role();
         role.meta.purged = Some(log_id);
         role.meta.store(&self.glue.dir).map_err(write_err)?;
-        role.cache = role.cache.split_off(&(log_id.index + 1));
+        role.cache.drop_through(log_id.index);
         Ok(())
     }
 }
