@@ -413,15 +413,19 @@ impl Collector for EngineCollector {
 
 /// `inboxd_raft_*`, on a member of a replicated group: the snapshots it
 /// built and installed, where its log starts (last snapshot, last
-/// purged index), its term, the leader it knows, whether it leads,
+/// purged index), the read-index rounds it ran, its term, the leader it knows, whether it leads,
 /// its log and applied index, and on the leader the time since a quorum
 /// acknowledged it and each follower's lag in entries.
 fn encode_raft(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::Result {
     let group = figures.group.lock().unwrap_or_else(|p| p.into_inner());
-    let Some((status, snapshots, bounds)) = group
-        .as_ref()
-        .map(|g| (g.status(), g.snapshot_counts(), g.log_bounds()))
-    else {
+    let Some((status, snapshots, bounds, read_rounds)) = group.as_ref().map(|g| {
+        (
+            g.status(),
+            g.snapshot_counts(),
+            g.log_bounds(),
+            g.read_rounds(),
+        )
+    }) else {
         return Ok(());
     };
     drop(group);
@@ -436,6 +440,12 @@ fn encode_raft(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::
         "inboxd_raft_snapshots_installed",
         "Raft snapshots from the leader that replaced this node's engine since it started",
         snapshots.installed,
+    )?;
+    counter(
+        e,
+        "inboxd_raft_read_rounds",
+        "Read-index rounds this node ran as the leader since it started; reads that arrive together share one",
+        read_rounds,
     )?;
     gauge(
         e,

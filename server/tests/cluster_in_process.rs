@@ -104,3 +104,42 @@ async fn a_cut_off_leaders_round_is_never_acknowledged_and_is_discarded_when_it_
     g.converged().await;
     g.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_that_arrive_together_share_a_read_index_round_and_a_cut_off_leader_refuses_them() {
+    let g = Group::three().await;
+    let leader = g.leader().await;
+    let handle = g.nodes[&leader].handle();
+    // Each heartbeat round takes at least 50 ms on the way, so reads that
+    // arrive within one round wait for the next together. (Without a
+    // delay a round may finish before the next read arrives, and each
+    // read then has its own, which is just as correct.)
+    *g.router.append_delay.lock().unwrap() = std::time::Duration::from_millis(50);
+    let before = handle.read_rounds();
+    let reads: Vec<_> = (0..64)
+        .map(|_| {
+            let h = g.nodes[&leader].handle();
+            tokio::spawn(async move { h.read_index().await })
+        })
+        .collect();
+    for r in reads {
+        r.await.unwrap().expect("the leader confirms");
+    }
+    let rounds = handle.read_rounds() - before;
+    println!("64 reads confirmed in {rounds} read-index rounds");
+    assert!(
+        (1..=4).contains(&rounds),
+        "64 reads arriving together took {rounds} rounds"
+    );
+    *g.router.append_delay.lock().unwrap() = std::time::Duration::ZERO;
+
+    // Cut off, it cannot confirm: its reads are refused, never served.
+    g.router.cut.lock().unwrap().insert(leader);
+    let refused = handle.read_index().await.unwrap_err();
+    assert_eq!(
+        refused.code,
+        inbox_wire::ErrorCode::NotLeader,
+        "{refused:?}"
+    );
+    g.router.cut.lock().unwrap().clear();
+}

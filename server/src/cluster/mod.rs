@@ -21,6 +21,7 @@ mod gap;
 mod membership;
 mod meta;
 pub mod network;
+mod reads;
 mod snapshot;
 mod status;
 mod store;
@@ -151,6 +152,8 @@ pub(crate) struct Glue {
     /// does not wait for: shutdown takes it, so that no build still
     /// writes beside or into the data directory once the node is down.
     building: Mutex<()>,
+    /// The leader's reads share their read-index rounds.
+    reads: Arc<reads::ReadBarrier>,
 }
 
 /// Guarded by one lock: every change of the engine's role and every
@@ -344,6 +347,7 @@ impl Cluster {
             gone_below: AtomicU64::new(0),
             changing: Arc::new(tokio::sync::Mutex::new(())),
             building: Mutex::new(()),
+            reads: Arc::default(),
         });
         let config = Arc::new(config.validate().map_err(|e| ClusterError(e.to_string()))?);
         let log = LogStore::new(Arc::clone(&glue));
@@ -530,15 +534,20 @@ impl GroupHandle {
     /// when the read arrived, so the read that follows is linearizable. A
     /// leader that cannot confirm (cut off, deposed) within a few election
     /// timeouts answers `NOT_LEADER`.
+    ///
+    /// Reads that arrive together share one round (`reads.rs`).
     pub async fn read_index(&self) -> Result<(), inbox_wire::ErrorReply> {
-        const CONFIRM_WITHIN: Duration = Duration::from_secs(4);
-        match tokio::time::timeout(CONFIRM_WITHIN, self.raft.ensure_linearizable()).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(self.not_leader(&format!("not the leader: {e}"))),
-            Err(_) => {
-                Err(self.not_leader("not the leader: leadership not confirmed by a quorum in time"))
-            }
-        }
+        self.glue
+            .reads
+            .confirm(&self.raft)
+            .await
+            .map_err(|why| self.not_leader(&why))
+    }
+
+    /// Read-index rounds run since start (each served every read that
+    /// waited for it).
+    pub fn read_rounds(&self) -> u64 {
+        self.glue.reads.rounds()
     }
 
     /// The `NOT_LEADER` reply: `message` followed by the leader's client

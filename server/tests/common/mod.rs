@@ -40,8 +40,8 @@ pub struct Target {
 /// What a node refused, and its engine's index and digest right after.
 pub type Refusal = (u64, u64, [u8; 32]);
 
-/// Delivers raft's calls between the nodes of one process; a node that is
-/// cut off neither sends nor receives. Can damage the next snapshot sent
+/// Delivers raft's calls between the nodes of one process, appends after
+/// an optional delay; a node that is cut off neither sends nor receives. Can damage the next snapshot sent
 /// to a node, and counts the snapshots each node took in whole.
 #[derive(Default)]
 pub struct Router {
@@ -50,6 +50,9 @@ pub struct Router {
     pub damage_next_snapshot_to: Mutex<HashSet<u64>>,
     pub refused: Mutex<Vec<Refusal>>,
     pub installed: Mutex<HashMap<u64, usize>>,
+    /// How long each append (and heartbeat) takes on its way, beside the
+    /// call itself (none by default).
+    pub append_delay: Mutex<std::time::Duration>,
 }
 
 impl Router {
@@ -128,6 +131,10 @@ impl RaftNetwork<TypeConfig> for Conn {
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, Peer, RaftError<u64>>> {
         let target = self.router.reach(self.from, self.to)?;
+        let delay = *self.router.append_delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         target
             .raft
             .append_entries(rpc)
