@@ -3,7 +3,9 @@
 //!
 //! 1. ingest at each client count (16 unless `--clients` says otherwise)
 //!    on a single `inboxd`, then on a group of N on the same machine, each
-//!    on a fresh data directory with the same population;
+//!    on a fresh data directory with the same population; then, when the
+//!    scenarios include `sync`, the sync scenario on each (its reads go
+//!    through the leader's read-index);
 //! 2. `kills` times: the leader is killed with SIGKILL and the time until
 //!    another member serves a write and then a read is recorded; the killed
 //!    member is restarted on its data and must catch up before the next kill.
@@ -54,6 +56,29 @@ fn ingest_rows(
         .collect())
 }
 
+/// Runs the harness's sync scenario on `system` (when the plan has one)
+/// and returns its rows: a page read and ACKed, and its read part.
+fn sync_rows(
+    system: &dyn System,
+    plan: &Plan,
+    workload: &Workload,
+    seed: u64,
+    report: &mut Report,
+) -> Result<Vec<ResultRow>> {
+    let Some(cp) = &plan.sync else {
+        return Ok(Vec::new());
+    };
+    crate::run::catch_up_scenario("sync", 1, cp, plan, workload, system, report, seed)?;
+    Ok(report
+        .results
+        .iter()
+        .filter(|r| {
+            (r.scenario == "sync" || r.scenario == "sync-read") && r.system == system.name()
+        })
+        .cloned()
+        .collect())
+}
+
 pub fn run(
     gp: &GroupPlan,
     plan: &Plan,
@@ -66,12 +91,14 @@ pub fn run(
     println!("== group: a single inboxd");
     let single = Inboxd::start(base, explicit, &[])?;
     let single_rows = ingest_rows(&*single, plan, workload, seed, report)?;
+    let single_sync = sync_rows(&*single, plan, workload, seed, report)?;
     drop(single);
 
     println!("== group: {} members", gp.members);
     let mut group = Group::start(base, explicit, gp.members)?;
     println!("{}", group.describe());
     let group_rows = ingest_rows(&group, plan, workload, seed, report)?;
+    let group_sync = sync_rows(&group, plan, workload, seed, report)?;
 
     let mut times = Vec::with_capacity(gp.kills);
     for kill in 0..gp.kills {
@@ -87,6 +114,10 @@ pub fn run(
     }
     println!();
     print!("{}", table(&single_rows, &group_rows, group.size()));
+    if !single_sync.is_empty() {
+        println!();
+        print!("{}", sync_table(&single_sync, &group_sync, group.size()));
+    }
     if !times.is_empty() {
         println!("\n{}", fail_over_line(&times));
     }
@@ -111,6 +142,39 @@ fn fail_over_line(times: &[Duration]) -> String {
         FAIL_OVER_GOAL.as_secs(),
         times.len()
     )
+}
+
+/// Sync pages (100 events, read and ACKed; every read on the group's
+/// leader confirms its leadership first) on the group against the single
+/// node.
+fn sync_table(single: &[ResultRow], group: &[ResultRow], members: usize) -> String {
+    let mut out = String::from(
+        "| system | row | pages/s | p50 (µs) | p99 (µs) | server CPU µs/page | pages/s vs single | p99 vs single |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    for (r, label) in single.iter().map(|r| (r, r.system.clone())).chain(
+        group
+            .iter()
+            .map(|r| (r, format!("{} ({members} members, leader)", r.system))),
+    ) {
+        let base = single.iter().find(|s| s.scenario == r.scenario);
+        let ratio = |a: f64, b: Option<f64>| match b {
+            Some(b) if b > 0.0 => format!("{:.2}", a / b),
+            _ => "-".into(),
+        };
+        out.push_str(&format!(
+            "| {label} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} |\n",
+            r.scenario,
+            r.ops_per_s,
+            r.p50_us,
+            r.p99_us,
+            r.server_cpu_us_per_op
+                .map_or("-".to_string(), |us| format!("{us:.1}")),
+            ratio(r.ops_per_s, base.map(|b| b.ops_per_s)),
+            ratio(r.p99_us, base.map(|b| b.p99_us)),
+        ));
+    }
+    out
 }
 
 fn table(single: &[ResultRow], group: &[ResultRow], members: usize) -> String {

@@ -1109,7 +1109,7 @@ fn first_screen_cold(
     clippy::too_many_arguments,
     reason = "one call site per scenario; a struct would only rename them"
 )]
-fn catch_up_scenario(
+pub(crate) fn catch_up_scenario(
     scenario: &str,
     set: u32,
     cp: &CatchUpPlan,

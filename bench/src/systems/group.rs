@@ -225,8 +225,13 @@ impl Conn for GroupConn {
         }
     }
 
-    fn sync_page(&mut self, _device: &mut DeviceCursor, _limit: u32) -> Result<Page> {
-        Err("the group is measured on ingest only".into())
+    /// On the member the group client talks to now: the leader, unless
+    /// the leadership moved (the sync phase kills no one).
+    fn sync_page(&mut self, device: &mut DeviceCursor, limit: u32) -> Result<Page> {
+        self.rt.block_on(async {
+            let client = self.client.client().await;
+            super::inboxd::sync_page_on(&client, device, limit).await
+        })
     }
 }
 

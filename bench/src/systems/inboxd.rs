@@ -454,72 +454,7 @@ impl Conn for InboxdConn {
     }
 
     fn sync_page(&mut self, device: &mut DeviceCursor, limit: u32) -> Result<Page> {
-        let client = &self.client;
-        self.rt.block_on(async {
-            if !device.started {
-                // The device knows its generation and its last ACK; a fresh
-                // harness cursor reads them, as the MariaDB driver reads
-                // user_sync_cursor.
-                let list = client.devices(UserReq { uid: device.uid }).await?;
-                if let Some(info) = list.devices.iter().find(|d| d.device == device.device) {
-                    device.generation = Some(info.generation);
-                    device.acked = info.acked_sync_seq;
-                }
-                device.started = true;
-            }
-            let read_started = Instant::now();
-            let page = client
-                .sync(SyncReq {
-                    uid: device.uid,
-                    device: device.device,
-                    generation: device.generation,
-                    local_applied_seq: device.acked,
-                    limit,
-                    batch_token: (!device.position.is_empty())
-                        .then(|| Bytes::from(device.position.clone())),
-                    ..SyncReq::default()
-                })
-                .await?;
-            let read = read_started.elapsed();
-            let bytes = page.events.iter().map(event_bytes).sum();
-            let events = u32::try_from(page.events.len()).unwrap_or(u32::MAX);
-            if page.next_cursor > page.acked_sync_seq {
-                client
-                    .ack(AckReq {
-                        uid: device.uid,
-                        device: device.device,
-                        generation: page.generation,
-                        seq: page.next_cursor,
-                        batch_token: page.batch_token.clone(),
-                    })
-                    .await?;
-            }
-            if !page.has_more {
-                if let Some(lease) = &page.lease {
-                    client
-                        .finish_lease(FinishLeaseReq {
-                            uid: device.uid,
-                            device: device.device,
-                            lease_id: lease.lease_id,
-                            generation: page.generation,
-                        })
-                        .await?;
-                }
-            }
-            device.generation = Some(page.generation);
-            device.acked = device.acked.max(page.next_cursor);
-            device.position = if page.has_more {
-                page.batch_token.to_vec()
-            } else {
-                Vec::new()
-            };
-            Ok(Page {
-                events,
-                bytes,
-                has_more: page.has_more,
-                read,
-            })
-        })
+        self.rt.block_on(sync_page_on(&self.client, device, limit))
     }
 
     fn catch_up_by_snapshot(&mut self, uid: Uid, device: u64) -> Result<SnapshotCatchUp> {
@@ -652,4 +587,77 @@ impl Conn for InboxdConn {
 /// token.
 pub(crate) fn admin_token(token: &str) -> String {
     format!("{token}-admin")
+}
+
+/// One page of a device's catch-up on `client` (read, ACKed, its lease
+/// finished on the last page), as the harness's sync scenarios make it;
+/// also what a group member serves (`group.rs`).
+pub(super) async fn sync_page_on(
+    client: &Client,
+    device: &mut DeviceCursor,
+    limit: u32,
+) -> Result<Page> {
+    if !device.started {
+        // The device knows its generation and its last ACK; a fresh
+        // harness cursor reads them, as the MariaDB driver reads
+        // user_sync_cursor.
+        let list = client.devices(UserReq { uid: device.uid }).await?;
+        if let Some(info) = list.devices.iter().find(|d| d.device == device.device) {
+            device.generation = Some(info.generation);
+            device.acked = info.acked_sync_seq;
+        }
+        device.started = true;
+    }
+    let read_started = Instant::now();
+    let page = client
+        .sync(SyncReq {
+            uid: device.uid,
+            device: device.device,
+            generation: device.generation,
+            local_applied_seq: device.acked,
+            limit,
+            batch_token: (!device.position.is_empty())
+                .then(|| Bytes::from(device.position.clone())),
+            ..SyncReq::default()
+        })
+        .await?;
+    let read = read_started.elapsed();
+    let bytes = page.events.iter().map(event_bytes).sum();
+    let events = u32::try_from(page.events.len()).unwrap_or(u32::MAX);
+    if page.next_cursor > page.acked_sync_seq {
+        client
+            .ack(AckReq {
+                uid: device.uid,
+                device: device.device,
+                generation: page.generation,
+                seq: page.next_cursor,
+                batch_token: page.batch_token.clone(),
+            })
+            .await?;
+    }
+    if !page.has_more {
+        if let Some(lease) = &page.lease {
+            client
+                .finish_lease(FinishLeaseReq {
+                    uid: device.uid,
+                    device: device.device,
+                    lease_id: lease.lease_id,
+                    generation: page.generation,
+                })
+                .await?;
+        }
+    }
+    device.generation = Some(page.generation);
+    device.acked = device.acked.max(page.next_cursor);
+    device.position = if page.has_more {
+        page.batch_token.to_vec()
+    } else {
+        Vec::new()
+    };
+    Ok(Page {
+        events,
+        bytes,
+        has_more: page.has_more,
+        read,
+    })
 }
