@@ -257,7 +257,16 @@ async fn a_node_started_after_the_log_was_purged_catches_up_by_snapshot_over_tcp
         assert!(start.elapsed() < DEADLINE, "node 3 did not catch up");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(third.raft().metrics().borrow().snapshot.is_some());
+    // raft publishes the installed snapshot in its metrics a moment after
+    // the engine was swapped.
+    let start = Instant::now();
+    while third.raft().metrics().borrow().snapshot.is_none() {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "node 3 caught up, but raft reports no snapshot"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     third.shutdown().await;
     for (_, n) in running {
         n.shutdown().await;
