@@ -142,4 +142,6 @@ async fn reads_that_arrive_together_share_a_read_index_round_and_a_cut_off_leade
         "{refused:?}"
     );
     g.router.cut.lock().unwrap().clear();
+    drop(handle);
+    g.shutdown().await;
 }
