@@ -34,47 +34,45 @@ pub struct GroupPlan {
     pub kills: usize,
 }
 
-/// Prepares the workload's conversations on `system` and runs the
-/// harness's ingest scenario on it; returns its ingest rows.
-fn ingest_rows(
-    system: &dyn System,
-    plan: &Plan,
-    workload: &Workload,
-    seed: u64,
-    report: &mut Report,
-) -> Result<Vec<ResultRow>> {
-    system.prepare(&Setup {
-        convs: workload.conversations(),
-        devices: Vec::new(),
-    })?;
-    crate::run::ingest_scenario(plan, workload, system, report, seed)?;
-    Ok(report
-        .results
-        .iter()
-        .filter(|r| r.scenario == "ingest" && r.system == system.name())
-        .cloned()
-        .collect())
+/// What the group is measured on, beside the single node.
+#[derive(Clone, Copy)]
+enum Phase {
+    /// The workload's conversations prepared, then the ingest scenario.
+    Ingest,
+    /// The sync scenario, when the plan has one.
+    Sync,
 }
 
-/// Runs the harness's sync scenario on `system` (when the plan has one)
-/// and returns its rows: a page read and ACKed, and its read part.
-fn sync_rows(
+/// Runs `phase` on `system` and returns its rows.
+fn phase_rows(
+    phase: Phase,
     system: &dyn System,
     plan: &Plan,
     workload: &Workload,
     seed: u64,
     report: &mut Report,
 ) -> Result<Vec<ResultRow>> {
-    let Some(cp) = &plan.sync else {
-        return Ok(Vec::new());
+    let scenarios: &[&str] = match phase {
+        Phase::Ingest => {
+            system.prepare(&Setup {
+                convs: workload.conversations(),
+                devices: Vec::new(),
+            })?;
+            crate::run::ingest_scenario(plan, workload, system, report, seed)?;
+            &["ingest"]
+        }
+        Phase::Sync => {
+            let Some(cp) = &plan.sync else {
+                return Ok(Vec::new());
+            };
+            crate::run::catch_up_scenario("sync", 1, cp, plan, workload, system, report, seed)?;
+            &["sync", "sync-read"]
+        }
     };
-    crate::run::catch_up_scenario("sync", 1, cp, plan, workload, system, report, seed)?;
     Ok(report
         .results
         .iter()
-        .filter(|r| {
-            (r.scenario == "sync" || r.scenario == "sync-read") && r.system == system.name()
-        })
+        .filter(|r| scenarios.contains(&r.scenario.as_str()) && r.system == system.name())
         .cloned()
         .collect())
 }
@@ -90,15 +88,15 @@ pub fn run(
 ) -> Result<()> {
     println!("== group: a single inboxd");
     let single = Inboxd::start(base, explicit, &[])?;
-    let single_rows = ingest_rows(&*single, plan, workload, seed, report)?;
-    let single_sync = sync_rows(&*single, plan, workload, seed, report)?;
+    let single_rows = phase_rows(Phase::Ingest, &*single, plan, workload, seed, report)?;
+    let single_sync = phase_rows(Phase::Sync, &*single, plan, workload, seed, report)?;
     drop(single);
 
     println!("== group: {} members", gp.members);
     let mut group = Group::start(base, explicit, gp.members)?;
     println!("{}", group.describe());
-    let group_rows = ingest_rows(&group, plan, workload, seed, report)?;
-    let group_sync = sync_rows(&group, plan, workload, seed, report)?;
+    let group_rows = phase_rows(Phase::Ingest, &group, plan, workload, seed, report)?;
+    let group_sync = phase_rows(Phase::Sync, &group, plan, workload, seed, report)?;
 
     let mut times = Vec::with_capacity(gp.kills);
     for kill in 0..gp.kills {

@@ -109,16 +109,10 @@ async fn main() {
         "{MESSAGES} sends of {PAYLOAD} bytes in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    while members
+    members
         .daemon(leader)
-        .metric("inboxd_raft_purged_index")
-        .await
-        .unwrap_or(0)
-        == 0
-    {
-        assert!(started.elapsed() < DEADLINE, "the leader never purged");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        .wait_metric_above("inboxd_raft_purged_index", 0, DEADLINE)
+        .await;
     let image =
         std::fs::metadata(members.dir(leader).join("raft-snapshot.img")).map_or(0, |m| m.len());
     let leader_before = rss_anon_kib(leader_pid);
@@ -139,16 +133,10 @@ async fn main() {
         })
     };
     let catch_up = Instant::now();
-    while members
+    members
         .daemon(wiped)
-        .metric("inboxd_raft_snapshots_installed_total")
-        .await
-        .unwrap_or(0)
-        == 0
-    {
-        assert!(catch_up.elapsed() < DEADLINE, "no install");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        .wait_metric_above("inboxd_raft_snapshots_installed_total", 0, DEADLINE)
+        .await;
     let installed_after = catch_up.elapsed();
     stop.store(true, Ordering::Relaxed);
     let (leader_peak, wiped_peak) = sampler.join().expect("sampler");

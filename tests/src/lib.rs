@@ -191,6 +191,23 @@ impl Daemon {
         metric(&self.scrape().await, name)
     }
 
+    /// Waits until the metric `name` is above `floor` and returns it;
+    /// panics at `deadline` with the last value read.
+    pub async fn wait_metric_above(&self, name: &str, floor: u64, deadline: Duration) -> u64 {
+        let start = std::time::Instant::now();
+        loop {
+            let value = self.metric(name).await;
+            if let Some(v) = value.filter(|v| *v > floor) {
+                return v;
+            }
+            assert!(
+                start.elapsed() < deadline,
+                "{name} stayed at {value:?} (waited for above {floor}) for {deadline:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// The Prometheus text from the metrics port.
     pub async fn scrape(&self) -> String {
         let mut stream = TcpStream::connect(self.metrics_addr)

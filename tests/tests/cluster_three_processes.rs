@@ -150,24 +150,10 @@ async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
     // The leader purges behind its snapshots (a snapshot every 10 rounds,
     // the log kept 10 behind): once it has, the entries the wiped member
     // lacks are gone from its log.
-    let start = Instant::now();
-    while members
+    members
         .daemon(leader)
-        .metric("inboxd_raft_purged_index")
-        .await
-        .unwrap_or(0)
-        == 0
-    {
-        assert!(
-            start.elapsed() < DEADLINE,
-            "the leader purged nothing within {DEADLINE:?} (snapshot index {:?})",
-            members
-                .daemon(leader)
-                .metric("inboxd_raft_snapshot_index")
-                .await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        .wait_metric_above("inboxd_raft_purged_index", 0, DEADLINE)
+        .await;
     members.restart(wiped);
     // With the other follower stopped, a send commits only once the
     // wiped member stores it: once it has caught up, which it can only
