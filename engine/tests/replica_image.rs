@@ -239,3 +239,61 @@ fn either_side_of_the_exchange_opens_whole_on_the_old_state_or_the_new_one() {
     let ib = open(&staged);
     assert_eq!((ib.replica_index(), ib.replica_digest()), old);
 }
+
+#[test]
+fn a_copy_waiting_for_a_deposed_leaders_rounds_finishes_once_its_leadership_is_ended() {
+    // Found by group_kills_under_load: a leader's snapshot build took its
+    // copy while a round was handed to raft and not yet committed; the
+    // copy waits for the round to settle. Then the leader was deposed, and
+    // its step down (`follow`) queued behind the copy on the sequencer
+    // while holding the consensus layer's lock that every append takes:
+    // the node answered nothing more. Ending the leadership first fails the
+    // round, so the copy, and then the step down, finish.
+    let leader = Node::new(SEG);
+    let handle = leader.ib().lead().unwrap();
+    let never_committed = leader.ib().join(Uid(1), ConvId(1));
+    let handed = handle.wait_entries(Duration::from_secs(10));
+    assert_eq!(
+        handed.len(),
+        1,
+        "the round was handed to the consensus layer"
+    );
+    let scratch = tempfile::tempdir().unwrap();
+    let ib = Arc::clone(leader.ib());
+    let dir = scratch.path().to_path_buf();
+    let copy = std::thread::spawn(move || {
+        ib.export_image(&dir.join("build"), &dir.join("image"), &mut |_| Vec::new())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !copy.is_finished(),
+        "the copy waits for the round to settle"
+    );
+
+    handle.end("another node leads");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ib = Arc::clone(leader.ib());
+    std::thread::spawn(move || tx.send(ib.follow()));
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the step down finished")
+        .unwrap();
+    // The copy holds the failed round's effects (rounds are applied
+    // before they commit): the consensus layer discards the round next,
+    // which makes its build take a new copy.
+    copy.join().unwrap().expect("the image was built");
+    let err = never_committed.wait().unwrap_err();
+    assert!(matches!(err, Error::NotLeader(_)), "{err}");
+}
+
+#[test]
+fn a_round_made_after_the_leadership_was_ended_is_never_handed_out_and_fails() {
+    let leader = Node::new(SEG);
+    let handle = leader.ib().lead().unwrap();
+    handle.end("another node leads");
+    // The sequencer has not stepped down yet: it still marks rounds with
+    // the ended leadership.
+    let late = leader.ib().join(Uid(1), ConvId(1));
+    let err = late.wait().unwrap_err();
+    assert!(matches!(err, Error::NotLeader(_)), "{err}");
+    assert!(handle.take_entries().is_empty(), "an entry was handed out");
+}

@@ -200,9 +200,14 @@ impl Glue {
     /// have them).
     fn step_down(&self, role: &mut Role) -> inbox_engine::Result<()> {
         role.paused = false;
-        if role.leading.take().is_none() {
+        let Some(leading) = role.leading.take() else {
             return Ok(());
-        }
+        };
+        // The rounds this leadership did not commit never will: they fail
+        // now, not when the sequencer reaches the step down. It may be
+        // waiting for them first (a snapshot's copy drains the rounds in
+        // hand), and every append waits for this lock meanwhile.
+        leading.handle.end("another node leads");
         let inbox = self.inbox();
         inbox.follow()?;
         let keep = role.raft_last.unwrap_or(0);

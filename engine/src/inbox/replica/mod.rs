@@ -201,8 +201,16 @@ impl Link {
         }
     }
 
+    /// Hands a round's entry to the consensus layer, unless the
+    /// leadership has ended (it may end from outside the sequencer,
+    /// [`super::Leader::end`]): then the round is never proposed and fails
+    /// like every round not committed.
     pub(crate) fn hand_off(&self, entry: Entry) {
-        self.st.lock().outbox.push_back(entry);
+        let mut st = self.st.lock();
+        if st.ended.is_some() {
+            return;
+        }
+        st.outbox.push_back(entry);
         self.cv.notify_all();
     }
 
@@ -270,6 +278,16 @@ impl Leader {
             self.link.cv.notify_all();
         }
         self.link.finish_decided();
+    }
+
+    /// Ends this leadership now, from outside the sequencer: the rounds
+    /// it did not commit fail (`NotLeader`) and none is handed out again.
+    /// The consensus layer calls it as soon as it knows another node
+    /// leads, before it queues [`Inbox::follow`] behind whatever the
+    /// sequencer is doing, which may be waiting for those very rounds (a
+    /// replica image's copy drains them).
+    pub fn end(&self, why: &str) {
+        self.link.end(format!("not the leader: {why}"));
     }
 
     /// The highest index committed so far.
