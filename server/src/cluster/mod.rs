@@ -590,16 +590,26 @@ async fn watch_role(raft: InboxRaft, glue: Arc<Glue>) {
             let m = rx.borrow_and_update();
             (m.current_term, m.state)
         };
-        {
-            let mut role = glue.role();
-            let lost = role
-                .leading
+        let lost = move |role: &Role| {
+            role.leading
                 .as_ref()
-                .is_some_and(|l| term > l.leader_id.term || state == ServerState::Shutdown);
-            if lost {
-                if let Err(e) = glue.step_down(&mut role) {
-                    tracing::error!(error = %e, "stepping down");
+                .is_some_and(|l| term > l.leader_id.term || state == ServerState::Shutdown)
+        };
+        if lost(&glue.role()) {
+            // The step down waits for the engine's sequencer: off the
+            // tokio workers, which serve every connection.
+            let g = Arc::clone(&glue);
+            let stepped = tokio::task::spawn_blocking(move || {
+                let mut role = g.role();
+                if lost(&role) {
+                    if let Err(e) = g.step_down(&mut role) {
+                        tracing::error!(error = %e, "stepping down");
+                    }
                 }
+            })
+            .await;
+            if stepped.is_err() {
+                return;
             }
         }
         if rx.changed().await.is_err() {
