@@ -413,17 +413,19 @@ impl Collector for EngineCollector {
 
 /// `inboxd_raft_*`, on a member of a replicated group: the snapshots it
 /// built and installed, where its log starts (last snapshot, last
-/// purged index), the read-index rounds it ran, its term, the leader it knows, whether it leads,
+/// purged index), the read-index rounds it ran, the entries it keeps in
+/// memory for replication, its term, the leader it knows, whether it leads,
 /// its log and applied index, and on the leader the time since a quorum
 /// acknowledged it and each follower's lag in entries.
 fn encode_raft(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::Result {
     let group = figures.group.lock().unwrap_or_else(|p| p.into_inner());
-    let Some((status, snapshots, bounds, read_rounds)) = group.as_ref().map(|g| {
+    let Some((status, snapshots, bounds, read_rounds, cache)) = group.as_ref().map(|g| {
         (
             g.status(),
             g.snapshot_counts(),
             g.log_bounds(),
             g.read_rounds(),
+            g.entry_cache(),
         )
     }) else {
         return Ok(());
@@ -446,6 +448,18 @@ fn encode_raft(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::
         "inboxd_raft_read_rounds",
         "Read-index rounds this node ran as the leader since it started; reads that arrive together share one",
         read_rounds,
+    )?;
+    gauge(
+        e,
+        "inboxd_raft_entry_cache_entries",
+        "Recent raft entries kept in memory for replication (at most 8192)",
+        cache.0 as u64,
+    )?;
+    gauge(
+        e,
+        "inboxd_raft_entry_cache_bytes",
+        "Bytes of the rounds in the recent raft entries kept in memory (at most 32 MiB)",
+        cache.1 as u64,
     )?;
     gauge(
         e,

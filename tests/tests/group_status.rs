@@ -92,6 +92,15 @@ async fn every_member_reports_the_same_leader_and_term_and_the_leader_reports_ea
         leader_metrics.contains(&format!("inboxd_raft_term {}", lead.term)),
         "{leader_metrics}"
     );
+    // The leader keeps the five joins' entries (and raft's own) in memory
+    // for replication, with the bytes of their rounds.
+    let cached = metric(&leader_metrics, "inboxd_raft_entry_cache_entries");
+    let cached_bytes = metric(&leader_metrics, "inboxd_raft_entry_cache_bytes");
+    assert!(cached >= Some(5), "{leader_metrics}");
+    assert!(
+        cached_bytes.is_some_and(|b| b > 0 && b <= 32 << 20),
+        "{leader_metrics}"
+    );
     for follower in (1..=3u64).filter(|n| *n != leader) {
         assert!(
             leader_metrics.contains(&format!(

@@ -69,8 +69,7 @@ impl EntryCache {
     }
 
     /// Entries held and the bytes of their rounds.
-    #[cfg(test)]
-    fn held(&self) -> (usize, usize) {
+    pub fn held(&self) -> (usize, usize) {
         (self.entries.len(), self.bytes)
     }
 }

@@ -549,6 +549,12 @@ impl GroupHandle {
             .map_err(|why| self.not_leader(&why))
     }
 
+    /// The recent raft entries kept in memory for replication: how many,
+    /// and the bytes of their rounds.
+    pub fn entry_cache(&self) -> (usize, usize) {
+        self.glue.role().cache.held()
+    }
+
     /// Read-index rounds run since start (each served every read that
     /// waited for it).
     pub fn read_rounds(&self) -> u64 {
