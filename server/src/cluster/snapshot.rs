@@ -257,22 +257,14 @@ impl Glue {
         }
     }
 
-    /// Publishes the synced image `tmp` (in the data directory) as the
-    /// current snapshot `meta`, returns it opened for raft.
-    fn publish_current(
-        &self,
-        tmp: &str,
-        meta: &SnapshotMeta<u64, Peer>,
-    ) -> Result<Snapshot<TypeConfig>, String> {
+    /// Makes the synced image `tmp` (in the data directory) the current
+    /// snapshot `meta`: the file renamed and its metadata set under one
+    /// lock, which [`Glue::current_snapshot`] reads them under.
+    fn publish_current(&self, tmp: &str, meta: &SnapshotMeta<u64, Peer>) -> Result<(), String> {
         let mut snaps = self.snapshots();
         publish(&self.dir, tmp, &self.dir).map_err(|e| format!("keeping the snapshot: {e}"))?;
         snaps.current = Some(meta.clone());
-        let file = std::fs::File::open(self.dir.join(FILE))
-            .map_err(|e| format!("opening the snapshot kept: {e}"))?;
-        Ok(Snapshot {
-            meta: meta.clone(),
-            snapshot: Box::new(tokio::fs::File::from_std(file)),
-        })
+        Ok(())
     }
 
     /// Builds a snapshot (blocking): see the module documentation.
@@ -328,7 +320,11 @@ impl Glue {
                 continue;
             }
             let bytes = std::fs::metadata(&out).map_or(0, |m| m.len());
-            let snapshot = self.publish_current(BUILD_TMP, &meta)?;
+            self.publish_current(BUILD_TMP, &meta)?;
+            // Opened before the role lock goes: no install replaces it first.
+            let snapshot = self
+                .current_snapshot()
+                .ok_or("the snapshot just kept cannot be opened")?;
             drop(role);
             tracing::info!(node = self.id, index = info.index, bytes, "snapshot built");
             self.snapshots().counts.built += 1;
@@ -371,11 +367,7 @@ impl Glue {
         let installs = u64::from(!holds);
         if holds {
             drop(data);
-            let mut snaps = self.snapshots();
-            publish(&self.dir, RECEIVE_TMP, &self.dir)
-                .map_err(|e| format!("keeping the snapshot: {e}"))?;
-            snaps.current = Some(meta.clone());
-            drop(snaps);
+            self.publish_current(RECEIVE_TMP, meta)?;
             tracing::info!(
                 node = self.id,
                 index = last.index,
