@@ -316,24 +316,35 @@ impl Group {
 }
 
 impl Group {
-    /// Every message of a conversation visible to `uid`, oldest first,
-    /// read from the leader. A read that meets a change of hands (a
-    /// member just restarted may call an election even after it named the
-    /// leader) is read again from the leader then, until
-    /// [`ELECTION_DEADLINE`].
-    pub async fn history_from_leader(&self, uid: u64, conv: u64) -> Vec<inbox_wire::Message> {
+    /// What `read` answers on a client of the leader. A read that meets a
+    /// change of hands (a member just restarted may call an election even
+    /// after it named the leader) is made again on the leader then, until
+    /// [`ELECTION_DEADLINE`]; any other error fails the test with `what`.
+    pub async fn read_from_leader<T, F, Fut>(&self, what: &str, read: F) -> T
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
         let start = Instant::now();
         loop {
             let leader = self.leader().await;
-            let client = self.daemon(leader).client().await;
-            match crate::try_history_above(&client, uid, conv, 0).await {
-                Ok(history) => return history,
+            match read(self.daemon(leader).client().await).await {
+                Ok(answer) => return answer,
                 Err(e) if changing_hands(&e) && start.elapsed() < ELECTION_DEADLINE => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                Err(e) => panic!("history from the leader, node {leader}: {e}"),
+                Err(e) => panic!("{what} from the leader, node {leader}: {e}"),
             }
         }
+    }
+
+    /// Every message of a conversation visible to `uid`, oldest first,
+    /// read from the leader (see [`Group::read_from_leader`]).
+    pub async fn history_from_leader(&self, uid: u64, conv: u64) -> Vec<inbox_wire::Message> {
+        self.read_from_leader("history", |client| async move {
+            crate::try_history_above(&client, uid, conv, 0).await
+        })
+        .await
     }
 }
 

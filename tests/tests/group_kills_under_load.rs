@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use inbox_server::client::{ClientError, GroupClient};
-use inbox_tests::group::{changing_hands, Group, ELECTION_DEADLINE};
+use inbox_tests::group::{Group, ELECTION_DEADLINE};
 use inbox_tests::*;
 use inbox_wire::{
     AckReq, ConvMember, ErrorCode, FinishLeaseReq, RecallReq, Request, Response, SendReq, SyncReq,
@@ -273,7 +273,12 @@ async fn leader_kills_under_load_lose_nothing_acknowledged_and_the_members_conve
         "stored but never acknowledged"
     );
     for (&uid, &(acked, _)) in &ledger.acks {
-        let devices = devices_from_leader(&group, uid).await;
+        let devices = group
+            .read_from_leader("devices", |client| async move {
+                client.devices(inbox_wire::UserReq { uid }).await
+            })
+            .await
+            .devices;
         let device = devices.iter().find(|d| d.device == DEVICE).expect("device");
         assert!(
             device.acked_sync_seq >= acked,
@@ -320,21 +325,4 @@ async fn leader_kills_under_load_lose_nothing_acknowledged_and_the_members_conve
         ledger.ack_advances,
         digests[0].1
     );
-}
-
-/// A user's devices, read from the leader, read again from the leader
-/// after a change of hands (see `Group::history_from_leader`).
-async fn devices_from_leader(group: &Group, uid: u64) -> Vec<inbox_wire::DeviceInfo> {
-    let start = Instant::now();
-    loop {
-        let leader = group.leader().await;
-        let client = group.daemon(leader).client().await;
-        match client.devices(inbox_wire::UserReq { uid }).await {
-            Ok(reply) => return reply.devices,
-            Err(e) if changing_hands(&e) && start.elapsed() < ELECTION_DEADLINE => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("devices of uid {uid} from node {leader}: {e}"),
-        }
-    }
 }
