@@ -259,23 +259,6 @@ async fn a_fourth_node_added_under_load_catches_up_and_votes() {
     assert_same_state(&mut group).await;
 }
 
-/// Waits until the raft metadata in `dir` says its log was purged.
-async fn wait_purged(dir: &std::path::Path) {
-    let start = Instant::now();
-    loop {
-        let meta = std::fs::read(dir.join("raft-meta.json")).unwrap_or_default();
-        let meta: serde_json::Value = serde_json::from_slice(&meta).unwrap_or_default();
-        if meta["purged"]["index"].as_u64().is_some_and(|i| i > 0) {
-            return;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "the leader's log was not purged: {meta}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_member_is_replaced_and_the_group_survives_losing_another() {
     let _one = ONE_GROUP_AT_A_TIME.lock().await;
@@ -305,7 +288,10 @@ async fn a_dead_member_is_replaced_and_the_group_survives_losing_another() {
     // Two voters of two commit alone. Their logs move past a snapshot and
     // are purged: the new node can only catch up by snapshot.
     acked.extend(send_all(&clients, 20..40).await);
-    wait_purged(group.dir(leader)).await;
+    group
+        .daemon(leader)
+        .wait_metric_above("inboxd_raft_purged_index", 0, DEADLINE)
+        .await;
     let node = group.start_new_member();
     let (raft_addr, client_addr) = group.addrs(node);
     let (ok, added) = inboxctl(
@@ -322,6 +308,14 @@ async fn a_dead_member_is_replaced_and_the_group_survives_losing_another() {
         status_of(all, node).role == "follower"
     })
     .await;
+    let installed = group
+        .daemon(node)
+        .metric("inboxd_raft_snapshots_installed_total")
+        .await;
+    assert!(
+        installed >= Some(1),
+        "node {node} caught up without an install"
+    );
     acked.extend(send_all(&clients, 40..60).await);
 
     // The leader, an original member, dies too: the original member left
@@ -438,6 +432,14 @@ async fn a_change_arriving_during_another_is_refused_and_the_first_completes() {
         status_of(all, node).role == "follower"
     })
     .await;
+    let installed = group
+        .daemon(node)
+        .metric("inboxd_raft_snapshots_installed_total")
+        .await;
+    assert!(
+        installed >= Some(1),
+        "node {node} caught up without an install"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
