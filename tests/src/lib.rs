@@ -191,6 +191,14 @@ impl Daemon {
         metric(&self.scrape().await, name)
     }
 
+    /// The raft snapshots this member installed since it started (0 for
+    /// none, or for a daemon that is no group's member).
+    pub async fn snapshots_installed(&self) -> u64 {
+        self.metric("inboxd_raft_snapshots_installed_total")
+            .await
+            .unwrap_or(0)
+    }
+
     /// Waits until the metric `name` is above `floor` and returns it;
     /// panics at `deadline` with the last value read.
     pub async fn wait_metric_above(&self, name: &str, floor: u64, deadline: Duration) -> u64 {

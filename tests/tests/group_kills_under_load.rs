@@ -299,10 +299,7 @@ async fn leader_kills_under_load_lose_nothing_acknowledged_and_the_members_conve
             .metric("inboxd_raft_snapshots_built_total")
             .await
             .unwrap_or(0);
-        installed += daemon
-            .metric("inboxd_raft_snapshots_installed_total")
-            .await
-            .unwrap_or(0);
+        installed += daemon.snapshots_installed().await;
     }
 
     // Idle: every member applies the leader's head, then each state is
