@@ -37,14 +37,40 @@ pub struct Group {
     proxy: Option<Proxy>,
 }
 
-/// Ports of `ip` (a loopback address) free a moment ago.
+/// Ports of `ip` (a loopback address) that nothing listened on a moment
+/// ago, for members that bind them later, taken below the kernel's
+/// ephemeral range. A port picked by binding port 0 and letting it go
+/// could be handed out again by the kernel, to any socket bound to port 0
+/// (a test daemon's client or metrics port) or to an outgoing connection,
+/// before the member bound it: it then failed to start with "Address
+/// already in use". Below the range the kernel hands out none, and this
+/// process hands out none twice.
 fn free_ports(ip: IpAddr, n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind((ip, 0)).expect("bind a free port"))
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().expect("a bound port").port())
-        .collect()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let below = ephemeral_low().max(10_001);
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    let mut out = Vec::with_capacity(n);
+    let mut tries = 0;
+    while out.len() < n {
+        tries += 1;
+        assert!(tries <= 10_000, "no {n} free ports of {ip} below {below}");
+        let port = rand::Rng::gen_range(&mut rand::thread_rng(), 10_000..below);
+        if given.contains(&port) || std::net::TcpListener::bind((ip, port)).is_err() {
+            continue;
+        }
+        given.push(port);
+        out.push(port);
+    }
+    out
+}
+
+/// The low end of the kernel's ephemeral port range (32768 when it cannot
+/// be read).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 impl Group {
