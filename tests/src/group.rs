@@ -37,6 +37,21 @@ pub struct Group {
     proxy: Option<Proxy>,
 }
 
+impl Drop for Group {
+    /// Stops every member, then removes what a member killed in the
+    /// middle of a snapshot install left beside its data directory (the
+    /// staged directory, `.<name>.install`, which only that member's next
+    /// start would remove): the data directories' own cleanup does not
+    /// reach it.
+    fn drop(&mut self) {
+        self.daemons.iter_mut().for_each(|d| drop(d.take()));
+        for dir in &self.dirs {
+            let name = dir.path().file_name().unwrap_or_default().to_string_lossy();
+            let _ = std::fs::remove_dir_all(dir.path().with_file_name(format!(".{name}.install")));
+        }
+    }
+}
+
 /// Ports of `ip` (a loopback address) that nothing listened on a moment
 /// ago, for members that bind them later, taken below the kernel's
 /// ephemeral range. A port picked by binding port 0 and letting it go

@@ -74,7 +74,7 @@ async fn a_killed_leader_is_replaced_and_no_acknowledged_send_is_lost() {
         assert_eq!(m.payload, Bytes::from(format!("message {i}")), "seq {seq}");
     }
     assert_eq!(history.len(), 2 + 25, "two joins and 25 distinct sends");
-    for d in members.daemons.into_iter().flatten() {
+    for d in members.daemons.iter_mut().filter_map(Option::take) {
         d.stop();
     }
 }
