@@ -1004,6 +1004,13 @@ fn long_offline_scenario(
         out.total.as_secs_f64() * 1e3,
         out.bytes
     );
+    let per_event = |bytes: u64, events: u64| bytes as f64 / events.max(1) as f64;
+    println!(
+        "{name}: long-offline: events on the wire: {:.1} B per event with summaries; {:.1} B per event without ({} events replayed by a second device asking for none)",
+        per_event(out.bytes - out.screen.bytes, out.events),
+        per_event(out.bare_bytes, out.bare_events),
+        out.bare_events
+    );
     for (row, took, bytes) in [
         (
             "long-offline-first-screen",
@@ -1124,6 +1131,7 @@ pub(crate) fn catch_up_scenario(
     system.prepare(&sync_set.setup())?;
     let sends = sync_set.backlog_sends();
     let payload = |n: u64| workload.payload_at(n.wrapping_mul(7919));
+    let rss_before = system.measured().and_then(|m| m.rss_anon_bytes());
     let took = scenarios::preload(
         system,
         &sends,
@@ -1138,6 +1146,9 @@ pub(crate) fn catch_up_scenario(
         cp.backlog,
         took.as_secs_f64()
     );
+    if scenario == "sync" {
+        print_backlog_memory(&name, system, rss_before);
+    }
     let devices: Vec<_> = sync_set.devices().collect();
     let measured = system.measured();
     let out = scenarios::catch_up(system, &devices, cp.clients, cp.page, &measured)?;
@@ -1194,6 +1205,39 @@ pub(crate) fn catch_up_scenario(
         ));
     }
     Ok(())
+}
+
+/// What the preloaded backlog costs in memory, where the system says how
+/// many live events it holds: the growth of the server's RssAnon over the
+/// preload per live event, and its own structures' allocated bytes per
+/// live event. The messages behind the events are in it too.
+fn print_backlog_memory(name: &str, system: &dyn System, rss_before: Option<u64>) {
+    let (Some(before), Some(after), Some(holdings)) = (
+        rss_before,
+        system.measured().and_then(|m| m.rss_anon_bytes()),
+        system.holdings(),
+    ) else {
+        return;
+    };
+    let events = holdings.events_live.max(1) as f64;
+    let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+    let structures: Vec<String> = system
+        .memory()
+        .map(|(rows, _, _)| rows)
+        .unwrap_or_default()
+        .iter()
+        .filter(|m| m.structure != "log_mmaps" && m.allocated > 0)
+        .map(|m| format!("{} {:.1}", m.structure, m.allocated as f64 / events))
+        .collect();
+    println!(
+        "{name}: sync: RssAnon {:.1} -> {:.1} MiB over {} live events and {} messages: {:.1} B per live event; allocated B per live event: {}",
+        mib(before),
+        mib(after),
+        holdings.events_live,
+        holdings.messages,
+        after.saturating_sub(before) as f64 / events,
+        if structures.is_empty() { "-".into() } else { structures.join(", ") }
+    );
 }
 
 fn run_recovery(

@@ -503,6 +503,10 @@ pub struct LongOfflineOutcome {
     pub events: u64,
     pub pages: u64,
     pub bytes: u64,
+    /// The same backlog replayed by the user's other device, without
+    /// summaries: events and their bytes.
+    pub bare_events: u64,
+    pub bare_bytes: u64,
 }
 
 /// `long-offline`: the returning user's device fetches its first screen
@@ -535,6 +539,16 @@ pub fn long_offline(
         }
     }
     out.total = start.elapsed();
+    let mut bare = DeviceCursor::new(user, crate::workload::LONG_OFFLINE_BARE_DEVICE);
+    bare.without_summaries = true;
+    loop {
+        let page = conn.sync_page(&mut bare, page_limit)?;
+        out.bare_events += u64::from(page.events);
+        out.bare_bytes += page.bytes;
+        if !page.has_more {
+            break;
+        }
+    }
     Ok(out)
 }
 

@@ -365,6 +365,11 @@ impl SyncSet {
     }
 }
 
+/// The returning user's second device in `long-offline`: it replays the
+/// same backlog as device 1 once that one is done, asking for events
+/// without summaries.
+pub const LONG_OFFLINE_BARE_DEVICE: DeviceId = 3;
+
 /// `long-offline`: one user comes back after days away to `group_msgs`
 /// messages spread over `groups` groups and `direct_msgs` one-to-one
 /// messages spread over `direct_convs` conversations.
@@ -419,7 +424,7 @@ impl LongOffline {
     pub fn setup(&self) -> Setup {
         Setup {
             convs: self.convs.clone(),
-            devices: vec![(self.user, 1)],
+            devices: vec![(self.user, 1), (self.user, LONG_OFFLINE_BARE_DEVICE)],
         }
     }
 
@@ -669,7 +674,10 @@ mod tests {
             .position(|s| s.members.len() == 2)
             .expect("some direct");
         assert!(first_direct < 100, "{first_direct}");
-        assert_eq!(lo.setup().devices, vec![(lo.user, 1)]);
+        assert_eq!(
+            lo.setup().devices,
+            vec![(lo.user, 1), (lo.user, LONG_OFFLINE_BARE_DEVICE)]
+        );
     }
 
     #[test]

@@ -618,6 +618,7 @@ pub(super) async fn sync_page_on(
             limit,
             batch_token: (!device.position.is_empty())
                 .then(|| Bytes::from(device.position.clone())),
+            without_summaries: device.without_summaries,
             ..SyncReq::default()
         })
         .await?;

@@ -38,6 +38,9 @@ pub struct DeviceCursor {
     pub generation: Option<u64>,
     /// The first page reads the server-side cursor; later ones do not.
     pub started: bool,
+    /// Ask for events without their summaries, where the system sends any
+    /// (inboxd's `without_summaries`); the others send none anyway.
+    pub without_summaries: bool,
 }
 
 impl DeviceCursor {
