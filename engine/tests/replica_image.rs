@@ -297,3 +297,119 @@ fn a_round_made_after_the_leadership_was_ended_is_never_handed_out_and_fails() {
     assert!(matches!(err, Error::NotLeader(_)), "{err}");
     assert!(handle.take_entries().is_empty(), "an entry was handed out");
 }
+
+/// Bytes of `path` in unwritten (allocated, never written) extents, from
+/// the file system's extent map (`FS_IOC_FIEMAP`).
+fn unwritten_bytes(path: &std::path::Path) -> u64 {
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Extent {
+        logical: u64,
+        physical: u64,
+        length: u64,
+        reserved64: [u64; 2],
+        flags: u32,
+        reserved: [u32; 3],
+    }
+    #[repr(C)]
+    struct Map {
+        start: u64,
+        length: u64,
+        flags: u32,
+        mapped: u32,
+        count: u32,
+        reserved: u32,
+        extents: [Extent; 512],
+    }
+    const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
+    const FIEMAP_FLAG_SYNC: u32 = 1;
+    const FIEMAP_EXTENT_UNWRITTEN: u32 = 0x800;
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    let mut map = Map {
+        start: 0,
+        length: u64::MAX,
+        flags: FIEMAP_FLAG_SYNC,
+        mapped: 0,
+        count: 512,
+        reserved: 0,
+        extents: [Extent::default(); 512],
+    };
+    // SAFETY: `map` is a properly laid out `struct fiemap` with room for
+    // `count` extents, and the fd is open for the call.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_FIEMAP, &mut map) };
+    assert_eq!(
+        rc,
+        0,
+        "FIEMAP on {}: {} (this test needs a file system with unwritten extents, such as ext4 or XFS)",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    assert!(map.mapped < 512, "more extents than the test reads");
+    map.extents[..map.mapped as usize]
+        .iter()
+        .filter(|e| e.flags & FIEMAP_EXTENT_UNWRITTEN != 0)
+        .map(|e| e.length)
+        .sum()
+}
+
+#[test]
+fn a_staged_images_active_segments_are_written_in_full_so_the_next_commits_overwrite_written_blocks(
+) {
+    let (leader, _) = leader_with_history();
+    let scratch = tempfile::tempdir().unwrap();
+    let (info, image) = export(leader.ib(), scratch.path(), &mut |_| Vec::new());
+    // On the build's own disk, not tmpfs: tmpfs has no unwritten extents.
+    let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let staged = root.path().join("staged");
+    let clock = Arc::new(inbox_engine::inbox::ManualClock::new(T0));
+    let cfg = config(&staged, &clock, SEG);
+    assert_eq!(stage_image(&image, &staged, &cfg).unwrap(), info);
+    // The leader's compaction left one segment per log, the active one,
+    // and the image holds it; the open that checked the staged state
+    // prepared a spare after it (written, as every prepared segment is).
+    let segments = |log: &str| -> Vec<std::path::PathBuf> {
+        let mut segs: Vec<_> = std::fs::read_dir(staged.join(log))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+            .collect();
+        segs.sort();
+        segs
+    };
+    let active = staged.join("evt").join("0000000001.seg");
+    for log in ["evt", "msg"] {
+        let segs = segments(log);
+        assert_eq!(segs.len(), 2, "{log}: {segs:?}");
+        for seg in &segs {
+            assert_eq!(std::fs::metadata(seg).unwrap().len(), SEG);
+            assert_eq!(
+                unwritten_bytes(seg),
+                0,
+                "{} has unwritten space: commits into it would convert extents",
+                seg.display()
+            );
+        }
+    }
+    // The installed node's next commits do go into the image's active
+    // segment, past the data the image brought.
+    let data_end = |path: &std::path::Path| {
+        let bytes = std::fs::read(path).unwrap();
+        bytes.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1)
+    };
+    let before = data_end(&active);
+    let ib = Inbox::open(cfg).unwrap();
+    ib.follow().unwrap();
+    ib.apply_entry(Entry::empty(info.index + 1)).wait().unwrap();
+    ib.shutdown().unwrap();
+    assert!(data_end(&active) > before, "the commit went elsewhere");
+    // A file only allocated, beside them, does show unwritten space: the
+    // check above can fail on this file system.
+    let control = root.path().join("allocated");
+    let f = std::fs::File::create(&control).unwrap();
+    // SAFETY: plain integer arguments; the fd is owned by `f`.
+    let rc =
+        unsafe { libc::posix_fallocate(std::os::unix::io::AsRawFd::as_raw_fd(&f), 0, SEG as i64) };
+    assert_eq!(rc, 0);
+    assert_eq!(unwritten_bytes(&control), SEG);
+}

@@ -57,7 +57,9 @@ pub use lock::lock_dir;
 pub use recovery::{RecoveryReport, TruncatedTail};
 /// For the salvage scan, which walks segment files itself, and the
 /// replica image, which packs them.
-pub(crate) use segment::{classify, list_dir, segment_file_name, FileKind};
+pub(crate) use segment::{
+    classify, list_dir, parse_segment_file_name, segment_file_name, FileKind,
+};
 pub use shared::DurableHook;
 pub use uring::UringIo;
 pub use verify::{

@@ -492,6 +492,7 @@ fn unpack(parts: &[Part<'_>], dir: &Path) -> Result<()> {
         .create(dir)
         .map_err(io)?;
     let mut dirs = vec![dir.to_path_buf()];
+    let active = active_segments(parts);
     for p in parts {
         let path = dir.join(p.name);
         let parent = path.parent().expect("checked: under a part").to_path_buf();
@@ -513,6 +514,9 @@ fn unpack(parts: &[Part<'_>], dir: &Path) -> Result<()> {
             if rc != 0 {
                 return Err(io(std::io::Error::from_raw_os_error(rc)));
             }
+            if active.contains(&p.name) {
+                write_zeros(&mut f, p.file_len - p.data.len() as u64)?;
+            }
         }
         f.sync_all().map_err(io)?;
     }
@@ -521,6 +525,45 @@ fn unpack(parts: &[Part<'_>], dir: &Path) -> Result<()> {
         fsync_dir(d)?;
     }
     fsync_dir(parent_of(dir))
+}
+
+/// The newest segment of each log in the image: the one the next commits
+/// of the installed node go into. Its free space is written with zeros,
+/// as the log prepares a segment (`SegmentPrep::Write`), so that those
+/// commits overwrite written blocks and their fdatasync flushes data
+/// only, not the file system's extent conversions. Older segments take
+/// no more commits and are only allocated.
+fn active_segments<'a>(parts: &[Part<'a>]) -> Vec<&'a str> {
+    let mut newest: Vec<(&Path, crate::log::SegmentId, &str)> = Vec::new();
+    for p in parts {
+        let path = Path::new(p.name);
+        let id = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(crate::log::parse_segment_file_name);
+        let (Some(id), Some(parent)) = (id, path.parent()) else {
+            continue;
+        };
+        match newest.iter_mut().find(|(dir, _, _)| *dir == parent) {
+            Some(n) if n.1 < id => *n = (parent, id, p.name),
+            Some(_) => {}
+            None => newest.push((parent, id, p.name)),
+        }
+    }
+    newest.into_iter().map(|(_, _, name)| name).collect()
+}
+
+/// Appends `len` zero bytes at the file's current position.
+fn write_zeros(f: &mut File, len: u64) -> Result<()> {
+    const CHUNK: u64 = 1 << 20;
+    let zeros = vec![0u8; CHUNK.min(len) as usize];
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(CHUNK) as usize;
+        f.write_all(&zeros[..n]).map_err(io)?;
+        left -= n as u64;
+    }
+    Ok(())
 }
 
 /// Opens the staged directory and compares its state with what the image
