@@ -128,8 +128,9 @@ pub fn sync_options(req: &wire::SyncReq) -> engine::SyncOptions {
 
 /// An engine event as it goes on the wire. A kind the engine marks as
 /// unknown keeps its code and carries the standard fields as its raw body,
-/// so a newer client can still read it.
-pub fn event(event: engine::SyncEvent) -> wire::Event {
+/// so a newer client can still read it. In a page asked for without
+/// summaries (`bare`) a known kind's body has no summary field.
+pub fn event(event: engine::SyncEvent, bare: bool) -> wire::Event {
     let body = wire::EventRef {
         conv: event.conv.get(),
         msg_seq: event.msg_seq.get(),
@@ -158,6 +159,18 @@ pub fn event(event: engine::SyncEvent) -> wire::Event {
             }
         },
     };
+    if bare {
+        return wire::Event::Bare {
+            sync_seq: event.sync_seq.get(),
+            kind,
+            body: wire::EventIds {
+                conv: body.conv,
+                msg_seq: body.msg_seq,
+                msg_id: body.msg_id,
+                at_ms: body.at_ms,
+            },
+        };
+    }
     wire::Event::Known {
         sync_seq: event.sync_seq.get(),
         kind,
@@ -165,9 +178,11 @@ pub fn event(event: engine::SyncEvent) -> wire::Event {
     }
 }
 
-pub fn sync_page(page: engine::SyncPage) -> wire::SyncPage {
+/// A sync page as it goes on the wire; `bare`: the device asked for its
+/// events without summaries.
+pub fn sync_page(page: engine::SyncPage, bare: bool) -> wire::SyncPage {
     wire::SyncPage {
-        events: page.events.into_iter().map(event).collect(),
+        events: page.events.into_iter().map(|e| event(e, bare)).collect(),
         next_cursor: page.next_cursor.get(),
         has_more: page.has_more,
         acked_sync_seq: page.acked_sync_seq.get(),

@@ -206,6 +206,7 @@ fn call(
         Request::Sync(r) => {
             let metrics = Arc::clone(metrics);
             let options = convert::sync_options(&r);
+            let bare = options.without_summaries;
             let pending = inbox.sync_with(convert::sync_req(r), options);
             let pool = pool.clone();
             // Released once durable; the page's events are read on the
@@ -214,7 +215,7 @@ fn call(
                 async move { pool.run(pending.released().await).await },
                 move |page| {
                     metrics.observe_sync_page(&page);
-                    Response::Sync(convert::sync_page(page))
+                    Response::Sync(convert::sync_page(page, bare))
                 },
             )
         }

@@ -426,6 +426,11 @@ pub fn msg_refs(events: &[inbox_wire::Event]) -> Vec<(u64, u64)> {
                 body,
                 ..
             } => Some((body.conv, body.msg_seq)),
+            inbox_wire::Event::Bare {
+                kind: inbox_wire::EventKind::Msg,
+                body,
+                ..
+            } => Some((body.conv, body.msg_seq)),
             _ => None,
         })
         .collect()

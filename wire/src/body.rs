@@ -350,6 +350,21 @@ wire_struct! {
     }
 }
 
+wire_struct! {
+    /// The body of an event of a known kind in a page a device asked for
+    /// without summaries: [`EventRef`] without its `summary` field.
+    pub struct EventIds {
+        pub conv: u64,
+        pub msg_seq: u64,
+        pub msg_id: u64,
+        pub at_ms: u64,
+    }
+}
+
+/// Bytes of an [`EventIds`] body: a known kind's body of exactly this
+/// length has no summary field.
+pub const EVENT_IDS_BYTES: usize = 32;
+
 /// One user sync event, encoded type-length-value so that a client can
 /// skip a kind it does not know and still ACK past it:
 ///
@@ -358,7 +373,9 @@ wire_struct! {
 /// ```
 ///
 /// For a known kind the body is an [`EventRef`] and must fill `body_len`
-/// exactly; any other kind keeps its body as raw bytes.
+/// exactly, or, in a page asked for without summaries, an [`EventIds`]
+/// (`body_len` = 32, no summary field); any other kind keeps its body as
+/// raw bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize), serde(untagged))]
 pub enum Event {
@@ -367,6 +384,14 @@ pub enum Event {
         kind: EventKind,
         #[cfg_attr(feature = "serde", serde(flatten))]
         body: EventRef,
+    },
+    /// A known kind without a summary field (a page asked for
+    /// `without_summaries`).
+    Bare {
+        sync_seq: u64,
+        kind: EventKind,
+        #[cfg_attr(feature = "serde", serde(flatten))]
+        body: EventIds,
     },
     /// A kind this build does not know (never 1..=7).
     Unknown {
@@ -380,7 +405,9 @@ pub enum Event {
 impl Event {
     pub fn sync_seq(&self) -> u64 {
         match self {
-            Self::Known { sync_seq, .. } | Self::Unknown { sync_seq, .. } => *sync_seq,
+            Self::Known { sync_seq, .. }
+            | Self::Bare { sync_seq, .. }
+            | Self::Unknown { sync_seq, .. } => *sync_seq,
         }
     }
 }
@@ -400,6 +427,16 @@ impl Field for Event {
                 body.put(&mut inner);
                 Field::put(&inner.freeze(), out);
             }
+            Self::Bare {
+                sync_seq,
+                kind,
+                body,
+            } => {
+                out.put_u64_le(*sync_seq);
+                out.put_u8(*kind as u8);
+                out.put_u32_le(EVENT_IDS_BYTES as u32);
+                body.put(out);
+            }
             Self::Unknown {
                 sync_seq,
                 kind,
@@ -416,6 +453,16 @@ impl Field for Event {
         let code = r.u8()?;
         let body = Bytes::get(r)?;
         match EventKind::from_code(code) {
+            Some(kind) if body.len() == EVENT_IDS_BYTES => {
+                let mut inner = Reader::new(body);
+                let body = EventIds::get(&mut inner)?;
+                inner.finish()?;
+                Ok(Self::Bare {
+                    sync_seq,
+                    kind,
+                    body,
+                })
+            }
             Some(kind) => {
                 let mut inner = Reader::new(body);
                 let body = EventRef::get(&mut inner)?;
@@ -1050,6 +1097,12 @@ mod sample_impls {
                     sync_seq,
                     kind: 8 + (g.next() % 248) as u8,
                     body: Bytes::sample(g),
+                }
+            } else if g.below(3) == 0 {
+                Event::Bare {
+                    sync_seq,
+                    kind: EventKind::sample(g),
+                    body: EventIds::sample(g),
                 }
             } else {
                 Event::Known {

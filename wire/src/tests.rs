@@ -192,6 +192,43 @@ fn unknown_event_kind_is_kept_raw_and_later_events_still_parse() {
 }
 
 #[test]
+fn an_event_without_its_summary_field_is_45_bytes_and_one_with_an_empty_summary_is_not_read_as_it()
+{
+    let ids = EventIds {
+        conv: 1,
+        msg_seq: 2,
+        msg_id: 3,
+        at_ms: 4,
+    };
+    let bare = Event::Bare {
+        sync_seq: 9,
+        kind: EventKind::Msg,
+        body: ids.clone(),
+    };
+    let mut out = BytesMut::new();
+    bare.put(&mut out);
+    assert_eq!(out.len(), 45);
+    assert_eq!(Event::get(&mut Reader::new(out.freeze())).unwrap(), bare);
+    // The same ids with an empty summary field: 4 bytes more, and read
+    // back as the full form.
+    let known = Event::Known {
+        sync_seq: 9,
+        kind: EventKind::Msg,
+        body: EventRef {
+            conv: ids.conv,
+            msg_seq: ids.msg_seq,
+            msg_id: ids.msg_id,
+            at_ms: ids.at_ms,
+            summary: Bytes::new(),
+        },
+    };
+    let mut out = BytesMut::new();
+    known.put(&mut out);
+    assert_eq!(out.len(), 49);
+    assert_eq!(Event::get(&mut Reader::new(out.freeze())).unwrap(), known);
+}
+
+#[test]
 fn known_event_kind_with_a_short_body_is_malformed() {
     let mut out = BytesMut::new();
     out.put_u64_le(1);

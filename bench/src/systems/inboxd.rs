@@ -425,6 +425,7 @@ fn event_bytes(event: &Event) -> u64 {
     const HEAD: u64 = 8 + 1 + 4;
     match event {
         Event::Known { body, .. } => HEAD + 8 * 4 + 4 + body.summary.len() as u64,
+        Event::Bare { .. } => HEAD + 8 * 4,
         Event::Unknown { body, .. } => HEAD + body.len() as u64,
     }
 }

@@ -179,6 +179,15 @@ class Codec(unittest.TestCase):
         data = c.EVENT.put(event)
         self.assertEqual(c.EVENT.get(c.Reader(data)), event)
 
+    def test_an_event_without_its_summary_field_is_45_bytes_and_re_encodes(self) -> None:
+        event = c.Event(5, c.EventKind.MSG, conv=1, msg_seq=2, msg_id=3, at_ms=4, bare=True)
+        data = c.EVENT.put(event)
+        self.assertEqual(len(data), 8 + 1 + 4 + 32)
+        self.assertEqual(c.EVENT.get(c.Reader(data)), event)
+        full = c.Event(5, c.EventKind.MSG, conv=1, msg_seq=2, msg_id=3, at_ms=4)
+        self.assertEqual(len(c.EVENT.put(full)), 8 + 1 + 4 + 32 + 4)
+        self.assertFalse(c.EVENT.get(c.Reader(c.EVENT.put(full))).bare)
+
     def test_trailing_bytes_and_bad_bools_are_refused(self) -> None:
         body = c.encode_body(c.SendReply(1, 2, True))
         with self.assertRaises(ProtocolError):

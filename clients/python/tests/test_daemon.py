@@ -224,7 +224,7 @@ class AgainstTheDaemon(unittest.TestCase):
             self.assertEqual(inbox.devices(71)[0].generation, gen, "a refused sync changes nothing")
             page = inbox.sync(71, 1, gen, 0, without_summaries=True)
             self.assertTrue(page.events)
-            self.assertTrue(all(e.summary == b"" for e in page.events))
+            self.assertTrue(all(e.summary == b"" and e.bare for e in page.events))
             self.assertEqual(page.generation, gen)
             with self.assertRaises(ResetRequiredError) as caught:
                 inbox.sync(71, 1, gen, 0, max_replay=page.batch_hwm - 1)

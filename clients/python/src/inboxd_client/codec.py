@@ -397,7 +397,9 @@ class SyncReq:
 @dataclass(frozen=True)
 class Event:
     """A sync event. ``known`` is False for a kind this client does not know:
-    then only ``sync_seq``, ``kind`` and ``raw`` are meaningful."""
+    then only ``sync_seq``, ``kind`` and ``raw`` are meaningful. ``bare`` is
+    True for a known kind sent without its summary field (a page asked for
+    ``without_summaries``): its body is the four ids only."""
 
     sync_seq: int
     kind: int
@@ -408,10 +410,17 @@ class Event:
     summary: bytes = b""
     known: bool = True
     raw: bytes = b""
+    bare: bool = False
+
+
+# A known kind's body of exactly this many bytes has no summary field.
+EVENT_IDS_BYTES = 32
 
 
 def _put_event(e: Event) -> bytes:
-    if e.known:
+    if e.known and e.bare:
+        body = struct.pack("<QQQQ", e.conv, e.msg_seq, e.msg_id, e.at_ms)
+    elif e.known:
         body = struct.pack("<QQQQ", e.conv, e.msg_seq, e.msg_id, e.at_ms) + BYTES.put(e.summary)
     else:
         body = e.raw
@@ -426,9 +435,10 @@ def _get_event(r: Reader) -> Event:
         return Event(sync_seq=sync_seq, kind=kind, known=False, raw=body)
     inner = Reader(body)
     conv, msg_seq, msg_id, at_ms = (inner.unpack("Q") for _ in range(4))
-    summary = _get_bytes(inner)
+    bare = len(body) == EVENT_IDS_BYTES
+    summary = b"" if bare else _get_bytes(inner)
     inner.finish()
-    return Event(sync_seq, EventKind(kind), conv, msg_seq, msg_id, at_ms, summary)
+    return Event(sync_seq, EventKind(kind), conv, msg_seq, msg_id, at_ms, summary, bare=bare)
 
 
 EVENT: Codec[Event] = Codec(_put_event, _get_event)
