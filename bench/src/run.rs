@@ -1006,7 +1006,7 @@ fn long_offline_scenario(
     );
     let per_event = |bytes: u64, events: u64| bytes as f64 / events.max(1) as f64;
     println!(
-        "{name}: long-offline: events on the wire: {:.1} B per event with summaries; {:.1} B per event without ({} events replayed by a second device asking for none)",
+        "{name}: long-offline: events on the wire: {:.1} B per event with summaries; {:.1} B per event without ({} events replayed by a second device asking for ids only)",
         per_event(out.bytes - out.screen.bytes, out.events),
         per_event(out.bare_bytes, out.bare_events),
         out.bare_events

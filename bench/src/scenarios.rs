@@ -528,27 +528,14 @@ pub fn long_offline(
         bytes: screen.bytes,
         ..LongOfflineOutcome::default()
     };
-    let mut cursor = DeviceCursor::new(user, 1);
-    loop {
-        let page = conn.sync_page(&mut cursor, page_limit)?;
-        out.pages += 1;
-        out.events += u64::from(page.events);
-        out.bytes += page.bytes;
-        if !page.has_more {
-            break;
-        }
-    }
+    let (events, pages, bytes) = conn.catch_up(&mut DeviceCursor::new(user, 1), page_limit)?;
     out.total = start.elapsed();
+    out.events = events;
+    out.pages = pages;
+    out.bytes += bytes;
     let mut bare = DeviceCursor::new(user, crate::workload::LONG_OFFLINE_BARE_DEVICE);
-    bare.without_summaries = true;
-    loop {
-        let page = conn.sync_page(&mut bare, page_limit)?;
-        out.bare_events += u64::from(page.events);
-        out.bare_bytes += page.bytes;
-        if !page.has_more {
-            break;
-        }
-    }
+    bare.ids_only = true;
+    (out.bare_events, _, out.bare_bytes) = conn.catch_up(&mut bare, page_limit)?;
     Ok(out)
 }
 

@@ -366,8 +366,8 @@ impl SyncSet {
 }
 
 /// The returning user's second device in `long-offline`: it replays the
-/// same backlog as device 1 once that one is done, asking for events
-/// without summaries.
+/// same backlog as device 1 once that one is done, asking for its events'
+/// ids only (no summaries).
 pub const LONG_OFFLINE_BARE_DEVICE: DeviceId = 3;
 
 /// `long-offline`: one user comes back after days away to `group_msgs`

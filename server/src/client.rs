@@ -421,6 +421,8 @@ pub struct CatchUpOptions {
     pub max_replay: Option<u64>,
     /// `SYNC`'s `without_summaries`.
     pub without_summaries: bool,
+    /// `SYNC`'s `ids_only`: events without a summary field.
+    pub ids_only: bool,
 }
 
 impl Client {
@@ -454,6 +456,7 @@ impl Client {
             batch_token,
             max_replay: options.max_replay,
             without_summaries: options.without_summaries,
+            ids_only: options.ids_only,
         };
         // The first page decides the batch: nothing is written after it
         // until it has come.

@@ -122,14 +122,14 @@ pub fn sync_req(req: wire::SyncReq) -> engine::SyncRequest {
 pub fn sync_options(req: &wire::SyncReq) -> engine::SyncOptions {
     engine::SyncOptions {
         max_replay: req.max_replay,
-        without_summaries: req.without_summaries,
+        without_summaries: req.without_summaries || req.ids_only,
     }
 }
 
 /// An engine event as it goes on the wire. A kind the engine marks as
 /// unknown keeps its code and carries the standard fields as its raw body,
-/// so a newer client can still read it. In a page asked for without
-/// summaries (`bare`) a known kind's body has no summary field.
+/// so a newer client can still read it. In a page asked for `ids_only`
+/// (`bare`) a known kind's body has no summary field.
 pub fn event(event: engine::SyncEvent, bare: bool) -> wire::Event {
     let body = wire::EventRef {
         conv: event.conv.get(),
@@ -179,7 +179,7 @@ pub fn event(event: engine::SyncEvent, bare: bool) -> wire::Event {
 }
 
 /// A sync page as it goes on the wire; `bare`: the device asked for its
-/// events without summaries.
+/// events' ids only (`ids_only`).
 pub fn sync_page(page: engine::SyncPage, bare: bool) -> wire::SyncPage {
     wire::SyncPage {
         events: page.events.into_iter().map(|e| event(e, bare)).collect(),

@@ -206,7 +206,7 @@ fn call(
         Request::Sync(r) => {
             let metrics = Arc::clone(metrics);
             let options = convert::sync_options(&r);
-            let bare = options.without_summaries;
+            let bare = r.ids_only;
             let pending = inbox.sync_with(convert::sync_req(r), options);
             let pool = pool.clone();
             // Released once durable; the page's events are read on the

@@ -210,11 +210,16 @@ pub struct SyncReq {
     /// Optional field 2 (value: empty; present = on): events without
     /// their summaries.
     pub without_summaries: bool,
+    /// Optional field 3 (value: empty; present = on): events without a
+    /// summary field at all, a known kind's body being its four ids
+    /// ([`Event::Bare`]). Implies `without_summaries`.
+    pub ids_only: bool,
 }
 
 /// Tags of `SYNC`'s optional fields.
 pub const SYNC_OPT_MAX_REPLAY: u8 = 1;
 pub const SYNC_OPT_WITHOUT_SUMMARIES: u8 = 2;
+pub const SYNC_OPT_IDS_ONLY: u8 = 3;
 
 impl Field for SyncReq {
     const MIN_BYTES: usize = 8 + 8 + 1 + 8 + 4 + 1;
@@ -233,6 +238,10 @@ impl Field for SyncReq {
             out.put_u8(SYNC_OPT_WITHOUT_SUMMARIES);
             Bytes::new().put(out);
         }
+        if self.ids_only {
+            out.put_u8(SYNC_OPT_IDS_ONLY);
+            Bytes::new().put(out);
+        }
     }
     fn get(r: &mut Reader) -> Result<Self, WireError> {
         let mut req = SyncReq {
@@ -244,6 +253,7 @@ impl Field for SyncReq {
             batch_token: Option::<Bytes>::get(r)?,
             max_replay: None,
             without_summaries: false,
+            ids_only: false,
         };
         let mut last = 0u8;
         while r.remaining() > 0 {
@@ -271,6 +281,12 @@ impl Field for SyncReq {
                         "SYNC without_summaries carries no value".into(),
                     ))
                 }
+                SYNC_OPT_IDS_ONLY if value.is_empty() => req.ids_only = true,
+                SYNC_OPT_IDS_ONLY => {
+                    return Err(WireError::Malformed(
+                        "SYNC ids_only carries no value".into(),
+                    ))
+                }
                 other => {
                     return Err(WireError::Malformed(format!(
                         "SYNC optional field {other} is unknown to this server"
@@ -295,6 +311,7 @@ impl crate::field::sample::Sample for SyncReq {
             batch_token: Sample::sample(g),
             max_replay: Sample::sample(g),
             without_summaries: Sample::sample(g),
+            ids_only: Sample::sample(g),
         }
     }
 }
@@ -352,7 +369,7 @@ wire_struct! {
 
 wire_struct! {
     /// The body of an event of a known kind in a page a device asked for
-    /// without summaries: [`EventRef`] without its `summary` field.
+    /// `ids_only`: [`EventRef`] without its `summary` field.
     pub struct EventIds {
         pub conv: u64,
         pub msg_seq: u64,
@@ -373,7 +390,7 @@ pub const EVENT_IDS_BYTES: usize = 32;
 /// ```
 ///
 /// For a known kind the body is an [`EventRef`] and must fill `body_len`
-/// exactly, or, in a page asked for without summaries, an [`EventIds`]
+/// exactly, or, in a page asked for `ids_only`, an [`EventIds`]
 /// (`body_len` = 32, no summary field); any other kind keeps its body as
 /// raw bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -386,7 +403,7 @@ pub enum Event {
         body: EventRef,
     },
     /// A known kind without a summary field (a page asked for
-    /// `without_summaries`).
+    /// `ids_only`).
     Bare {
         sync_seq: u64,
         kind: EventKind,

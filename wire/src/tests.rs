@@ -673,6 +673,14 @@ fn sync_optional_fields_round_trip_and_follow_the_fixed_fields() {
     );
     let back = Request::decode(Op::Sync as u8, body.freeze()).expect("decodes");
     assert_eq!(back, Request::Sync(req));
+    let ids = SyncReq {
+        ids_only: true,
+        ..base_sync()
+    };
+    let body = sync_body(&ids);
+    assert_eq!(hex(&body[fixed..]), "03 00 00 00 00");
+    let back = Request::decode(Op::Sync as u8, body.freeze()).expect("decodes");
+    assert_eq!(back, Request::Sync(ids));
 }
 
 #[test]
@@ -693,6 +701,8 @@ fn sync_optional_fields_that_are_unknown_repeated_or_malformed_are_refused() {
     assert!(short.to_string().contains("max_replay"), "{short}");
     let valued = with(&[2, 1, 0, 0, 0, 1]).expect_err("without_summaries with a value");
     assert!(valued.to_string().contains("without_summaries"), "{valued}");
+    let valued = with(&[3, 1, 0, 0, 0, 1]).expect_err("ids_only with a value");
+    assert!(valued.to_string().contains("ids_only"), "{valued}");
     assert!(with(&[1]).is_err(), "a tag without its value");
 }
 

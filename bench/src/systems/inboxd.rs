@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use inbox_server::client::{Client, ClientError};
+use inbox_server::client::{CatchUpOptions, Client, ClientError};
 use inbox_wire::{
     AckReq, AckSnapshotReq, ConvListReq, ConvMember, Empty, ErrorCode, Event, FinishLeaseReq,
     PullCursor, PullReq, SendReq, SnapshotPageReq, SyncReq, UserDevice, UserReq,
@@ -458,6 +458,41 @@ impl Conn for InboxdConn {
         self.rt.block_on(sync_page_on(&self.client, device, limit))
     }
 
+    /// As a device does with the Rust client: `Client::catch_up`, which
+    /// asks for the next page before it waits for the last page's `ACK`
+    /// (`PROTOCOL.md`, "Pipelined catch-up").
+    fn catch_up(&mut self, device: &mut DeviceCursor, limit: u32) -> Result<(u64, u64, u64)> {
+        let client = &self.client;
+        self.rt.block_on(async {
+            let list = client.devices(UserReq { uid: device.uid }).await?;
+            let info = list
+                .devices
+                .iter()
+                .find(|d| d.device == device.device)
+                .ok_or("catch-up of a device that is not registered")?;
+            let options = CatchUpOptions {
+                limit,
+                ids_only: device.ids_only,
+                ..CatchUpOptions::default()
+            };
+            let run = client
+                .catch_up(
+                    device.uid,
+                    device.device,
+                    Some(info.generation),
+                    info.acked_sync_seq,
+                    true,
+                    options,
+                )
+                .await?;
+            device.started = true;
+            device.generation = Some(run.generation);
+            device.acked = run.acked_sync_seq;
+            let bytes = run.events.iter().map(event_bytes).sum();
+            Ok((run.events.len() as u64, u64::from(run.pages), bytes))
+        })
+    }
+
     fn catch_up_by_snapshot(&mut self, uid: Uid, device: u64) -> Result<SnapshotCatchUp> {
         let client = &self.client;
         self.rt.block_on(async {
@@ -477,6 +512,7 @@ impl Conn for InboxdConn {
                     batch_token: None,
                     max_replay: Some(1),
                     without_summaries: false,
+                    ids_only: false,
                 })
                 .await;
             match asked {
@@ -619,7 +655,7 @@ pub(super) async fn sync_page_on(
             limit,
             batch_token: (!device.position.is_empty())
                 .then(|| Bytes::from(device.position.clone())),
-            without_summaries: device.without_summaries,
+            ids_only: device.ids_only,
             ..SyncReq::default()
         })
         .await?;

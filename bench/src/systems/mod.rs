@@ -38,9 +38,10 @@ pub struct DeviceCursor {
     pub generation: Option<u64>,
     /// The first page reads the server-side cursor; later ones do not.
     pub started: bool,
-    /// Ask for events without their summaries, where the system sends any
-    /// (inboxd's `without_summaries`); the others send none anyway.
-    pub without_summaries: bool,
+    /// Ask for the events' ids only, with no summaries, where the system
+    /// sends any (inboxd's `ids_only`: no summary field on the wire); the
+    /// others send none anyway.
+    pub ids_only: bool,
 }
 
 impl DeviceCursor {
@@ -105,6 +106,22 @@ pub trait Conn {
     /// Reads the next page of at most `limit` events after the device's
     /// cursor, then ACKs it durably, moving the cursor.
     fn sync_page(&mut self, device: &mut DeviceCursor, limit: u32) -> Result<Page>;
+
+    /// The device's whole catch-up in pages of at most `limit`, each
+    /// ACKed: (events, pages, bytes of event data). By default page after
+    /// page; a system whose protocol pipelines does it as its clients do.
+    fn catch_up(&mut self, device: &mut DeviceCursor, limit: u32) -> Result<(u64, u64, u64)> {
+        let (mut events, mut pages, mut bytes) = (0, 0, 0);
+        loop {
+            let page = self.sync_page(device, limit)?;
+            pages += 1;
+            events += u64::from(page.events);
+            bytes += page.bytes;
+            if !page.has_more {
+                return Ok((events, pages, bytes));
+            }
+        }
+    }
 
     /// The first screen of a returning user: the conversation list and the
     /// newest `per_conv` messages of every conversation in it.

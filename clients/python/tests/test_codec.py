@@ -147,6 +147,9 @@ class ProtocolDocExamples(unittest.TestCase):
         self.assertEqual(c.decode_body(c.SyncReq, c.encode_body(base)), base)
         with self.assertRaises(c.ProtocolError):
             c.decode_body(c.SyncReq, c.encode_body(base) + b"\x09\x00\x00\x00\x00")
+        ids = c.SyncReq(7, 1, 3, 40, 100, None, ids_only=True)
+        self.assertEqual(c.encode_body(ids)[len(c.encode_body(base)) :].hex(" "), "03 00 00 00 00")
+        self.assertEqual(c.decode_body(c.SyncReq, c.encode_body(ids)), ids)
 
     def test_sync_page_with_one_event(self) -> None:
         page = c.SyncPage(

@@ -224,7 +224,10 @@ class AgainstTheDaemon(unittest.TestCase):
             self.assertEqual(inbox.devices(71)[0].generation, gen, "a refused sync changes nothing")
             page = inbox.sync(71, 1, gen, 0, without_summaries=True)
             self.assertTrue(page.events)
-            self.assertTrue(all(e.summary == b"" and e.bare for e in page.events))
+            self.assertTrue(all(e.summary == b"" and not e.bare for e in page.events))
+            bare = inbox.sync(71, 1, gen, 0, ids_only=True)
+            self.assertEqual([e.sync_seq for e in bare.events], [e.sync_seq for e in page.events])
+            self.assertTrue(all(e.summary == b"" and e.bare for e in bare.events))
             self.assertEqual(page.generation, gen)
             with self.assertRaises(ResetRequiredError) as caught:
                 inbox.sync(71, 1, gen, 0, max_replay=page.batch_hwm - 1)

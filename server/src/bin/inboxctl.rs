@@ -160,6 +160,9 @@ enum Command {
         /// Events without their summaries.
         #[arg(long)]
         without_summaries: bool,
+        /// Events as their ids only, with no summary field on the wire.
+        #[arg(long)]
+        ids_only: bool,
     },
     /// ACK a sync_seq with the batch token a sync printed.
     Ack {
@@ -562,6 +565,7 @@ async fn run(cli: &Cli, dial: &Dial<'_>, client: &Client) -> Result<Value, Failu
             ack,
             max_replay,
             without_summaries,
+            ids_only,
         } => {
             let (generation, local) = match generation {
                 Some(generation) => (Some(*generation), local.unwrap_or(0)),
@@ -577,6 +581,7 @@ async fn run(cli: &Cli, dial: &Dial<'_>, client: &Client) -> Result<Value, Failu
                 limit: 0,
                 max_replay: *max_replay,
                 without_summaries: *without_summaries,
+                ids_only: *ids_only,
             };
             let run = client
                 .catch_up(*uid, *device, generation, local, *ack, options)

@@ -212,10 +212,12 @@ class Client:
         *,
         max_replay: int | None = None,
         without_summaries: bool = False,
+        ids_only: bool = False,
     ) -> c.SyncPage:
         """One SYNC page. ``max_replay``: a batch with more events than this
         to replay answers RESET_REQUIRED instead (install a snapshot);
-        ``without_summaries``: events without their summaries."""
+        ``without_summaries``: events without their summaries; ``ids_only``:
+        events as their ids, with no summary field on the wire."""
         req = c.SyncReq(
             uid,
             device,
@@ -225,6 +227,7 @@ class Client:
             batch_token,
             max_replay,
             without_summaries,
+            ids_only,
         )
         return self.call(c.Op.SYNC, req)
 

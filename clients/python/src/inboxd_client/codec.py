@@ -366,6 +366,7 @@ class DeviceList:
 
 SYNC_OPT_MAX_REPLAY = 1
 SYNC_OPT_WITHOUT_SUMMARIES = 2
+SYNC_OPT_IDS_ONLY = 3
 
 
 @layout(
@@ -377,12 +378,14 @@ SYNC_OPT_WITHOUT_SUMMARIES = 2
     option(BYTES),
     optional_field(SYNC_OPT_MAX_REPLAY, U64),
     optional_flag(SYNC_OPT_WITHOUT_SUMMARIES),
+    optional_flag(SYNC_OPT_IDS_ONLY),
 )
 @dataclass(frozen=True)
 class SyncReq:
     """``max_replay``: when a batch starts with more events than this to
     replay, the server answers RESET_REQUIRED (at least 1; ``None`` = no
-    limit). ``without_summaries``: events come with empty summaries."""
+    limit). ``without_summaries``: events come with empty summaries.
+    ``ids_only``: events come without a summary field at all (``Event.bare``)."""
 
     uid: int
     device: int
@@ -392,6 +395,7 @@ class SyncReq:
     batch_token: bytes | None
     max_replay: int | None = None
     without_summaries: bool = False
+    ids_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -399,7 +403,7 @@ class Event:
     """A sync event. ``known`` is False for a kind this client does not know:
     then only ``sync_seq``, ``kind`` and ``raw`` are meaningful. ``bare`` is
     True for a known kind sent without its summary field (a page asked for
-    ``without_summaries``): its body is the four ids only."""
+    ``ids_only``): its body is the four ids only."""
 
     sync_seq: int
     kind: int
