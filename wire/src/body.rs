@@ -429,6 +429,24 @@ impl Event {
     }
 }
 
+/// A known kind's event: its head, then its body as a length-prefixed
+/// field.
+fn put_known(out: &mut BytesMut, sync_seq: u64, kind: EventKind, body: &impl Field) {
+    out.put_u64_le(sync_seq);
+    out.put_u8(kind as u8);
+    let mut inner = BytesMut::new();
+    body.put(&mut inner);
+    Field::put(&inner.freeze(), out);
+}
+
+/// A known kind's body, which must fill its `body_len` exactly.
+fn whole_body<T: Field>(body: Bytes) -> Result<T, WireError> {
+    let mut inner = Reader::new(body);
+    let value = T::get(&mut inner)?;
+    inner.finish()?;
+    Ok(value)
+}
+
 impl Field for Event {
     const MIN_BYTES: usize = 8 + 1 + 4;
     fn put(&self, out: &mut BytesMut) {
@@ -437,23 +455,12 @@ impl Field for Event {
                 sync_seq,
                 kind,
                 body,
-            } => {
-                out.put_u64_le(*sync_seq);
-                out.put_u8(*kind as u8);
-                let mut inner = BytesMut::new();
-                body.put(&mut inner);
-                Field::put(&inner.freeze(), out);
-            }
+            } => put_known(out, *sync_seq, *kind, body),
             Self::Bare {
                 sync_seq,
                 kind,
                 body,
-            } => {
-                out.put_u64_le(*sync_seq);
-                out.put_u8(*kind as u8);
-                out.put_u32_le(EVENT_IDS_BYTES as u32);
-                body.put(out);
-            }
+            } => put_known(out, *sync_seq, *kind, body),
             Self::Unknown {
                 sync_seq,
                 kind,
@@ -470,26 +477,16 @@ impl Field for Event {
         let code = r.u8()?;
         let body = Bytes::get(r)?;
         match EventKind::from_code(code) {
-            Some(kind) if body.len() == EVENT_IDS_BYTES => {
-                let mut inner = Reader::new(body);
-                let body = EventIds::get(&mut inner)?;
-                inner.finish()?;
-                Ok(Self::Bare {
-                    sync_seq,
-                    kind,
-                    body,
-                })
-            }
-            Some(kind) => {
-                let mut inner = Reader::new(body);
-                let body = EventRef::get(&mut inner)?;
-                inner.finish()?;
-                Ok(Self::Known {
-                    sync_seq,
-                    kind,
-                    body,
-                })
-            }
+            Some(kind) if body.len() == EVENT_IDS_BYTES => Ok(Self::Bare {
+                sync_seq,
+                kind,
+                body: whole_body(body)?,
+            }),
+            Some(kind) => Ok(Self::Known {
+                sync_seq,
+                kind,
+                body: whole_body(body)?,
+            }),
             None => Ok(Self::Unknown {
                 sync_seq,
                 kind: code,
