@@ -4,6 +4,10 @@
 //! cost should follow the live data, not the size of the segments they
 //! are written into.
 //!
+//! It also times one check of the image (`Image::parse`: its SHA-256 and
+//! layout), the pass an install makes over the file it received before
+//! staging it.
+//!
 //! Run: `cargo bench -p inbox-engine --bench replica_image`
 //! (prints the figures; `harness = false`: one build is long enough to
 //! time alone, and the figure wanted is how it scales with the segment
@@ -12,6 +16,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
+use inbox_engine::inbox::Image;
 use inbox_engine::*;
 
 const SENDS: u64 = 2_000;
@@ -19,7 +24,7 @@ const BUILDS: usize = 5;
 
 fn main() {
     println!("replica image of {SENDS} sends of 200 bytes, {BUILDS} builds each");
-    println!("segment size | median build | slowest build | image bytes");
+    println!("segment size | median build | slowest build | image bytes | median check");
     for segment_bytes in [1u64 << 20, 128 << 20] {
         let dir = tempfile::tempdir().unwrap();
         let mut c = InboxConfig::new(dir.path().join("data"));
@@ -53,11 +58,22 @@ fn main() {
             bytes = std::fs::metadata(&out).unwrap().len();
         }
         times.sort();
+        let image = std::fs::read(dir.path().join("image")).unwrap();
+        let mut checks: Vec<_> = (0..BUILDS)
+            .map(|_| {
+                let start = Instant::now();
+                Image::parse(&image).unwrap();
+                start.elapsed()
+            })
+            .collect();
+        checks.sort();
         println!(
-            "{:>8} MiB | {:>9.1} ms | {:>10.1} ms | {bytes}",
+            "{:>8} MiB | {:>9.1} ms | {:>10.1} ms | {bytes} | {:.2} ms ({:.0} MB/s)",
             segment_bytes >> 20,
             times[BUILDS / 2].as_secs_f64() * 1e3,
             times[BUILDS - 1].as_secs_f64() * 1e3,
+            checks[BUILDS / 2].as_secs_f64() * 1e3,
+            bytes as f64 / checks[BUILDS / 2].as_secs_f64() / 1e6,
         );
         ib.shutdown().unwrap();
     }

@@ -75,7 +75,8 @@ pub use pending::Pending;
 pub use read::Read;
 pub use recover::RecoveryReport;
 pub use replica::{
-    copy_top_files, exchange_dirs, image_info, stage_image, Entry, ImageCheck, ImageInfo, Leader,
+    copy_top_files, exchange_dirs, image_info, stage_image, Entry, Image, ImageCheck, ImageInfo,
+    Leader,
 };
 pub use salvage::{salvage, Damage, LostEvents, LostMessages, RaisedFloor, SalvageReport};
 pub use shared::{Hint, LargeGroupHint};

@@ -1,5 +1,5 @@
 //! raft snapshots over the engine's replica images
-//! (`inbox_engine::inbox::stage_image` and `Inbox::export_image`).
+//! (`inbox_engine::inbox::Image` and `Inbox::export_image`).
 //!
 //! - **Build**: an image of the engine once its rounds in hand have
 //!   settled, with raft's log id and membership for its index inside (under
@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inbox_engine::inbox::{
-    copy_top_files, exchange_dirs, image_info, stage_image, ImageCheck, ImageInfo,
+    copy_top_files, exchange_dirs, image_info, Image, ImageCheck, ImageInfo,
 };
 use inbox_engine::Inbox;
 use openraft::error::{InstallSnapshotError, RaftError, SnapshotMismatch};
@@ -144,10 +144,7 @@ fn publish(from: &Path, tmp: &str, to: &Path) -> std::io::Result<()> {
 /// into a file no longer named).
 pub(crate) fn receive_file(dir: &Path) -> std::io::Result<std::fs::File> {
     let path = dir.join(RECEIVE_TMP);
-    match std::fs::remove_file(&path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
+    unless_gone(std::fs::remove_file(&path))?;
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -178,18 +175,20 @@ const SCRATCH: &str = "image.tmp";
 /// directory an install swapped out.
 pub(crate) fn remove_leftovers(dir: &Path) -> std::io::Result<()> {
     for d in [scratch(dir), beside(dir, "image"), beside(dir, "install")] {
-        match std::fs::remove_dir_all(d) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
+        unless_gone(std::fs::remove_dir_all(d))?;
     }
     for f in [BUILD_TMP, RECEIVE_TMP, "raft-snapshot.img.tmp"] {
-        match std::fs::remove_file(dir.join(f)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
+        unless_gone(std::fs::remove_file(dir.join(f)))?;
     }
     Ok(())
+}
+
+/// A removal's outcome, with "it was not there" counted as done.
+fn unless_gone(removed: std::io::Result<()>) -> std::io::Result<()> {
+    match removed {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
 }
 
 fn snap_err(e: impl ToString) -> StorageError<u64> {
@@ -353,7 +352,10 @@ impl Glue {
             return Err("the received snapshot is not the file last begun".into());
         }
         let data = map(&file)?;
-        check(meta, &data)?;
+        // Parsing checks the whole image (its one SHA-256 pass here); the
+        // staging below reuses it.
+        let image = Image::parse(&data).map_err(|e| e.to_string())?;
+        check_info(meta, image.info())?;
         let last = meta.last_log_id.ok_or("a snapshot without a last log id")?;
         // The lock is held to the end: raft's appends wait for the engine
         // the snapshot leaves. A build under way takes a new copy.
@@ -366,6 +368,7 @@ impl Glue {
             && inbox.replica_index() >= last.index;
         let installs = u64::from(!holds);
         if holds {
+            drop(image);
             drop(data);
             self.publish_current(RECEIVE_TMP, meta)?;
             tracing::info!(
@@ -375,7 +378,15 @@ impl Glue {
             );
         } else {
             let bytes = data.len();
-            let new_meta = self.swap_in(&inbox, meta, last, data, role.meta.vote)?;
+            let staged = beside(&self.dir, "install");
+            // Not the scratch image: a build may be writing it.
+            unless_gone(std::fs::remove_dir_all(&staged)).map_err(|e| e.to_string())?;
+            image
+                .stage(&staged, inbox.config())
+                .map_err(|e| e.to_string())?;
+            drop(image);
+            drop(data);
+            let new_meta = self.swap_in(&inbox, &staged, meta, last, role.meta.vote)?;
             self.snapshots().current = Some(meta.clone());
             role.meta = new_meta;
             role.raft_last = Some(last.index);
@@ -394,27 +405,19 @@ impl Glue {
         Ok(())
     }
 
-    /// Stages the image (`data`, a mapping of the received file), adds
-    /// raft's metadata, the image file itself and the node's own files,
-    /// exchanges the directories and opens the engine on the new one. The
-    /// new directory's snapshot is then the one installed.
+    /// Adds raft's metadata, the image file itself and the node's own
+    /// files to the staged image `staged`, exchanges the directories and
+    /// opens the engine on the new one. The new directory's snapshot is
+    /// then the one installed.
     fn swap_in(
         &self,
         inbox: &Arc<Inbox>,
+        staged: &Path,
         meta: &SnapshotMeta<u64, Peer>,
         last: LogId<u64>,
-        data: memmap2::Mmap,
         vote: Option<openraft::Vote<u64>>,
     ) -> Result<meta::Meta, String> {
         let config = inbox.config().clone();
-        let staged = beside(&self.dir, "install");
-        // Not the scratch image: a build may be writing it.
-        match std::fs::remove_dir_all(&staged) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.to_string()),
-            _ => {}
-        }
-        stage_image(&data, &staged, &config).map_err(|e| e.to_string())?;
-        drop(data);
         let mut new_meta = meta::Meta {
             vote,
             purged: Some(last),
@@ -436,15 +439,15 @@ impl Glue {
             new_meta.memberships.insert(at.index, m.clone());
         }
         let prepared = new_meta
-            .store(&staged)
-            .and_then(|()| publish(&self.dir, RECEIVE_TMP, &staged))
+            .store(staged)
+            .and_then(|()| publish(&self.dir, RECEIVE_TMP, staged))
             .map_err(|e| e.to_string())
             .and_then(|()| {
-                copy_top_files(&self.dir, &staged, &["raft-meta.json", FILE])
+                copy_top_files(&self.dir, staged, &["raft-meta.json", FILE])
                     .map_err(|e| e.to_string())
             });
         if let Err(e) = prepared {
-            let _ = std::fs::remove_dir_all(&staged);
+            let _ = std::fs::remove_dir_all(staged);
             return Err(e);
         }
         // From here the engine is replaced; a failure stops this node
@@ -452,8 +455,8 @@ impl Glue {
         inbox
             .shutdown()
             .map_err(|e| format!("shutting the engine down for a snapshot: {e}"))?;
-        exchange_dirs(&staged, &self.dir).map_err(|e| e.to_string())?;
-        if let Err(e) = std::fs::remove_dir_all(&staged) {
+        exchange_dirs(staged, &self.dir).map_err(|e| e.to_string())?;
+        if let Err(e) = std::fs::remove_dir_all(staged) {
             tracing::warn!(error = %e, "removing the data directory a snapshot replaced");
         }
         let fresh =
@@ -462,12 +465,6 @@ impl Glue {
         *self.inbox.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh);
         Ok(new_meta)
     }
-}
-
-/// An image's checksum, layout and the raft metadata inside it, against
-/// the request's.
-fn check(meta: &SnapshotMeta<u64, Peer>, data: &[u8]) -> Result<(), String> {
-    check_info(meta, &image_info(data).map_err(|e| e.to_string())?)
 }
 
 /// What an image says about itself, against the request's metadata.

@@ -268,10 +268,66 @@ fn bad(why: impl std::fmt::Display) -> Error {
     Error::BadRequest(format!("replica image: {why}"))
 }
 
+/// The header after the magic: index, digest and meta, read from `r`
+/// (placed just past the magic).
+fn read_header(r: &mut Reader<'_>) -> Result<ImageInfo> {
+    let index = r.u64()?;
+    let digest: [u8; 32] = r.take(32)?.try_into().expect("32 bytes");
+    let meta_len = r.u32()? as usize;
+    let meta = r.take(meta_len)?.to_vec();
+    Ok(ImageInfo {
+        index,
+        digest,
+        meta,
+    })
+}
+
+/// An image whose checksum and layout are checked, read in place from
+/// its bytes: what it says about itself, and its files. Parsing it is
+/// the one pass over the whole image (its SHA-256); [`Image::stage`]
+/// reuses it, so a caller that checks [`Image::info`] against what it
+/// expected before staging does not hash the image a second time.
+pub struct Image<'a> {
+    info: ImageInfo,
+    parts: Vec<Part<'a>>,
+}
+
+impl<'a> Image<'a> {
+    /// Checks `buf`'s checksum and layout; changes nothing.
+    pub fn parse(buf: &'a [u8]) -> Result<Image<'a>> {
+        let (info, parts) = parse(buf)?;
+        Ok(Image { info, parts })
+    }
+
+    /// What the image says about itself.
+    pub fn info(&self) -> &ImageInfo {
+        &self.info
+    }
+
+    /// Unpacks the image into `dir` (which must not exist), durably, then
+    /// opens it with `config` (its `data_dir` set to `dir`) and checks
+    /// that the state there is the one the image names (index and
+    /// digest). On any failure `dir` is removed and the error returned;
+    /// nothing else is touched. The staged directory holds no node-local
+    /// files (a token key, the consensus layer's own): the caller adds
+    /// them before [`exchange_dirs`].
+    pub fn stage(&self, dir: &Path, config: &InboxConfig) -> Result<()> {
+        if dir.exists() {
+            return Err(bad(format!("{} exists already", dir.display())));
+        }
+        let staged = unpack(&self.parts, dir).and_then(|()| verify(dir, config, &self.info));
+        if let Err(e) = staged {
+            let _ = std::fs::remove_dir_all(dir);
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
 /// Checks an image's checksum and layout and returns what it says about
 /// itself and its files; changes nothing.
 fn parse(buf: &[u8]) -> Result<(ImageInfo, Vec<Part<'_>>)> {
-    if buf.len() < 8 + 8 + 32 + 4 + 4 + 32 || &buf[..8] != MAGIC {
+    if buf.len() < HEAD_FIXED + 4 + 32 || &buf[..8] != MAGIC {
         return Err(bad("not an image (or cut short)"));
     }
     let (body, sum) = buf.split_at(buf.len() - 32);
@@ -279,10 +335,7 @@ fn parse(buf: &[u8]) -> Result<(ImageInfo, Vec<Part<'_>>)> {
         return Err(bad("checksum mismatch (damaged or cut short)"));
     }
     let mut r = Reader { buf: body, at: 8 };
-    let index = r.u64()?;
-    let digest: [u8; 32] = r.take(32)?.try_into().expect("32 bytes");
-    let meta_len = r.u32()? as usize;
-    let meta = r.take(meta_len)?.to_vec();
+    let info = read_header(&mut r)?;
     let count = r.u32()?;
     let mut parts = Vec::new();
     for _ in 0..count {
@@ -304,14 +357,7 @@ fn parse(buf: &[u8]) -> Result<(ImageInfo, Vec<Part<'_>>)> {
     if r.at != body.len() {
         return Err(bad("trailing bytes"));
     }
-    Ok((
-        ImageInfo {
-            index,
-            digest,
-            meta,
-        },
-        parts,
-    ))
+    Ok((info, parts))
 }
 
 /// A name is relative, under one of the image's parts, with no `..`.
@@ -444,18 +490,9 @@ impl ImageCheck {
         if self.sum.finalize().as_slice() != self.tail.as_slice() {
             return Err(bad("checksum mismatch (damaged or cut short)"));
         }
-        let mut r = Reader {
+        read_header(&mut Reader {
             buf: &self.head,
             at: 8,
-        };
-        let index = r.u64()?;
-        let digest: [u8; 32] = r.take(32)?.try_into().expect("32 bytes");
-        let meta_len = r.u32()? as usize;
-        let meta = r.take(meta_len)?.to_vec();
-        Ok(ImageInfo {
-            index,
-            digest,
-            meta,
         })
     }
 }
@@ -463,27 +500,15 @@ impl ImageCheck {
 /// What an image says about itself, once its checksum and layout are
 /// checked; changes nothing.
 pub fn image_info(buf: &[u8]) -> Result<ImageInfo> {
-    parse(buf).map(|(info, _)| info)
+    Image::parse(buf).map(|image| image.info)
 }
 
-/// Unpacks an image into `dir` (which must not exist), durably, then opens
-/// it with `config` (its `data_dir` set to `dir`) and checks that the
-/// state there is the one the image names (index and digest). On any
-/// failure `dir` is removed and the error returned; nothing else is
-/// touched. The staged directory holds no node-local files (a token key,
-/// the consensus layer's own): the caller adds them before
-/// [`exchange_dirs`].
+/// [`Image::parse`], then [`Image::stage`]: what the staged image says
+/// about itself.
 pub fn stage_image(buf: &[u8], dir: &Path, config: &InboxConfig) -> Result<ImageInfo> {
-    let (info, parts) = parse(buf)?;
-    if dir.exists() {
-        return Err(bad(format!("{} exists already", dir.display())));
-    }
-    let staged = unpack(&parts, dir).and_then(|()| verify(dir, config, &info));
-    if let Err(e) = staged {
-        let _ = std::fs::remove_dir_all(dir);
-        return Err(e);
-    }
-    Ok(info)
+    let image = Image::parse(buf)?;
+    image.stage(dir, config)?;
+    Ok(image.info)
 }
 
 fn unpack(parts: &[Part<'_>], dir: &Path) -> Result<()> {

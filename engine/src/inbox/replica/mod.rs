@@ -26,7 +26,9 @@
 pub(crate) mod image;
 pub(crate) mod record;
 
-pub use image::{copy_top_files, exchange_dirs, image_info, stage_image, ImageCheck, ImageInfo};
+pub use image::{
+    copy_top_files, exchange_dirs, image_info, stage_image, Image, ImageCheck, ImageInfo,
+};
 
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc};
