@@ -30,13 +30,9 @@ const MESSAGES: u64 = 6_000;
 const PAYLOAD: usize = 16 << 10;
 const DEADLINE: Duration = Duration::from_secs(300);
 
+/// 0 once the process is gone.
 fn rss_anon_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
+    inbox_tests::proc_status_bytes(pid, "RssAnon:").unwrap_or(0) / 1024
 }
 
 /// Pseudo-random bytes (xorshift), which zstd cannot shrink.

@@ -436,6 +436,15 @@ pub fn msg_refs(events: &[inbox_wire::Event]) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS:`, `RssAnon:`, ...), in
+/// bytes; `None` once the process is gone or without the field.
+pub fn proc_status_bytes(pid: i32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// The value of the unlabelled metric `name` in Prometheus text.
 pub fn metric(text: &str, name: &str) -> Option<u64> {
     text.lines()

@@ -51,18 +51,9 @@ struct Memory {
 
 impl Memory {
     fn of(pid: i32) -> Memory {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
         let field = |name: &str| -> u64 {
-            let line = status
-                .lines()
-                .find(|l| l.starts_with(name))
-                .unwrap_or_else(|| panic!("{name} missing from /proc/{pid}/status"));
-            let kib: u64 = line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("cannot parse {line:?}"));
-            kib * 1024
+            inbox_tests::proc_status_bytes(pid, name)
+                .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
         };
         Memory {
             rss_bytes: field("VmRSS:"),
