@@ -464,12 +464,7 @@ impl Conn for InboxdConn {
     fn catch_up(&mut self, device: &mut DeviceCursor, limit: u32) -> Result<(u64, u64, u64)> {
         let client = &self.client;
         self.rt.block_on(async {
-            let list = client.devices(UserReq { uid: device.uid }).await?;
-            let info = list
-                .devices
-                .iter()
-                .find(|d| d.device == device.device)
-                .ok_or("catch-up of a device that is not registered")?;
+            start_cursor(client, device).await?;
             let options = CatchUpOptions {
                 limit,
                 ids_only: device.ids_only,
@@ -479,13 +474,12 @@ impl Conn for InboxdConn {
                 .catch_up(
                     device.uid,
                     device.device,
-                    Some(info.generation),
-                    info.acked_sync_seq,
+                    device.generation,
+                    device.acked,
                     true,
                     options,
                 )
                 .await?;
-            device.started = true;
             device.generation = Some(run.generation);
             device.acked = run.acked_sync_seq;
             let bytes = run.events.iter().map(event_bytes).sum();
@@ -626,6 +620,20 @@ pub(crate) fn admin_token(token: &str) -> String {
     format!("{token}-admin")
 }
 
+/// The device knows its generation and its last ACK; a fresh harness
+/// cursor reads them, as the MariaDB driver reads user_sync_cursor.
+async fn start_cursor(client: &Client, device: &mut DeviceCursor) -> Result<()> {
+    if !device.started {
+        let list = client.devices(UserReq { uid: device.uid }).await?;
+        if let Some(info) = list.devices.iter().find(|d| d.device == device.device) {
+            device.generation = Some(info.generation);
+            device.acked = info.acked_sync_seq;
+        }
+        device.started = true;
+    }
+    Ok(())
+}
+
 /// One page of a device's catch-up on `client` (read, ACKed, its lease
 /// finished on the last page), as the harness's sync scenarios make it;
 /// also what a group member serves (`group.rs`).
@@ -634,17 +642,7 @@ pub(super) async fn sync_page_on(
     device: &mut DeviceCursor,
     limit: u32,
 ) -> Result<Page> {
-    if !device.started {
-        // The device knows its generation and its last ACK; a fresh
-        // harness cursor reads them, as the MariaDB driver reads
-        // user_sync_cursor.
-        let list = client.devices(UserReq { uid: device.uid }).await?;
-        if let Some(info) = list.devices.iter().find(|d| d.device == device.device) {
-            device.generation = Some(info.generation);
-            device.acked = info.acked_sync_seq;
-        }
-        device.started = true;
-    }
+    start_cursor(client, device).await?;
     let read_started = Instant::now();
     let page = client
         .sync(SyncReq {
