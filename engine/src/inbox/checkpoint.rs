@@ -404,8 +404,9 @@ mod tests {
         let mut plain = State::new(0);
         plain.convs.entry(ConvId(7)).or_default();
         let mut older = encode_state(&plain);
-        // No idempotency table (one zero count), no large groups (two).
-        older.truncate(older.len() - 8 - 16);
+        // No idempotency table (its mark and a zero count), no large
+        // groups (two zero counts).
+        older.truncate(older.len() - 16 - 16);
         assert_eq!(decode_state(&older).unwrap(), plain);
     }
 

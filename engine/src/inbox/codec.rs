@@ -123,6 +123,10 @@ impl<'a> Reader<'a> {
     pub fn u64(&mut self) -> DecodeResult<u64> {
         Ok(u64::from_le_bytes(self.array()?))
     }
+    /// The next u64, left unread.
+    pub fn peek_u64(&self) -> DecodeResult<u64> {
+        Reader { buf: self.buf }.u64()
+    }
     /// An identifier newtype, stored as its bare `u64`.
     pub fn id<T: Word64>(&mut self) -> DecodeResult<T> {
         Ok(T::from_word(self.u64()?))

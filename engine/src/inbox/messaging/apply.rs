@@ -16,7 +16,7 @@ use super::record::MsgEffect;
 use crate::api::*;
 use crate::inbox::state::record::{ApplyError, Touched};
 use crate::inbox::state::{
-    msg_counter, Conv, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED, OPEN,
+    idem, msg_counter, Conv, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED, OPEN,
 };
 
 /// A recall of `target_seq` also recalls its edits, the edits of those,
@@ -219,14 +219,13 @@ impl State {
     fn remember_idem(&mut self, m: &MsgEffect) {
         // Expiry is judged by the stamped time of the message being
         // applied, so replay expires exactly the same keys.
-        self.idem.insert(
-            m.sender,
-            m.client_msg_id,
-            m.conv,
-            m.msg_seq,
-            m.msg_id,
-            m.at_ms,
-            self.idem_ttl_ms,
-        );
+        let sent = idem::Sent {
+            sender: m.sender,
+            cmid: m.client_msg_id,
+            conv: m.conv,
+            msg_seq: m.msg_seq,
+            msg_id: m.msg_id,
+        };
+        self.idem.insert(sent, m.at_ms, self.idem_ttl_ms);
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::record::{kind_code, kind_from_code};
 use crate::api::{ClientMsgId, ConvId, MsgId, MsgSeq, TimestampMs, Uid};
 use crate::inbox::codec::{sorted, DecodeError, DecodeResult, Reader, Writer};
-use crate::inbox::state::idem::IdemSlot;
+use crate::inbox::state::idem::{IdemSlot, Sent, Whole};
 use crate::inbox::state::{Conv, LargeMode, LastEntry, MsgMeta, Period, State, User, UserConv};
 
 /// Conversations by id: messages, then membership periods.
@@ -132,33 +132,50 @@ pub(crate) fn get_idempotency(r: &mut Reader<'_>, st: &mut State) -> DecodeResul
         if let Some(&(conv, msg_id, msg_seq, at_ms)) = keys.get(&(uid, cmid)) {
             if at_ms == at {
                 let ttl = st.idem_ttl_ms;
-                st.idem.insert(uid, cmid, conv, msg_seq, msg_id, at_ms, ttl);
+                let sent = Sent {
+                    sender: uid,
+                    cmid,
+                    conv,
+                    msg_seq,
+                    msg_id,
+                };
+                st.idem.insert(sent, at_ms, ttl);
             }
         }
     }
     Ok(())
 }
 
-/// The idempotency table (optional, after the large groups): its buckets
-/// oldest first, each as start_ms u64, end_ms u64, count u64, then its
-/// entries sorted: tag (low u64, high u64), conv u64, msg_seq u64,
-/// msg_id u64.
+/// The idempotency table (optional, after the large groups): the mark
+/// [`COMPACT_KEYS`], then its buckets oldest first, each as start_ms u64,
+/// end_ms u64, base_id u64, count u64, then its entries sorted: fp u64,
+/// conv u64, seq_lo u32, id_delta u32.
+///
+/// A checkpoint written before keys were compact has no mark: its buckets
+/// start with their count, then start_ms u64, end_ms u64, count u64 and
+/// the entries as tag (low u64, high u64), conv u64, msg_seq u64, msg_id
+/// u64. It is read into compact entries, oldest bucket first.
 pub(crate) fn put_idempotency_table(w: &mut Writer, st: &State) {
+    w.u64(COMPACT_KEYS);
     w.u64(st.idem.buckets().count() as u64);
     for b in st.idem.buckets() {
         w.u64(b.start_ms);
         w.u64(b.end_ms);
+        w.u64(b.base_id);
         let entries = b.entries();
         w.u64(entries.len() as u64);
         for e in entries {
-            w.u64(e.tag[0]);
-            w.u64(e.tag[1]);
+            w.u64(e.fp);
             w.u64(e.conv);
-            w.u64(e.msg_seq);
-            w.u64(e.msg_id);
+            w.u32(e.seq_lo);
+            w.u32(e.id_delta);
         }
     }
 }
+
+/// Starts the idempotency section of a checkpoint with compact keys: no
+/// bucket count of the older layout comes near it.
+const COMPACT_KEYS: u64 = u64::MAX;
 
 pub(crate) fn get_idempotency_table(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
     if st.idem.len() > 0 {
@@ -166,28 +183,53 @@ pub(crate) fn get_idempotency_table(r: &mut Reader<'_>, st: &mut State) -> Decod
             "checkpoint has idempotency keys in both the old and the new section",
         ));
     }
-    let mut prev_end = 0;
+    let compact = r.peek_u64()? == COMPACT_KEYS;
+    if compact {
+        r.u64()?;
+    }
+    let mut prev: Option<(TimestampMs, TimestampMs)> = None;
     for _ in 0..r.count(24)? {
         let (start_ms, end_ms): (TimestampMs, TimestampMs) = (r.u64()?, r.u64()?);
-        if start_ms >= end_ms || start_ms < prev_end {
+        // Disjoint and in order, or a span again (ids ran past 2^32).
+        let in_order = prev.is_none_or(|(s, e)| start_ms >= e || (start_ms, end_ms) == (s, e));
+        if start_ms >= end_ms || !in_order {
             return Err(DecodeError("idempotency buckets out of order"));
         }
-        prev_end = end_ms;
-        let n = r.count(40)?;
-        let mut entries = Vec::with_capacity(n);
-        for _ in 0..n {
-            let e = IdemSlot {
-                tag: [r.u64()?, r.u64()?],
-                conv: r.id()?,
-                msg_seq: r.id()?,
-                msg_id: r.id()?,
-            };
-            if e.msg_id == MsgId(0) {
-                return Err(DecodeError("idempotency entry without a message"));
+        prev = Some((start_ms, end_ms));
+        if compact {
+            let base_id: MsgId = r.id()?;
+            let n = r.count(24)?;
+            let mut entries = Vec::with_capacity(n);
+            for _ in 0..n {
+                let e = IdemSlot {
+                    fp: r.u64()?,
+                    conv: r.id()?,
+                    seq_lo: r.u32()?,
+                    id_delta: r.u32()?,
+                };
+                if e.fp == 0 {
+                    return Err(DecodeError("idempotency entry without a fingerprint"));
+                }
+                entries.push(e);
             }
-            entries.push(e);
+            st.idem.push_decoded(start_ms, end_ms, base_id, entries);
+        } else {
+            let mut entries = Vec::with_capacity(r.count(40)?);
+            for _ in 0..entries.capacity() {
+                let tag = [r.u64()?, r.u64()?];
+                let (conv, msg_seq, msg_id) = (r.id()?, r.id()?, r.id()?);
+                if msg_id == MsgId(0) {
+                    return Err(DecodeError("idempotency entry without a message"));
+                }
+                entries.push(Whole {
+                    msg_id,
+                    tag,
+                    conv,
+                    msg_seq,
+                });
+            }
+            st.idem.push_whole(start_ms, end_ms, entries);
         }
-        st.idem.push_decoded(start_ms, end_ms, entries);
     }
     Ok(())
 }
@@ -342,8 +384,8 @@ mod tests {
         assert_eq!(st.idem.len(), 2);
         let c = st.idem.candidates(Uid(1), 5, 1_000, 1_600);
         assert_eq!(
-            (c[0].conv, c[0].msg_seq, c[0].msg_id),
-            (ConvId(10), MsgSeq(3), MsgId(11))
+            (c[0].conv, c[0].seq_lo, c[0].msg_id),
+            (ConvId(10), 3, MsgId(11))
         );
         assert_eq!(st.idem.candidates(Uid(2), 6, 1_000, 1_600).len(), 1);
 
@@ -353,6 +395,58 @@ mod tests {
         let mut back = State::new(1_600);
         get_idempotency_table(&mut Reader::new(&w.buf), &mut back).unwrap();
         assert_eq!(back.idem, st.idem);
+    }
+
+    #[test]
+    fn a_table_of_whole_entries_reads_into_the_compact_table_the_same_sends_build() {
+        use crate::inbox::state::idem::{default_spread, tag_of};
+        // Sends at 10 and 20 ms (one bucket of 100 ms), the second with an
+        // id 2^32 past the first's, then one at 250 ms.
+        let far = (1u64 << 32) + 9;
+        let sends = [
+            (Uid(1), 1u128, ConvId(10), MsgSeq(1), MsgId(7), 10u64),
+            (Uid(2), 2, ConvId(11), MsgSeq(1), MsgId(far), 20),
+            (Uid(1), 3, ConvId(10), MsgSeq(2), MsgId(far + 1), 250),
+        ];
+        let mut built = State::new(1_600);
+        for (sender, cmid, conv, msg_seq, msg_id, at) in sends {
+            let sent = Sent {
+                sender,
+                cmid,
+                conv,
+                msg_seq,
+                msg_id,
+            };
+            built.idem.insert(sent, at, 1_600);
+        }
+        // The older layout: start, end, count, then tag, conv, seq, id.
+        let mut w = Writer::with_capacity(256);
+        w.u64(2u64);
+        for (start, end, of) in [(0u64, 100u64, &sends[..2]), (200, 300, &sends[2..])] {
+            w.u64(start);
+            w.u64(end);
+            w.u64(of.len() as u64);
+            for &(sender, cmid, conv, msg_seq, msg_id, _) in of.iter().rev() {
+                let tag = tag_of(default_spread, sender, cmid);
+                w.u64(tag[0]);
+                w.u64(tag[1]);
+                w.u64(conv);
+                w.u64(msg_seq);
+                w.u64(msg_id);
+            }
+        }
+        let mut read = State::new(1_600);
+        get_idempotency_table(&mut Reader::new(&w.buf), &mut read).unwrap();
+        assert_eq!(read.idem, built.idem);
+        assert_eq!(read.idem.buckets().count(), 3);
+        let c = read.idem.candidates(Uid(2), 2, 300, 1_600);
+        assert_eq!((c[0].conv, c[0].msg_id), (ConvId(11), MsgId(far)));
+        // The compact layout keeps two buckets of one span.
+        let mut w = Writer::with_capacity(256);
+        put_idempotency_table(&mut w, &read);
+        let mut back = State::new(1_600);
+        get_idempotency_table(&mut Reader::new(&w.buf), &mut back).unwrap();
+        assert_eq!(back.idem, built.idem);
     }
 
     #[test]

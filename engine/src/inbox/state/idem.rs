@@ -1,17 +1,28 @@
 //! The idempotency table (R4): every `(sender, client_msg_id)` seen in the
-//! last `idempotency_ttl`, at a small fixed cost per key.
+//! last `idempotency_ttl`, at a small fixed cost per key: 24 bytes.
 //!
-//! A key is not kept whole. Each entry holds a 16-byte *tag*,
-//! `client_msg_id XOR spread(sender)`, and where its send is: `conv`,
-//! `msg_seq`, `msg_id` (40 bytes in all, no pointer, no per-entry time).
-//! The tag alone does not name a key: two keys of different senders may
-//! share one. But given the sender of the original send, which the message
-//! index holds (and the message record on disk too), the tag gives back the
-//! original `client_msg_id` exactly (`tag XOR spread(sender)`). So a lookup
-//! takes the entries whose tag matches and keeps only the one whose
-//! message was sent by the asking sender ([`State::idem_lookup`]): a tag
-//! shared by two keys never answers one with the other's message, nor
-//! refuses a new send.
+//! A key is not kept whole. Its *tag*, `client_msg_id XOR spread(sender)`
+//! (16 bytes), gives back the key exactly once the sender is known, and
+//! the sender of a send is in the message index. An entry keeps less than
+//! the tag:
+//!
+//! - `fp`, a 64-bit fingerprint of the tag (never 0: 0 marks a free slot);
+//! - `conv`, the conversation the send went to;
+//! - `seq_lo`, the low 32 bits of its `msg_seq`. The full seq is the one
+//!   at or below the conversation's head with those low bits: a key lives
+//!   about a TTL, and no conversation takes 2^32 messages in one;
+//! - `id_delta`, its `msg_id` less the bucket's `base_id`. msg_ids only
+//!   grow, and a bucket whose next id would not fit in 32 bits is closed
+//!   and the next one starts at that id.
+//!
+//! A lookup takes the entries whose fingerprint matches and keeps only
+//! one whose message the asking sender sent ([`State::idem_lookup`]). A
+//! fingerprint shared by keys of two senders (or crafted: the spread is
+//! public) never answers one sender with the other's message, nor refuses
+//! a new send. Two keys of *one* sender share a fingerprint with
+//! probability 2^-64 per pair; the later is then answered as a retry of
+//! the earlier (or refused, in another conversation): about 10^-10 for a
+//! sender with a million keys in the TTL.
 //!
 //! Entries live in time buckets of `ttl / BUCKETS_PER_TTL` by the time of
 //! their send; a bucket is dropped whole once its newest possible key is
@@ -46,68 +57,94 @@ fn mix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// The spread the engine uses (fixed: checkpoints store tags).
+/// The spread the engine uses (fixed: checkpoints store what derives
+/// from it).
 pub(crate) fn default_spread(sender: Uid) -> [u64; 2] {
     let s = sender.0;
     [mix64(s), mix64(s ^ 0x9e37_79b9_7f4a_7c15)]
 }
 
-/// One remembered key: its tag and where its send is.
+/// A key's 16-byte tag: `client_msg_id XOR spread(sender)`, low word first.
+pub(crate) fn tag_of(spread: Spread, sender: Uid, cmid: ClientMsgId) -> [u64; 2] {
+    let s = spread(sender);
+    [(cmid as u64) ^ s[0], ((cmid >> 64) as u64) ^ s[1]]
+}
+
+/// A tag's fingerprint: never 0, which marks a free slot.
+pub(crate) fn fingerprint(tag: [u64; 2]) -> u64 {
+    mix64(tag[0] ^ mix64(tag[1])).max(1)
+}
+
+/// One remembered key (24 bytes): its fingerprint and where its send is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct IdemSlot {
-    /// `client_msg_id XOR spread(sender)`, low word first.
-    pub tag: [u64; 2],
+    pub fp: u64,
     pub conv: ConvId,
-    pub msg_seq: MsgSeq,
-    /// Never 0 for a message; 0 marks a free slot of an open table.
-    pub msg_id: MsgId,
+    /// The low 32 bits of the send's `msg_seq`.
+    pub seq_lo: u32,
+    /// The send's `msg_id` less its bucket's `base_id`.
+    pub id_delta: u32,
 }
 
 const FREE: IdemSlot = IdemSlot {
-    tag: [0, 0],
+    fp: 0,
     conv: ConvId(0),
-    msg_seq: MsgSeq(0),
-    msg_id: MsgId(0),
+    seq_lo: 0,
+    id_delta: 0,
 };
 
 /// Bytes per entry, live.
 pub(crate) const SLOT_BYTES: u64 = std::mem::size_of::<IdemSlot>() as u64;
 
-/// The keys sent in `[start_ms, end_ms)`.
+/// What an entry says, its ids made whole again but for the seq, which
+/// only its conversation's head completes ([`seq_below`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Candidate {
+    pub conv: ConvId,
+    pub seq_lo: u32,
+    pub msg_id: MsgId,
+}
+
+/// The seq at or below `head` whose low 32 bits are `lo`; `None` when
+/// there is none (the key's conversation is younger than it).
+pub(crate) fn seq_below(head: MsgSeq, lo: u32) -> Option<MsgSeq> {
+    let back = (head.0 as u32).wrapping_sub(lo);
+    head.0.checked_sub(u64::from(back)).map(MsgSeq)
+}
+
+/// The keys sent in `[start_ms, end_ms)` whose msg_ids are within 2^32 of
+/// `base_id`. Two buckets share a span only when ids ran past that.
 #[derive(Clone, Debug)]
 pub(crate) struct Bucket {
     pub start_ms: TimestampMs,
     pub end_ms: TimestampMs,
+    pub base_id: MsgId,
     body: Body,
 }
 
 #[derive(Clone, Debug)]
 enum Body {
     /// Slots (any number), at most 7/8 used, [`FREE`] where empty; grows
-    /// by a quarter, so at most about 30% of it is unused after a growth.
+    /// by an eighth, so about 22% of it is unused just after a growth and
+    /// 17% on average.
     Open { slots: Vec<IdemSlot>, len: usize },
     /// Sorted, exactly sized; shared, so the state copy a checkpoint
     /// takes copies only the open bucket.
     Sealed(Arc<[IdemSlot]>),
 }
 
-fn tag_of(spread: Spread, sender: Uid, cmid: ClientMsgId) -> [u64; 2] {
-    let s = spread(sender);
-    [(cmid as u64) ^ s[0], ((cmid >> 64) as u64) ^ s[1]]
-}
-
-/// The first slot to probe among `n`: the mixed tag scaled to `n`
-/// (multiply-shift), so `n` need not be a power of two.
-fn home(tag: [u64; 2], n: usize) -> usize {
-    let h = mix64(tag[0] ^ tag[1].rotate_left(32));
-    ((u128::from(h) * n as u128) >> 64) as usize
+/// The first slot to probe among `n`: the fingerprint (already mixed)
+/// scaled to `n` (multiply-shift), so `n` need not be a power of two.
+fn home(fp: u64, n: usize) -> usize {
+    ((u128::from(fp) * n as u128) >> 64) as usize
 }
 
 impl Bucket {
-    fn open(start_ms: TimestampMs, end_ms: TimestampMs) -> Self {
+    fn open(start_ms: TimestampMs, end_ms: TimestampMs, base_id: MsgId) -> Self {
         Bucket {
             start_ms,
             end_ms,
+            base_id,
             body: Body::Open {
                 slots: Vec::new(),
                 len: 0,
@@ -128,6 +165,14 @@ impl Bucket {
             Body::Open { slots, .. } => slots.capacity(),
             Body::Sealed(s) => s.len(),
         }
+    }
+
+    /// The offset of `msg_id` from this bucket's base, when it fits.
+    fn delta(&self, msg_id: MsgId) -> Option<u32> {
+        msg_id
+            .0
+            .checked_sub(self.base_id.0)
+            .and_then(|d| u32::try_from(d).ok())
     }
 
     /// The entries, sorted (what a checkpoint stores).
@@ -160,7 +205,7 @@ impl Bucket {
             unreachable!("reopened above");
         };
         if (*len + 1) * 8 > slots.len() * 7 {
-            let cap = (slots.len() + slots.len() / 4).max(16);
+            let cap = (slots.len() + slots.len() / 8).max(16);
             let old = std::mem::replace(slots, vec![FREE; cap]);
             for e in old.into_iter().filter(|e| *e != FREE) {
                 put(slots, e);
@@ -176,25 +221,30 @@ impl Bucket {
         }
     }
 
-    /// The entries whose tag is `tag`.
-    fn matching(&self, tag: [u64; 2], out: &mut Vec<IdemSlot>) {
+    /// The entries whose fingerprint is `fp`, as candidates.
+    fn matching(&self, fp: u64, out: &mut Vec<Candidate>) {
+        let whole = |e: &IdemSlot| Candidate {
+            conv: e.conv,
+            seq_lo: e.seq_lo,
+            msg_id: MsgId(self.base_id.0 + u64::from(e.id_delta)),
+        };
         match &self.body {
             Body::Open { slots, .. } => {
                 if slots.is_empty() {
                     return;
                 }
                 let n = slots.len();
-                let mut i = home(tag, n);
+                let mut i = home(fp, n);
                 while slots[i] != FREE {
-                    if slots[i].tag == tag {
-                        out.push(slots[i]);
+                    if slots[i].fp == fp {
+                        out.push(whole(&slots[i]));
                     }
                     i = if i + 1 == n { 0 } else { i + 1 };
                 }
             }
             Body::Sealed(s) => {
-                let from = s.partition_point(|e| e.tag < tag);
-                out.extend(s[from..].iter().take_while(|e| e.tag == tag));
+                let from = s.partition_point(|e| e.fp < fp);
+                out.extend(s[from..].iter().take_while(|e| e.fp == fp).map(whole));
             }
         }
     }
@@ -202,7 +252,7 @@ impl Bucket {
 
 fn put(slots: &mut [IdemSlot], e: IdemSlot) {
     let n = slots.len();
-    let mut i = home(e.tag, n);
+    let mut i = home(e.fp, n);
     while slots[i] != FREE {
         i = if i + 1 == n { 0 } else { i + 1 };
     }
@@ -228,7 +278,8 @@ impl PartialEq for IdemTable {
     fn eq(&self, other: &Self) -> bool {
         self.buckets.len() == other.buckets.len()
             && self.buckets.iter().zip(&other.buckets).all(|(a, b)| {
-                a.start_ms == b.start_ms && a.end_ms == b.end_ms && a.entries() == b.entries()
+                (a.start_ms, a.end_ms, a.base_id) == (b.start_ms, b.end_ms, b.base_id)
+                    && a.entries() == b.entries()
             })
     }
 }
@@ -239,6 +290,25 @@ impl Eq for IdemTable {}
 pub(crate) struct TableBytes {
     pub live: u64,
     pub allocated: u64,
+}
+
+/// An entry as a checkpoint written before keys were compact holds it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Whole {
+    pub msg_id: MsgId,
+    pub tag: [u64; 2],
+    pub conv: ConvId,
+    pub msg_seq: MsgSeq,
+}
+
+/// A key and where its send went, as [`IdemTable::insert`] takes it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sent {
+    pub sender: Uid,
+    pub cmid: ClientMsgId,
+    pub conv: ConvId,
+    pub msg_seq: MsgSeq,
+    pub msg_id: MsgId,
 }
 
 impl IdemTable {
@@ -272,64 +342,99 @@ impl IdemTable {
     }
 
     /// The entries that may be `(sender, cmid)`'s at `now`, newest bucket
-    /// first: their tag matches and their bucket is not past the TTL. The
-    /// caller keeps the one whose message `sender` sent.
+    /// first: their fingerprint matches and their bucket is not past the
+    /// TTL. The caller keeps the one whose message `sender` sent.
     pub fn candidates(
         &self,
         sender: Uid,
         cmid: ClientMsgId,
         now: TimestampMs,
         ttl_ms: u64,
-    ) -> Vec<IdemSlot> {
-        let tag = tag_of(self.spread, sender, cmid);
+    ) -> Vec<Candidate> {
+        let fp = fingerprint(tag_of(self.spread, sender, cmid));
         let horizon = now.saturating_sub(ttl_ms);
         let mut out = Vec::new();
         for b in self.buckets.iter().rev() {
             if b.end_ms <= horizon {
                 break;
             }
-            b.matching(tag, &mut out);
+            b.matching(fp, &mut out);
         }
         out
     }
 
     /// Remembers a send made at `at_ms`, dropping the buckets wholly past
     /// the TTL by then.
-    #[expect(clippy::too_many_arguments, reason = "one key and where it went")]
-    pub fn insert(
-        &mut self,
-        sender: Uid,
-        cmid: ClientMsgId,
-        conv: ConvId,
-        msg_seq: MsgSeq,
-        msg_id: MsgId,
-        at_ms: TimestampMs,
-        ttl_ms: u64,
-    ) {
+    pub fn insert(&mut self, sent: Sent, at_ms: TimestampMs, ttl_ms: u64) {
         let horizon = at_ms.saturating_sub(ttl_ms);
         while self.buckets.front().is_some_and(|b| b.end_ms <= horizon) {
             self.buckets.pop_front();
         }
-        if self.buckets.back().is_none_or(|b| at_ms >= b.end_ms) {
+        let new_span = match self.buckets.back() {
+            Some(b) if at_ms < b.end_ms && b.delta(sent.msg_id).is_some() => None,
+            // Ids ran 2^32 past the base within one span: the same span
+            // again, from this id.
+            Some(b) if at_ms < b.end_ms => Some((b.start_ms, b.end_ms)),
+            _ => Some(self.span_of(at_ms, ttl_ms)),
+        };
+        if let Some((start, end)) = new_span {
             if let Some(b) = self.buckets.back_mut() {
                 b.seal();
             }
-            let width = (ttl_ms / BUCKETS_PER_TTL).max(1);
-            // Aligned to the width, but never before the previous bucket's
-            // end: the TTL (so the width) may have changed since a restart.
-            let prev_end = self.buckets.back().map_or(0, |b| b.end_ms);
-            let start = (at_ms - at_ms % width).max(prev_end);
-            let end = (at_ms - at_ms % width).saturating_add(width).max(at_ms + 1);
-            self.buckets.push_back(Bucket::open(start, end));
+            self.buckets
+                .push_back(Bucket::open(start, end, sent.msg_id));
         }
-        let tag = tag_of(self.spread, sender, cmid);
         let b = self.buckets.back_mut().expect("pushed above");
+        let id_delta = b
+            .delta(sent.msg_id)
+            .expect("a bucket's ids fit: checked above");
         b.insert(IdemSlot {
-            tag,
-            conv,
-            msg_seq,
-            msg_id,
+            fp: fingerprint(tag_of(self.spread, sent.sender, sent.cmid)),
+            conv: sent.conv,
+            seq_lo: sent.msg_seq.0 as u32,
+            id_delta,
         });
+    }
+
+    /// The span of a new bucket for a send at `at_ms`: aligned to the
+    /// width, but never before the last bucket's end, as the TTL (so the
+    /// width) may have changed since a restart.
+    fn span_of(&self, at_ms: TimestampMs, ttl_ms: u64) -> (TimestampMs, TimestampMs) {
+        let width = (ttl_ms / BUCKETS_PER_TTL).max(1);
+        let prev_end = self.buckets.back().map_or(0, |b| b.end_ms);
+        let aligned = at_ms - at_ms % width;
+        (
+            aligned.max(prev_end),
+            aligned.saturating_add(width).max(at_ms + 1),
+        )
+    }
+
+    /// Appends a bucket of an older checkpoint, whose entries are whole
+    /// (oldest first): by msg_id, in buckets of its span, a new one where
+    /// ids run 2^32 past the last one's base.
+    pub fn push_whole(
+        &mut self,
+        start_ms: TimestampMs,
+        end_ms: TimestampMs,
+        mut entries: Vec<Whole>,
+    ) {
+        entries.sort_unstable_by_key(|e| e.msg_id);
+        let mut rest = entries.as_slice();
+        while let Some(first) = rest.first() {
+            let base = first.msg_id;
+            let n = rest.partition_point(|e| e.msg_id.0 - base.0 <= u64::from(u32::MAX));
+            let slots = rest[..n]
+                .iter()
+                .map(|e| IdemSlot {
+                    fp: fingerprint(e.tag),
+                    conv: e.conv,
+                    seq_lo: e.msg_seq.0 as u32,
+                    id_delta: (e.msg_id.0 - base.0) as u32,
+                })
+                .collect();
+            self.push_decoded(start_ms, end_ms, base, slots);
+            rest = &rest[n..];
+        }
     }
 
     /// Appends a decoded bucket (oldest first); the newest stays open.
@@ -337,12 +442,13 @@ impl IdemTable {
         &mut self,
         start_ms: TimestampMs,
         end_ms: TimestampMs,
+        base_id: MsgId,
         entries: Vec<IdemSlot>,
     ) {
         if let Some(b) = self.buckets.back_mut() {
             b.seal();
         }
-        let mut b = Bucket::open(start_ms, end_ms);
+        let mut b = Bucket::open(start_ms, end_ms, base_id);
         for e in entries {
             b.insert(e);
         }
@@ -358,7 +464,17 @@ mod tests {
         [0, 0]
     }
 
-    fn ids(v: &[IdemSlot]) -> Vec<u64> {
+    fn sent(sender: Uid, cmid: u128, conv: ConvId, msg_seq: MsgSeq, msg_id: MsgId) -> Sent {
+        Sent {
+            sender,
+            cmid,
+            conv,
+            msg_seq,
+            msg_id,
+        }
+    }
+
+    fn ids(v: &[Candidate]) -> Vec<u64> {
         v.iter().map(|s| s.msg_id.0).collect()
     }
 
@@ -368,12 +484,12 @@ mod tests {
         // key 7 share it.
         let mut t = IdemTable::with_spread(no_spread);
         let ttl = 1_600;
-        t.insert(Uid(1), 7, ConvId(10), MsgSeq(1), MsgId(101), 0, ttl);
-        t.insert(Uid(2), 7, ConvId(10), MsgSeq(2), MsgId(102), 1, ttl);
-        t.insert(Uid(2), 8, ConvId(10), MsgSeq(3), MsgId(103), 2, ttl);
+        t.insert(sent(Uid(1), 7, ConvId(10), MsgSeq(1), MsgId(101)), 0, ttl);
+        t.insert(sent(Uid(2), 7, ConvId(10), MsgSeq(2), MsgId(102)), 1, ttl);
+        t.insert(sent(Uid(2), 8, ConvId(10), MsgSeq(3), MsgId(103)), 2, ttl);
         assert_eq!(ids(&t.candidates(Uid(1), 7, 3, ttl)), [101, 102]);
         // A later bucket seals the first one: same answers.
-        t.insert(Uid(3), 7, ConvId(10), MsgSeq(4), MsgId(104), 150, ttl);
+        t.insert(sent(Uid(3), 7, ConvId(10), MsgSeq(4), MsgId(104)), 150, ttl);
         assert_eq!(t.buckets().count(), 2);
         assert_eq!(ids(&t.candidates(Uid(1), 7, 151, ttl)), [104, 101, 102]);
         assert_eq!(ids(&t.candidates(Uid(1), 9, 151, ttl)), Vec::<u64>::new());
@@ -383,13 +499,13 @@ mod tests {
     fn a_bucket_is_dropped_once_all_its_keys_are_past_the_ttl() {
         let mut t = IdemTable::default();
         let ttl = 1_600; // buckets of 100 ms
-        t.insert(Uid(1), 1, ConvId(1), MsgSeq(1), MsgId(1), 50, ttl);
+        t.insert(sent(Uid(1), 1, ConvId(1), MsgSeq(1), MsgId(1)), 50, ttl);
         // At 1,650 the key is exactly the TTL old: still remembered.
         assert_eq!(t.candidates(Uid(1), 1, 1_650, ttl).len(), 1);
         // Its bucket ends at 100: from 1,700 on it is answered no more...
         assert_eq!(t.candidates(Uid(1), 1, 1_700, ttl).len(), 0);
         // ...and the next insert drops it.
-        t.insert(Uid(1), 2, ConvId(1), MsgSeq(2), MsgId(2), 1_700, ttl);
+        t.insert(sent(Uid(1), 2, ConvId(1), MsgSeq(2), MsgId(2)), 1_700, ttl);
         assert_eq!(t.len(), 1);
         assert_eq!(t.buckets().count(), 1);
     }
@@ -398,12 +514,24 @@ mod tests {
     fn buckets_stay_ordered_and_disjoint_when_the_ttl_changes() {
         let mut t = IdemTable::default();
         // Buckets of 100 ms, then (after a restart with another TTL) of 1 s.
-        t.insert(Uid(1), 1, ConvId(1), MsgSeq(1), MsgId(1), 950, 1_600);
-        t.insert(Uid(1), 2, ConvId(1), MsgSeq(2), MsgId(2), 1_010, 16_000);
-        t.insert(Uid(1), 3, ConvId(1), MsgSeq(3), MsgId(3), 2_500, 16_000);
+        t.insert(sent(Uid(1), 1, ConvId(1), MsgSeq(1), MsgId(1)), 950, 1_600);
+        t.insert(
+            sent(Uid(1), 2, ConvId(1), MsgSeq(2), MsgId(2)),
+            1_010,
+            16_000,
+        );
+        t.insert(
+            sent(Uid(1), 3, ConvId(1), MsgSeq(3), MsgId(3)),
+            2_500,
+            16_000,
+        );
         let spans: Vec<(u64, u64)> = t.buckets().map(|b| (b.start_ms, b.end_ms)).collect();
         assert_eq!(spans, [(900, 1_000), (1_000, 2_000), (2_000, 3_000)]);
-        t.insert(Uid(1), 4, ConvId(1), MsgSeq(4), MsgId(4), 3_050, 1_600);
+        t.insert(
+            sent(Uid(1), 4, ConvId(1), MsgSeq(4), MsgId(4)),
+            3_050,
+            1_600,
+        );
         let last = t.buckets().last().map(|b| (b.start_ms, b.end_ms));
         assert_eq!(last, Some((3_000, 3_100)));
         assert_eq!(t.candidates(Uid(1), 2, 3_050, 16_000).len(), 1);
@@ -414,11 +542,13 @@ mod tests {
         let mut t = IdemTable::default();
         for i in 0..10_000u64 {
             t.insert(
-                Uid(i % 7),
-                i as u128,
-                ConvId(1),
-                MsgSeq(i + 1),
-                MsgId(i + 1),
+                sent(
+                    Uid(i % 7),
+                    i as u128,
+                    ConvId(1),
+                    MsgSeq(i + 1),
+                    MsgId(i + 1),
+                ),
                 0,
                 1_000,
             );
@@ -437,21 +567,64 @@ mod tests {
         let mut t = IdemTable::default();
         for i in 0..100u64 {
             t.insert(
-                Uid(1),
-                i as u128,
-                ConvId(1),
-                MsgSeq(i + 1),
-                MsgId(i + 1),
+                sent(Uid(1), i as u128, ConvId(1), MsgSeq(i + 1), MsgId(i + 1)),
                 i * 30,
                 1_600,
             );
         }
         let mut d = IdemTable::default();
         for b in t.buckets() {
-            d.push_decoded(b.start_ms, b.end_ms, b.entries());
+            d.push_decoded(b.start_ms, b.end_ms, b.base_id, b.entries());
         }
         assert_eq!(d, t);
         assert_eq!(ids(&d.candidates(Uid(1), 99, 3_000, 1_600)), [100]);
+    }
+
+    #[test]
+    fn ids_more_than_2_to_the_32_past_a_buckets_base_start_a_bucket_of_the_same_span() {
+        let mut t = IdemTable::default();
+        let far = (1u64 << 32) + 5;
+        t.insert(sent(Uid(1), 1, ConvId(1), MsgSeq(1), MsgId(5)), 10, 1_600);
+        t.insert(
+            sent(Uid(1), 2, ConvId(1), MsgSeq(2), MsgId(far - 1)),
+            20,
+            1_600,
+        );
+        t.insert(
+            sent(Uid(1), 3, ConvId(1), MsgSeq(3), MsgId(far + 1)),
+            30,
+            1_600,
+        );
+        let spans: Vec<(u64, u64, u64)> = t
+            .buckets()
+            .map(|b| (b.start_ms, b.end_ms, b.base_id.0))
+            .collect();
+        assert_eq!(spans, [(0, 100, 5), (0, 100, far + 1)]);
+        for (cmid, id) in [(1, 5), (2, far - 1), (3, far + 1)] {
+            assert_eq!(ids(&t.candidates(Uid(1), cmid, 40, 1_600)), [id]);
+        }
+        // Both go together, once past the TTL.
+        t.insert(
+            sent(Uid(1), 4, ConvId(1), MsgSeq(4), MsgId(far + 2)),
+            1_700,
+            1_600,
+        );
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn a_seq_is_made_whole_from_its_low_bits_and_the_head_at_or_above_it() {
+        let big = (7u64 << 32) + 3;
+        assert_eq!(seq_below(MsgSeq(big), 3), Some(MsgSeq(big)));
+        assert_eq!(seq_below(MsgSeq(big), 2), Some(MsgSeq(big - 1)));
+        // Low bits above the head's: the seq is in the previous 2^32.
+        assert_eq!(
+            seq_below(MsgSeq(big), 9),
+            Some(MsgSeq(big - 3 - (1 << 32) + 9))
+        );
+        assert_eq!(seq_below(MsgSeq(5), 5), Some(MsgSeq(5)));
+        // A conversation whose head is below the seq never held it.
+        assert_eq!(seq_below(MsgSeq(5), 6), None);
     }
 
     /// A state whose conv 10 holds messages 1..=3 sent by uid 1, 2, 1,
@@ -481,9 +654,9 @@ mod tests {
         st.convs.insert(ConvId(10), std::sync::Arc::new(c));
         // Key 7 of uid 1 went to seq 1, key 7 of uid 2 to seq 2: one tag.
         st.idem
-            .insert(Uid(1), 7, ConvId(10), MsgSeq(1), MsgId(101), 0, 1_000);
+            .insert(sent(Uid(1), 7, ConvId(10), MsgSeq(1), MsgId(101)), 0, 1_000);
         st.idem
-            .insert(Uid(2), 7, ConvId(10), MsgSeq(2), MsgId(102), 0, 1_000);
+            .insert(sent(Uid(2), 7, ConvId(10), MsgSeq(2), MsgId(102)), 0, 1_000);
         st
     }
 

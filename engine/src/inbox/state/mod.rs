@@ -460,11 +460,12 @@ impl State {
     }
 
     /// The send `(sender, cmid)` names at time `now`, if it is remembered.
-    /// The table only knows tags ([`idem`]): of the entries whose tag
-    /// matches, the key's is the one whose message `sender` sent, which
-    /// the message index tells. A message reclaimed by history retention
-    /// is no longer indexed; its entry is taken when `sender` was a member
-    /// of its conversation at its `msg_seq` (the periods stay).
+    /// The table only knows fingerprints ([`idem`]): of the entries whose
+    /// fingerprint matches, the key's is the one whose message `sender`
+    /// sent, which the message index tells. A message reclaimed by history
+    /// retention is no longer indexed; its entry is taken when `sender` was
+    /// a member of its conversation at its `msg_seq` (the periods stay),
+    /// and its msg_id is below every retained one's.
     pub fn idem_lookup(
         &self,
         sender: Uid,
@@ -474,19 +475,24 @@ impl State {
         let candidates = self.idem.candidates(sender, cmid, now, self.idem_ttl_ms);
         candidates.into_iter().find_map(|e| {
             let c = self.convs.get(&e.conv)?;
-            let sent_by_sender = match c.meta(e.msg_seq) {
+            let msg_seq = idem::seq_below(c.head(), e.seq_lo)?;
+            let sent_by_sender = match c.meta(msg_seq) {
                 Some(m) => m.sender == sender && m.msg_id == e.msg_id,
+                // Reclaimed by history retention: a member then, and sent
+                // before the first message still retained.
                 None => {
-                    e.msg_seq <= c.msgs_base
+                    msg_seq <= c.msgs_base
                         && c.members
                             .get(&sender)
-                            .is_some_and(|ps| ps.iter().any(|p| p.covers(e.msg_seq)))
+                            .is_some_and(|ps| ps.iter().any(|p| p.covers(msg_seq)))
+                        && c.meta(c.msgs_base.next())
+                            .is_none_or(|first| e.msg_id < first.msg_id)
                 }
             };
             sent_by_sender.then_some(IdemEntry {
                 conv: e.conv,
                 msg_id: e.msg_id,
-                msg_seq: e.msg_seq,
+                msg_seq,
             })
         })
     }
