@@ -21,8 +21,8 @@
 //! public) never answers one sender with the other's message, nor refuses
 //! a new send. Two keys of *one* sender share a fingerprint with
 //! probability 2^-64 per pair; the later is then answered as a retry of
-//! the earlier (or refused, in another conversation): about 10^-10 for a
-//! sender with a million keys in the TTL.
+//! the earlier (or refused, in another conversation): about 5 x 10^-14
+//! per send of a sender with a million keys in the TTL.
 //!
 //! Entries live in time buckets of `ttl / BUCKETS_PER_TTL` by the time of
 //! their send; a bucket is dropped whole once its newest possible key is
