@@ -50,7 +50,7 @@ fn sends_with_keys_grow_the_idempotency_table_metadata_and_events_by_their_entry
     let after = h.ib().memory();
     let grew = |s: &str| live(&after, s) - live(&before, s);
     assert_eq!(grew("idempotency"), 1000 * 24, "24 bytes per key");
-    assert_eq!(grew("message_metadata"), 1000 * 32, "32 bytes per message");
+    assert_eq!(grew("message_metadata"), 1000 * 26, "26 bytes per message");
     assert_eq!(
         grew("event_index"),
         2 * 1000 * 8,

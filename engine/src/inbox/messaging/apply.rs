@@ -59,9 +59,8 @@ impl State {
                 .min(c.fanned_out_until());
             for seq in lo.through(hi) {
                 if let Some(m) = c.meta(seq) {
-                    if m.kind == MessageKind::Normal
-                        && m.flags & FLAG_RECALLED == 0
-                        && m.sender != uid
+                    if m.kind == MessageKind::Normal && m.flags & FLAG_RECALLED == 0 && { m.sender }
+                        != uid
                     {
                         n = n.saturating_add(1);
                     }
@@ -134,7 +133,7 @@ impl State {
                     // The recalled message stops counting as unread for
                     // everyone who received it and has not read it.
                     for uid in conv.members_at(target_seq) {
-                        if uid == target.sender {
+                        if uid == { target.sender } {
                             continue;
                         }
                         if let Some(uc) = self

@@ -410,7 +410,7 @@ fn decide_send(
             "message {target} is a control message"
         )));
     }
-    if meta.sender != sender {
+    if { meta.sender } != sender {
         return Err(Error::Forbidden(format!(
             "only the sender of message {target} may change it"
         )));

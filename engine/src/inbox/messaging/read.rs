@@ -134,7 +134,7 @@ fn materialize(
             Err(_) if reclaimed(shared, conv, *seq) => continue,
             Err(e) => return Err(e),
         };
-        if h.conv != conv || h.msg_seq != *seq || h.msg_id != meta.msg_id {
+        if h.conv != conv || h.msg_seq != *seq || h.msg_id != { meta.msg_id } {
             return Err(Error::Invariant(format!(
                 "message index of conv {conv} seq {seq} points at another record"
             )));

@@ -280,7 +280,7 @@ fn recover_message(payload: &[u8], st: &State) -> Option<Effect> {
     // the body.
     if m.target_seq != MsgSeq(0) {
         let target = st.convs.get(&m.conv)?.meta(m.target_seq)?;
-        if target.msg_id != h.target {
+        if { target.msg_id } != h.target {
             return None;
         }
     } else if h.target != MsgId(0) {

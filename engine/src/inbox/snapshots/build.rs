@@ -120,7 +120,7 @@ fn read_message(shared: &Shared, conv: ConvId, seq: MsgSeq, at_s: &MsgMeta) -> R
     let (loc, now_tomb) = {
         let st = shared.state.read();
         match st.convs.get(&conv).and_then(|c| c.meta(seq)) {
-            Some(m) if m.msg_id == at_s.msg_id => (m.loc, m.tombstone()),
+            Some(m) if { m.msg_id } == { at_s.msg_id } => (m.loc, m.tombstone()),
             // History retention reclaimed it after the plan was taken.
             _ => {
                 return Err(Error::Conflict(format!(
@@ -131,7 +131,7 @@ fn read_message(shared: &Shared, conv: ConvId, seq: MsgSeq, at_s: &MsgMeta) -> R
         }
     };
     let (h, payload) = body::read_message(shared, conv, seq, loc)?;
-    if h.msg_id != at_s.msg_id || h.conv != conv {
+    if h.msg_id != { at_s.msg_id } || h.conv != conv {
         return Err(Error::Invariant(format!(
             "message index of conv {conv} seq {seq} points at another record"
         )));

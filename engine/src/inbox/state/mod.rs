@@ -49,7 +49,12 @@ pub(crate) const FLAG_LOST: u8 = 4;
 
 /// Per-message index entry: where the record is and what the state
 /// machine needs without reading it.
+///
+/// Packed to 2-byte alignment: 26 bytes instead of 32, as there is one
+/// per retained message. Its fields are read and written by value (a
+/// reference to one would be unaligned, which the compiler refuses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C, packed(2))]
 pub(crate) struct MsgMeta {
     pub loc: PackedLoc,
     pub msg_id: MsgId,
@@ -477,7 +482,7 @@ impl State {
             let c = self.convs.get(&e.conv)?;
             let msg_seq = idem::seq_below(c.head(), e.seq_lo)?;
             let sent_by_sender = match c.meta(msg_seq) {
-                Some(m) => m.sender == sender && m.msg_id == e.msg_id,
+                Some(m) => sender == { m.sender } && e.msg_id == { m.msg_id },
                 // Reclaimed by history retention: a member then, and sent
                 // before the first message still retained.
                 None => {
@@ -486,7 +491,7 @@ impl State {
                             .get(&sender)
                             .is_some_and(|ps| ps.iter().any(|p| p.covers(msg_seq)))
                         && c.meta(c.msgs_base.next())
-                            .is_none_or(|first| e.msg_id < first.msg_id)
+                            .is_none_or(|first| e.msg_id < { first.msg_id })
                 }
             };
             sent_by_sender.then_some(IdemEntry {
@@ -520,7 +525,8 @@ impl State {
             .map(Arc::make_mut)
             .and_then(|c| c.meta_mut(seq))
         {
-            let old = std::mem::replace(&mut meta.loc, loc);
+            let old = meta.loc;
+            meta.loc = loc;
             if old != loc {
                 self.remove_msg_ref(old);
                 self.add_msg_ref(loc);
