@@ -344,5 +344,81 @@ fn send_after_checkpoint(_c: &mut Criterion) {
     );
 }
 
-criterion_group!(inbox, benches, checkpoint_stall, send_after_checkpoint);
+/// Sends of `send_after_checkpoint_many_keys`, and the 1:1
+/// conversations they are spread over.
+const MANY_KEYS_SENDS: u64 = 1_000_000;
+const MANY_KEYS_CONVS: u64 = 10_000;
+
+/// A send while a checkpoint is being written, against a send with no
+/// checkpoint running, on a store whose idempotency table holds a
+/// million keys (all in its newest bucket, as hours of sends are). The
+/// copy of the state a checkpoint takes is made on the sequencer, so
+/// whatever it copies rather than shares delays the sends behind it.
+fn send_after_checkpoint_many_keys(_c: &mut Criterion) {
+    let name = "inbox/send_after_checkpoint_many_keys";
+    if !selected(name) {
+        return;
+    }
+    let (sends, rounds) = if std::env::args().any(|a| a == "--bench") {
+        (MANY_KEYS_SENDS, 20)
+    } else {
+        (20_000, 2)
+    };
+    let payload = Bytes::from(vec![b'p'; 100]);
+    let dir = tempfile::tempdir().unwrap();
+    let ib = Arc::new(open(dir.path(), SyncPolicy::None));
+    for c in 0..MANY_KEYS_CONVS {
+        ib.join(Uid(2 * c + 1), ConvId(c)).wait().unwrap();
+        ib.join(Uid(2 * c + 2), ConvId(c)).wait().unwrap();
+    }
+    let send_one = |i: u64| {
+        let c = i % MANY_KEYS_CONVS;
+        ib.send(SendRequest {
+            conv: ConvId(c),
+            sender: Uid(2 * c + 1),
+            client_msg_id: u128::from(i),
+            msg_type: 1,
+            payload: payload.clone(),
+        })
+    };
+    for chunk in (0..sends).step_by(10_000) {
+        let pending: Vec<_> = (chunk..chunk + 10_000).map(send_one).collect();
+        for p in pending {
+            p.wait().unwrap();
+        }
+    }
+    let mut plain = Histogram::<u64>::new(3).unwrap();
+    let mut after = Histogram::<u64>::new(3).unwrap();
+    for round in 0..rounds {
+        let t = Instant::now();
+        send_one(10_000_000 + round).wait().unwrap();
+        plain.record(t.elapsed().as_micros() as u64).unwrap();
+        let writer = {
+            let ib = Arc::clone(&ib);
+            std::thread::spawn(move || ib.checkpoint().unwrap())
+        };
+        std::thread::sleep(Duration::from_millis(1));
+        let t = Instant::now();
+        send_one(20_000_000 + round).wait().unwrap();
+        after.record(t.elapsed().as_micros() as u64).unwrap();
+        writer.join().unwrap();
+    }
+    eprintln!(
+        "{name}: {sends} keys over {MANY_KEYS_CONVS} 1:1 conversations, sync none; idempotency table {:.1} MB",
+        ib.memory().get("idempotency").map_or(0, |m| m.allocated) as f64 / 1e6
+    );
+    print_hist(&format!("{name}: send, no checkpoint before"), &plain);
+    print_hist(
+        &format!("{name}: send while a checkpoint is written"),
+        &after,
+    );
+}
+
+criterion_group!(
+    inbox,
+    benches,
+    checkpoint_stall,
+    send_after_checkpoint,
+    send_after_checkpoint_many_keys
+);
 criterion_main!(inbox);

@@ -27,10 +27,12 @@
 //! Entries live in time buckets of `ttl / BUCKETS_PER_TTL` by the time of
 //! their send; a bucket is dropped whole once its newest possible key is
 //! older than the TTL, so a key is remembered at least the TTL and at most
-//! the TTL plus one bucket width. The newest bucket is an open-addressing
-//! table (linear probing) that takes inserts; an older one is a sorted
-//! array of exactly its entries, searched by binary search, and shared
-//! between the state and the copies checkpoints take of it.
+//! the TTL plus one bucket width. A bucket is 1,024 shards by the top
+//! bits of the fingerprint, each behind an `Arc` ([`Bucket`]). The newest
+//! bucket's shards are open-addressing tables (linear probing) that take
+//! inserts; an older bucket's become sorted arrays of exactly their
+//! entries, searched by binary search, one shard per later insert. The
+//! copies of the state checkpoints take share the shards.
 //!
 //! Like the rest of the state, the table changes only in `apply`, judged
 //! by the time stamped in the record being applied, so replay builds the
@@ -112,31 +114,127 @@ pub(crate) fn seq_below(head: MsgSeq, lo: u32) -> Option<MsgSeq> {
     head.0.checked_sub(u64::from(back)).map(MsgSeq)
 }
 
+/// Shards per bucket, by the top bits of a key's fingerprint.
+const SHARD_BITS: u32 = 10;
+const SHARDS: usize = 1 << SHARD_BITS;
+
 /// The keys sent in `[start_ms, end_ms)` whose msg_ids are within 2^32 of
 /// `base_id`. Two buckets share a span only when ids ran past that.
+///
+/// A bucket is [`SHARDS`] tables by the top bits of the fingerprint, each
+/// behind its own `Arc`, and the list of them behind one too, so that no
+/// step costs in proportion to the whole bucket, which holds hours of
+/// keys (tens of millions at scale):
+/// - the state copy a checkpoint takes shares every bucket; an insert
+///   afterwards copies the one shard it changes;
+/// - an open table grows one shard at a time;
+/// - a closed bucket's shards are sorted one per later insert
+///   ([`IdemTable::insert`]), not all at once.
 #[derive(Clone, Debug)]
 pub(crate) struct Bucket {
     pub start_ms: TimestampMs,
     pub end_ms: TimestampMs,
     pub base_id: MsgId,
-    body: Body,
+    /// Empty until the first insert.
+    shards: Arc<Vec<Arc<Shard>>>,
+    len: usize,
+    /// Closed: a newer bucket takes the inserts.
+    closed: bool,
+    /// Shards below it are sorted (only once closed).
+    sorted: usize,
 }
 
 #[derive(Clone, Debug)]
-enum Body {
+enum Shard {
     /// Slots (any number), at most 7/8 used, [`FREE`] where empty; grows
     /// by an eighth, so about 22% of it is unused just after a growth and
     /// 17% on average.
     Open { slots: Vec<IdemSlot>, len: usize },
-    /// Sorted, exactly sized; shared, so the state copy a checkpoint
-    /// takes copies only the open bucket.
-    Sealed(Arc<[IdemSlot]>),
+    /// Sorted, exactly sized: a closed bucket's shard.
+    Sorted(Box<[IdemSlot]>),
 }
 
-/// The first slot to probe among `n`: the fingerprint (already mixed)
-/// scaled to `n` (multiply-shift), so `n` need not be a power of two.
+const EMPTY_SHARD: Shard = Shard::Open {
+    slots: Vec::new(),
+    len: 0,
+};
+
+fn shard_of(fp: u64) -> usize {
+    (fp >> (64 - SHARD_BITS)) as usize
+}
+
+/// The first slot to probe among `n` of a shard: the fingerprint's bits
+/// below the shard's (already mixed) scaled to `n` (multiply-shift), so
+/// `n` need not be a power of two.
 fn home(fp: u64, n: usize) -> usize {
-    ((u128::from(fp) * n as u128) >> 64) as usize
+    ((u128::from(fp << SHARD_BITS) * n as u128) >> 64) as usize
+}
+
+impl Shard {
+    fn capacity(&self) -> usize {
+        match self {
+            Shard::Open { slots, .. } => slots.capacity(),
+            Shard::Sorted(s) => s.len(),
+        }
+    }
+
+    fn sorted_entries(&self) -> Vec<IdemSlot> {
+        match self {
+            Shard::Open { slots, .. } => {
+                let mut v: Vec<IdemSlot> = slots.iter().filter(|s| **s != FREE).copied().collect();
+                v.sort_unstable();
+                v
+            }
+            Shard::Sorted(s) => s.to_vec(),
+        }
+    }
+
+    fn insert(&mut self, slot: IdemSlot) {
+        if let Shard::Sorted(s) = self {
+            // Inserts go to the newest bucket, which is never closed;
+            // should a closed one ever be asked, its shard is reopened
+            // rather than refused (apply must not fail on a valid record).
+            let entries = s.to_vec();
+            *self = EMPTY_SHARD;
+            for e in entries {
+                self.insert(e);
+            }
+        }
+        let Shard::Open { slots, len } = self else {
+            unreachable!("reopened above");
+        };
+        if (*len + 1) * 8 > slots.len() * 7 {
+            let cap = slots.len() + (slots.len() / 8).max(4);
+            let old = std::mem::replace(slots, vec![FREE; cap]);
+            for e in old.into_iter().filter(|e| *e != FREE) {
+                put(slots, e);
+            }
+        }
+        put(slots, slot);
+        *len += 1;
+    }
+
+    fn matching(&self, fp: u64, mut found: impl FnMut(&IdemSlot)) {
+        match self {
+            Shard::Open { slots, .. } => {
+                if slots.is_empty() {
+                    return;
+                }
+                let n = slots.len();
+                let mut i = home(fp, n);
+                while slots[i] != FREE {
+                    if slots[i].fp == fp {
+                        found(&slots[i]);
+                    }
+                    i = if i + 1 == n { 0 } else { i + 1 };
+                }
+            }
+            Shard::Sorted(s) => {
+                let from = s.partition_point(|e| e.fp < fp);
+                s[from..].iter().take_while(|e| e.fp == fp).for_each(found);
+            }
+        }
+    }
 }
 
 impl Bucket {
@@ -145,26 +243,24 @@ impl Bucket {
             start_ms,
             end_ms,
             base_id,
-            body: Body::Open {
-                slots: Vec::new(),
-                len: 0,
-            },
+            shards: Arc::new(Vec::new()),
+            len: 0,
+            closed: false,
+            sorted: 0,
         }
     }
 
     pub fn len(&self) -> usize {
-        match &self.body {
-            Body::Open { len, .. } => *len,
-            Body::Sealed(s) => s.len(),
-        }
+        self.len
     }
 
-    /// Slots allocated (an open table's capacity).
-    fn capacity(&self) -> usize {
-        match &self.body {
-            Body::Open { slots, .. } => slots.capacity(),
-            Body::Sealed(s) => s.len(),
-        }
+    /// Bytes allocated: slots, and each shard's `Arc` and pointer.
+    fn allocated(&self) -> u64 {
+        let per_shard = (std::mem::size_of::<Shard>() + 16 + 8) as u64;
+        self.shards
+            .iter()
+            .map(|s| s.capacity() as u64 * SLOT_BYTES + per_shard)
+            .sum()
     }
 
     /// The offset of `msg_id` from this bucket's base, when it fits.
@@ -175,77 +271,55 @@ impl Bucket {
             .and_then(|d| u32::try_from(d).ok())
     }
 
-    /// The entries, sorted (what a checkpoint stores).
+    /// The entries, sorted (what a checkpoint stores): the shards in
+    /// order, each sorted, as a shard is a range of fingerprints.
     pub fn entries(&self) -> Vec<IdemSlot> {
-        match &self.body {
-            Body::Open { slots, .. } => {
-                let mut v: Vec<IdemSlot> = slots.iter().filter(|s| **s != FREE).copied().collect();
-                v.sort_unstable();
-                v
-            }
-            Body::Sealed(s) => s.to_vec(),
+        let mut out = Vec::with_capacity(self.len);
+        for s in self.shards.iter() {
+            out.extend(s.sorted_entries());
         }
+        out
     }
 
     fn insert(&mut self, slot: IdemSlot) {
-        if let Body::Sealed(s) = &self.body {
-            // Inserts go to the newest bucket, which stays open; should a
-            // sealed one ever be asked, it is reopened rather than refused
-            // (apply must not fail on a valid record).
-            let entries = s.to_vec();
-            self.body = Body::Open {
-                slots: Vec::new(),
-                len: 0,
-            };
-            for e in entries {
-                self.insert(e);
-            }
+        let shards = Arc::make_mut(&mut self.shards);
+        if shards.is_empty() {
+            shards.resize_with(SHARDS, || Arc::new(EMPTY_SHARD));
         }
-        let Body::Open { slots, len } = &mut self.body else {
-            unreachable!("reopened above");
-        };
-        if (*len + 1) * 8 > slots.len() * 7 {
-            let cap = (slots.len() + slots.len() / 8).max(16);
-            let old = std::mem::replace(slots, vec![FREE; cap]);
-            for e in old.into_iter().filter(|e| *e != FREE) {
-                put(slots, e);
-            }
-        }
-        put(slots, slot);
-        *len += 1;
+        Arc::make_mut(&mut shards[shard_of(slot.fp)]).insert(slot);
+        self.len += 1;
+        self.sorted = 0;
     }
 
-    fn seal(&mut self) {
-        if matches!(self.body, Body::Open { .. }) {
-            self.body = Body::Sealed(self.entries().into());
+    fn close(&mut self) {
+        self.closed = true;
+    }
+
+    /// Sorts the next open shard of a closed bucket; false when there is
+    /// none.
+    fn sort_one(&mut self) -> bool {
+        if !self.closed || self.sorted >= self.shards.len() {
+            return false;
         }
+        let i = self.sorted;
+        self.sorted += 1;
+        if let Shard::Open { .. } = *self.shards[i] {
+            let entries = self.shards[i].sorted_entries();
+            Arc::make_mut(&mut self.shards)[i] = Arc::new(Shard::Sorted(entries.into()));
+        }
+        true
     }
 
     /// The entries whose fingerprint is `fp`, as candidates.
     fn matching(&self, fp: u64, out: &mut Vec<Candidate>) {
-        let whole = |e: &IdemSlot| Candidate {
-            conv: e.conv,
-            seq_lo: e.seq_lo,
-            msg_id: MsgId(self.base_id.0 + u64::from(e.id_delta)),
-        };
-        match &self.body {
-            Body::Open { slots, .. } => {
-                if slots.is_empty() {
-                    return;
-                }
-                let n = slots.len();
-                let mut i = home(fp, n);
-                while slots[i] != FREE {
-                    if slots[i].fp == fp {
-                        out.push(whole(&slots[i]));
-                    }
-                    i = if i + 1 == n { 0 } else { i + 1 };
-                }
-            }
-            Body::Sealed(s) => {
-                let from = s.partition_point(|e| e.fp < fp);
-                out.extend(s[from..].iter().take_while(|e| e.fp == fp).map(whole));
-            }
+        if let Some(shard) = self.shards.get(shard_of(fp)) {
+            shard.matching(fp, |e| {
+                out.push(Candidate {
+                    conv: e.conv,
+                    seq_lo: e.seq_lo,
+                    msg_id: MsgId(self.base_id.0 + u64::from(e.id_delta)),
+                })
+            });
         }
     }
 }
@@ -335,7 +409,7 @@ impl IdemTable {
             allocated: self
                 .buckets
                 .iter()
-                .map(|b| b.capacity() as u64 * SLOT_BYTES + bucket)
+                .map(|b| b.allocated() + bucket)
                 .sum::<u64>()
                 + (self.buckets.capacity() - self.buckets.len()) as u64 * bucket,
         }
@@ -379,7 +453,7 @@ impl IdemTable {
         };
         if let Some((start, end)) = new_span {
             if let Some(b) = self.buckets.back_mut() {
-                b.seal();
+                b.close();
             }
             self.buckets
                 .push_back(Bucket::open(start, end, sent.msg_id));
@@ -394,6 +468,14 @@ impl IdemTable {
             seq_lo: sent.msg_seq.0 as u32,
             id_delta,
         });
+        // A closed bucket's shards are sorted one per insert: a bucket
+        // closes once per span, so the sorting is done long before the
+        // next closes, at 1/1024 of a bucket per step.
+        for b in self.buckets.iter_mut() {
+            if b.sort_one() {
+                break;
+            }
+        }
     }
 
     /// The span of a new bucket for a send at `at_ms`: aligned to the
@@ -446,7 +528,8 @@ impl IdemTable {
         entries: Vec<IdemSlot>,
     ) {
         if let Some(b) = self.buckets.back_mut() {
-            b.seal();
+            b.close();
+            while b.sort_one() {}
         }
         let mut b = Bucket::open(start_ms, end_ms, base_id);
         for e in entries {
@@ -479,7 +562,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_with_the_same_tag_are_all_candidates_in_open_and_sealed_buckets() {
+    fn keys_with_the_same_tag_are_all_candidates_in_open_and_closed_buckets() {
         // Without a spread the tag is the client_msg_id: two senders'
         // key 7 share it.
         let mut t = IdemTable::with_spread(no_spread);
@@ -488,7 +571,7 @@ mod tests {
         t.insert(sent(Uid(2), 7, ConvId(10), MsgSeq(2), MsgId(102)), 1, ttl);
         t.insert(sent(Uid(2), 8, ConvId(10), MsgSeq(3), MsgId(103)), 2, ttl);
         assert_eq!(ids(&t.candidates(Uid(1), 7, 3, ttl)), [101, 102]);
-        // A later bucket seals the first one: same answers.
+        // A later bucket closes the first one: same answers.
         t.insert(sent(Uid(3), 7, ConvId(10), MsgSeq(4), MsgId(104)), 150, ttl);
         assert_eq!(t.buckets().count(), 2);
         assert_eq!(ids(&t.candidates(Uid(1), 7, 151, ttl)), [104, 101, 102]);
@@ -610,6 +693,73 @@ mod tests {
             1_600,
         );
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn a_copy_shares_every_shard_and_an_insert_afterwards_copies_only_its_own() {
+        let mut t = IdemTable::default();
+        for i in 0..5_000u64 {
+            t.insert(
+                sent(Uid(1), i as u128, ConvId(1), MsgSeq(i + 1), MsgId(i + 1)),
+                0,
+                1_600,
+            );
+        }
+        let copy = t.clone();
+        t.insert(
+            sent(Uid(1), 9_999, ConvId(1), MsgSeq(5_001), MsgId(5_001)),
+            0,
+            1_600,
+        );
+        let (a, b) = (&t.buckets[0].shards, &copy.buckets[0].shards);
+        let shared = a
+            .iter()
+            .zip(b.iter())
+            .filter(|(x, y)| Arc::ptr_eq(x, y))
+            .count();
+        assert_eq!(shared, SHARDS - 1, "one shard copied");
+        assert_eq!(copy.len(), 5_000);
+        assert_eq!(ids(&t.candidates(Uid(1), 9_999, 0, 1_600)), [5_001]);
+        assert!(copy.candidates(Uid(1), 9_999, 0, 1_600).is_empty());
+    }
+
+    #[test]
+    fn a_closed_bucket_is_sorted_a_shard_per_insert_and_answers_the_same_meanwhile() {
+        let mut t = IdemTable::default();
+        let ttl = 16_000; // buckets of 1 s
+        for i in 0..3_000u64 {
+            t.insert(
+                sent(Uid(2), i as u128, ConvId(1), MsgSeq(i + 1), MsgId(i + 1)),
+                10,
+                ttl,
+            );
+        }
+        let sorted = |t: &IdemTable| {
+            t.buckets[0]
+                .shards
+                .iter()
+                .filter(|s| matches!(***s, Shard::Sorted(_)))
+                .count()
+        };
+        let before = t.buckets[0].entries();
+        for j in 0..SHARDS as u64 + 10 {
+            let k = 3_000 + j;
+            t.insert(
+                sent(Uid(2), k as u128, ConvId(1), MsgSeq(k + 1), MsgId(k + 1)),
+                1_500,
+                ttl,
+            );
+            assert_eq!(sorted(&t), (j as usize + 1).min(SHARDS));
+            for i in [0u64, 1_234, 2_999] {
+                assert_eq!(ids(&t.candidates(Uid(2), i as u128, 1_500, ttl)), [i + 1]);
+            }
+        }
+        assert_eq!(t.buckets[0].entries(), before);
+        assert_eq!(
+            t.buckets[0].allocated(),
+            before.len() as u64 * SLOT_BYTES
+                + SHARDS as u64 * (std::mem::size_of::<Shard>() as u64 + 24)
+        );
     }
 
     #[test]
