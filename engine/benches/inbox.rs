@@ -291,9 +291,37 @@ fn checkpoint_stall(_c: &mut Criterion) {
     );
 }
 
+/// `rounds` times: the time of a send with no checkpoint running, then of
+/// one made 1 ms after a checkpoint starts, while its writer still holds
+/// its copy of the state, as a periodic checkpoint's writes do. `send`
+/// sends with the key it is given and waits for the reply.
+fn sends_beside_checkpoints(
+    ib: &Arc<Inbox>,
+    rounds: u64,
+    send: impl Fn(u64),
+) -> (Histogram<u64>, Histogram<u64>) {
+    let mut plain = Histogram::<u64>::new(3).unwrap();
+    let mut after = Histogram::<u64>::new(3).unwrap();
+    for round in 0..rounds {
+        let t = Instant::now();
+        send(10_000_000 + round);
+        plain.record(t.elapsed().as_micros() as u64).unwrap();
+        let writer = {
+            let ib = Arc::clone(ib);
+            std::thread::spawn(move || ib.checkpoint().unwrap())
+        };
+        std::thread::sleep(Duration::from_millis(1));
+        let t = Instant::now();
+        send(20_000_000 + round);
+        after.record(t.elapsed().as_micros() as u64).unwrap();
+        writer.join().unwrap();
+    }
+    (plain, after)
+}
+
 /// Messages in the conversation of `send_after_checkpoint_long_history`.
 const LONG_HISTORY_MSGS: u128 = 500_000;
-const LONG_HISTORY_ROUNDS: usize = 20;
+const LONG_HISTORY_ROUNDS: u64 = 20;
 
 /// A send into a conversation with a long history while a checkpoint is
 /// being written, against a send with no checkpoint running. The
@@ -318,24 +346,9 @@ fn send_after_checkpoint(_c: &mut Criterion) {
         ib.join(Uid(uid), ConvId(30)).wait().unwrap();
     }
     fill(&ib, ConvId(30), messages, 10_000, &payload);
-    let mut plain = Histogram::<u64>::new(3).unwrap();
-    let mut after = Histogram::<u64>::new(3).unwrap();
-    for round in 0..rounds as u128 {
-        let t = Instant::now();
-        send(&ib, ConvId(30), Uid(2), 10_000_000 + round, &payload);
-        plain.record(t.elapsed().as_micros() as u64).unwrap();
-        // The send goes in while the checkpoint's writer still holds its
-        // copy of the state, as a periodic checkpoint's writes do.
-        let writer = {
-            let ib = Arc::clone(&ib);
-            std::thread::spawn(move || ib.checkpoint().unwrap())
-        };
-        std::thread::sleep(Duration::from_millis(1));
-        let t = Instant::now();
-        send(&ib, ConvId(30), Uid(2), 20_000_000 + round, &payload);
-        after.record(t.elapsed().as_micros() as u64).unwrap();
-        writer.join().unwrap();
-    }
+    let (plain, after) = sends_beside_checkpoints(&ib, rounds, |key| {
+        send(&ib, ConvId(30), Uid(2), u128::from(key), &payload);
+    });
     eprintln!("{name}: {messages} messages, 2,000 members (large group), sync none");
     print_hist(&format!("{name}: send, no checkpoint before"), &plain);
     print_hist(
@@ -387,22 +400,9 @@ fn send_after_checkpoint_many_keys(_c: &mut Criterion) {
             p.wait().unwrap();
         }
     }
-    let mut plain = Histogram::<u64>::new(3).unwrap();
-    let mut after = Histogram::<u64>::new(3).unwrap();
-    for round in 0..rounds {
-        let t = Instant::now();
-        send_one(10_000_000 + round).wait().unwrap();
-        plain.record(t.elapsed().as_micros() as u64).unwrap();
-        let writer = {
-            let ib = Arc::clone(&ib);
-            std::thread::spawn(move || ib.checkpoint().unwrap())
-        };
-        std::thread::sleep(Duration::from_millis(1));
-        let t = Instant::now();
-        send_one(20_000_000 + round).wait().unwrap();
-        after.record(t.elapsed().as_micros() as u64).unwrap();
-        writer.join().unwrap();
-    }
+    let (plain, after) = sends_beside_checkpoints(&ib, rounds, |key| {
+        send_one(key).wait().unwrap();
+    });
     eprintln!(
         "{name}: {sends} keys over {MANY_KEYS_CONVS} 1:1 conversations, sync none; idempotency table {:.1} MB",
         ib.memory().get("idempotency").map_or(0, |m| m.allocated) as f64 / 1e6
