@@ -25,11 +25,11 @@ async fn sends_with_keys_grow_the_idempotency_bytes_the_memory_request_reports()
     let after = client.memory(Empty {}).await.unwrap();
     assert_eq!(
         live(&after, "idempotency") - live(&before, "idempotency"),
-        200 * 40
+        200 * 24
     );
     assert_eq!(
         live(&after, "message_metadata") - live(&before, "message_metadata"),
-        200 * 32
+        200 * 26
     );
     for m in &after.structures {
         assert!(m.allocated >= m.live, "{m:?}");
