@@ -164,6 +164,14 @@ async fn a_wiped_member_rejoins_by_snapshot_and_ends_with_the_groups_state() {
         members.daemon(wiped).snapshots_installed().await >= 1,
         "the wiped member caught up without an install"
     );
+    // A round is acknowledged once stored, and applied after: compare the
+    // stores only once the rejoined member has applied all the leader has.
+    let applied = "inboxd_raft_last_applied_index";
+    let leader_applied = members.daemon(leader).metric(applied).await.unwrap_or(0);
+    members
+        .daemon(wiped)
+        .wait_metric_above(applied, leader_applied.saturating_sub(1), DEADLINE)
+        .await;
     drop(group);
     for d in members.daemons.iter_mut().filter_map(Option::take) {
         d.crash();
