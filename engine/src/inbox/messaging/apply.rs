@@ -102,9 +102,7 @@ impl State {
         self.next_msg_counter = self.next_msg_counter.max(msg_counter(m.msg_id) + 1);
         match m.kind {
             MessageKind::Join => {
-                let periods = Arc::make_mut(&mut conv.members)
-                    .entry(m.sender)
-                    .or_default();
+                let periods = Arc::make_mut(&mut conv.members).entry_or_default(m.sender);
                 if periods.last().is_some_and(|p| p.leave_seq == OPEN) {
                     return Err(ApplyError(format!(
                         "uid {} joins conv {} twice",

@@ -12,7 +12,7 @@
 
 use std::mem::size_of;
 
-use super::{ActivityKey, Conv, Device, MsgMeta, Period, SnapshotSlot, State, User, UserConv};
+use super::{ActivityKey, Conv, Device, MsgMeta, SnapshotSlot, State, User, UserConv};
 use crate::api::*;
 
 /// The structures reported, in report order.
@@ -122,10 +122,7 @@ impl Tally {
         for c in convs.iter().filter_map(|id| st.convs.get(id)) {
             let own = size_of::<Conv>() as u64 + ARC;
             self.add(3, (own, own));
-            self.add(3, b_tree(c.members.len(), size_of::<(Uid, Vec<Period>)>()));
-            for periods in c.members.values() {
-                self.add(3, vec::<Period>(periods));
-            }
+            self.add(3, c.members.bytes());
             self.add(3, b_tree(c.edits.len(), size_of::<(MsgSeq, Vec<MsgSeq>)>()));
             for edits in c.edits.values() {
                 self.add(3, vec::<MsgSeq>(edits));

@@ -30,6 +30,7 @@ pub(crate) mod chunked;
 pub(crate) mod idem;
 mod invariants;
 pub(crate) mod loc;
+pub(crate) mod members;
 pub(crate) mod memory;
 pub(crate) mod record;
 mod seg_refs;
@@ -102,7 +103,7 @@ pub(crate) struct Conv {
     pub msgs: chunked::ChunkedVec<MsgMeta>,
     /// Shared on its own: a send changes no membership, so a checkpoint's
     /// copy of the state costs a send to a large group no copy of it.
-    pub members: Arc<BTreeMap<Uid, Vec<Period>>>,
+    pub members: Arc<members::Members>,
     /// The edits of each retained message that is not recalled, by the
     /// `msg_seq` they target: a recall tombstones the edits of what it
     /// recalls, and theirs, so no edit serves a recalled body (R6). An
