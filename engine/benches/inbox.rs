@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use hdrhistogram::Histogram;
-use inbox_engine::inbox::ManualClock;
+use inbox_engine::inbox::{ManualClock, Pending};
 use inbox_engine::log::SyncPolicy;
 use inbox_engine::*;
 
@@ -53,17 +53,22 @@ fn selected(name: &str) -> bool {
 
 /// `n` sends from uid 1 to `conv`, `in_flight` at a time.
 fn fill(ib: &Inbox, conv: ConvId, n: u128, in_flight: u128, payload: &Bytes) {
+    fill_with(n as u64, in_flight as u64, |key| {
+        ib.send(SendRequest {
+            conv,
+            sender: Uid(1),
+            client_msg_id: u128::from(key),
+            msg_type: 1,
+            payload: payload.clone(),
+        })
+    });
+}
+
+/// `send(key)` for keys `0..n`, `in_flight` at a time.
+fn fill_with(n: u64, in_flight: u64, send: impl Fn(u64) -> Pending<SendReply>) {
     for chunk in 0..n / in_flight {
-        let pending: Vec<_> = (0..in_flight)
-            .map(|i| {
-                ib.send(SendRequest {
-                    conv,
-                    sender: Uid(1),
-                    client_msg_id: chunk * in_flight + i,
-                    msg_type: 1,
-                    payload: payload.clone(),
-                })
-            })
+        let pending: Vec<_> = (chunk * in_flight..(chunk + 1) * in_flight)
+            .map(&send)
             .collect();
         for p in pending {
             p.wait().unwrap();
@@ -291,15 +296,17 @@ fn checkpoint_stall(_c: &mut Criterion) {
     );
 }
 
+/// Under `cargo bench`; outside it (criterion's test mode under `cargo
+/// test`) a bench makes a small run that only proves it still works.
+fn full_run() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
 /// `rounds` times: the time of a send with no checkpoint running, then of
 /// one made 1 ms after a checkpoint starts, while its writer still holds
-/// its copy of the state, as a periodic checkpoint's writes do. `send`
-/// sends with the key it is given and waits for the reply.
-fn sends_beside_checkpoints(
-    ib: &Arc<Inbox>,
-    rounds: u64,
-    send: impl Fn(u64),
-) -> (Histogram<u64>, Histogram<u64>) {
+/// its copy of the state, as a periodic checkpoint's writes do; prints
+/// both. `send` sends with the key it is given and waits for the reply.
+fn sends_beside_checkpoints(name: &str, ib: &Arc<Inbox>, rounds: u64, send: impl Fn(u64)) {
     let mut plain = Histogram::<u64>::new(3).unwrap();
     let mut after = Histogram::<u64>::new(3).unwrap();
     for round in 0..rounds {
@@ -316,7 +323,11 @@ fn sends_beside_checkpoints(
         after.record(t.elapsed().as_micros() as u64).unwrap();
         writer.join().unwrap();
     }
-    (plain, after)
+    print_hist(&format!("{name}: send, no checkpoint before"), &plain);
+    print_hist(
+        &format!("{name}: send while a checkpoint is written"),
+        &after,
+    );
 }
 
 /// Messages in the conversation of `send_after_checkpoint_long_history`.
@@ -332,9 +343,7 @@ fn send_after_checkpoint(_c: &mut Criterion) {
     if !selected(name) {
         return;
     }
-    // Outside `cargo bench` (criterion's test mode under `cargo test`),
-    // a small run only proves the bench still works.
-    let (messages, rounds) = if std::env::args().any(|a| a == "--bench") {
+    let (messages, rounds) = if full_run() {
         (LONG_HISTORY_MSGS, LONG_HISTORY_ROUNDS)
     } else {
         (20_000, 2)
@@ -346,15 +355,10 @@ fn send_after_checkpoint(_c: &mut Criterion) {
         ib.join(Uid(uid), ConvId(30)).wait().unwrap();
     }
     fill(&ib, ConvId(30), messages, 10_000, &payload);
-    let (plain, after) = sends_beside_checkpoints(&ib, rounds, |key| {
+    eprintln!("{name}: {messages} messages, 2,000 members (large group), sync none");
+    sends_beside_checkpoints(name, &ib, rounds, |key| {
         send(&ib, ConvId(30), Uid(2), u128::from(key), &payload);
     });
-    eprintln!("{name}: {messages} messages, 2,000 members (large group), sync none");
-    print_hist(&format!("{name}: send, no checkpoint before"), &plain);
-    print_hist(
-        &format!("{name}: send while a checkpoint is written"),
-        &after,
-    );
 }
 
 /// Sends of `send_after_checkpoint_many_keys`, and the 1:1
@@ -372,7 +376,7 @@ fn send_after_checkpoint_many_keys(_c: &mut Criterion) {
     if !selected(name) {
         return;
     }
-    let (sends, rounds) = if std::env::args().any(|a| a == "--bench") {
+    let (sends, rounds) = if full_run() {
         (MANY_KEYS_SENDS, 20)
     } else {
         (20_000, 2)
@@ -394,24 +398,14 @@ fn send_after_checkpoint_many_keys(_c: &mut Criterion) {
             payload: payload.clone(),
         })
     };
-    for chunk in (0..sends).step_by(10_000) {
-        let pending: Vec<_> = (chunk..chunk + 10_000).map(send_one).collect();
-        for p in pending {
-            p.wait().unwrap();
-        }
-    }
-    let (plain, after) = sends_beside_checkpoints(&ib, rounds, |key| {
-        send_one(key).wait().unwrap();
-    });
+    fill_with(sends, 10_000, send_one);
     eprintln!(
         "{name}: {sends} keys over {MANY_KEYS_CONVS} 1:1 conversations, sync none; idempotency table {:.1} MB",
         ib.memory().get("idempotency").map_or(0, |m| m.allocated) as f64 / 1e6
     );
-    print_hist(&format!("{name}: send, no checkpoint before"), &plain);
-    print_hist(
-        &format!("{name}: send while a checkpoint is written"),
-        &after,
-    );
+    sends_beside_checkpoints(name, &ib, rounds, |key| {
+        send_one(key).wait().unwrap();
+    });
 }
 
 criterion_group!(
