@@ -138,9 +138,8 @@ pub(crate) struct Bucket {
     /// Empty until the first insert.
     shards: Arc<Vec<Arc<Shard>>>,
     len: usize,
-    /// Closed: a newer bucket takes the inserts.
-    closed: bool,
-    /// Shards below it are sorted (only once closed).
+    /// Shards below it are sorted: only in a closed bucket, one that is
+    /// not the table's newest.
     sorted: usize,
 }
 
@@ -245,7 +244,6 @@ impl Bucket {
             base_id,
             shards: Arc::new(Vec::new()),
             len: 0,
-            closed: false,
             sorted: 0,
         }
     }
@@ -288,17 +286,12 @@ impl Bucket {
         }
         Arc::make_mut(&mut shards[shard_of(slot.fp)]).insert(slot);
         self.len += 1;
-        self.sorted = 0;
     }
 
-    fn close(&mut self) {
-        self.closed = true;
-    }
-
-    /// Sorts the next open shard of a closed bucket; false when there is
-    /// none.
+    /// Sorts the next open shard; false when there is none. Only for a
+    /// closed bucket: the table never asks its newest.
     fn sort_one(&mut self) -> bool {
-        if !self.closed || self.sorted >= self.shards.len() {
+        if self.sorted >= self.shards.len() {
             return false;
         }
         let i = self.sorted;
@@ -452,9 +445,6 @@ impl IdemTable {
             _ => Some(self.span_of(at_ms, ttl_ms)),
         };
         if let Some((start, end)) = new_span {
-            if let Some(b) = self.buckets.back_mut() {
-                b.close();
-            }
             self.buckets
                 .push_back(Bucket::open(start, end, sent.msg_id));
         }
@@ -471,7 +461,8 @@ impl IdemTable {
         // A closed bucket's shards are sorted one per insert: a bucket
         // closes once per span, so the sorting is done long before the
         // next closes, at 1/1024 of a bucket per step.
-        for b in self.buckets.iter_mut() {
+        let closed = self.buckets.len() - 1;
+        for b in self.buckets.iter_mut().take(closed) {
             if b.sort_one() {
                 break;
             }
@@ -528,7 +519,6 @@ impl IdemTable {
         entries: Vec<IdemSlot>,
     ) {
         if let Some(b) = self.buckets.back_mut() {
-            b.close();
             while b.sort_one() {}
         }
         let mut b = Bucket::open(start_ms, end_ms, base_id);
