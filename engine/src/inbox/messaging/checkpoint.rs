@@ -198,6 +198,9 @@ pub(crate) fn get_idempotency_table(r: &mut Reader<'_>, st: &mut State) -> Decod
         prev = Some((start_ms, end_ms));
         if compact {
             let base_id: MsgId = r.id()?;
+            if base_id.0.checked_add(u64::from(u32::MAX)).is_none() {
+                return Err(DecodeError("idempotency bucket base past the last msg_id"));
+            }
             let n = r.count(24)?;
             let mut entries = Vec::with_capacity(n);
             for _ in 0..n {
@@ -214,8 +217,9 @@ pub(crate) fn get_idempotency_table(r: &mut Reader<'_>, st: &mut State) -> Decod
             }
             st.idem.push_decoded(start_ms, end_ms, base_id, entries);
         } else {
-            let mut entries = Vec::with_capacity(r.count(40)?);
-            for _ in 0..entries.capacity() {
+            let n = r.count(40)?;
+            let mut entries = Vec::with_capacity(n);
+            for _ in 0..n {
                 let tag = [r.u64()?, r.u64()?];
                 let (conv, msg_seq, msg_id) = (r.id()?, r.id()?, r.id()?);
                 if msg_id == MsgId(0) {
@@ -447,6 +451,18 @@ mod tests {
         let mut back = State::new(1_600);
         get_idempotency_table(&mut Reader::new(&w.buf), &mut back).unwrap();
         assert_eq!(back.idem, built.idem);
+    }
+
+    #[test]
+    fn a_compact_bucket_whose_base_leaves_no_room_for_its_ids_is_refused() {
+        let mut w = Writer::with_capacity(64);
+        w.u64(COMPACT_KEYS);
+        w.u64(1u64);
+        for v in [0u64, 100, u64::MAX - 5, 0] {
+            w.u64(v);
+        }
+        let mut st = State::new(1_600);
+        assert!(get_idempotency_table(&mut Reader::new(&w.buf), &mut st).is_err());
     }
 
     #[test]
