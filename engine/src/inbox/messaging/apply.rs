@@ -59,8 +59,9 @@ impl State {
                 .min(c.fanned_out_until());
             for seq in lo.through(hi) {
                 if let Some(m) = c.meta(seq) {
-                    if m.kind == MessageKind::Normal && m.flags & FLAG_RECALLED == 0 && { m.sender }
-                        != uid
+                    if m.kind == MessageKind::Normal
+                        && m.flags & FLAG_RECALLED == 0
+                        && uid != { m.sender }
                     {
                         n = n.saturating_add(1);
                     }
