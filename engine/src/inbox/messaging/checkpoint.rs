@@ -394,11 +394,17 @@ mod tests {
         assert_eq!(st.idem.candidates(Uid(2), 6, 1_000, 1_600).len(), 1);
 
         // Written again, it is the new section and reads back equal.
+        assert_eq!(idempotency_round_trip(&st).idem, st.idem);
+    }
+
+    /// A state holding only the idempotency table of `st`, written and
+    /// read back.
+    fn idempotency_round_trip(st: &State) -> State {
         let mut w = Writer::with_capacity(256);
-        put_idempotency_table(&mut w, &st);
-        let mut back = State::new(1_600);
+        put_idempotency_table(&mut w, st);
+        let mut back = State::new(st.idem_ttl_ms);
         get_idempotency_table(&mut Reader::new(&w.buf), &mut back).unwrap();
-        assert_eq!(back.idem, st.idem);
+        back
     }
 
     #[test]
@@ -446,11 +452,7 @@ mod tests {
         let c = read.idem.candidates(Uid(2), 2, 300, 1_600);
         assert_eq!((c[0].conv, c[0].msg_id), (ConvId(11), MsgId(far)));
         // The compact layout keeps two buckets of one span.
-        let mut w = Writer::with_capacity(256);
-        put_idempotency_table(&mut w, &read);
-        let mut back = State::new(1_600);
-        get_idempotency_table(&mut Reader::new(&w.buf), &mut back).unwrap();
-        assert_eq!(back.idem, built.idem);
+        assert_eq!(idempotency_round_trip(&read).idem, built.idem);
     }
 
     #[test]
