@@ -7,7 +7,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::field::{wire_enum, wire_struct, Field, Reader};
+use crate::field::{put_prefixed, wire_enum, wire_struct, Field, Reader};
 use crate::{ErrorCode, WireError};
 
 /// The protocol version this build speaks. Version 2 added the limits to
@@ -434,9 +434,7 @@ impl Event {
 fn put_known(out: &mut BytesMut, sync_seq: u64, kind: EventKind, body: &impl Field) {
     out.put_u64_le(sync_seq);
     out.put_u8(kind as u8);
-    let mut inner = BytesMut::new();
-    body.put(&mut inner);
-    Field::put(&inner.freeze(), out);
+    put_prefixed(out, |out| body.put(out));
 }
 
 /// A known kind's body, which must fill its `body_len` exactly.
@@ -937,9 +935,7 @@ impl Field for Fence {
     const MIN_BYTES: usize = 1 + 4;
     fn put(&self, out: &mut BytesMut) {
         out.put_u8(self.tag());
-        let mut fields = BytesMut::new();
-        self.put_fields(&mut fields);
-        Field::put(&fields.freeze(), out);
+        put_prefixed(out, |out| self.put_fields(out));
     }
     fn get(r: &mut Reader) -> Result<Self, WireError> {
         let tag = r.u8()?;

@@ -135,6 +135,17 @@ fn put_len(out: &mut BytesMut, len: usize) {
     out.put_u32_le(u32::try_from(len).unwrap_or(u32::MAX));
 }
 
+/// Writes what `put` writes behind a `u32` length prefix, in place: the
+/// prefix is reserved first and filled in afterwards, so the value is never
+/// built in a buffer of its own and copied.
+pub(crate) fn put_prefixed(out: &mut BytesMut, put: impl FnOnce(&mut BytesMut)) {
+    let at = out.len();
+    out.put_u32_le(0);
+    put(out);
+    let len = u32::try_from(out.len() - at - 4).unwrap_or(u32::MAX);
+    out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+}
+
 impl Field for Bytes {
     const MIN_BYTES: usize = 4;
     fn put(&self, out: &mut BytesMut) {
