@@ -24,6 +24,9 @@ pub struct Plan {
     pub warmup: Duration,
     pub measure: Duration,
     pub sync: Option<CatchUpPlan>,
+    /// `sync-pipelined`: the same load as `sync`, on users of its own, each
+    /// device caught up as its clients do.
+    pub sync_pipelined: Option<CatchUpPlan>,
     /// `sync-under-ingest`: the devices' backlog; `clients` sync, as many
     /// more connections ingest.
     pub under_ingest: Option<CatchUpPlan>,
@@ -39,9 +42,10 @@ pub struct Plan {
 }
 
 /// Every scenario the harness has, in the order a run goes through them.
-pub const SCENARIOS: [&str; 9] = [
+pub const SCENARIOS: [&str; 10] = [
     "ingest",
     "sync",
+    "sync-pipelined",
     "sync-under-ingest",
     "reconnect-storm",
     "long-offline",
@@ -52,7 +56,7 @@ pub const SCENARIOS: [&str; 9] = [
 ];
 
 /// The scenarios of a run: those named (checked against [`SCENARIOS`]),
-/// else the mode's: `quick` ingest and sync, `full` all but the soak.
+/// else the mode's: `quick` ingest and the two syncs, `full` all but the soak.
 pub fn chosen_scenarios(mode: Mode, named: &[String]) -> Result<Vec<String>> {
     if let Some(unknown) = named.iter().find(|n| !SCENARIOS.contains(&n.as_str())) {
         return Err(format!(
@@ -63,7 +67,7 @@ pub fn chosen_scenarios(mode: Mode, named: &[String]) -> Result<Vec<String>> {
     }
     let chosen: Vec<String> = if named.is_empty() {
         match mode {
-            Mode::Quick => vec!["ingest".into(), "sync".into()],
+            Mode::Quick => vec!["ingest".into(), "sync".into(), "sync-pipelined".into()],
             Mode::Full => SCENARIOS
                 .iter()
                 .filter(|s| **s != "soak")
@@ -98,6 +102,9 @@ pub struct CatchUpPlan {
     pub backlog: u32,
     pub clients: usize,
     pub page: u32,
+    /// Each device catches up as its clients do (`Conn::catch_up`), not
+    /// page after page; pages are then counted, not timed one by one.
+    pub pipelined: bool,
 }
 
 impl Plan {
@@ -112,19 +119,22 @@ impl Plan {
             args.clients.clone()
         };
         let measure = args.seconds.unwrap_or(if quick { 1.0 } else { 10.0 });
+        let sync_plan = |pipelined| CatchUpPlan {
+            users: args.sync_users.unwrap_or(if quick { 64 } else { 400 }),
+            devices_per_user: 4,
+            backlog: args.sync_backlog.unwrap_or(if quick { 300 } else { 1_000 }),
+            clients: 16,
+            page: 100,
+            pipelined,
+        };
         Ok(Self {
             mode,
             users: args.users.unwrap_or(if quick { 2_000 } else { 20_000 }),
             clients,
             warmup: Duration::from_millis(if quick { 250 } else { 1_000 }),
             measure: Duration::from_secs_f64(measure.max(0.1)),
-            sync: runs("sync").then_some(CatchUpPlan {
-                users: args.sync_users.unwrap_or(if quick { 64 } else { 400 }),
-                devices_per_user: 4,
-                backlog: args.sync_backlog.unwrap_or(if quick { 300 } else { 1_000 }),
-                clients: 16,
-                page: 100,
-            }),
+            sync: runs("sync").then_some(sync_plan(false)),
+            sync_pipelined: runs("sync-pipelined").then_some(sync_plan(true)),
             // Full pages for a window of a few seconds at a few thousand
             // pages a second: users x 4 devices x 10 pages.
             under_ingest: runs("sync-under-ingest").then_some(CatchUpPlan {
@@ -133,6 +143,7 @@ impl Plan {
                 backlog: 1_000,
                 clients: 16,
                 page: 100,
+                pipelined: false,
             }),
             soak: runs("soak").then_some(SoakPlan {
                 messages: args.soak_messages,
@@ -148,6 +159,7 @@ impl Plan {
                 backlog: 50,
                 clients: 128,
                 page: 100,
+                pipelined: false,
             }),
             long_offline: runs("long-offline").then_some(LongOfflinePlan {
                 groups: 16,
@@ -571,6 +583,18 @@ fn run_system(
     }
     if let Some(sync) = &plan.sync {
         catch_up_scenario("sync", 1, sync, plan, workload, system, report, seed)?;
+    }
+    if let Some(sync) = &plan.sync_pipelined {
+        catch_up_scenario(
+            "sync-pipelined",
+            3,
+            sync,
+            plan,
+            workload,
+            system,
+            report,
+            seed,
+        )?;
     }
     if let Some(under) = &plan.under_ingest {
         if let Err(e) = under_ingest_scenario(under, plan, workload, system, report, seed) {
@@ -1151,18 +1175,29 @@ pub(crate) fn catch_up_scenario(
     }
     let devices: Vec<_> = sync_set.devices().collect();
     let measured = system.measured();
-    let out = scenarios::catch_up(system, &devices, cp.clients, cp.page, &measured)?;
+    let out = scenarios::catch_up(system, &devices, cp, &measured)?;
     let cpu = outcome_cpu(&out, measured);
+    let timed = if cp.pipelined {
+        format!(
+            "device catch-up p50 {} µs, p99 {} µs",
+            out.latency.quantile_us(0.5),
+            out.latency.quantile_us(0.99),
+        )
+    } else {
+        format!(
+            "page p50 {} µs, p99 {} µs (read part p99 {} µs)",
+            out.latency.quantile_us(0.5),
+            out.latency.quantile_us(0.99),
+            out.read_latency.quantile_us(0.99),
+        )
+    };
     println!(
-        "{name}: {scenario} c={}: {} devices caught up in {:.2} s, {:.0} pages/s, {:.0} events/s, page p50 {} µs, p99 {} µs (read part p99 {} µs){}",
+        "{name}: {scenario} c={}: {} devices caught up in {:.2} s, {:.0} pages/s, {:.0} events/s, {timed}{}",
         cp.clients,
         devices.len(),
         out.elapsed.as_secs_f64(),
         out.ops_per_s(),
         out.events_per_s(),
-        out.latency.quantile_us(0.5),
-        out.latency.quantile_us(0.99),
-        out.read_latency.quantile_us(0.99),
         cpu_note(cpu).replace("µs/op", "µs per page")
     );
     let clients = u32::try_from(cp.clients).unwrap_or(u32::MAX);
@@ -1310,7 +1345,7 @@ mod tests {
     fn each_mode_has_its_scenarios_and_the_soak_runs_only_when_named() {
         assert_eq!(
             chosen_scenarios(Mode::Quick, &[]).expect("quick"),
-            names(&["ingest", "sync"])
+            names(&["ingest", "sync", "sync-pipelined"])
         );
         let full = chosen_scenarios(Mode::Full, &[]).expect("full");
         assert!(full.iter().any(|s| s == "sync-under-ingest"));

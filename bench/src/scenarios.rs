@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::hist::Latency;
 use crate::procfs::Measured;
+use crate::run::CatchUpPlan;
 use crate::systems::{Conn, DeviceCursor, Result, Screen, System};
 use crate::workload::{DeviceId, OpGen, Outgoing, PreSend, SoakSet, Uid, Workload};
 
@@ -335,24 +336,26 @@ pub fn preload<'p>(
     Ok(start.elapsed())
 }
 
-/// `sync` and `reconnect-storm`: `clients` connections take devices off a
-/// shared queue and catch each one up, page by page (each page read and
-/// then ACKed), until its backlog is empty. `elapsed` is the time until the
-/// last device is caught up.
+/// `sync`, `sync-pipelined` and `reconnect-storm`: `plan.clients`
+/// connections take devices off a shared queue and catch each one up until
+/// its backlog is empty: page by page (each page read and then ACKed, and
+/// timed), or, when `plan.pipelined`, as the system's clients do
+/// ([`Conn::catch_up`]), each device's whole catch-up timed. `elapsed` is
+/// the time until the last device is caught up.
 pub fn catch_up(
     system: &dyn System,
     devices: &[(Uid, DeviceId)],
-    clients: usize,
-    page_limit: u32,
+    plan: &CatchUpPlan,
     meter: &dyn Meter,
 ) -> Result<Outcome> {
+    let page_limit = plan.page;
     // The window is the whole run: connecting the clients is included,
     // which is a few requests next to the pages.
     let ticks_before = meter.cpu_ticks();
     let next = AtomicUsize::new(0);
     let started = Mutex::new(None::<Instant>);
     let finished_ns = AtomicU64::new(0);
-    let per_client = with_clients(system, clients, |_, conn| {
+    let per_client = with_clients(system, plan.clients, |_, conn| {
         let began = *started
             .lock()
             .expect("no panics while held")
@@ -364,6 +367,15 @@ pub fn catch_up(
                 break;
             };
             let mut cursor = DeviceCursor::new(uid, device);
+            if plan.pipelined {
+                let t = Instant::now();
+                let (events, pages, bytes) = conn.catch_up(&mut cursor, page_limit)?;
+                out.latency.record(t.elapsed());
+                out.ops += pages;
+                out.events += events;
+                out.bytes += bytes;
+                continue;
+            }
             loop {
                 let t = Instant::now();
                 let page = conn.sync_page(&mut cursor, page_limit)?;
@@ -986,7 +998,7 @@ mod tests {
         let payload = |n: u64| workload.payload_at(n);
         preload(&model, &set.backlog_sends(), &payload, 3, 16, 2).expect("preload");
         let devices: Vec<_> = set.devices().collect();
-        let out = catch_up(&model, &devices, 5, 100, &None).expect("catch up");
+        let out = catch_up(&model, &devices, &plan(5, false), &None).expect("catch up");
         assert_eq!(out.events, 20 * 3 * 250);
         // 250 events in pages of 100: 3 pages per device.
         assert_eq!(out.ops, 60 * 3);
@@ -997,6 +1009,34 @@ mod tests {
             3,
             "the read part is kept apart"
         );
+        assert_eq!(out.bytes, out.events * 10);
+    }
+
+    /// A catch-up plan of `clients` connections and pages of 100.
+    fn plan(clients: usize, pipelined: bool) -> CatchUpPlan {
+        CatchUpPlan {
+            users: 0,
+            devices_per_user: 0,
+            backlog: 0,
+            clients,
+            page: 100,
+            pipelined,
+        }
+    }
+
+    #[test]
+    fn a_pipelined_catch_up_counts_every_page_and_times_each_device_once() {
+        let model = Model::default();
+        let workload = Workload::new(WorkloadConfig::default(), 1).expect("workload");
+        let set = SyncSet::new(0, 20, 3, 250);
+        let payload = |n: u64| workload.payload_at(n);
+        preload(&model, &set.backlog_sends(), &payload, 3, 16, 2).expect("preload");
+        let devices: Vec<_> = set.devices().collect();
+        let out = catch_up(&model, &devices, &plan(5, true), &None).expect("catch up");
+        assert_eq!(out.events, 20 * 3 * 250);
+        assert_eq!(out.ops, 60 * 3, "pages, as page after page counts them");
+        assert_eq!(out.latency.count(), 60, "one timing per device");
+        assert_eq!(out.read_latency.count(), 0, "no page is timed alone");
         assert_eq!(out.bytes, out.events * 10);
     }
 
@@ -1014,7 +1054,7 @@ mod tests {
                 Ok(())
             }
         }
-        let err = catch_up(&Refusing, &[(1, 1)], 3, 100, &None).expect_err("must fail");
+        let err = catch_up(&Refusing, &[(1, 1)], &plan(3, false), &None).expect_err("must fail");
         assert!(err.to_string().contains("refused") || err.to_string().contains("connect"));
     }
 
