@@ -983,8 +983,9 @@ mod tests {
         assert!(out.events >= 2 * out.ops && out.events <= 200 * out.ops);
     }
 
-    #[test]
-    fn catch_up_reads_every_backlogged_event_of_every_device_once() {
+    /// A model holding a backlog of 250 events for each of 20 users, and
+    /// their 3 devices each.
+    fn backlogged() -> (Model, Vec<(Uid, DeviceId)>) {
         let model = Model::default();
         let workload = Workload::new(
             WorkloadConfig {
@@ -997,7 +998,12 @@ mod tests {
         let set = SyncSet::new(0, 20, 3, 250);
         let payload = |n: u64| workload.payload_at(n);
         preload(&model, &set.backlog_sends(), &payload, 3, 16, 2).expect("preload");
-        let devices: Vec<_> = set.devices().collect();
+        (model, set.devices().collect())
+    }
+
+    #[test]
+    fn catch_up_reads_every_backlogged_event_of_every_device_once() {
+        let (model, devices) = backlogged();
         let out = catch_up(&model, &devices, &plan(5, false), &None).expect("catch up");
         assert_eq!(out.events, 20 * 3 * 250);
         // 250 events in pages of 100: 3 pages per device.
@@ -1026,12 +1032,7 @@ mod tests {
 
     #[test]
     fn a_pipelined_catch_up_counts_every_page_and_times_each_device_once() {
-        let model = Model::default();
-        let workload = Workload::new(WorkloadConfig::default(), 1).expect("workload");
-        let set = SyncSet::new(0, 20, 3, 250);
-        let payload = |n: u64| workload.payload_at(n);
-        preload(&model, &set.backlog_sends(), &payload, 3, 16, 2).expect("preload");
-        let devices: Vec<_> = set.devices().collect();
+        let (model, devices) = backlogged();
         let out = catch_up(&model, &devices, &plan(5, true), &None).expect("catch up");
         assert_eq!(out.events, 20 * 3 * 250);
         assert_eq!(out.ops, 60 * 3, "pages, as page after page counts them");
