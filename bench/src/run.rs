@@ -581,20 +581,14 @@ fn run_system(
     if plan.runs("ingest") {
         ingest_scenario(plan, workload, system, report, seed)?;
     }
-    if let Some(sync) = &plan.sync {
-        catch_up_scenario("sync", 1, sync, plan, workload, system, report, seed)?;
-    }
-    if let Some(sync) = &plan.sync_pipelined {
-        catch_up_scenario(
-            "sync-pipelined",
-            3,
-            sync,
-            plan,
-            workload,
-            system,
-            report,
-            seed,
-        )?;
+    // Each on users of its own (set 1, set 3).
+    for (scenario, set, sync) in [
+        ("sync", 1, &plan.sync),
+        ("sync-pipelined", 3, &plan.sync_pipelined),
+    ] {
+        if let Some(sync) = sync {
+            catch_up_scenario(scenario, set, sync, plan, workload, system, report, seed)?;
+        }
     }
     if let Some(under) = &plan.under_ingest {
         if let Err(e) = under_ingest_scenario(under, plan, workload, system, report, seed) {
