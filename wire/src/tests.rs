@@ -229,6 +229,33 @@ fn an_event_without_its_summary_field_is_45_bytes_and_one_with_an_empty_summary_
 }
 
 #[test]
+fn a_body_written_in_place_behind_its_length_is_the_byte_string_of_that_body() {
+    let body = EventRef {
+        conv: 1,
+        msg_seq: 2,
+        msg_id: 3,
+        at_ms: 4,
+        summary: Bytes::from_static(b"hello"),
+    };
+    // Behind bytes already in the buffer, as every event but a page's first.
+    let mut out = BytesMut::from(&b"head"[..]);
+    Event::Known {
+        sync_seq: 9,
+        kind: EventKind::Msg,
+        body: body.clone(),
+    }
+    .put(&mut out);
+    let mut alone = BytesMut::new();
+    body.put(&mut alone);
+    let mut expected = BytesMut::from(&b"head"[..]);
+    expected.put_u64_le(9);
+    expected.put_u8(EventKind::Msg as u8);
+    alone.freeze().put(&mut expected);
+    assert_eq!(hex(&out), hex(&expected));
+    assert_eq!(&out[4 + 9..4 + 9 + 4], &(32u32 + 4 + 5).to_le_bytes());
+}
+
+#[test]
 fn known_event_kind_with_a_short_body_is_malformed() {
     let mut out = BytesMut::new();
     out.put_u64_le(1);
