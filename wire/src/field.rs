@@ -128,11 +128,16 @@ impl Field for bool {
     }
 }
 
-/// Writes a `u32` length prefix. Lengths above `u32::MAX` cannot occur: a
+/// Writes a `u32` length prefix.
+fn put_len(out: &mut BytesMut, len: usize) {
+    out.put_u32_le(len_u32(len));
+}
+
+/// A length as its `u32` prefix. Lengths above `u32::MAX` cannot occur: a
 /// frame is itself limited to a `u32` length, and the frame encoder refuses
 /// a body that does not fit.
-fn put_len(out: &mut BytesMut, len: usize) {
-    out.put_u32_le(u32::try_from(len).unwrap_or(u32::MAX));
+fn len_u32(len: usize) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX)
 }
 
 /// Writes what `put` writes behind a `u32` length prefix, in place: the
@@ -142,7 +147,7 @@ pub(crate) fn put_prefixed(out: &mut BytesMut, put: impl FnOnce(&mut BytesMut)) 
     let at = out.len();
     out.put_u32_le(0);
     put(out);
-    let len = u32::try_from(out.len() - at - 4).unwrap_or(u32::MAX);
+    let len = len_u32(out.len() - at - 4);
     out[at..at + 4].copy_from_slice(&len.to_le_bytes());
 }
 
