@@ -307,7 +307,41 @@ pub struct Goal {
     pub met: Option<bool>,
 }
 
+/// What a goal holds a figure to; the target it prints is made from it.
+#[derive(Clone, Copy)]
+enum Bound {
+    AtLeast(f64),
+    AtMost(f64),
+    Below(f64),
+}
+
+impl Bound {
+    fn met(self, v: f64) -> bool {
+        match self {
+            Bound::AtLeast(b) => v >= b,
+            Bound::AtMost(b) => v <= b,
+            Bound::Below(b) => v < b,
+        }
+    }
+
+    /// `unit` follows the number: "x" for a ratio, "" for the unit named
+    /// in the goal.
+    fn target(self, unit: &str) -> String {
+        match self {
+            Bound::AtLeast(b) => format!(">= {b}{unit}"),
+            Bound::AtMost(b) => format!("<= {b}{unit}"),
+            Bound::Below(b) => format!("< {b}{unit}"),
+        }
+    }
+}
+
 impl Report {
+    fn row(&self, scenario: &str, system: &str, clients: u32) -> Option<&ResultRow> {
+        self.results
+            .iter()
+            .find(|r| r.scenario == scenario && r.system == system && r.clients == clients)
+    }
+
     fn value(
         &self,
         scenario: &str,
@@ -315,10 +349,7 @@ impl Report {
         clients: u32,
         f: fn(&ResultRow) -> f64,
     ) -> Option<f64> {
-        self.results
-            .iter()
-            .find(|r| r.scenario == scenario && r.system == system && r.clients == clients)
-            .map(f)
+        self.row(scenario, system, clients).map(f)
     }
 
     /// The goals, each as the project states it: ingest at 16 clients
@@ -333,92 +364,89 @@ impl Report {
         let p50 = |r: &ResultRow| r.p50_us;
         let p99 = |r: &ResultRow| r.p99_us;
         let mut goals = Vec::new();
-        let mut goal = |what: &str, target: &str, measured: Option<f64>, met: fn(f64) -> bool| {
+        let mut goal = |what: &str, bound: Bound, unit: &str, measured: Option<f64>| {
             goals.push(Goal {
                 what: what.into(),
-                target: target.into(),
+                target: bound.target(unit),
                 measured,
-                met: measured.map(met),
+                met: measured.map(|v| bound.met(v)),
             });
         };
         let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).and_then(|(a, b)| divide(a, b));
         let ours = self.value("ingest", "inboxd", 16, ops);
-        for (baseline, target, met) in [
-            ("mariadb", ">= 20x", (|r| r >= 20.0) as fn(f64) -> bool),
-            ("redis", ">= 5x", |r| r >= 5.0),
-            ("rocksdb", ">= 3x", |r| r >= 3.0),
-        ] {
+        for (baseline, factor) in [("mariadb", 20.0), ("redis", 5.0), ("rocksdb", 3.0)] {
             let theirs = self.value("ingest", baseline, 16, ops);
             goal(
                 &format!("ingest c=16 vs {baseline}"),
-                target,
+                Bound::AtLeast(factor),
+                "x",
                 ratio(ours, theirs),
-                met,
             );
         }
         let fsync = self.value("fdatasync-4k", "limit", 1, p50);
         goal(
             "ingest c=1 p50 / one fdatasync",
-            "<= 1.5x",
+            Bound::AtMost(1.5),
+            "x",
             ratio(self.value("ingest", "inboxd", 1, p50), fsync),
-            |r| r <= 1.5,
         );
         goal(
             "ingest c=16 p99 / one fdatasync",
-            "< 3x",
+            Bound::Below(3.0),
+            "x",
             ratio(self.value("ingest", "inboxd", 16, p99), fsync),
-            |r| r < 3.0,
         );
         goal(
             "server CPU per send c=16, µs",
-            "<= 25",
-            self.results
-                .iter()
-                .find(|r| r.scenario == "ingest" && r.system == "inboxd" && r.clients == 16)
+            Bound::AtMost(25.0),
+            "",
+            self.row("ingest", "inboxd", 16)
                 .and_then(|r| r.server_cpu_us_per_op),
-            |us| us <= 25.0,
         );
         goal(
             "sync pages/s c=16 vs rocksdb",
-            ">= 2x",
+            Bound::AtLeast(2.0),
+            "x",
             ratio(
                 self.value("sync", "inboxd", 16, ops),
                 self.value("sync", "rocksdb", 16, ops),
             ),
-            |r| r >= 2.0,
         );
-        let read = |scenario| self.value(scenario, "inboxd", 16, p99);
-        goal(
-            "sync page p99 (read), µs",
-            "< 500",
-            read("sync-read"),
-            |us| us < 500.0,
-        );
-        goal(
-            "sync-under-ingest read p99, µs",
-            "< 1000",
-            read("sync-under-ingest-read"),
-            |us| us < 1_000.0,
-        );
-        goal(
-            "sync page p99 (read + ACK), µs",
-            "< 1000",
-            read("sync"),
-            |us| us < 1_000.0,
-        );
-        let screen = |scenario| self.value(scenario, "inboxd", 1, p99);
-        goal(
-            "long-offline first screen, µs",
-            "< 2000",
-            screen("long-offline-first-screen"),
-            |us| us < 2_000.0,
-        );
-        goal(
-            "first screen, cold restart, µs",
-            "< 20000",
-            screen("long-offline-first-screen-cold"),
-            |us| us < 20_000.0,
-        );
+        for (what, scenario, us) in [
+            ("sync page p99 (read), µs", "sync-read", 500.0),
+            (
+                "sync-under-ingest read p99, µs",
+                "sync-under-ingest-read",
+                1_000.0,
+            ),
+            ("sync page p99 (read + ACK), µs", "sync", 1_000.0),
+        ] {
+            goal(
+                what,
+                Bound::Below(us),
+                "",
+                self.value(scenario, "inboxd", 16, p99),
+            );
+        }
+        for (what, scenario, us) in [
+            (
+                "long-offline first screen, µs",
+                "long-offline-first-screen",
+                2_000.0,
+            ),
+            (
+                "first screen, cold restart, µs",
+                "long-offline-first-screen-cold",
+                20_000.0,
+            ),
+        ] {
+            goal(
+                what,
+                Bound::Below(us),
+                "",
+                self.value(scenario, "inboxd", 1, p99),
+            );
+        }
         let recovery = self
             .results
             .iter()
@@ -428,7 +456,7 @@ impl Report {
                 let gb = r.bytes as f64 / 1e9;
                 divide(r.p50_us / 1e6, gb)
             });
-        goal("recovery, s per GB", "< 1", recovery, |s| s < 1.0);
+        goal("recovery, s per GB", Bound::Below(1.0), "", recovery);
         goals
     }
 
@@ -614,6 +642,9 @@ mod tests {
         };
         assert_eq!(by("ingest c=16 vs mariadb").measured, Some(30.0));
         assert_eq!(by("ingest c=16 vs mariadb").met, Some(true));
+        assert_eq!(by("ingest c=16 vs mariadb").target, ">= 20x");
+        assert_eq!(by("ingest c=1 p50").target, "<= 1.5x");
+        assert_eq!(by("sync page p99 (read),").target, "< 500");
         assert_eq!(
             by("ingest c=16 vs redis").met,
             Some(false),
