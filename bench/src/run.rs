@@ -879,7 +879,7 @@ fn soak_scenario(sp: &SoakPlan, system: &dyn System, seed: u64) -> Result<(SoakR
         let top: Vec<String> = s
             .memory
             .iter()
-            .filter(|m| m.structure != "log_mmaps" && m.allocated >= 1 << 20)
+            .filter(|m| !crate::memory_table::file_backed(&m.structure) && m.allocated >= 1 << 20)
             .map(|m| {
                 format!(
                     "{} {:.1}",
@@ -1266,7 +1266,7 @@ fn print_backlog_memory(name: &str, system: &dyn System, rss_before: Option<u64>
         .map(|(rows, _, _)| rows)
         .unwrap_or_default()
         .iter()
-        .filter(|m| m.structure != "log_mmaps" && m.allocated > 0)
+        .filter(|m| !crate::memory_table::file_backed(&m.structure) && m.allocated > 0)
         .map(|m| format!("{} {:.1}", m.structure, m.allocated as f64 / events))
         .collect();
     let per_event = |after: u64| after.saturating_sub(before) as f64 / events;

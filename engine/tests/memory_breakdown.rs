@@ -5,6 +5,7 @@
 
 mod inbox_common;
 
+use bytes::Bytes;
 use inbox_common::*;
 use inbox_engine::*;
 
@@ -32,6 +33,7 @@ fn every_structure_is_reported_with_allocated_at_least_live() {
         "idempotency",
         "snapshot_rows",
         "segment_counts",
+        "message_metadata_file",
         "snapshot_cache",
         "log_mmaps",
     ] {
@@ -50,7 +52,11 @@ fn sends_with_keys_grow_the_idempotency_table_metadata_and_events_by_their_entry
     let after = h.ib().memory();
     let grew = |s: &str| live(&after, s) - live(&before, s);
     assert_eq!(grew("idempotency"), 1000 * 24, "24 bytes per key");
-    assert_eq!(grew("message_metadata"), 1000 * 26, "26 bytes per message");
+    assert_eq!(
+        grew("message_metadata") + grew("message_metadata_file"),
+        1000 * 26,
+        "26 bytes per message, on the heap or in the scratch file"
+    );
     assert_eq!(
         grew("event_index"),
         2 * 1000 * 8,
@@ -80,4 +86,63 @@ fn the_idempotency_table_is_the_same_size_after_a_restart() {
     h.ib().checkpoint().unwrap();
     h.restart(true, |_| {});
     assert_eq!(live(&h.ib().memory(), "idempotency"), before);
+}
+
+/// Messages of a conversation, oldest first, as its member reads them.
+fn whole_history(h: &Harness, uid: Uid) -> Vec<(MsgSeq, MsgId, Bytes)> {
+    let mut out = Vec::new();
+    let mut before = None;
+    loop {
+        let page = h.ib().history(uid, CONV, before, 500).unwrap();
+        out.extend(
+            page.messages
+                .iter()
+                .map(|m| (m.msg_seq, m.msg_id, m.payload.clone())),
+        );
+        before = page.messages.last().map(|m| m.msg_seq);
+        if !page.has_more {
+            break;
+        }
+    }
+    out.reverse();
+    out
+}
+
+#[test]
+fn a_long_history_keeps_its_index_in_file_pages_and_only_the_newest_on_the_heap() {
+    let mut h = Harness::new();
+    h.join(Uid(1), CONV);
+    h.send_many(CONV, Uid(1), 1, 3000);
+    let messages = 3001; // the join is an entry too
+    let chunk = 4096 / 26;
+    let check = |h: &Harness, when: &str| {
+        let r = h.ib().memory();
+        let heap = live(&r, "message_metadata");
+        let file = r.get("message_metadata_file").unwrap();
+        assert_eq!(
+            heap + file.live,
+            messages * 26,
+            "{when}: every entry is counted once"
+        );
+        assert_eq!(
+            heap,
+            (messages % chunk) * 26,
+            "{when}: only the entries after the last full page are on the heap"
+        );
+        assert_eq!(
+            file.allocated,
+            (messages / chunk) * 4096,
+            "{when}: a page per chunk"
+        );
+    };
+    check(&h, "live");
+    let before = whole_history(&h, Uid(1));
+    assert_eq!(before.len() as u64, messages);
+    h.ib().checkpoint().unwrap();
+    h.kill_restart(|_| {});
+    check(&h, "after a kill, from the checkpoint");
+    assert_eq!(whole_history(&h, Uid(1)), before, "after a kill");
+    h.restart(false, |_| {});
+    check(&h, "after a full replay");
+    assert_eq!(whole_history(&h, Uid(1)), before, "after a full replay");
 }

@@ -147,9 +147,16 @@ fn encode_body(w: &mut Writer, st: &State) {
     }
 }
 
+#[cfg(test)]
 pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
+    decode_state_in(body, Scratch::default())
+}
+
+/// Decodes a state whose message index goes straight to `scratch`.
+pub(crate) fn decode_state_in(body: &[u8], scratch: Scratch) -> DecodeResult<State> {
     let mut r = Reader::new(body);
     let mut st = State::new(r.u64()?);
+    st.scratch = scratch;
     st.next_msg_counter = r.u64()?;
     st.evt_lsn = r.u64()?;
     messaging::get_convs(&mut r, &mut st)?;
@@ -301,6 +308,11 @@ fn remove_stale_tmp(io: &dyn LogIo, d: &Path) {
 
 /// Reads and checks one checkpoint file.
 pub(crate) fn read(path: &Path) -> std::result::Result<(u64, State), String> {
+    read_in(path, Scratch::default())
+}
+
+/// [`read`], the message index going straight to `scratch`.
+pub(crate) fn read_in(path: &Path, scratch: Scratch) -> std::result::Result<(u64, State), String> {
     let buf = fs::read(path).map_err(|e| format!("read {}: {e}", path.display()))?;
     if buf.len() < 28 || (&buf[..8] != MAGIC && &buf[..8] != MAGIC_V1) {
         return Err("bad magic or too short".into());
@@ -318,7 +330,7 @@ pub(crate) fn read(path: &Path) -> std::result::Result<(u64, State), String> {
     if body.len() as u64 != len {
         return Err("body length mismatch".into());
     }
-    let st = decode_state(body).map_err(|e| e.0.to_string())?;
+    let st = decode_state_in(body, scratch).map_err(|e| e.0.to_string())?;
     if st.evt_lsn != lsn {
         return Err("header and body LSN differ".into());
     }

@@ -11,7 +11,7 @@ use super::checkpoint;
 use super::config::InboxConfig;
 use super::effect::Effect;
 use super::state::record::Touched;
-use super::state::{pack, State};
+use super::state::{pack, Scratch, State};
 use crate::error::{Error, Result};
 use crate::log::{Log, LogError, Lsn, ReplayFn};
 
@@ -56,6 +56,7 @@ pub(crate) fn load_state_reporting(
 ) -> Result<(State, RecoveryReport)> {
     let ttl_ms = u64::try_from(cfg.idempotency_ttl.as_millis()).unwrap_or(u64::MAX);
     let durable = evt.durable_lsn();
+    let scratch = Scratch::open(&cfg.data_dir);
     let mut state = None;
     for (lsn, path) in checkpoint::list(&cfg.data_dir)? {
         if lsn > durable {
@@ -67,7 +68,7 @@ pub(crate) fn load_state_reporting(
                 ),
             });
         }
-        match checkpoint::read(&path) {
+        match checkpoint::read_in(&path, scratch.clone()) {
             Ok((_, st)) => {
                 state = Some(st);
                 break;
@@ -78,6 +79,7 @@ pub(crate) fn load_state_reporting(
         }
     }
     let mut state = state.unwrap_or_else(|| State::new(ttl_ms));
+    state.use_scratch(scratch);
     state.idem_ttl_ms = ttl_ms;
     state.totals = state.recount_totals();
     let after = state.evt_lsn;

@@ -88,6 +88,9 @@ impl State {
             )));
         }
         self.totals.messages += 1;
+        if let (Some(file), None) = (&self.scratch.0, conv.msgs.file()) {
+            conv.msgs.use_file(file);
+        }
         conv.msgs.push(MsgMeta {
             loc: m.msg_loc,
             msg_id: m.msg_id,

@@ -43,6 +43,9 @@ pub(crate) fn get_convs(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> 
     for _ in 0..r.count(16)? {
         let id: ConvId = r.id()?;
         let mut c = Conv::default();
+        if let Some(file) = &st.scratch.0 {
+            c.msgs.use_file(file);
+        }
         let n = r.count(26)?;
         for _ in 0..n {
             c.msgs.push(MsgMeta {

@@ -6,39 +6,88 @@
 //! list grows for as long as its history is kept: with one `Vec`, a send to
 //! a group with 500,000 retained messages copied 16 MB on the sequencer
 //! thread, stalling every command of its round. Here a copy is one pointer
-//! per [`CHUNK`] elements, and a write copies only the chunk it touches.
+//! per [`ChunkedVec::CHUNK`] elements, and a write copies only the chunk it
+//! touches.
+//!
+//! A list given the state's scratch file ([`ChunkedVec::use_file`]) keeps
+//! its full chunks there, a page each, and only its tail on the heap: the
+//! history of a conversation then costs the heap a handle per 157
+//! messages, and its pages stay in memory only while they are read.
 
+use std::ops::Deref;
 use std::sync::Arc;
 
-/// Elements per chunk: a copy of a full chunk of message metadata is
-/// 32 KiB, and the list of chunks is 1/1024 of the elements.
-pub(crate) const CHUNK: usize = 1024;
+use super::spill::{Arena, Block, Plain, PAGE};
 
-#[derive(Clone)]
-pub(crate) struct ChunkedVec<T> {
-    /// Full chunks of [`CHUNK`] elements each (the first counting those
-    /// dropped from its front), shared with every clone.
-    full: Vec<Arc<Vec<T>>>,
-    /// The newest elements, fewer than [`CHUNK`], the list's own: a clone
+/// A list's full chunks, on the heap or in pages of the state's scratch
+/// file ([`super::spill`]).
+enum Chunk<T: Plain> {
+    Heap(Arc<Vec<T>>),
+    File(Arc<Block<T>>),
+}
+
+impl<T: Plain> Clone for Chunk<T> {
+    fn clone(&self) -> Self {
+        match self {
+            Chunk::Heap(v) => Chunk::Heap(v.clone()),
+            Chunk::File(b) => Chunk::File(b.clone()),
+        }
+    }
+}
+
+impl<T: Plain> Deref for Chunk<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Chunk::Heap(v) => v,
+            Chunk::File(b) => b.as_slice(),
+        }
+    }
+}
+
+pub(crate) struct ChunkedVec<T: Plain> {
+    /// Full chunks of [`Self::CHUNK`] elements each (the first counting
+    /// those dropped from its front), shared with every clone.
+    full: Vec<Chunk<T>>,
+    /// The newest elements, fewer than a chunk, the list's own: a clone
     /// copies them. A short list is this alone, as compact as a `Vec`.
     tail: Vec<T>,
     /// Elements dropped from the front of the first full chunk.
     head: usize,
+    /// Where full chunks go; on the heap without one.
+    file: Option<Arc<Arena>>,
 }
 
-impl<T> Default for ChunkedVec<T> {
+impl<T: Plain> Clone for ChunkedVec<T> {
+    fn clone(&self) -> Self {
+        Self {
+            full: self.full.clone(),
+            tail: self.tail.clone(),
+            head: self.head,
+            file: self.file.clone(),
+        }
+    }
+}
+
+impl<T: Plain> Default for ChunkedVec<T> {
     fn default() -> Self {
         Self {
             full: Vec::new(),
             tail: Vec::new(),
             head: 0,
+            file: None,
         }
     }
 }
 
-impl<T: Clone> ChunkedVec<T> {
+impl<T: Plain> ChunkedVec<T> {
+    /// Elements per chunk: as many as one page holds (157 of a message's
+    /// 26-byte metadata), so a chunk in the file is one page, and the list
+    /// of chunks is about 1/150 of the elements.
+    pub const CHUNK: usize = PAGE / size_of::<T>();
+
     pub fn len(&self) -> usize {
-        self.full.len() * CHUNK - self.head + self.tail.len()
+        self.full.len() * Self::CHUNK - self.head + self.tail.len()
     }
 
     #[cfg(test)]
@@ -48,20 +97,64 @@ impl<T: Clone> ChunkedVec<T> {
 
     pub fn get(&self, i: usize) -> Option<&T> {
         let j = self.head + i;
-        match self.full.get(j / CHUNK) {
-            Some(chunk) => chunk.get(j % CHUNK),
-            None => self.tail.get(j - self.full.len() * CHUNK),
+        match self.full.get(j / Self::CHUNK) {
+            Some(chunk) => chunk.get(j % Self::CHUNK),
+            None => self.tail.get(j - self.full.len() * Self::CHUNK),
         }
     }
 
     /// Copies the element's chunk first if a clone of the list shares it.
     pub fn get_mut(&mut self, i: usize) -> Option<&mut T> {
         let j = self.head + i;
-        let full = self.full.len() * CHUNK;
+        let full = self.full.len() * Self::CHUNK;
         if j < full {
-            Arc::make_mut(&mut self.full[j / CHUNK]).get_mut(j % CHUNK)
+            self.chunk_mut(j / Self::CHUNK).get_mut(j % Self::CHUNK)
         } else {
             self.tail.get_mut(j - full)
+        }
+    }
+
+    /// Chunk `k`, the list's own: copied first (into the file if it has
+    /// one) when a clone shares it.
+    fn chunk_mut(&mut self, k: usize) -> &mut [T] {
+        let shared = match &mut self.full[k] {
+            Chunk::Heap(v) => Arc::get_mut(v).is_none(),
+            Chunk::File(b) => Arc::get_mut(b).is_none(),
+        };
+        if shared {
+            let items: Vec<T> = self.full[k].to_vec();
+            self.full[k] = self.chunk_of(items);
+        }
+        match &mut self.full[k] {
+            Chunk::Heap(v) => Arc::get_mut(v).expect("unshared above"),
+            Chunk::File(b) => Arc::get_mut(b).expect("unshared above").as_mut_slice(),
+        }
+    }
+
+    /// A full chunk holding `items`: in the file when the list has one
+    /// and it has room, else on the heap.
+    fn chunk_of(&self, items: Vec<T>) -> Chunk<T> {
+        match self.file.as_ref().and_then(|f| f.store(&items)) {
+            Some(block) => Chunk::File(Arc::new(block)),
+            None => Chunk::Heap(Arc::new(items)),
+        }
+    }
+
+    /// The file full chunks go to, if any.
+    pub fn file(&self) -> Option<&Arc<Arena>> {
+        self.file.as_ref()
+    }
+
+    /// Keeps full chunks in `file` from now on, and moves those on the
+    /// heap there now (each that it has room for).
+    pub fn use_file(&mut self, file: &Arc<Arena>) {
+        self.file = Some(file.clone());
+        for k in 0..self.full.len() {
+            if let Chunk::Heap(v) = &self.full[k] {
+                if let Some(block) = file.store(v) {
+                    self.full[k] = Chunk::File(Arc::new(block));
+                }
+            }
         }
     }
 
@@ -69,13 +162,15 @@ impl<T: Clone> ChunkedVec<T> {
     /// other lists do); a full tail becomes a shared chunk.
     pub fn push(&mut self, item: T) {
         if self.tail.len() == self.tail.capacity() {
-            let room = CHUNK - self.tail.len();
+            let room = Self::CHUNK - self.tail.len();
             self.tail
                 .reserve_exact((self.tail.len() / 4).max(4).min(room));
         }
         self.tail.push(item);
-        if self.tail.len() == CHUNK {
-            self.full.push(Arc::new(std::mem::take(&mut self.tail)));
+        if self.tail.len() == Self::CHUNK {
+            let items = std::mem::take(&mut self.tail);
+            let chunk = self.chunk_of(items);
+            self.full.push(chunk);
         }
     }
 
@@ -84,11 +179,11 @@ impl<T: Clone> ChunkedVec<T> {
     /// it goes too.
     pub fn remove_front(&mut self, n: usize) -> Vec<T> {
         let n = n.min(self.len());
-        let gone: Vec<T> = self.iter().take(n).cloned().collect();
+        let gone: Vec<T> = self.iter().take(n).copied().collect();
         self.head += n;
-        let whole = (self.head / CHUNK).min(self.full.len());
+        let whole = (self.head / Self::CHUNK).min(self.full.len());
         self.full.drain(..whole);
-        self.head -= whole * CHUNK;
+        self.head -= whole * Self::CHUNK;
         if self.full.is_empty() {
             // What is left of the front is in the tail.
             self.tail.drain(..self.head);
@@ -108,9 +203,9 @@ impl<T: Clone> ChunkedVec<T> {
     /// Changes every element (copying every shared chunk).
     pub fn for_each_mut(&mut self, mut f: impl FnMut(&mut T)) {
         let head = self.head;
-        for (i, chunk) in self.full.iter_mut().enumerate() {
-            let skip = if i == 0 { head } else { 0 };
-            Arc::make_mut(chunk).iter_mut().skip(skip).for_each(&mut f);
+        for k in 0..self.full.len() {
+            let skip = if k == 0 { head } else { 0 };
+            self.chunk_mut(k).iter_mut().skip(skip).for_each(&mut f);
         }
         self.tail.iter_mut().for_each(f);
     }
@@ -135,30 +230,53 @@ impl<T: Clone> ChunkedVec<T> {
         Err(lo)
     }
 
-    /// Elements the list has room for, a first chunk's dropped front
-    /// included.
+    /// Elements the list has room for on the heap, a first chunk's
+    /// dropped front included.
     pub fn capacity(&self) -> usize {
-        self.full.len() * CHUNK + self.tail.capacity()
+        self.heap_chunks() * Self::CHUNK + self.tail.capacity()
     }
 
-    /// Bytes of the list besides its elements: a pointer and a count
-    /// block per full chunk.
+    fn heap_chunks(&self) -> usize {
+        self.full
+            .iter()
+            .filter(|c| matches!(c, Chunk::Heap(_)))
+            .count()
+    }
+
+    /// Elements in chunks in the file (a first chunk's dropped front left
+    /// out), and the bytes of file pages those chunks hold.
+    pub fn in_file(&self) -> (usize, usize) {
+        let mut out = (0, 0);
+        for (k, c) in self.full.iter().enumerate() {
+            if let Chunk::File(b) = c {
+                out.0 += Self::CHUNK - if k == 0 { self.head } else { 0 };
+                out.1 += b.page_bytes();
+            }
+        }
+        out
+    }
+
+    /// Bytes of the list besides its elements on the heap: a pointer per
+    /// full chunk, a count block per heap chunk and a block handle per
+    /// file chunk.
     pub fn overhead_bytes(&self) -> usize {
-        self.full.capacity() * size_of::<Arc<Vec<T>>>()
-            + self.full.len() * (size_of::<Vec<T>>() + 2 * size_of::<usize>())
+        let heap = self.heap_chunks();
+        self.full.capacity() * size_of::<Chunk<T>>()
+            + heap * (size_of::<Vec<T>>() + 2 * size_of::<usize>())
+            + (self.full.len() - heap) * (size_of::<Block<T>>() + 2 * size_of::<usize>())
     }
 }
 
-impl<T: Clone + PartialEq> PartialEq for ChunkedVec<T> {
+impl<T: Plain + PartialEq> PartialEq for ChunkedVec<T> {
     /// Equal elements, however they are chunked.
     fn eq(&self, other: &Self) -> bool {
         self.len() == other.len() && self.iter().eq(other.iter())
     }
 }
 
-impl<T: Clone + Eq> Eq for ChunkedVec<T> {}
+impl<T: Plain + Eq> Eq for ChunkedVec<T> {}
 
-impl<T: Clone + std::fmt::Debug> std::fmt::Debug for ChunkedVec<T> {
+impl<T: Plain + std::fmt::Debug> std::fmt::Debug for ChunkedVec<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.iter()).finish()
     }
@@ -167,6 +285,8 @@ impl<T: Clone + std::fmt::Debug> std::fmt::Debug for ChunkedVec<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const CHUNK: usize = ChunkedVec::<u64>::CHUNK;
 
     fn filled(n: usize) -> ChunkedVec<u64> {
         let mut v = ChunkedVec::default();
@@ -216,7 +336,7 @@ mod tests {
             .full
             .iter()
             .zip(&w.full)
-            .filter(|(a, b)| Arc::ptr_eq(a, b))
+            .filter(|(a, b)| std::ptr::eq(a.as_ptr(), b.as_ptr()))
             .count();
         assert_eq!(shared, 3, "only the written chunk was copied");
         assert_eq!(
@@ -242,9 +362,71 @@ mod tests {
     fn the_tail_grows_by_a_quarter_and_a_full_tail_becomes_an_exact_chunk() {
         let v = filled(CHUNK + 100);
         assert_eq!(v.full.len(), 1);
-        assert_eq!(v.full[0].capacity(), CHUNK);
+        assert!(matches!(&v.full[0], Chunk::Heap(c) if c.capacity() == CHUNK));
         let tail = v.tail.capacity();
         assert!((100..=125).contains(&tail), "tail capacity {tail}");
         assert_eq!(filled(3).overhead_bytes(), 0, "a short list is a Vec");
+    }
+
+    #[test]
+    fn a_list_in_the_file_answers_as_on_the_heap_and_shares_and_copies_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let arena = Arena::open(dir.path()).unwrap();
+        let mut v = filled(2 * CHUNK + 5);
+        v.use_file(&arena);
+        assert_eq!(v.in_file(), (2 * CHUNK, 2 * PAGE), "the heap chunks moved");
+        for i in 2 * CHUNK as u64 + 5..4 * CHUNK as u64 + 9 {
+            v.push(i);
+        }
+        assert_eq!(
+            v.in_file(),
+            (4 * CHUNK, 4 * PAGE),
+            "new full chunks go there too"
+        );
+        assert_eq!(
+            v.capacity(),
+            v.tail.capacity(),
+            "only the tail is on the heap"
+        );
+        assert_eq!(v, filled(4 * CHUNK + 9));
+        assert_eq!(arena.block_bytes(), 4 * PAGE as u64);
+
+        // Written in place while the list owns the chunk.
+        *v.get_mut(3).unwrap() = 1_000_003;
+        assert_eq!(arena.block_bytes(), 4 * PAGE as u64, "no copy");
+        // Copied, into the file, while a clone shares it.
+        let kept = v.clone();
+        *v.get_mut(CHUNK + 1).unwrap() = 77;
+        assert_eq!(kept.get(CHUNK + 1), Some(&(CHUNK as u64 + 1)));
+        assert_eq!(v.get(CHUNK + 1), Some(&77));
+        assert_eq!(arena.block_bytes(), 5 * PAGE as u64, "one chunk copied");
+        drop(kept);
+        assert_eq!(
+            arena.block_bytes(),
+            4 * PAGE as u64,
+            "the clone's copy went with it"
+        );
+        v.remove_front(CHUNK + 2);
+        assert_eq!(
+            arena.block_bytes(),
+            3 * PAGE as u64,
+            "a dropped chunk's page goes"
+        );
+        assert_eq!(
+            v.in_file(),
+            (3 * CHUNK - 2, 3 * PAGE),
+            "the dropped front is not counted"
+        );
+        let mut model: Vec<u64> = (0..4 * CHUNK as u64 + 9).collect();
+        model[3] = 1_000_003;
+        model[CHUNK + 1] = 77;
+        model.drain(..CHUNK + 2);
+        assert!(v.iter().eq(model.iter()));
+        assert_eq!(
+            v.binary_search_by_key(&(3 * CHUNK as u64), |x| *x),
+            model.binary_search(&(3 * CHUNK as u64))
+        );
+        drop(v);
+        assert_eq!(arena.block_bytes(), 0);
     }
 }

@@ -16,7 +16,7 @@ use super::{ActivityKey, Conv, Device, MsgMeta, SnapshotSlot, State, User, UserC
 use crate::api::*;
 
 /// The structures reported, in report order.
-pub(crate) const STRUCTURES: [&str; 9] = [
+pub(crate) const STRUCTURES: [&str; 10] = [
     "users",
     "devices",
     "user_conversations",
@@ -26,6 +26,7 @@ pub(crate) const STRUCTURES: [&str; 9] = [
     "idempotency",
     "snapshot_rows",
     "segment_counts",
+    "message_metadata_file",
 ];
 
 /// Bytes (live, allocated) per structure of [`STRUCTURES`].
@@ -127,13 +128,15 @@ impl Tally {
             for edits in c.edits.values() {
                 self.add(3, vec::<MsgSeq>(edits));
             }
+            let (in_file, pages) = c.msgs.in_file();
             self.add(
                 4,
                 (
-                    (c.msgs.len() * size_of::<MsgMeta>()) as u64,
+                    ((c.msgs.len() - in_file) * size_of::<MsgMeta>()) as u64,
                     (c.msgs.capacity() * size_of::<MsgMeta>() + c.msgs.overhead_bytes()) as u64,
                 ),
             );
+            self.add(9, ((in_file * size_of::<MsgMeta>()) as u64, pages as u64));
         }
     }
 

@@ -34,6 +34,7 @@ pub(crate) mod members;
 pub(crate) mod memory;
 pub(crate) mod record;
 mod seg_refs;
+pub(crate) mod spill;
 
 use crate::api::*;
 pub(crate) use loc::{body_at, body_in_evt, pack, unpack, BodyLog, PackedLoc, PENDING_LOC};
@@ -65,6 +66,10 @@ pub(crate) struct MsgMeta {
     /// tombstone.
     pub flags: u8,
 }
+
+// SAFETY: integers and a field-less enum, no pointers; the state's scratch
+// file gives back only the bytes written from a `MsgMeta`.
+unsafe impl spill::Plain for MsgMeta {}
 
 impl MsgMeta {
     pub fn tombstone(&self) -> bool {
@@ -353,6 +358,45 @@ pub(crate) struct State {
     /// Entry counts for `stats()` (derived: kept on apply, recounted on
     /// load), so that reading them never walks the state.
     pub totals: Totals,
+    /// Where conversations keep the full chunks of their message index
+    /// (not state: where it is kept, not what it holds).
+    pub scratch: Scratch,
+}
+
+/// The scratch file of a state's message index ([`spill`]), if it has
+/// one. Two states are equal whatever their scratch files.
+#[derive(Clone, Default)]
+pub(crate) struct Scratch(pub Option<Arc<spill::Arena>>);
+
+impl Scratch {
+    /// A new scratch file in `dir`; none (the heap) if the file system
+    /// refuses one.
+    pub fn open(dir: &std::path::Path) -> Self {
+        match spill::Arena::open(dir) {
+            Ok(a) => Self(Some(a)),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "no scratch file for the message index; it stays on the heap");
+                Self(None)
+            }
+        }
+    }
+}
+
+impl PartialEq for Scratch {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Scratch {}
+
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(a) => write!(f, "Scratch({a:?})"),
+            None => write!(f, "Scratch(heap)"),
+        }
+    }
 }
 
 /// How many retained events, retained messages and device rows the state
@@ -414,7 +458,19 @@ impl State {
             body_refs: SegRefs::default(),
             msg_refs: SegRefs::default(),
             totals: Totals::default(),
+            scratch: Scratch::default(),
         }
+    }
+
+    /// Keeps the message index's full chunks in `scratch` from now on,
+    /// those of every conversation already here included.
+    pub fn use_scratch(&mut self, scratch: Scratch) {
+        if let Some(file) = &scratch.0 {
+            for c in self.convs.values_mut() {
+                Arc::make_mut(c).msgs.use_file(file);
+            }
+        }
+        self.scratch = scratch;
     }
 
     /// The entry counts, counted afresh: O(users + conversations).

@@ -1,0 +1,369 @@
+//! A file the state keeps its history-sized arrays in, read and written
+//! through the page cache instead of living on the heap.
+//!
+//! A conversation's message index grows for as long as its history is
+//! kept, yet only its newest entries are read often. On the heap, every
+//! entry ever retained is resident for good. Here, full chunks of the
+//! index are pages of one file, mapped shared: the kernel keeps the pages
+//! that are read and drops the rest under memory pressure (after writing
+//! them back), as it does for the log's own mapped segments.
+//!
+//! The file is the process's own scratch space, not part of the store:
+//! - it is opened with `O_TMPFILE` (or created and unlinked at once), so
+//!   it has no name and vanishes with the process, crashed or not;
+//! - it is never fsynced and never read after a restart: the state it
+//!   holds is rebuilt from checkpoints and the log, like the heap's;
+//! - its space is reserved with `fallocate` a [`REGION_BYTES`] region at a
+//!   time before any page of it is written, so a full disk refuses a new
+//!   region (the data stays on the heap) instead of failing a page fault;
+//! - a block's pages are punched out of the file when its last user drops
+//!   it, which frees its disk space and its page cache at once, and a
+//!   region whose blocks are all gone is unmapped and its range reused.
+//!
+//! A block is written in place while one list owns it. A list that shares
+//! it with a checkpoint's copy of the state copies it first (copy on
+//! write, as the heap chunks do).
+
+use std::fs::{File, OpenOptions};
+use std::marker::PhantomData;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use memmap2::{MmapOptions, MmapRaw};
+use parking_lot::Mutex;
+
+/// Blocks start on a page.
+pub(crate) const PAGE: usize = 4096;
+
+/// Bytes of file reserved and mapped at a time.
+pub(crate) const REGION_BYTES: usize = 16 << 20;
+
+/// A type whose values may be kept as raw bytes in the file.
+///
+/// # Safety
+/// `Copy`, without pointers or references, and every value's bytes read
+/// back as that value. The file is read back only by the process that
+/// wrote it, so only patterns it wrote are read, as with swap.
+pub(crate) unsafe trait Plain: Copy + 'static {}
+
+// SAFETY: an integer has no pointers and no invalid patterns.
+unsafe impl Plain for u64 {}
+
+/// The scratch file and its mapped regions.
+pub(crate) struct Arena {
+    file: File,
+    inner: Mutex<Inner>,
+    /// Bytes of pages held by live blocks.
+    block_bytes: AtomicU64,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// The region new blocks go to, and its first free byte.
+    current: Option<(Arc<Region>, usize)>,
+    /// File offset of the next region never used.
+    next_offset: u64,
+    /// Offsets of regions whose blocks all went.
+    free: Vec<u64>,
+}
+
+/// [`REGION_BYTES`] of the file, reserved and mapped.
+struct Region {
+    arena: Arc<Arena>,
+    offset: u64,
+    map: MmapRaw,
+}
+
+impl std::fmt::Debug for Arena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Arena({} block bytes)", self.block_bytes())
+    }
+}
+
+impl Arena {
+    /// A new scratch file in `dir` (the data directory: a file system with
+    /// room, unlike a `tmpfs`, whose pages would stay in memory).
+    pub fn open(dir: &Path) -> std::io::Result<Arc<Self>> {
+        let file = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_TMPFILE)
+            .open(dir)
+        {
+            Ok(f) => f,
+            Err(_) => {
+                // No O_TMPFILE on this file system: a name, gone at once.
+                let path = dir.join(format!("index-scratch-{}", std::process::id()));
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&path)?;
+                std::fs::remove_file(&path)?;
+                f
+            }
+        };
+        Ok(Arc::new(Self {
+            file,
+            inner: Mutex::new(Inner::default()),
+            block_bytes: AtomicU64::new(0),
+        }))
+    }
+
+    /// Bytes of pages live blocks hold.
+    pub fn block_bytes(&self) -> u64 {
+        self.block_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of disk the file holds: reserved regions, less punched pages.
+    #[cfg(test)]
+    pub fn disk_bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        self.file.metadata().map_or(0, |m| m.blocks() * 512)
+    }
+
+    /// A block holding a copy of `items`; `None` if it cannot have one (no
+    /// room on the disk, or larger than a region): the caller keeps the
+    /// items on the heap.
+    pub fn store<T: Plain>(self: &Arc<Self>, items: &[T]) -> Option<Block<T>> {
+        let bytes = std::mem::size_of_val(items);
+        let pages = bytes.div_ceil(PAGE).max(1) * PAGE;
+        if pages > REGION_BYTES {
+            return None;
+        }
+        let (region, at) = self.room(pages)?;
+        // SAFETY: `at..at + pages` of the region was just given to this
+        // block alone, and `items` is `bytes` long.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                items.as_ptr().cast::<u8>(),
+                region.map.as_mut_ptr().add(at),
+                bytes,
+            );
+        }
+        self.block_bytes.fetch_add(pages as u64, Ordering::Relaxed);
+        Some(Block {
+            region,
+            at,
+            pages,
+            len: items.len(),
+            _items: PhantomData,
+        })
+    }
+
+    /// `pages` bytes of a region, from the current one or a new one.
+    fn room(self: &Arc<Self>, pages: usize) -> Option<(Arc<Region>, usize)> {
+        let mut inner = self.inner.lock();
+        if let Some((region, used)) = &mut inner.current {
+            if *used + pages <= REGION_BYTES {
+                let at = *used;
+                *used += pages;
+                return Some((region.clone(), at));
+            }
+        }
+        let offset = inner.free.pop().unwrap_or_else(|| {
+            let o = inner.next_offset;
+            inner.next_offset += REGION_BYTES as u64;
+            o
+        });
+        let region = match self.map_region(offset) {
+            Ok(r) => Arc::new(r),
+            Err(e) => {
+                inner.free.push(offset);
+                tracing::debug!(error = %e, "no room for an index region; kept on the heap");
+                return None;
+            }
+        };
+        let old = inner.current.replace((region.clone(), pages));
+        drop(inner);
+        // Dropped without the lock: the last block of the old region may
+        // be gone, and a region's drop takes the lock.
+        drop(old);
+        Some((region, 0))
+    }
+
+    fn map_region(self: &Arc<Self>, offset: u64) -> std::io::Result<Region> {
+        let len = REGION_BYTES as libc::off_t;
+        // SAFETY: plain syscall on a descriptor this arena owns.
+        if unsafe { libc::fallocate(self.file.as_raw_fd(), 0, offset as libc::off_t, len) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let map = MmapOptions::new()
+            .offset(offset)
+            .len(REGION_BYTES)
+            .map_raw(&self.file)?;
+        Ok(Region {
+            arena: self.clone(),
+            offset,
+            map,
+        })
+    }
+
+    /// Gives `len` bytes at `offset` back to the file system.
+    fn punch(&self, offset: u64, len: usize) {
+        // SAFETY: plain syscall on a descriptor this arena owns.
+        let r = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if r != 0 {
+            // The space stays taken until the region is reused; nothing
+            // reads it.
+            tracing::debug!(error = %std::io::Error::last_os_error(), "punching index pages failed");
+        }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        self.arena.punch(self.offset, REGION_BYTES);
+        self.arena.inner.lock().free.push(self.offset);
+    }
+}
+
+/// `len` values of `T` in pages of the file.
+pub(crate) struct Block<T: Plain> {
+    region: Arc<Region>,
+    /// Byte offset in the region (page aligned) and bytes of pages.
+    at: usize,
+    pages: usize,
+    len: usize,
+    _items: PhantomData<T>,
+}
+
+// SAFETY: a block is read through `&self` and written only through
+// `&mut self`, like a `Vec<T>`; the mapping lives as long as its region.
+unsafe impl<T: Plain + Send> Send for Block<T> {}
+// SAFETY: as above.
+unsafe impl<T: Plain + Sync> Sync for Block<T> {}
+
+impl<T: Plain> Block<T> {
+    pub fn as_slice(&self) -> &[T] {
+        // SAFETY: the block's pages hold `len` values written by `store`
+        // (page aligned, so aligned for `T`), and change only through
+        // `as_mut_slice`, which needs `&mut self`.
+        unsafe {
+            std::slice::from_raw_parts(self.region.map.as_ptr().add(self.at).cast::<T>(), self.len)
+        }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes this the only
+        // reference to the block's values.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.region.map.as_mut_ptr().add(self.at).cast::<T>(),
+                self.len,
+            )
+        }
+    }
+
+    /// Bytes of file pages the block holds.
+    pub fn page_bytes(&self) -> usize {
+        self.pages
+    }
+}
+
+impl<T: Plain> Drop for Block<T> {
+    fn drop(&mut self) {
+        let arena = &self.region.arena;
+        arena.punch(self.region.offset + self.at as u64, self.pages);
+        arena
+            .block_bytes
+            .fetch_sub(self.pages as u64, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_reads_back_what_was_stored_and_takes_changes_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let arena = Arena::open(dir.path()).unwrap();
+        let items: Vec<u64> = (0..1000).collect();
+        let mut b = arena.store(&items).unwrap();
+        assert_eq!(b.as_slice(), &items[..]);
+        b.as_mut_slice()[7] = 99;
+        assert_eq!(b.as_slice()[7], 99);
+        assert_eq!(b.page_bytes(), 8192, "8,000 bytes take two pages");
+        assert_eq!(arena.block_bytes(), 8192);
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "the scratch file has no name"
+        );
+    }
+
+    #[test]
+    fn a_dropped_block_gives_its_pages_back_and_an_emptied_region_is_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let arena = Arena::open(dir.path()).unwrap();
+        let page = vec![1u64; PAGE / 8];
+        let per_region = REGION_BYTES / PAGE;
+        let mut first: Vec<Block<u64>> = (0..64).map(|_| arena.store(&page).unwrap()).collect();
+        let reserved = arena.disk_bytes();
+        assert!(
+            reserved >= REGION_BYTES as u64,
+            "a region is reserved whole: {reserved}"
+        );
+        first.truncate(32);
+        assert_eq!(arena.block_bytes(), 32 * PAGE as u64);
+        assert_eq!(
+            arena.disk_bytes(),
+            reserved - 32 * PAGE as u64,
+            "the dropped blocks' pages are punched out"
+        );
+        // The rest of the first region, then one block in a second.
+        let mut rest: Vec<Block<u64>> = (0..per_region - 63)
+            .map(|_| arena.store(&page).unwrap())
+            .collect();
+        assert_eq!(arena.inner.lock().next_offset, 2 * REGION_BYTES as u64);
+        assert!(
+            arena.inner.lock().free.is_empty(),
+            "the first region still has blocks"
+        );
+        let in_second = rest.pop().unwrap();
+        drop(rest);
+        drop(first);
+        assert_eq!(
+            arena.inner.lock().free,
+            vec![0],
+            "the first region went with its last block"
+        );
+        // Filling the second region makes the next one at the freed offset.
+        let fill: Vec<Block<u64>> = (0..per_region)
+            .map(|_| arena.store(&page).unwrap())
+            .collect();
+        let inner = arena.inner.lock();
+        assert_eq!(
+            inner.next_offset,
+            2 * REGION_BYTES as u64,
+            "no third offset taken"
+        );
+        assert_eq!(inner.current.as_ref().map(|(r, _)| r.offset), Some(0));
+        drop(inner);
+        drop(fill);
+        drop(in_second);
+        assert_eq!(arena.block_bytes(), 0);
+    }
+
+    #[test]
+    fn items_larger_than_a_region_stay_on_the_heap() {
+        let dir = tempfile::tempdir().unwrap();
+        let arena = Arena::open(dir.path()).unwrap();
+        let big = vec![0u64; REGION_BYTES / 8 + 1];
+        assert!(arena.store(&big).is_none());
+        assert_eq!(arena.block_bytes(), 0);
+    }
+}
