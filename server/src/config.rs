@@ -153,6 +153,12 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_COMPACTION_INTERVAL_S")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compaction_interval_s: Option<u64>,
+    /// How long a send's idempotency key is remembered, seconds: a retry
+    /// later than this is a new message [default: the engine's, 7 days].
+    /// Every member of a group must use the same value.
+    #[arg(long, env = "INBOXD_IDEMPOTENCY_TTL_S")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_ttl_s: Option<u64>,
     /// Messages older than this are reclaimed, seconds; unset keeps
     /// history forever [default: unset].
     #[arg(long, env = "INBOXD_HISTORY_RETENTION_S")]
@@ -349,6 +355,8 @@ pub struct Config {
     /// `None` keeps the engine's default; `Some(ZERO)` turns background
     /// compaction off.
     pub compaction_interval: Option<Duration>,
+    /// `None` keeps the engine's default.
+    pub idempotency_ttl: Option<Duration>,
     /// `None` keeps history forever.
     pub history_retention: Option<Duration>,
     /// `None` keeps the engine's default.
@@ -380,6 +388,9 @@ impl Config {
             engine.compaction_interval = (!interval.is_zero()).then_some(interval);
         }
         engine.history_retention = self.history_retention;
+        if let Some(ttl) = self.idempotency_ttl {
+            engine.idempotency_ttl = ttl;
+        }
         if let Some(bytes) = self.snapshot_cache_bytes {
             engine.snapshot_cache_bytes = bytes;
         }
@@ -580,6 +591,7 @@ impl Config {
             segment_bytes: s.segment_bytes,
             safety_window: s.safety_window_s.map(Duration::from_secs),
             compaction_interval: s.compaction_interval_s.map(Duration::from_secs),
+            idempotency_ttl: s.idempotency_ttl_s.map(Duration::from_secs),
             history_retention: s.history_retention_s.map(Duration::from_secs),
             snapshot_cache_bytes: s.snapshot_cache_bytes,
             large_group_members: s.large_group_members,
@@ -749,7 +761,7 @@ mod tests {
         let path = dir.path().join("inboxd.toml");
         std::fs::write(
             &path,
-            "rate_burst = 5\nin_flight_max = 7\nhistory_retention_s = 3600\nsnapshot_cache_bytes = 1048576\ntoken = \"from-file\"\n",
+            "rate_burst = 5\nin_flight_max = 7\nhistory_retention_s = 3600\nidempotency_ttl_s = 600\nsnapshot_cache_bytes = 1048576\ntoken = \"from-file\"\n",
         )
         .unwrap();
         // Only this test reads INBOXD_RATE_BURST.
@@ -780,6 +792,7 @@ mod tests {
         );
         let engine = config.engine_config([0; 32]);
         assert_eq!(engine.history_retention, Some(Duration::from_secs(3600)));
+        assert_eq!(engine.idempotency_ttl, Duration::from_secs(600));
         assert_eq!(engine.snapshot_cache_bytes, 1 << 20);
     }
 
