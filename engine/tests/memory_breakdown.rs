@@ -34,6 +34,7 @@ fn every_structure_is_reported_with_allocated_at_least_live() {
         "snapshot_rows",
         "segment_counts",
         "message_metadata_file",
+        "idempotency_file",
         "snapshot_cache",
         "log_mmaps",
     ] {

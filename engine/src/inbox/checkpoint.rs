@@ -156,7 +156,7 @@ pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
 pub(crate) fn decode_state_in(body: &[u8], scratch: Scratch) -> DecodeResult<State> {
     let mut r = Reader::new(body);
     let mut st = State::new(r.u64()?);
-    st.scratch = scratch;
+    st.use_scratch(scratch);
     st.next_msg_counter = r.u64()?;
     st.evt_lsn = r.u64()?;
     messaging::get_convs(&mut r, &mut st)?;

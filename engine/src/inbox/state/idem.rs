@@ -34,6 +34,12 @@
 //! entries, searched by binary search, one shard per later insert. The
 //! copies of the state checkpoints take share the shards.
 //!
+//! A sorted shard never changes again, and the closed buckets hold all
+//! but the newest sixteenth of the TTL's keys. Given the state's scratch
+//! file ([`super::spill`]), a sorted shard goes there, in pages mapped
+//! shared, instead of the heap: what stays on the heap is the open bucket
+//! (the newest keys, the ones retries find) and a handle per closed shard.
+//!
 //! Like the rest of the state, the table changes only in `apply`, judged
 //! by the time stamped in the record being applied, so replay builds the
 //! same table.
@@ -41,6 +47,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::spill::{Arena, Block, Plain};
 use crate::api::*;
 
 /// Buckets per TTL: the expiry granularity (a key lives up to 1/16 longer
@@ -94,6 +101,10 @@ const FREE: IdemSlot = IdemSlot {
     seq_lo: 0,
     id_delta: 0,
 };
+
+// SAFETY: integers only, no padding (8 + 8 + 4 + 4 bytes); the scratch
+// file gives back only the bytes written from an `IdemSlot`.
+unsafe impl Plain for IdemSlot {}
 
 /// Bytes per entry, live.
 pub(crate) const SLOT_BYTES: u64 = std::mem::size_of::<IdemSlot>() as u64;
@@ -151,12 +162,17 @@ enum Shard {
     Open { slots: Vec<IdemSlot>, len: usize },
     /// Sorted, exactly sized: a closed bucket's shard.
     Sorted(Box<[IdemSlot]>),
+    /// Sorted, in pages of the scratch file.
+    InFile(Arc<Block<IdemSlot>>),
 }
 
 const EMPTY_SHARD: Shard = Shard::Open {
     slots: Vec::new(),
     len: 0,
 };
+
+/// Entries a sorted shard needs to go to the scratch file: half a page.
+const FILED_SHARD_MIN: usize = super::spill::PAGE / 2 / std::mem::size_of::<IdemSlot>();
 
 fn shard_of(fp: u64) -> usize {
     (fp >> (64 - SHARD_BITS)) as usize
@@ -174,6 +190,29 @@ impl Shard {
         match self {
             Shard::Open { slots, .. } => slots.capacity(),
             Shard::Sorted(s) => s.len(),
+            Shard::InFile(_) => 0,
+        }
+    }
+
+    /// A sorted shard of `entries`: in `file` when it has room and they
+    /// fill at least half of a page (a smaller shard would waste most of
+    /// its page; at that size the whole bucket is small).
+    fn sorted(entries: Vec<IdemSlot>, file: Option<&Arc<Arena>>) -> Self {
+        let worth_a_page = entries.len() >= FILED_SHARD_MIN;
+        match file
+            .filter(|_| worth_a_page)
+            .and_then(|f| f.store(&entries))
+        {
+            Some(block) => Shard::InFile(Arc::new(block)),
+            None => Shard::Sorted(entries.into()),
+        }
+    }
+
+    fn sorted_slice(&self) -> Option<&[IdemSlot]> {
+        match self {
+            Shard::Open { .. } => None,
+            Shard::Sorted(s) => Some(s),
+            Shard::InFile(b) => Some(b.as_slice()),
         }
     }
 
@@ -184,12 +223,12 @@ impl Shard {
                 v.sort_unstable();
                 v
             }
-            Shard::Sorted(s) => s.to_vec(),
+            Shard::Sorted(_) | Shard::InFile(_) => self.sorted_slice().unwrap_or_default().to_vec(),
         }
     }
 
     fn insert(&mut self, slot: IdemSlot) {
-        if let Shard::Sorted(s) = self {
+        if let Some(s) = self.sorted_slice() {
             // Inserts go to the newest bucket, which is never closed;
             // should a closed one ever be asked, its shard is reopened
             // rather than refused (apply must not fail on a valid record).
@@ -228,7 +267,8 @@ impl Shard {
                     i = if i + 1 == n { 0 } else { i + 1 };
                 }
             }
-            Shard::Sorted(s) => {
+            Shard::Sorted(_) | Shard::InFile(_) => {
+                let s = self.sorted_slice().unwrap_or_default();
                 let from = s.partition_point(|e| e.fp < fp);
                 s[from..].iter().take_while(|e| e.fp == fp).for_each(found);
             }
@@ -288,9 +328,9 @@ impl Bucket {
         self.len += 1;
     }
 
-    /// Sorts the next open shard; false when there is none. Only for a
-    /// closed bucket: the table never asks its newest.
-    fn sort_one(&mut self) -> bool {
+    /// Sorts the next open shard, into `file` if given; false when there
+    /// is none. Only for a closed bucket: the table never asks its newest.
+    fn sort_one(&mut self, file: Option<&Arc<Arena>>) -> bool {
         if self.sorted >= self.shards.len() {
             return false;
         }
@@ -298,9 +338,32 @@ impl Bucket {
         self.sorted += 1;
         if let Shard::Open { .. } = *self.shards[i] {
             let entries = self.shards[i].sorted_entries();
-            Arc::make_mut(&mut self.shards)[i] = Arc::new(Shard::Sorted(entries.into()));
+            Arc::make_mut(&mut self.shards)[i] = Arc::new(Shard::sorted(entries, file));
         }
         true
+    }
+
+    /// Moves its sorted shards on the heap into `file` (those it has room
+    /// for).
+    fn move_sorted_to(&mut self, file: &Arc<Arena>) {
+        for i in 0..self.shards.len() {
+            if let Shard::Sorted(s) = &*self.shards[i] {
+                if s.len() < FILED_SHARD_MIN {
+                    continue;
+                }
+                if let Some(block) = file.store(s) {
+                    Arc::make_mut(&mut self.shards)[i] = Arc::new(Shard::InFile(Arc::new(block)));
+                }
+            }
+        }
+    }
+
+    /// Entries and page bytes of its shards in the scratch file.
+    fn in_file(&self) -> (u64, u64) {
+        self.shards.iter().fold((0, 0), |(n, bytes), s| match &**s {
+            Shard::InFile(b) => (n + b.as_slice().len() as u64, bytes + b.page_bytes() as u64),
+            _ => (n, bytes),
+        })
     }
 
     /// The entries whose fingerprint is `fp`, as candidates.
@@ -331,6 +394,8 @@ fn put(slots: &mut [IdemSlot], e: IdemSlot) {
 pub(crate) struct IdemTable {
     buckets: VecDeque<Bucket>,
     spread: Spread,
+    /// Where sorted shards go; the heap without one.
+    file: Option<Arc<Arena>>,
 }
 
 impl Default for IdemTable {
@@ -384,7 +449,25 @@ impl IdemTable {
         IdemTable {
             buckets: VecDeque::new(),
             spread,
+            file: None,
         }
+    }
+
+    /// Keeps sorted shards in `file` from now on, and moves those on the
+    /// heap there now.
+    pub fn use_file(&mut self, file: &Arc<Arena>) {
+        for b in &mut self.buckets {
+            b.move_sorted_to(file);
+        }
+        self.file = Some(file.clone());
+    }
+
+    /// Entries and page bytes of the shards in the scratch file.
+    pub fn in_file(&self) -> (u64, u64) {
+        self.buckets
+            .iter()
+            .map(Bucket::in_file)
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 
     pub fn len(&self) -> usize {
@@ -398,7 +481,7 @@ impl IdemTable {
     pub fn bytes(&self) -> TableBytes {
         let bucket = std::mem::size_of::<Bucket>() as u64;
         TableBytes {
-            live: self.len() as u64 * SLOT_BYTES,
+            live: (self.len() as u64 - self.in_file().0) * SLOT_BYTES,
             allocated: self
                 .buckets
                 .iter()
@@ -463,7 +546,7 @@ impl IdemTable {
         // next closes, at 1/1024 of a bucket per step.
         let closed = self.buckets.len() - 1;
         for b in self.buckets.iter_mut().take(closed) {
-            if b.sort_one() {
+            if b.sort_one(self.file.as_ref()) {
                 break;
             }
         }
@@ -519,7 +602,7 @@ impl IdemTable {
         entries: Vec<IdemSlot>,
     ) {
         if let Some(b) = self.buckets.back_mut() {
-            while b.sort_one() {}
+            while b.sort_one(self.file.as_ref()) {}
         }
         let mut b = Bucket::open(start_ms, end_ms, base_id);
         for e in entries {
@@ -750,6 +833,85 @@ mod tests {
             before.len() as u64 * SLOT_BYTES
                 + SHARDS as u64 * (std::mem::size_of::<Shard>() as u64 + 24)
         );
+    }
+
+    #[test]
+    fn a_closed_buckets_sorted_shards_go_to_the_scratch_file_and_answer_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Arena::open(dir.path()).unwrap();
+        let ttl = 16_000; // buckets of 1 s
+                          // Three closed buckets of 100,000 keys: about 98 per shard, so
+                          // most shards fill the half page that takes them to the file.
+        let per = 100_000u64;
+        let fill = |t: &mut IdemTable| {
+            for i in 0..3 * per {
+                t.insert(
+                    sent(Uid(2), i as u128, ConvId(1), MsgSeq(i + 1), MsgId(i + 1)),
+                    10 + i / per * 1_000,
+                    ttl,
+                );
+            }
+            for j in 0..3 * SHARDS as u64 {
+                let k = 3 * per + j;
+                t.insert(
+                    sent(Uid(2), k as u128, ConvId(1), MsgSeq(k + 1), MsgId(k + 1)),
+                    3_500,
+                    ttl,
+                );
+            }
+        };
+        let mut heap = IdemTable::default();
+        fill(&mut heap);
+        let mut filed = IdemTable::default();
+        filed.use_file(&file);
+        fill(&mut filed);
+        assert_eq!(filed, heap, "the same entries in the same buckets");
+        let big_enough: u64 = heap
+            .buckets
+            .iter()
+            .take(3)
+            .flat_map(|b| b.shards.iter())
+            .map(|s| s.sorted_slice().expect("closed buckets are sorted").len())
+            .filter(|n| *n >= FILED_SHARD_MIN)
+            .map(|n| n as u64)
+            .sum();
+        let (n, pages) = filed.in_file();
+        assert_eq!(n, big_enough, "every closed shard of half a page or more");
+        assert!(n > 2 * per, "most keys: {n}");
+        assert_eq!(pages, file.block_bytes());
+        assert_eq!(
+            filed.bytes().live + n * SLOT_BYTES,
+            heap.bytes().live,
+            "what is in the file is not counted on the heap"
+        );
+        for i in [
+            0u64,
+            per - 1,
+            per,
+            3 * per - 1,
+            3 * per,
+            3 * per + 3 * SHARDS as u64 - 1,
+        ] {
+            assert_eq!(
+                ids(&filed.candidates(Uid(2), i as u128, 3_500, ttl)),
+                [i + 1],
+                "key {i}"
+            );
+        }
+        // A table moved to the file later answers the same, and frees its
+        // pages when its buckets expire.
+        let mut late = heap.clone();
+        late.use_file(&file);
+        assert_eq!(late.in_file().0, big_enough);
+        assert_eq!(late, heap);
+        drop(filed);
+        late.insert(
+            sent(Uid(2), 9, ConvId(1), MsgSeq(9_999), MsgId(9_999)),
+            40_000,
+            ttl,
+        );
+        assert_eq!(late.in_file(), (0, 0));
+        assert_eq!(file.block_bytes(), 0, "the expired buckets' pages are gone");
     }
 
     #[test]

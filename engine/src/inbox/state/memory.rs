@@ -12,11 +12,11 @@
 
 use std::mem::size_of;
 
-use super::{ActivityKey, Conv, Device, MsgMeta, SnapshotSlot, State, User, UserConv};
+use super::{idem, ActivityKey, Conv, Device, MsgMeta, SnapshotSlot, State, User, UserConv};
 use crate::api::*;
 
 /// The structures reported, in report order.
-pub(crate) const STRUCTURES: [&str; 10] = [
+pub(crate) const STRUCTURES: [&str; 11] = [
     "users",
     "devices",
     "user_conversations",
@@ -27,6 +27,7 @@ pub(crate) const STRUCTURES: [&str; 10] = [
     "snapshot_rows",
     "segment_counts",
     "message_metadata_file",
+    "idempotency_file",
 ];
 
 /// Bytes (live, allocated) per structure of [`STRUCTURES`].
@@ -88,6 +89,8 @@ impl Tally {
         );
         let idem = st.idem.bytes();
         self.add(6, (idem.live, idem.allocated));
+        let (in_file, pages) = st.idem.in_file();
+        self.add(10, (in_file * idem::SLOT_BYTES, pages));
         for refs in [&st.evt_refs, &st.body_refs, &st.msg_refs] {
             let (len, cap, dirty, dirty_cap) = refs.sizes();
             self.add(8, hash_map(len, cap, 12));

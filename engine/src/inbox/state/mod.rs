@@ -462,13 +462,14 @@ impl State {
         }
     }
 
-    /// Keeps the message index's full chunks in `scratch` from now on,
-    /// those of every conversation already here included.
+    /// Keeps the message index's full chunks and the idempotency table's
+    /// sorted shards in `scratch` from now on, those already here included.
     pub fn use_scratch(&mut self, scratch: Scratch) {
         if let Some(file) = &scratch.0 {
             for c in self.convs.values_mut() {
                 Arc::make_mut(c).msgs.use_file(file);
             }
+            self.idem.use_file(file);
         }
         self.scratch = scratch;
     }

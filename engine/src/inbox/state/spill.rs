@@ -273,6 +273,12 @@ impl<T: Plain> Block<T> {
     }
 }
 
+impl<T: Plain> std::fmt::Debug for Block<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Block({} items, {} page bytes)", self.len, self.pages)
+    }
+}
+
 impl<T: Plain> Drop for Block<T> {
     fn drop(&mut self) {
         let arena = &self.region.arena;
