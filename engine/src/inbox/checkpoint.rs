@@ -26,9 +26,12 @@
 //! lock (so the copy is exactly the state at one LSN; users and
 //! conversations are `Arc`s, so the copy shares them and a later change
 //! clones what it touches). It hands the copy to the one checkpoint-writer
-//! thread (`run_writer`) and goes on at once; the writer encodes it
-//! straight into the file image ([`Image`]: header and body in one buffer
-//! sized from the previous checkpoint), drops it, and writes the file. Invariants:
+//! thread (`run_writer`) and goes on at once; the writer encodes it into
+//! the tmp file a chunk of [`WRITE_CHUNK`] bytes at a time, unsynced
+//! ([`encode_to_file`]), drops it, and only then writes the header and CRC
+//! and syncs ([`finish`]). So a checkpoint holds one chunk of its encoding
+//! in memory, whatever the state's size, and the copy of the state is
+//! released before the fsync. Invariants:
 //! - one FIFO writer: checkpoints become durable strictly in LSN order, and
 //!   a job's reply means that file and every earlier one are done;
 //! - a `Checkpoint` caller is answered once its file is renamed and the
@@ -42,7 +45,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::codec::{sorted, DecodeError, DecodeResult, Reader, Writer};
+use super::codec::{sorted, DecodeError, DecodeResult, Reader, Sink, Writer};
 use super::compaction::record as compaction;
 use super::devices::record as devices;
 use super::messaging::checkpoint as messaging;
@@ -50,7 +53,7 @@ use super::snapshots::record as snapshots;
 use super::state::*;
 use crate::api::Uid;
 use crate::error::{Error, Result};
-use crate::log::{write_file_durably, LogIo};
+use crate::log::LogIo;
 
 /// Version 2: a message location may carry the `evt` mark (`state::loc`);
 /// an older binary, which would take it for a `msg` location, skips the
@@ -76,35 +79,154 @@ pub(crate) fn encode_state(st: &State) -> Vec<u8> {
     w.buf
 }
 
-/// A checkpoint file without its CRC: header and body, encoded in one
-/// buffer so the body is never copied; the writer appends the CRC.
-pub(crate) struct Image {
+/// Bytes of encoding a checkpoint holds before writing them out.
+pub(crate) const WRITE_CHUNK: usize = 1 << 20;
+
+/// The tmp file a streaming encoding writes to (the [`Sink`] behind a
+/// checkpoint's [`Writer`]): where the body has reached, its CRC so far,
+/// and the first write error, after which nothing more is written.
+struct BodyOut {
+    io: Arc<dyn LogIo>,
+    file: fs::File,
+    end: u64,
+    crc: crc32fast::Hasher,
+    error: Option<std::io::Error>,
+}
+
+struct ToFile(std::rc::Rc<std::cell::RefCell<BodyOut>>);
+
+impl Sink for ToFile {
+    fn put(&mut self, bytes: &[u8]) {
+        let out = &mut *self.0.borrow_mut();
+        if out.error.is_some() {
+            return;
+        }
+        match out.io.write_at(&out.file, out.end, bytes, false) {
+            Ok(()) => {
+                out.crc.update(bytes);
+                out.end += bytes.len() as u64;
+            }
+            Err(e) => out.error = Some(e),
+        }
+    }
+}
+
+/// A checkpoint whose body is in its tmp file, not yet durable: its header
+/// and CRC are written by [`finish`].
+pub(crate) struct Encoded {
     pub lsn: u64,
-    buf: Vec<u8>,
+    tmp: PathBuf,
+    path: PathBuf,
+    file: fs::File,
+    end: u64,
+    body_crc: crc32fast::Hasher,
 }
 
-impl Image {
-    /// Bytes of the whole file (header, body, CRC).
-    pub fn file_len(&self) -> usize {
-        self.buf.len() + 4
+/// Encodes `st` into a new tmp checkpoint file through `io`, a
+/// [`WRITE_CHUNK`] at a time, unsynced. On error the tmp file is removed
+/// (best effort; a leftover one is never listed).
+pub(crate) fn encode_to_file(io: &Arc<dyn LogIo>, data_dir: &Path, st: &State) -> Result<Encoded> {
+    let d = dir(data_dir);
+    // Not `create_dir_all`: a data directory removed under a running
+    // engine is an error, never made again with a checkpoint alone in it.
+    match fs::create_dir(&d) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(io_err(e)),
+        _ => {}
     }
+    // A second checkpoint at an LSN that already has one (nothing was
+    // logged in between) is written as a separate copy: then both retained
+    // checkpoints cover that LSN, which is what lets compaction delete the
+    // segments below it.
+    let lsn = st.evt_lsn;
+    let name = file_name(lsn, d.join(file_name(lsn, false)).exists());
+    let tmp = d.join(format!("{name}.tmp"));
+    let path = d.join(&name);
+    let encoded = (|| {
+        if tmp.exists() {
+            io.remove(&tmp)?;
+        }
+        // The header's room; the body and the CRC extend the file.
+        let file = io.create_preallocated(&tmp, HEADER as u64)?;
+        let out = std::rc::Rc::new(std::cell::RefCell::new(BodyOut {
+            io: io.clone(),
+            file,
+            end: HEADER as u64,
+            crc: crc32fast::Hasher::new(),
+            error: None,
+        }));
+        let mut w = Writer::streaming(Box::new(ToFile(out.clone())), WRITE_CHUNK);
+        encode_body(&mut w, st);
+        w.finish();
+        let out = std::rc::Rc::into_inner(out)
+            .expect("the writer that shared it is gone")
+            .into_inner();
+        match out.error {
+            Some(e) => Err(e),
+            None => Ok(Encoded {
+                lsn,
+                tmp: tmp.clone(),
+                path,
+                file: out.file,
+                end: out.end,
+                body_crc: out.crc,
+            }),
+        }
+    })();
+    encoded.map_err(|e| {
+        if tmp.exists() {
+            let _ = io.remove(&tmp);
+        }
+        io_err(e)
+    })
 }
 
-/// Encodes `st` as a checkpoint image into a buffer of `capacity` bytes
-/// (the previous checkpoint's size plus some slack avoids regrowing a
-/// buffer of hundreds of MB).
-pub(crate) fn encode_image(st: &State, capacity: usize) -> Image {
-    let mut w = Writer::with_capacity(capacity.max(1 << 16));
-    w.buf.extend_from_slice(MAGIC);
-    w.u64(st.evt_lsn);
-    w.u64(0); // body length, patched below
-    encode_body(&mut w, st);
-    let body_len = (w.buf.len() - HEADER) as u64;
-    w.buf[16..HEADER].copy_from_slice(&body_len.to_le_bytes());
-    Image {
-        lsn: st.evt_lsn,
-        buf: w.buf,
+/// Makes an encoded checkpoint durable: header and CRC, one fdatasync of
+/// the file, the rename and the directory fsync; then prunes all but the
+/// newest [`KEEP`]. On error the tmp file is removed (best effort) and
+/// older checkpoints are untouched.
+pub(crate) fn finish(io: &dyn LogIo, data_dir: &Path, e: Encoded) -> Result<()> {
+    let Encoded {
+        lsn,
+        tmp,
+        path,
+        file,
+        end,
+        body_crc,
+    } = e;
+    let mut header = Vec::with_capacity(HEADER);
+    header.extend_from_slice(MAGIC);
+    header.extend_from_slice(&lsn.to_le_bytes());
+    header.extend_from_slice(&(end - HEADER as u64).to_le_bytes());
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&header);
+    crc.combine(&body_crc);
+    let written = (|| {
+        io.write_at(&file, 0, &header, false)?;
+        io.write_at(&file, end, &crc.finalize().to_le_bytes(), true)?;
+        drop(file);
+        io.rename(&tmp, &path)
+    })();
+    if let Err(e) = written {
+        if tmp.exists() {
+            let _ = io.remove(&tmp);
+        }
+        return Err(io_err(e));
     }
+    let d = dir(data_dir);
+    io.sync_dir(&d).map_err(io_err)?;
+    for (_, path) in list(data_dir)?.into_iter().skip(KEEP) {
+        io.remove(&path).map_err(io_err)?;
+    }
+    remove_stale_tmp(io, &d);
+    io.sync_dir(&d).map_err(io_err)
+}
+
+/// Writes `st` as a checkpoint durably through `io` (the logs' IO layer,
+/// so fault injection and the power-cut model cover it): [`encode_to_file`]
+/// then [`finish`].
+pub(crate) fn write_state(io: &Arc<dyn LogIo>, data_dir: &Path, st: &State) -> Result<()> {
+    let encoded = encode_to_file(io, data_dir, st)?;
+    finish(io.as_ref(), data_dir, encoded)
 }
 
 /// The body, section by section in a fixed order; each subsystem encodes
@@ -261,35 +383,6 @@ fn fsync_dir(d: &Path) -> Result<()> {
     fs::File::open(d).and_then(|f| f.sync_all()).map_err(io_err)
 }
 
-/// Writes a checkpoint image durably through `io` (the logs' IO layer, so
-/// fault injection and the power-cut model cover it), then prunes all but
-/// the newest [`KEEP`]. On error the tmp file is removed (best effort; a
-/// leftover one is never listed) and older checkpoints are untouched.
-pub(crate) fn write(io: &dyn LogIo, data_dir: &Path, image: Image) -> Result<()> {
-    let Image { lsn, mut buf } = image;
-    let crc = crc32fast::hash(&buf);
-    buf.extend_from_slice(&crc.to_le_bytes());
-    let d = dir(data_dir);
-    // Not `create_dir_all`: a data directory removed under a running
-    // engine is an error, never made again with a checkpoint alone in it.
-    match fs::create_dir(&d) {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(io_err(e)),
-        _ => {}
-    }
-    // A second checkpoint at an LSN that already has one (nothing was
-    // logged in between) is written as a separate copy: then both retained
-    // checkpoints cover that LSN, which is what lets compaction delete the
-    // segments below it.
-    let name = file_name(lsn, d.join(file_name(lsn, false)).exists());
-    let tmp = d.join(format!("{name}.tmp"));
-    write_file_durably(io, &tmp, &d.join(&name), &buf).map_err(io_err)?;
-    for (_, path) in list(data_dir)?.into_iter().skip(KEEP) {
-        io.remove(&path).map_err(io_err)?;
-    }
-    remove_stale_tmp(io, &d);
-    io.sync_dir(&d).map_err(io_err)
-}
-
 /// Removes tmp files left by a write cut short by a crash. Only the one
 /// writer thread makes tmp files, and it has none in progress here.
 fn remove_stale_tmp(io: &dyn LogIo, d: &Path) {
@@ -343,28 +436,93 @@ mod tests {
     use crate::api::{ConvId, MsgSeq};
     use crate::log::PwriteIo;
 
+    /// A state whose encoding takes several [`WRITE_CHUNK`]s: one
+    /// conversation of 100,000 messages (26 bytes each in the body).
+    fn large_state() -> State {
+        let mut st = State::new(0);
+        st.evt_lsn = 9;
+        let conv = Arc::make_mut(st.convs.entry(ConvId(7)).or_default());
+        for i in 0..100_000u64 {
+            conv.msgs.push(MsgMeta {
+                loc: i << 8,
+                msg_id: crate::api::MsgId(1_000 + i),
+                sender: Uid(i % 3),
+                kind: crate::api::MessageKind::Normal,
+                flags: 0,
+            });
+        }
+        st
+    }
+
+    #[test]
+    fn a_checkpoint_streamed_in_chunks_is_the_canonical_body_between_its_header_and_crc() {
+        let tmp = tempfile::tempdir().unwrap();
+        let st = large_state();
+        let body = encode_state(&st);
+        assert!(body.len() > 2 * WRITE_CHUNK, "{} bytes", body.len());
+        let io: Arc<dyn LogIo> = Arc::new(PwriteIo);
+        write_state(&io, tmp.path(), &st).unwrap();
+        let (_, path) = list(tmp.path()).unwrap().remove(0);
+        let file = fs::read(&path).unwrap();
+        assert_eq!(&file[..8], MAGIC);
+        assert_eq!(file[8..16], 9u64.to_le_bytes());
+        assert_eq!(file[16..24], (body.len() as u64).to_le_bytes());
+        assert_eq!(&file[24..24 + body.len()], &body[..]);
+        let (data, crc) = file.split_at(file.len() - 4);
+        assert_eq!(crc, crc32fast::hash(data).to_le_bytes());
+        let (lsn, back) = read(&path).unwrap();
+        assert_eq!(lsn, 9);
+        assert_eq!(encode_state(&back), body, "it reads back as the same state");
+    }
+
+    #[test]
+    fn a_write_error_in_the_middle_of_a_streamed_checkpoint_leaves_no_file_and_the_older_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let faulty = Arc::new(crate::log::FaultyIo::new());
+        let io: Arc<dyn LogIo> = faulty.clone();
+        let mut older = State::new(0);
+        older.evt_lsn = 3;
+        write_state(&io, tmp.path(), &older).unwrap();
+        // The second chunk of the body fails.
+        faulty.fail_nth_write(2);
+        assert!(write_state(&io, tmp.path(), &large_state()).is_err());
+        assert_eq!(faulty.failures_fired(), 1);
+        let names: Vec<String> = fs::read_dir(dir(tmp.path()))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [file_name(3, false)],
+            "no tmp file, the older one kept"
+        );
+        let kept = read(&list(tmp.path()).unwrap()[0].1).unwrap().1;
+        assert_eq!(encode_state(&kept), encode_state(&older));
+    }
+
     #[test]
     fn a_second_checkpoint_at_the_same_lsn_is_kept_as_a_separate_copy() {
         let tmp = tempfile::tempdir().unwrap();
-        let image = |lsn| {
+        let io: Arc<dyn LogIo> = Arc::new(PwriteIo);
+        let write = |lsn| {
             let mut st = State::new(0);
             st.evt_lsn = lsn;
-            encode_image(&st, 0)
+            write_state(&io, tmp.path(), &st)
         };
-        write(&PwriteIo, tmp.path(), image(5)).unwrap();
-        write(&PwriteIo, tmp.path(), image(5)).unwrap();
+        write(5).unwrap();
+        write(5).unwrap();
         let lsns: Vec<u64> = list(tmp.path()).unwrap().iter().map(|(l, _)| *l).collect();
         assert_eq!(lsns, [5, 5], "both retained checkpoints cover LSN 5");
         for (_, path) in list(tmp.path()).unwrap() {
             assert_eq!(read(&path).unwrap().0, 5);
         }
-        write(&PwriteIo, tmp.path(), image(5)).unwrap();
+        write(5).unwrap();
         assert_eq!(
             list(tmp.path()).unwrap().len(),
             2,
             "a third copy replaces the second"
         );
-        write(&PwriteIo, tmp.path(), image(7)).unwrap();
+        write(7).unwrap();
         let lsns: Vec<u64> = list(tmp.path()).unwrap().iter().map(|(l, _)| *l).collect();
         assert_eq!(lsns, [7, 5], "the newest two are kept");
     }

@@ -43,47 +43,88 @@ macro_rules! word64 {
 
 word64!(Uid, ConvId, DeviceId, MsgId, MsgSeq, SyncSeq, Generation);
 
+/// Where a streaming [`Writer`] hands its bytes, a chunk at a time.
+pub(crate) trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+/// Encodes into `buf`. A streaming writer ([`Writer::streaming`]) hands
+/// `buf` to its sink whenever it holds a chunk, so encoding a state of any
+/// size holds one chunk in memory.
 #[derive(Default)]
 pub(crate) struct Writer {
     pub buf: Vec<u8>,
+    sink: Option<(Box<dyn Sink>, usize)>,
 }
 
 impl Writer {
     pub fn with_capacity(n: usize) -> Self {
         Self {
             buf: Vec::with_capacity(n),
+            sink: None,
+        }
+    }
+    /// A writer that hands `sink` its bytes in chunks of about `chunk`.
+    pub fn streaming(sink: Box<dyn Sink>, chunk: usize) -> Self {
+        Self {
+            buf: Vec::with_capacity(chunk + chunk / 8),
+            sink: Some((sink, chunk)),
+        }
+    }
+    /// Hands the sink what is left.
+    pub fn finish(mut self) {
+        if let Some((sink, _)) = &mut self.sink {
+            if !self.buf.is_empty() {
+                sink.put(&self.buf);
+            }
+        }
+    }
+    fn wrote(&mut self) {
+        if let Some((sink, chunk)) = &mut self.sink {
+            if self.buf.len() >= *chunk {
+                sink.put(&self.buf);
+                self.buf.clear();
+            }
         }
     }
     pub fn u8(&mut self, v: u8) {
         self.buf.push(v);
+        self.wrote();
     }
     pub fn u16(&mut self, v: u16) {
         self.buf.extend_from_slice(&v.to_le_bytes());
+        self.wrote();
     }
     pub fn u32(&mut self, v: u32) {
         self.buf.extend_from_slice(&v.to_le_bytes());
+        self.wrote();
     }
     /// A `u64`, or an identifier newtype as its bare `u64`.
     pub fn u64(&mut self, v: impl Word64) {
         self.buf.extend_from_slice(&v.to_word().to_le_bytes());
+        self.wrote();
     }
     pub fn u128(&mut self, v: u128) {
         self.buf.extend_from_slice(&v.to_le_bytes());
+        self.wrote();
     }
     pub fn bool(&mut self, v: bool) {
         self.buf.push(u8::from(v));
+        self.wrote();
     }
     /// Length-prefixed (u32) bytes.
     pub fn bytes(&mut self, v: &[u8]) {
         let len = u32::try_from(v.len()).unwrap_or(u32::MAX);
         self.u32(len);
         self.buf.extend_from_slice(&v[..len as usize]);
+        self.wrote();
     }
     /// Length-prefixed (u8) short bytes; callers keep them under 256.
     pub fn short_bytes(&mut self, v: &[u8]) {
         let len = u8::try_from(v.len()).unwrap_or(u8::MAX);
         self.u8(len);
         self.buf.extend_from_slice(&v[..len as usize]);
+        self.wrote();
     }
 }
 

@@ -120,8 +120,8 @@ pub(crate) fn write(
         .collect();
     drop(new_msg);
     drop(new_evt);
-    let image = checkpoint::encode_image(&st, 0);
-    checkpoint::write(&PwriteIo, target.dir, image)?;
+    let io: std::sync::Arc<dyn crate::log::LogIo> = std::sync::Arc::new(PwriteIo);
+    checkpoint::write_state(&io, target.dir, &st)?;
     Ok(Written {
         state: st,
         data_ends,

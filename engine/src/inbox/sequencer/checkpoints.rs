@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
 use crate::error::Result;
-use crate::inbox::checkpoint::{encode_image, list, write};
+use crate::inbox::checkpoint::{encode_to_file, finish, list};
 use crate::inbox::shared::Shared;
 use crate::inbox::state::State;
 
@@ -46,8 +46,6 @@ pub(crate) enum Job {
 /// every sender is gone (the sequencer's, dropped when it stops after the
 /// final checkpoint).
 pub(crate) fn run_writer(shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
-    // Buffer size for the next image: the last one's, with room to grow.
-    let mut capacity = 0;
     while let Ok(job) = rx.recv() {
         let (state, done) = match job {
             Job::Write { state, done } => (state, done),
@@ -60,13 +58,14 @@ pub(crate) fn run_writer(shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
         if let Some(h) = hook {
             h(state.evt_lsn);
         }
-        let image = encode_image(&state, capacity);
-        // The copy shares entries with the live state: drop it at once, so
-        // that changes made from now on no longer clone what they touch.
+        let lsn = state.evt_lsn;
+        let io = shared.evt_log.io();
+        let encoded = encode_to_file(io, &shared.config.data_dir, &state);
+        // The copy shares entries with the live state: drop it before the
+        // sync, so that changes made from now on no longer clone what they
+        // touch.
         drop(state);
-        capacity = image.file_len() + image.file_len() / 8;
-        let lsn = image.lsn;
-        let result = write(shared.evt_log.io().as_ref(), &shared.config.data_dir, image);
+        let result = encoded.and_then(|e| finish(io.as_ref(), &shared.config.data_dir, e));
         if result.is_ok() {
             // Every file listed now is durable: the new one's rename was
             // fsynced, and the others were before.
