@@ -146,4 +146,13 @@ fn a_long_history_keeps_its_index_in_file_pages_and_only_the_newest_on_the_heap(
     h.restart(false, |_| {});
     check(&h, "after a full replay");
     assert_eq!(whole_history(&h, Uid(1)), before, "after a full replay");
+    h.restart(true, |c| c.index_in_file = false);
+    let r = h.ib().memory();
+    assert_eq!(
+        live(&r, "message_metadata"),
+        messages * 26,
+        "all on the heap when told"
+    );
+    assert_eq!(live(&r, "message_metadata_file"), 0);
+    assert_eq!(whole_history(&h, Uid(1)), before, "on the heap");
 }

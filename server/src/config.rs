@@ -159,6 +159,12 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_IDEMPOTENCY_TTL_S")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_ttl_s: Option<u64>,
+    /// Keep the message index's full pages and the idempotency table's
+    /// closed buckets in an unnamed scratch file in the data directory,
+    /// mapped, rather than on the heap [default: true].
+    #[arg(long, env = "INBOXD_INDEX_IN_FILE", num_args = 0..=1, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index_in_file: Option<bool>,
     /// Messages older than this are reclaimed, seconds; unset keeps
     /// history forever [default: unset].
     #[arg(long, env = "INBOXD_HISTORY_RETENTION_S")]
@@ -357,6 +363,8 @@ pub struct Config {
     pub compaction_interval: Option<Duration>,
     /// `None` keeps the engine's default.
     pub idempotency_ttl: Option<Duration>,
+    /// `None` keeps the engine's default.
+    pub index_in_file: Option<bool>,
     /// `None` keeps history forever.
     pub history_retention: Option<Duration>,
     /// `None` keeps the engine's default.
@@ -390,6 +398,9 @@ impl Config {
         engine.history_retention = self.history_retention;
         if let Some(ttl) = self.idempotency_ttl {
             engine.idempotency_ttl = ttl;
+        }
+        if let Some(on) = self.index_in_file {
+            engine.index_in_file = on;
         }
         if let Some(bytes) = self.snapshot_cache_bytes {
             engine.snapshot_cache_bytes = bytes;
@@ -592,6 +603,7 @@ impl Config {
             safety_window: s.safety_window_s.map(Duration::from_secs),
             compaction_interval: s.compaction_interval_s.map(Duration::from_secs),
             idempotency_ttl: s.idempotency_ttl_s.map(Duration::from_secs),
+            index_in_file: s.index_in_file,
             history_retention: s.history_retention_s.map(Duration::from_secs),
             snapshot_cache_bytes: s.snapshot_cache_bytes,
             large_group_members: s.large_group_members,
@@ -761,7 +773,7 @@ mod tests {
         let path = dir.path().join("inboxd.toml");
         std::fs::write(
             &path,
-            "rate_burst = 5\nin_flight_max = 7\nhistory_retention_s = 3600\nidempotency_ttl_s = 600\nsnapshot_cache_bytes = 1048576\ntoken = \"from-file\"\n",
+            "rate_burst = 5\nin_flight_max = 7\nhistory_retention_s = 3600\nidempotency_ttl_s = 600\nindex_in_file = false\nsnapshot_cache_bytes = 1048576\ntoken = \"from-file\"\n",
         )
         .unwrap();
         // Only this test reads INBOXD_RATE_BURST.
@@ -793,6 +805,7 @@ mod tests {
         let engine = config.engine_config([0; 32]);
         assert_eq!(engine.history_retention, Some(Duration::from_secs(3600)));
         assert_eq!(engine.idempotency_ttl, Duration::from_secs(600));
+        assert!(!engine.index_in_file);
         assert_eq!(engine.snapshot_cache_bytes, 1 << 20);
     }
 

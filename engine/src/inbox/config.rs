@@ -96,6 +96,10 @@ pub struct InboxConfig {
     /// Write an index checkpoint after this many log bytes (R22).
     pub checkpoint_every_bytes: u64,
     pub idempotency_ttl: Duration,
+    /// Keep the message index's full pages and the idempotency table's
+    /// closed buckets in a scratch file, mapped (`state/spill.rs`), not on
+    /// the heap.
+    pub index_in_file: bool,
     /// A conversation with more current members than this becomes a large
     /// group (R7): no per-member events from then on. 0 never switches.
     pub large_group_members: u32,
@@ -132,6 +136,7 @@ impl InboxConfig {
             compaction_interval: Some(Duration::from_secs(60)),
             checkpoint_every_bytes: 256 << 20,
             idempotency_ttl: 7 * DAY,
+            index_in_file: true,
             large_group_members: LARGE_GROUP_MEMBERS_DEFAULT,
             clock: Arc::new(SystemClock),
         }

@@ -56,7 +56,11 @@ pub(crate) fn load_state_reporting(
 ) -> Result<(State, RecoveryReport)> {
     let ttl_ms = u64::try_from(cfg.idempotency_ttl.as_millis()).unwrap_or(u64::MAX);
     let durable = evt.durable_lsn();
-    let scratch = Scratch::open(&cfg.data_dir);
+    let scratch = if cfg.index_in_file {
+        Scratch::open(&cfg.data_dir)
+    } else {
+        Scratch::default()
+    };
     let mut state = None;
     for (lsn, path) in checkpoint::list(&cfg.data_dir)? {
         if lsn > durable {
