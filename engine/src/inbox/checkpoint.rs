@@ -405,8 +405,17 @@ pub(crate) fn read(path: &Path) -> std::result::Result<(u64, State), String> {
 }
 
 /// [`read`], the message index going straight to `scratch`.
+///
+/// The file is mapped, not read into a buffer: loading a checkpoint holds
+/// its decoded state, not also a copy of its bytes. A checkpoint file is
+/// never written again once renamed into place, and removing it while
+/// mapped keeps the mapping valid.
 pub(crate) fn read_in(path: &Path, scratch: Scratch) -> std::result::Result<(u64, State), String> {
-    let buf = fs::read(path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    let file = fs::File::open(path).map_err(|e| format!("open {}: {e}", path.display()))?;
+    // SAFETY: see above; nothing truncates or rewrites a renamed
+    // checkpoint while the process runs.
+    let buf =
+        unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("map {}: {e}", path.display()))?;
     if buf.len() < 28 || (&buf[..8] != MAGIC && &buf[..8] != MAGIC_V1) {
         return Err("bad magic or too short".into());
     }
@@ -498,6 +507,23 @@ mod tests {
         );
         let kept = read(&list(tmp.path()).unwrap()[0].1).unwrap().1;
         assert_eq!(encode_state(&kept), encode_state(&older));
+    }
+
+    #[test]
+    fn an_empty_short_or_cut_checkpoint_file_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let io: Arc<dyn LogIo> = Arc::new(PwriteIo);
+        write_state(&io, tmp.path(), &large_state()).unwrap();
+        let (_, path) = list(tmp.path()).unwrap().remove(0);
+        let whole = fs::read(&path).unwrap();
+        for (len, why) in [
+            (0, "bad magic or too short"),
+            (20, "bad magic or too short"),
+            (whole.len() - 1, "checksum mismatch"),
+        ] {
+            fs::write(&path, &whole[..len]).unwrap();
+            assert_eq!(read(&path).err().as_deref(), Some(why), "cut at {len}");
+        }
     }
 
     #[test]
