@@ -319,6 +319,9 @@ pub(crate) fn decode_state_in(body: &[u8], scratch: Scratch) -> DecodeResult<Sta
     }
     (st.evt_refs, st.body_refs, st.msg_refs) = st.recount_seg_refs();
     st.totals = st.recount_totals();
+    for c in st.convs.values_mut() {
+        Arc::make_mut(c).advance_bodies_hint();
+    }
     Ok(st)
 }
 

@@ -31,7 +31,10 @@ use crate::log::{Batch, SegmentId};
 
 /// The retained messages whose bodies are in one of the `evt` segments
 /// `segs`, as (conv, msg_seq, message location). Walks every
-/// conversation's index, a chunk of conversations per hold of the lock;
+/// conversation's index above its [`Conv::bodies_in_msg_to`] (the
+/// messages whose bodies may still be in `evt`: not the whole history,
+/// which lives mostly in file pages), a chunk of conversations per hold
+/// of the lock;
 /// a pass calls it only when some segment is held by bodies alone or is
 /// about to be rewritten.
 fn bodies_in(shared: &Shared, segs: &HashSet<SegmentId>) -> Vec<(ConvId, MsgSeq, PackedLoc)> {
@@ -43,10 +46,13 @@ fn bodies_in(shared: &Shared, segs: &HashSet<SegmentId>) -> Vec<(ConvId, MsgSeq,
             let Some(c) = st.convs.get(conv) else {
                 continue;
             };
-            for (i, m) in c.msgs.iter().enumerate() {
+            // Below the hint every body is in `msg` already.
+            let from = c.bodies_in_msg_to.0.max(c.msgs_base);
+            let skip = from.0 - c.msgs_base.0;
+            for (i, m) in (skip..).zip(c.msgs.iter_from(skip as usize)) {
                 let (log, at) = body_at(m.loc);
                 if log == BodyLog::Evt && segs.contains(&unpack(at).segment) {
-                    out.push((*conv, c.msgs_base.plus(i as u64 + 1), m.loc));
+                    out.push((*conv, c.msgs_base.plus(i + 1), m.loc));
                 }
             }
         }

@@ -302,6 +302,14 @@ impl State {
                 self.patch_msg(m.conv, m.msg_seq, m.to);
             }
         }
+        let mut convs: Vec<ConvId> = moves.iter().map(|m| m.conv).collect();
+        convs.sort_unstable();
+        convs.dedup();
+        for conv in convs {
+            if let Some(c) = self.convs.get_mut(&conv) {
+                Arc::make_mut(c).advance_bodies_hint();
+            }
+        }
     }
 
     pub(crate) fn apply_relocate(&mut self, moves: &[Relocation]) {

@@ -200,6 +200,18 @@ impl<T: Plain> ChunkedVec<T> {
             .chain(self.tail.iter())
     }
 
+    /// The elements from the `i`th on, reaching the `i`th without walking
+    /// those before it.
+    pub fn iter_from(&self, i: usize) -> impl Iterator<Item = &T> + '_ {
+        let j = self.head + i;
+        let k = (j / Self::CHUNK).min(self.full.len());
+        self.full[k..]
+            .iter()
+            .flat_map(|c| c.iter())
+            .chain(self.tail.iter())
+            .skip(j - k * Self::CHUNK)
+    }
+
     /// Changes every element (copying every shared chunk).
     pub fn for_each_mut(&mut self, mut f: impl FnMut(&mut T)) {
         let head = self.head;
@@ -310,6 +322,17 @@ mod tests {
                 assert_eq!(v.get(i), Some(x));
             }
             assert_eq!(v.get(model.len()), None);
+            for from in [
+                0,
+                1,
+                CHUNK - 1,
+                CHUNK,
+                model.len() / 2,
+                model.len(),
+                model.len() + 3,
+            ] {
+                assert!(v.iter_from(from).eq(model.iter().skip(from)), "from {from}");
+            }
             for probe in [0, 7, CHUNK as u64 + 3, 4 * CHUNK as u64] {
                 assert_eq!(
                     v.binary_search_by_key(&probe, |x| *x),

@@ -12,6 +12,8 @@
 //! - Edit links: each links a retained, not recalled message to edit
 //!   entries above it (an edit may have been recalled on its own since;
 //!   full check only).
+//! - Body hint: every retained message at or below a conversation's
+//!   `bodies_in_msg_to` has its body in `msg` (full check only).
 //! - Reference counts: the per-segment counts equal a recount of the
 //!   indexes ([`State::check_seg_refs`]); `unread` equals a recount of
 //!   the messages that count for it (full check only).
@@ -50,6 +52,7 @@ impl State {
         for (&conv, c) in &self.convs {
             check_conv_watermarks(conv, c)?;
             check_edit_links(conv, c)?;
+            check_bodies_hint(conv, c)?;
             for (uid, periods) in c.members.iter() {
                 for pair in periods.windows(2) {
                     if pair[0].leave_seq == OPEN || pair[0].leave_seq >= pair[1].join_seq {
@@ -148,6 +151,18 @@ fn check_edit_links(conv: ConvId, c: &Conv) -> Result<(), String> {
                     "conv {conv}: seq {seq} is linked as an edit of seq {target}"
                 ));
             }
+        }
+    }
+    Ok(())
+}
+
+fn check_bodies_hint(conv: ConvId, c: &Conv) -> Result<(), String> {
+    let to = c.bodies_in_msg_to.0;
+    for (seq, m) in (c.msgs_base.0 + 1..=to.0).zip(c.msgs.iter()) {
+        if m.loc == super::PENDING_LOC || super::body_at(m.loc).0 != super::BodyLog::Msg {
+            return Err(format!(
+                "conv {conv}: message {seq} is at or below the bodies hint {to} but its body is not in msg"
+            ));
         }
     }
     Ok(())

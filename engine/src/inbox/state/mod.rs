@@ -120,7 +120,24 @@ pub(crate) struct Conv {
     /// Set once the conversation is a large group (R7,
     /// `messaging::large`): messages above the switch are not fanned out.
     pub large: Option<LargeMode>,
+    /// Every retained message at or below it has its body in `msg`
+    /// (not state: a hint that spares compaction a walk of the whole
+    /// history when it looks for bodies still in `evt`).
+    pub bodies_in_msg_to: SeqHint,
 }
+
+/// A position kept beside the state to speed a search, never part of
+/// what the state says: two states are equal whatever their hints.
+#[derive(Clone, Copy, Default, Debug)]
+pub(crate) struct SeqHint(pub MsgSeq);
+
+impl PartialEq for SeqHint {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for SeqHint {}
 
 /// A large group's shared state: where it switched modes and its newest
 /// entry, which stands in for every member's `last_*` fields above the
@@ -182,6 +199,19 @@ impl Conv {
         self.msgs
             .get_mut(usize::try_from(seq.checked_since(self.msgs_base.next())?).ok()?)
     }
+    /// Moves [`Conv::bodies_in_msg_to`] past the messages above it whose
+    /// bodies are in `msg` (and past those reclaimed).
+    pub fn advance_bodies_hint(&mut self) {
+        let mut at = self.bodies_in_msg_to.0.max(self.msgs_base);
+        while let Some(m) = self.meta(at.next()) {
+            if m.loc == PENDING_LOC || body_at(m.loc).0 == BodyLog::Evt {
+                break;
+            }
+            at = at.next();
+        }
+        self.bodies_in_msg_to = SeqHint(at);
+    }
+
     /// The highest `msg_seq` that was fanned out: the switch of a large
     /// group, [`OPEN`] for any other conversation.
     pub fn fanned_out_until(&self) -> MsgSeq {
@@ -647,4 +677,54 @@ pub(crate) fn index_bytes_estimate(totals: &Totals) -> (u64, u64) {
         totals.events * 8,
         totals.messages * std::mem::size_of::<MsgMeta>() as u64,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(loc: PackedLoc) -> MsgMeta {
+        MsgMeta {
+            loc,
+            msg_id: MsgId(1),
+            sender: Uid(1),
+            kind: MessageKind::Normal,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn the_bodies_hint_stops_at_the_first_body_in_evt_or_pending_and_follows_the_base() {
+        let in_msg = 7 << 32;
+        let in_evt = body_in_evt(9 << 32);
+        let mut c = Conv::default();
+        for loc in [in_msg, in_msg, in_evt, in_msg, PENDING_LOC] {
+            c.msgs.push(meta(loc));
+        }
+        c.advance_bodies_hint();
+        assert_eq!(
+            c.bodies_in_msg_to.0,
+            MsgSeq(2),
+            "stops below the body in evt"
+        );
+        c.meta_mut(MsgSeq(3)).unwrap().loc = in_msg;
+        c.advance_bodies_hint();
+        assert_eq!(
+            c.bodies_in_msg_to.0,
+            MsgSeq(4),
+            "stops below the pending one"
+        );
+        c.meta_mut(MsgSeq(5)).unwrap().loc = in_msg;
+        c.advance_bodies_hint();
+        assert_eq!(c.bodies_in_msg_to.0, MsgSeq(5), "the head");
+        // Reclaimed history lifts it to the base.
+        let mut trimmed = Conv::default();
+        for _ in 0..4 {
+            trimmed.msgs.push(meta(in_evt));
+        }
+        trimmed.msgs.remove_front(3);
+        trimmed.msgs_base = MsgSeq(3);
+        trimmed.advance_bodies_hint();
+        assert_eq!(trimmed.bodies_in_msg_to.0, MsgSeq(3));
+    }
 }
