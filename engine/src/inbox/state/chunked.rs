@@ -21,18 +21,10 @@ use super::spill::{Arena, Block, Plain, PAGE};
 
 /// A list's full chunks, on the heap or in pages of the state's scratch
 /// file ([`super::spill`]).
+#[derive(Clone)]
 enum Chunk<T: Plain> {
     Heap(Arc<Vec<T>>),
     File(Arc<Block<T>>),
-}
-
-impl<T: Plain> Clone for Chunk<T> {
-    fn clone(&self) -> Self {
-        match self {
-            Chunk::Heap(v) => Chunk::Heap(v.clone()),
-            Chunk::File(b) => Chunk::File(b.clone()),
-        }
-    }
 }
 
 impl<T: Plain> Deref for Chunk<T> {
@@ -45,6 +37,7 @@ impl<T: Plain> Deref for Chunk<T> {
     }
 }
 
+#[derive(Clone)]
 pub(crate) struct ChunkedVec<T: Plain> {
     /// Full chunks of [`Self::CHUNK`] elements each (the first counting
     /// those dropped from its front), shared with every clone.
@@ -56,17 +49,6 @@ pub(crate) struct ChunkedVec<T: Plain> {
     head: usize,
     /// Where full chunks go; on the heap without one.
     file: Option<Arc<Arena>>,
-}
-
-impl<T: Plain> Clone for ChunkedVec<T> {
-    fn clone(&self) -> Self {
-        Self {
-            full: self.full.clone(),
-            tail: self.tail.clone(),
-            head: self.head,
-            file: self.file.clone(),
-        }
-    }
 }
 
 impl<T: Plain> Default for ChunkedVec<T> {

@@ -217,13 +217,14 @@ impl Shard {
     }
 
     fn sorted_entries(&self) -> Vec<IdemSlot> {
-        match self {
-            Shard::Open { slots, .. } => {
+        match (self, self.sorted_slice()) {
+            (_, Some(sorted)) => sorted.to_vec(),
+            (Shard::Open { slots, .. }, None) => {
                 let mut v: Vec<IdemSlot> = slots.iter().filter(|s| **s != FREE).copied().collect();
                 v.sort_unstable();
                 v
             }
-            Shard::Sorted(_) | Shard::InFile(_) => self.sorted_slice().unwrap_or_default().to_vec(),
+            (_, None) => unreachable!("only an open shard is unsorted"),
         }
     }
 
@@ -253,24 +254,22 @@ impl Shard {
     }
 
     fn matching(&self, fp: u64, mut found: impl FnMut(&IdemSlot)) {
-        match self {
-            Shard::Open { slots, .. } => {
-                if slots.is_empty() {
-                    return;
-                }
-                let n = slots.len();
-                let mut i = home(fp, n);
-                while slots[i] != FREE {
-                    if slots[i].fp == fp {
-                        found(&slots[i]);
-                    }
-                    i = if i + 1 == n { 0 } else { i + 1 };
-                }
+        if let Some(s) = self.sorted_slice() {
+            let from = s.partition_point(|e| e.fp < fp);
+            s[from..].iter().take_while(|e| e.fp == fp).for_each(found);
+            return;
+        }
+        if let Shard::Open { slots, .. } = self {
+            if slots.is_empty() {
+                return;
             }
-            Shard::Sorted(_) | Shard::InFile(_) => {
-                let s = self.sorted_slice().unwrap_or_default();
-                let from = s.partition_point(|e| e.fp < fp);
-                s[from..].iter().take_while(|e| e.fp == fp).for_each(found);
+            let n = slots.len();
+            let mut i = home(fp, n);
+            while slots[i] != FREE {
+                if slots[i].fp == fp {
+                    found(&slots[i]);
+                }
+                i = if i + 1 == n { 0 } else { i + 1 };
             }
         }
     }
@@ -348,11 +347,8 @@ impl Bucket {
     fn move_sorted_to(&mut self, file: &Arc<Arena>) {
         for i in 0..self.shards.len() {
             if let Shard::Sorted(s) = &*self.shards[i] {
-                if s.len() < FILED_SHARD_MIN {
-                    continue;
-                }
-                if let Some(block) = file.store(s) {
-                    Arc::make_mut(&mut self.shards)[i] = Arc::new(Shard::InFile(Arc::new(block)));
+                if let filed @ Shard::InFile(_) = Shard::sorted(s.to_vec(), Some(file)) {
+                    Arc::make_mut(&mut self.shards)[i] = Arc::new(filed);
                 }
             }
         }
