@@ -52,12 +52,13 @@ pub(crate) unsafe trait Plain: Copy + 'static {}
 // SAFETY: an integer has no pointers and no invalid patterns.
 unsafe impl Plain for u64 {}
 
-/// The scratch file and its mapped regions.
+/// The scratch file and the region new blocks go to. Blocks and regions
+/// hold the file ([`ScratchFile`]), not the arena, so the arena and its current
+/// region never hold each other: once the arena and its blocks are gone,
+/// so are the regions, the mappings and the file.
 pub(crate) struct Arena {
-    file: File,
+    file: Arc<ScratchFile>,
     inner: Mutex<Inner>,
-    /// Bytes of pages held by live blocks.
-    block_bytes: AtomicU64,
 }
 
 #[derive(Default)]
@@ -66,13 +67,20 @@ struct Inner {
     current: Option<(Arc<Region>, usize)>,
     /// File offset of the next region never used.
     next_offset: u64,
+}
+
+/// The file itself, shared by the arena and every region.
+struct ScratchFile {
+    file: File,
     /// Offsets of regions whose blocks all went.
-    free: Vec<u64>,
+    free: Mutex<Vec<u64>>,
+    /// Bytes of pages held by live blocks.
+    block_bytes: AtomicU64,
 }
 
 /// [`REGION_BYTES`] of the file, reserved and mapped.
 struct Region {
-    arena: Arc<Arena>,
+    file: Arc<ScratchFile>,
     offset: u64,
     map: MmapRaw,
 }
@@ -109,22 +117,25 @@ impl Arena {
             }
         };
         Ok(Arc::new(Self {
-            file,
+            file: Arc::new(ScratchFile {
+                file,
+                free: Mutex::new(Vec::new()),
+                block_bytes: AtomicU64::new(0),
+            }),
             inner: Mutex::new(Inner::default()),
-            block_bytes: AtomicU64::new(0),
         }))
     }
 
     /// Bytes of pages live blocks hold.
     pub fn block_bytes(&self) -> u64 {
-        self.block_bytes.load(Ordering::Relaxed)
+        self.file.block_bytes.load(Ordering::Relaxed)
     }
 
     /// Bytes of disk the file holds: reserved regions, less punched pages.
     #[cfg(test)]
     pub fn disk_bytes(&self) -> u64 {
         use std::os::unix::fs::MetadataExt;
-        self.file.metadata().map_or(0, |m| m.blocks() * 512)
+        self.file.file.metadata().map_or(0, |m| m.blocks() * 512)
     }
 
     /// A block holding a copy of `items`; `None` if it cannot have one (no
@@ -146,7 +157,9 @@ impl Arena {
                 bytes,
             );
         }
-        self.block_bytes.fetch_add(pages as u64, Ordering::Relaxed);
+        self.file
+            .block_bytes
+            .fetch_add(pages as u64, Ordering::Relaxed);
         Some(Block {
             region,
             at,
@@ -166,7 +179,8 @@ impl Arena {
                 return Some((region.clone(), at));
             }
         }
-        let offset = inner.free.pop().unwrap_or_else(|| {
+        let reused = self.file.free.lock().pop();
+        let offset = reused.unwrap_or_else(|| {
             let o = inner.next_offset;
             inner.next_offset += REGION_BYTES as u64;
             o
@@ -174,36 +188,39 @@ impl Arena {
         let region = match self.map_region(offset) {
             Ok(r) => Arc::new(r),
             Err(e) => {
-                inner.free.push(offset);
+                self.file.free.lock().push(offset);
                 tracing::debug!(error = %e, "no room for an index region; kept on the heap");
                 return None;
             }
         };
         let old = inner.current.replace((region.clone(), pages));
         drop(inner);
-        // Dropped without the lock: the last block of the old region may
-        // be gone, and a region's drop takes the lock.
+        // Dropped without the lock, which a region's drop need not wait
+        // for.
         drop(old);
         Some((region, 0))
     }
 
-    fn map_region(self: &Arc<Self>, offset: u64) -> std::io::Result<Region> {
+    fn map_region(&self, offset: u64) -> std::io::Result<Region> {
         let len = REGION_BYTES as libc::off_t;
-        // SAFETY: plain syscall on a descriptor this arena owns.
-        if unsafe { libc::fallocate(self.file.as_raw_fd(), 0, offset as libc::off_t, len) } != 0 {
+        let fd = self.file.file.as_raw_fd();
+        // SAFETY: plain syscall on a descriptor the scratch file owns.
+        if unsafe { libc::fallocate(fd, 0, offset as libc::off_t, len) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
         let map = MmapOptions::new()
             .offset(offset)
             .len(REGION_BYTES)
-            .map_raw(&self.file)?;
+            .map_raw(&self.file.file)?;
         Ok(Region {
-            arena: self.clone(),
+            file: self.file.clone(),
             offset,
             map,
         })
     }
+}
 
+impl ScratchFile {
     /// Gives `len` bytes at `offset` back to the file system.
     fn punch(&self, offset: u64, len: usize) {
         // SAFETY: plain syscall on a descriptor this arena owns.
@@ -225,8 +242,8 @@ impl Arena {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        self.arena.punch(self.offset, REGION_BYTES);
-        self.arena.inner.lock().free.push(self.offset);
+        self.file.punch(self.offset, REGION_BYTES);
+        self.file.free.lock().push(self.offset);
     }
 }
 
@@ -281,10 +298,9 @@ impl<T: Plain> std::fmt::Debug for Block<T> {
 
 impl<T: Plain> Drop for Block<T> {
     fn drop(&mut self) {
-        let arena = &self.region.arena;
-        arena.punch(self.region.offset + self.at as u64, self.pages);
-        arena
-            .block_bytes
+        let file = &self.region.file;
+        file.punch(self.region.offset + self.at as u64, self.pages);
+        file.block_bytes
             .fetch_sub(self.pages as u64, Ordering::Relaxed);
     }
 }
@@ -336,14 +352,14 @@ mod tests {
             .collect();
         assert_eq!(arena.inner.lock().next_offset, 2 * REGION_BYTES as u64);
         assert!(
-            arena.inner.lock().free.is_empty(),
+            arena.file.free.lock().is_empty(),
             "the first region still has blocks"
         );
         let in_second = rest.pop().unwrap();
         drop(rest);
         drop(first);
         assert_eq!(
-            arena.inner.lock().free,
+            *arena.file.free.lock(),
             vec![0],
             "the first region went with its last block"
         );
@@ -362,6 +378,22 @@ mod tests {
         drop(fill);
         drop(in_second);
         assert_eq!(arena.block_bytes(), 0);
+    }
+
+    #[test]
+    fn the_file_closes_once_the_arena_and_its_last_block_are_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let arena = Arena::open(dir.path()).unwrap();
+        let file = Arc::downgrade(&arena.file);
+        let block = arena.store(&[1u64, 2, 3]).unwrap();
+        drop(arena);
+        assert_eq!(block.as_slice(), [1, 2, 3], "a block outlives its arena");
+        assert!(file.upgrade().is_some());
+        drop(block);
+        assert!(
+            file.upgrade().is_none(),
+            "no region or arena holds the file"
+        );
     }
 
     #[test]
