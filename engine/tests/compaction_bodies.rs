@@ -55,29 +55,16 @@ fn a_pass_moves_every_body_of_many_thousands_out_of_evt_and_each_reads_back() {
     h.ib().compact().unwrap();
     assert_eq!(segments_held_by_bodies(&h), [], "no body was left behind");
 
-    let read_all = |h: &Harness| {
-        let mut out = Vec::new();
-        let mut before = None;
-        loop {
-            let page = h.ib().history(Uid(2), CONV, before, 500).unwrap();
-            out.extend(page.messages.iter().map(|m| (m.msg_seq, m.payload.clone())));
-            before = page.messages.last().map(|m| m.msg_seq);
-            if !page.has_more {
-                break;
-            }
-        }
-        out.reverse();
-        out
-    };
     let check = |h: &Harness, when: &str| {
-        let all = read_all(h);
+        let all = h.whole_history(Uid(2), CONV);
         // The joins are entries too, before the sends.
-        let sends: Vec<_> = all.iter().filter(|(seq, _)| *seq > MsgSeq(2)).collect();
+        let sends: Vec<_> = all.iter().filter(|m| m.msg_seq > MsgSeq(2)).collect();
         assert_eq!(sends.len(), sent.len(), "{when}");
-        for (i, ((seq, body), reply)) in sends.into_iter().zip(&sent).enumerate() {
-            assert_eq!(*seq, reply.msg_seq, "{when}");
+        for (i, (m, reply)) in sends.into_iter().zip(&sent).enumerate() {
+            assert_eq!(m.msg_seq, reply.msg_seq, "{when}");
+            let seq = m.msg_seq;
             assert_eq!(
-                &body[..],
+                &m.payload[..],
                 format!("m{i}").as_bytes(),
                 "{when}: message {seq}"
             );

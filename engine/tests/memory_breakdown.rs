@@ -89,24 +89,12 @@ fn the_idempotency_table_is_the_same_size_after_a_restart() {
     assert_eq!(live(&h.ib().memory(), "idempotency"), before);
 }
 
-/// Messages of a conversation, oldest first, as its member reads them.
+/// Messages of the conversation, oldest first, as its member reads them.
 fn whole_history(h: &Harness, uid: Uid) -> Vec<(MsgSeq, MsgId, Bytes)> {
-    let mut out = Vec::new();
-    let mut before = None;
-    loop {
-        let page = h.ib().history(uid, CONV, before, 500).unwrap();
-        out.extend(
-            page.messages
-                .iter()
-                .map(|m| (m.msg_seq, m.msg_id, m.payload.clone())),
-        );
-        before = page.messages.last().map(|m| m.msg_seq);
-        if !page.has_more {
-            break;
-        }
-    }
-    out.reverse();
-    out
+    h.whole_history(uid, CONV)
+        .into_iter()
+        .map(|m| (m.msg_seq, m.msg_id, m.payload))
+        .collect()
 }
 
 #[test]

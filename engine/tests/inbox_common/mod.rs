@@ -54,6 +54,23 @@ impl Harness {
         self.inbox.as_ref().unwrap()
     }
 
+    /// Every message of `conv` `uid` may read, oldest first, paged through
+    /// `history` 500 at a time.
+    pub fn whole_history(&self, uid: Uid, conv: ConvId) -> Vec<Message> {
+        let mut out = Vec::new();
+        let mut before = None;
+        loop {
+            let page = self.ib().history(uid, conv, before, 500).unwrap();
+            before = page.messages.last().map(|m| m.msg_seq);
+            out.extend(page.messages);
+            if !page.has_more {
+                break;
+            }
+        }
+        out.reverse();
+        out
+    }
+
     /// Shuts the engine down and opens the same dir again. With
     /// `keep_checkpoints` false every checkpoint is deleted first, so
     /// recovery replays the whole log.
