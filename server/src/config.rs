@@ -160,7 +160,7 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_ttl_s: Option<u64>,
     /// Keep the message index's full pages and the idempotency table's
-    /// closed buckets in an unnamed scratch file in the data directory,
+    /// sorted runs in an unnamed scratch file in the data directory,
     /// mapped, rather than on the heap [default: true].
     #[arg(long, env = "INBOXD_INDEX_IN_FILE", num_args = 0..=1, default_missing_value = "true")]
     #[serde(skip_serializing_if = "Option::is_none")]

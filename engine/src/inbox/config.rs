@@ -97,7 +97,7 @@ pub struct InboxConfig {
     pub checkpoint_every_bytes: u64,
     pub idempotency_ttl: Duration,
     /// Keep the message index's full pages and the idempotency table's
-    /// closed buckets in a scratch file, mapped (`state/spill.rs`), not on
+    /// sorted runs in a scratch file, mapped (`state/spill.rs`), not on
     /// the heap.
     pub index_in_file: bool,
     /// A conversation with more current members than this becomes a large

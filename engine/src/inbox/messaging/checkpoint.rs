@@ -165,13 +165,14 @@ pub(crate) fn put_idempotency_table(w: &mut Writer, st: &State) {
         w.u64(b.start_ms);
         w.u64(b.end_ms);
         w.u64(b.base_id);
-        let entries = b.entries();
-        w.u64(entries.len() as u64);
-        for e in entries {
-            w.u64(e.fp);
-            w.u64(e.conv);
-            w.u32(e.seq_lo);
-            w.u32(e.id_delta);
+        w.u64(b.len() as u64);
+        for shard in b.sorted_shards() {
+            for e in shard.iter() {
+                w.u64(e.fp);
+                w.u64(e.conv);
+                w.u32(e.seq_lo);
+                w.u32(e.id_delta);
+            }
         }
     }
 }

@@ -28,22 +28,29 @@
 //! their send; a bucket is dropped whole once its newest possible key is
 //! older than the TTL, so a key is remembered at least the TTL and at most
 //! the TTL plus one bucket width. A bucket is 1,024 shards by the top
-//! bits of the fingerprint, each behind an `Arc` ([`Bucket`]). The newest
-//! bucket's shards are open-addressing tables (linear probing) that take
-//! inserts; an older bucket's become sorted arrays of exactly their
-//! entries, searched by binary search, one shard per later insert. The
-//! copies of the state checkpoints take share the shards.
+//! bits of the fingerprint, each behind an `Arc` ([`Bucket`]).
 //!
-//! A sorted shard never changes again, and the closed buckets hold all
-//! but the newest sixteenth of the TTL's keys. Given the state's scratch
-//! file ([`super::spill`]), a sorted shard goes there, in pages mapped
-//! shared, instead of the heap: what stays on the heap is the open bucket
-//! (the newest keys, the ones retries find) and a handle per closed shard.
+//! A shard is a sorted *run* of the keys merged so far, searched by binary
+//! search, and a *table* of the keys inserted since (open addressing,
+//! linear probing): keys arrive in random fingerprint order, so only a
+//! table takes them one at a time. Once a table holds a quarter of its
+//! run's keys, the insert merges the two into a new run. So even the
+//! newest bucket, which takes every insert and holds a sixteenth of the
+//! TTL's keys (10.5 hours of them at the default 7 days), keeps at most a
+//! fifth of them in tables; a closed bucket's tables are merged one shard
+//! per later insert. The copies of the state checkpoints take share the
+//! shards and their runs.
+//!
+//! A run never changes once written. Given the state's scratch file
+//! ([`super::spill`]), a run goes there, in pages mapped shared, instead
+//! of the heap: what stays on the heap is the tables (the newest keys,
+//! the ones retries find) and a handle per shard.
 //!
 //! Like the rest of the state, the table changes only in `apply`, judged
 //! by the time stamped in the record being applied, so replay builds the
 //! same table.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -132,14 +139,14 @@ const SHARDS: usize = 1 << SHARD_BITS;
 /// The keys sent in `[start_ms, end_ms)` whose msg_ids are within 2^32 of
 /// `base_id`. Two buckets share a span only when ids ran past that.
 ///
-/// A bucket is [`SHARDS`] tables by the top bits of the fingerprint, each
+/// A bucket is [`SHARDS`] shards by the top bits of the fingerprint, each
 /// behind its own `Arc`, and the list of them behind one too, so that no
 /// step costs in proportion to the whole bucket, which holds hours of
 /// keys (tens of millions at scale):
 /// - the state copy a checkpoint takes shares every bucket; an insert
-///   afterwards copies the one shard it changes;
-/// - an open table grows one shard at a time;
-/// - a closed bucket's shards are sorted one per later insert
+///   afterwards copies the one shard it changes (its table, not its run);
+/// - a merge writes one shard's run;
+/// - a closed bucket's tables are merged one shard per later insert
 ///   ([`IdemTable::insert`]), not all at once.
 #[derive(Clone, Debug)]
 pub(crate) struct Bucket {
@@ -149,130 +156,221 @@ pub(crate) struct Bucket {
     /// Empty until the first insert.
     shards: Arc<Vec<Arc<Shard>>>,
     len: usize,
-    /// Shards below it are sorted: only in a closed bucket, one that is
-    /// not the table's newest.
-    sorted: usize,
+    /// Shards below it have no table: only in a closed bucket, one that
+    /// is not the table's newest.
+    merged: usize,
 }
 
-#[derive(Clone, Debug)]
-enum Shard {
-    /// Slots (any number), at most 7/8 used, [`FREE`] where empty; grows
-    /// by an eighth, so about 22% of it is unused just after a growth and
-    /// 17% on average.
-    Open { slots: Vec<IdemSlot>, len: usize },
-    /// Sorted, exactly sized: a closed bucket's shard.
-    Sorted(Box<[IdemSlot]>),
-    /// Sorted, in pages of the scratch file.
+/// A shard's keys: a sorted run of those merged so far, and a table of
+/// those inserted since.
+#[derive(Clone, Debug, Default)]
+struct Shard {
+    run: Run,
+    /// Open addressing (linear probing), at most 7/8 used, [`FREE`] where
+    /// empty; grows by an eighth, so about 17% of it is unused on average.
+    table: Vec<IdemSlot>,
+    table_len: usize,
+}
+
+/// Sorted keys, exactly sized: on the heap, or in pages of the scratch
+/// file.
+#[derive(Clone, Debug, Default)]
+enum Run {
+    #[default]
+    Empty,
+    Heap(Arc<[IdemSlot]>),
     InFile(Arc<Block<IdemSlot>>),
 }
 
-const EMPTY_SHARD: Shard = Shard::Open {
-    slots: Vec::new(),
-    len: 0,
-};
-
-/// Entries a sorted shard needs to go to the scratch file: half a page.
+/// Keys a run needs to go to the scratch file: half a page. A smaller run
+/// would waste most of its page; at that size the whole bucket is small.
 const FILED_SHARD_MIN: usize = super::spill::PAGE / 2 / std::mem::size_of::<IdemSlot>();
+
+/// A shard's table is merged into its run once it holds a quarter of the
+/// run's keys, and at least [`FILED_SHARD_MIN`] (so the first run is worth
+/// a page). The tables then hold at most a fifth of a large bucket's keys,
+/// and the runs written over a bucket's life add up to about five times
+/// its keys (each a fifth larger than the last).
+const MERGE_FRACTION: usize = 4;
 
 fn shard_of(fp: u64) -> usize {
     (fp >> (64 - SHARD_BITS)) as usize
 }
 
-/// The first slot to probe among `n` of a shard: the fingerprint's bits
+/// The first slot to probe among `n` of a table: the fingerprint's bits
 /// below the shard's (already mixed) scaled to `n` (multiply-shift), so
 /// `n` need not be a power of two.
 fn home(fp: u64, n: usize) -> usize {
     ((u128::from(fp << SHARD_BITS) * n as u128) >> 64) as usize
 }
 
-impl Shard {
-    fn capacity(&self) -> usize {
-        match self {
-            Shard::Open { slots, .. } => slots.capacity(),
-            Shard::Sorted(s) => s.len(),
-            Shard::InFile(_) => 0,
+impl Run {
+    /// A run of `entries` (sorted): in `file` when it has room and they
+    /// fill at least half a page.
+    fn of(entries: Vec<IdemSlot>, file: Option<&Arc<Arena>>) -> Self {
+        if entries.is_empty() {
+            return Run::Empty;
         }
-    }
-
-    /// A sorted shard of `entries`: in `file` when it has room and they
-    /// fill at least half of a page (a smaller shard would waste most of
-    /// its page; at that size the whole bucket is small).
-    fn sorted(entries: Vec<IdemSlot>, file: Option<&Arc<Arena>>) -> Self {
         let worth_a_page = entries.len() >= FILED_SHARD_MIN;
         match file
             .filter(|_| worth_a_page)
             .and_then(|f| f.store(&entries))
         {
-            Some(block) => Shard::InFile(Arc::new(block)),
-            None => Shard::Sorted(entries.into()),
+            Some(block) => Run::InFile(Arc::new(block)),
+            None => Run::Heap(entries.into()),
         }
     }
 
-    fn sorted_slice(&self) -> Option<&[IdemSlot]> {
+    fn as_slice(&self) -> &[IdemSlot] {
         match self {
-            Shard::Open { .. } => None,
-            Shard::Sorted(s) => Some(s),
-            Shard::InFile(b) => Some(b.as_slice()),
+            Run::Empty => &[],
+            Run::Heap(s) => s,
+            Run::InFile(b) => b.as_slice(),
         }
     }
 
-    fn sorted_entries(&self) -> Vec<IdemSlot> {
-        match (self, self.sorted_slice()) {
-            (_, Some(sorted)) => sorted.to_vec(),
-            (Shard::Open { slots, .. }, None) => {
-                let mut v: Vec<IdemSlot> = slots.iter().filter(|s| **s != FREE).copied().collect();
-                v.sort_unstable();
-                v
-            }
-            (_, None) => unreachable!("only an open shard is unsorted"),
+    /// Bytes allocated on the heap: the keys and the `Arc`'s counts.
+    fn heap_bytes(&self) -> u64 {
+        match self {
+            Run::Heap(s) => s.len() as u64 * SLOT_BYTES + 16,
+            _ => 0,
         }
     }
+}
 
-    fn insert(&mut self, slot: IdemSlot) {
-        if let Some(s) = self.sorted_slice() {
-            // Inserts go to the newest bucket, which is never closed;
-            // should a closed one ever be asked, its shard is reopened
-            // rather than refused (apply must not fail on a valid record).
-            let entries = s.to_vec();
-            *self = EMPTY_SHARD;
-            for e in entries {
-                self.insert(e);
+impl Shard {
+    /// Every key, sorted: the run as it is when there is no table.
+    fn sorted_entries(&self) -> Cow<'_, [IdemSlot]> {
+        let run = self.run.as_slice();
+        if self.table_len == 0 {
+            return Cow::Borrowed(run);
+        }
+        let mut table: Vec<IdemSlot> = self.table.iter().filter(|s| **s != FREE).copied().collect();
+        table.sort_unstable();
+        let mut out = Vec::with_capacity(run.len() + table.len());
+        let (mut i, mut j) = (0, 0);
+        while i < run.len() && j < table.len() {
+            if run[i] <= table[j] {
+                out.push(run[i]);
+                i += 1;
+            } else {
+                out.push(table[j]);
+                j += 1;
             }
         }
-        let Shard::Open { slots, len } = self else {
-            unreachable!("reopened above");
-        };
-        if (*len + 1) * 8 > slots.len() * 7 {
-            let cap = slots.len() + (slots.len() / 8).max(4);
-            let old = std::mem::replace(slots, vec![FREE; cap]);
+        out.extend_from_slice(&run[i..]);
+        out.extend_from_slice(&table[j..]);
+        Cow::Owned(out)
+    }
+
+    /// Takes `slot` into the table, and merges the table into a new run
+    /// (in `file` if given) once it is large enough.
+    fn insert(&mut self, slot: IdemSlot, file: Option<&Arc<Arena>>) {
+        if (self.table_len + 1) * 8 > self.table.len() * 7 {
+            let cap = self.table.len() + (self.table.len() / 8).max(4);
+            let old = std::mem::replace(&mut self.table, vec![FREE; cap]);
             for e in old.into_iter().filter(|e| *e != FREE) {
-                put(slots, e);
+                put(&mut self.table, e);
             }
         }
-        put(slots, slot);
-        *len += 1;
+        put(&mut self.table, slot);
+        self.table_len += 1;
+        let due = FILED_SHARD_MIN.max(self.run.as_slice().len() / MERGE_FRACTION);
+        if self.table_len >= due {
+            self.merge(file);
+        }
+    }
+
+    /// Writes the run and the table as one run; false when there was no
+    /// table to merge.
+    fn merge(&mut self, file: Option<&Arc<Arena>>) -> bool {
+        if self.table_len == 0 {
+            return false;
+        }
+        *self = Shard {
+            run: Run::of(self.sorted_entries().into_owned(), file),
+            table: Vec::new(),
+            table_len: 0,
+        };
+        true
+    }
+
+    /// Moves a run on the heap into `file` (if it has room).
+    fn move_run_to(&mut self, file: &Arc<Arena>) {
+        if let Run::Heap(s) = &self.run {
+            if let filed @ Run::InFile(_) = Run::of(s.to_vec(), Some(file)) {
+                self.run = filed;
+            }
+        }
     }
 
     fn matching(&self, fp: u64, mut found: impl FnMut(&IdemSlot)) {
-        if let Some(s) = self.sorted_slice() {
-            let from = s.partition_point(|e| e.fp < fp);
-            s[from..].iter().take_while(|e| e.fp == fp).for_each(found);
+        let run = self.run.as_slice();
+        let from = first_at_or_above(run, fp);
+        run[from..]
+            .iter()
+            .take_while(|e| e.fp == fp)
+            .for_each(&mut found);
+        let n = self.table.len();
+        if n == 0 {
             return;
         }
-        if let Shard::Open { slots, .. } = self {
-            if slots.is_empty() {
-                return;
+        let mut i = home(fp, n);
+        while self.table[i] != FREE {
+            if self.table[i].fp == fp {
+                found(&self.table[i]);
             }
-            let n = slots.len();
-            let mut i = home(fp, n);
-            while slots[i] != FREE {
-                if slots[i].fp == fp {
-                    found(&slots[i]);
-                }
-                i = if i + 1 == n { 0 } else { i + 1 };
-            }
+            i = if i + 1 == n { 0 } else { i + 1 };
         }
     }
+}
+
+/// The index of the first entry of a shard's `run` (sorted) whose
+/// fingerprint is at least `fp`: `run.partition_point(|e| e.fp < fp)`.
+/// Fingerprints are uniform within a shard, so that entry is near
+/// `home(fp, len)`. The search gallops out from there and ends with a
+/// binary search: a page or two of a filed run, where a binary search
+/// from the middle touches a page per halving.
+fn first_at_or_above(run: &[IdemSlot], fp: u64) -> usize {
+    let n = run.len();
+    if n == 0 {
+        return 0;
+    }
+    let guess = home(fp, n).min(n - 1);
+    // The answer is in lo..=hi.
+    let (mut lo, mut hi);
+    let mut step = 1;
+    if run[guess].fp < fp {
+        lo = guess + 1;
+        loop {
+            let probe = guess + step;
+            if probe >= n {
+                hi = n;
+                break;
+            }
+            if run[probe].fp >= fp {
+                hi = probe;
+                break;
+            }
+            lo = probe + 1;
+            step *= 2;
+        }
+    } else {
+        hi = guess;
+        loop {
+            let Some(probe) = guess.checked_sub(step) else {
+                lo = 0;
+                break;
+            };
+            if run[probe].fp < fp {
+                lo = probe + 1;
+                break;
+            }
+            hi = probe;
+            step *= 2;
+        }
+    }
+    lo + run[lo..hi].partition_point(|e| e.fp < fp)
 }
 
 impl Bucket {
@@ -283,7 +381,7 @@ impl Bucket {
             base_id,
             shards: Arc::new(Vec::new()),
             len: 0,
-            sorted: 0,
+            merged: 0,
         }
     }
 
@@ -291,12 +389,12 @@ impl Bucket {
         self.len
     }
 
-    /// Bytes allocated: slots, and each shard's `Arc` and pointer.
+    /// Bytes allocated on the heap: tables, runs there, and each shard's
+    /// `Arc` and pointer.
     fn allocated(&self) -> u64 {
-        let per_shard = (std::mem::size_of::<Shard>() + 16 + 8) as u64;
         self.shards
             .iter()
-            .map(|s| s.capacity() as u64 * SLOT_BYTES + per_shard)
+            .map(|s| s.table.capacity() as u64 * SLOT_BYTES + s.run.heap_bytes() + SHARD_BYTES)
             .sum()
     }
 
@@ -308,58 +406,61 @@ impl Bucket {
             .and_then(|d| u32::try_from(d).ok())
     }
 
-    /// The entries, sorted (what a checkpoint stores): the shards in
-    /// order, each sorted, as a shard is a range of fingerprints.
-    pub fn entries(&self) -> Vec<IdemSlot> {
-        let mut out = Vec::with_capacity(self.len);
-        for s in self.shards.iter() {
-            out.extend(s.sorted_entries());
-        }
-        out
+    /// Each shard's entries, sorted, shards in order: all the entries
+    /// sorted (what a checkpoint stores), as a shard is a range of
+    /// fingerprints. One shard at a time, so that writing a bucket never
+    /// holds a copy of it whole.
+    pub fn sorted_shards(&self) -> impl Iterator<Item = Cow<'_, [IdemSlot]>> {
+        self.shards.iter().map(|s| s.sorted_entries())
     }
 
-    fn insert(&mut self, slot: IdemSlot) {
+    /// The entries, sorted.
+    #[cfg(test)]
+    pub fn entries(&self) -> Vec<IdemSlot> {
+        self.sorted_shards().flat_map(|s| s.into_owned()).collect()
+    }
+
+    fn insert(&mut self, slot: IdemSlot, file: Option<&Arc<Arena>>) {
         let shards = Arc::make_mut(&mut self.shards);
         if shards.is_empty() {
-            shards.resize_with(SHARDS, || Arc::new(EMPTY_SHARD));
+            shards.resize_with(SHARDS, Default::default);
         }
-        Arc::make_mut(&mut shards[shard_of(slot.fp)]).insert(slot);
+        Arc::make_mut(&mut shards[shard_of(slot.fp)]).insert(slot, file);
         self.len += 1;
     }
 
-    /// Sorts the next open shard, into `file` if given; false when there
-    /// is none. Only for a closed bucket: the table never asks its newest.
-    fn sort_one(&mut self, file: Option<&Arc<Arena>>) -> bool {
-        if self.sorted >= self.shards.len() {
+    /// Merges the next shard's table into its run, in `file` if given;
+    /// false when every shard is merged. Only for a closed bucket: the
+    /// table never asks its newest.
+    fn merge_one(&mut self, file: Option<&Arc<Arena>>) -> bool {
+        if self.merged >= self.shards.len() {
             return false;
         }
-        let i = self.sorted;
-        self.sorted += 1;
-        if let Shard::Open { .. } = *self.shards[i] {
-            let entries = self.shards[i].sorted_entries();
-            Arc::make_mut(&mut self.shards)[i] = Arc::new(Shard::sorted(entries, file));
+        let i = self.merged;
+        self.merged += 1;
+        if self.shards[i].table_len > 0 {
+            Arc::make_mut(&mut Arc::make_mut(&mut self.shards)[i]).merge(file);
         }
         true
     }
 
-    /// Moves its sorted shards on the heap into `file` (those it has room
-    /// for).
-    fn move_sorted_to(&mut self, file: &Arc<Arena>) {
+    /// Moves its runs on the heap into `file` (those it has room for).
+    fn move_runs_to(&mut self, file: &Arc<Arena>) {
         for i in 0..self.shards.len() {
-            if let Shard::Sorted(s) = &*self.shards[i] {
-                if let filed @ Shard::InFile(_) = Shard::sorted(s.to_vec(), Some(file)) {
-                    Arc::make_mut(&mut self.shards)[i] = Arc::new(filed);
-                }
+            if let Run::Heap(_) = self.shards[i].run {
+                Arc::make_mut(&mut Arc::make_mut(&mut self.shards)[i]).move_run_to(file);
             }
         }
     }
 
-    /// Entries and page bytes of its shards in the scratch file.
+    /// Entries and page bytes of its runs in the scratch file.
     fn in_file(&self) -> (u64, u64) {
-        self.shards.iter().fold((0, 0), |(n, bytes), s| match &**s {
-            Shard::InFile(b) => (n + b.as_slice().len() as u64, bytes + b.page_bytes() as u64),
-            _ => (n, bytes),
-        })
+        self.shards
+            .iter()
+            .fold((0, 0), |(n, bytes), s| match &s.run {
+                Run::InFile(b) => (n + b.as_slice().len() as u64, bytes + b.page_bytes() as u64),
+                _ => (n, bytes),
+            })
     }
 
     /// The entries whose fingerprint is `fp`, as candidates.
@@ -375,6 +476,10 @@ impl Bucket {
         }
     }
 }
+
+/// Heap bytes of a shard besides its keys: the shard, its `Arc`'s counts
+/// and the bucket's pointer to it.
+const SHARD_BYTES: u64 = (std::mem::size_of::<Shard>() + 16 + 8) as u64;
 
 fn put(slots: &mut [IdemSlot], e: IdemSlot) {
     let n = slots.len();
@@ -407,7 +512,10 @@ impl PartialEq for IdemTable {
         self.buckets.len() == other.buckets.len()
             && self.buckets.iter().zip(&other.buckets).all(|(a, b)| {
                 (a.start_ms, a.end_ms, a.base_id) == (b.start_ms, b.end_ms, b.base_id)
-                    && a.entries() == b.entries()
+                    && a.len == b.len
+                    && a.sorted_shards()
+                        .filter(|s| !s.is_empty())
+                        .eq(b.sorted_shards().filter(|s| !s.is_empty()))
             })
     }
 }
@@ -449,16 +557,16 @@ impl IdemTable {
         }
     }
 
-    /// Keeps sorted shards in `file` from now on, and moves those on the
-    /// heap there now.
+    /// Keeps runs in `file` from now on, and moves those on the heap there
+    /// now.
     pub fn use_file(&mut self, file: &Arc<Arena>) {
         for b in &mut self.buckets {
-            b.move_sorted_to(file);
+            b.move_runs_to(file);
         }
         self.file = Some(file.clone());
     }
 
-    /// Entries and page bytes of the shards in the scratch file.
+    /// Entries and page bytes of the runs in the scratch file.
     pub fn in_file(&self) -> (u64, u64) {
         self.buckets
             .iter()
@@ -531,18 +639,19 @@ impl IdemTable {
         let id_delta = b
             .delta(sent.msg_id)
             .expect("a bucket's ids fit: checked above");
-        b.insert(IdemSlot {
+        let slot = IdemSlot {
             fp: fingerprint(tag_of(self.spread, sent.sender, sent.cmid)),
             conv: sent.conv,
             seq_lo: sent.msg_seq.0 as u32,
             id_delta,
-        });
-        // A closed bucket's shards are sorted one per insert: a bucket
-        // closes once per span, so the sorting is done long before the
-        // next closes, at 1/1024 of a bucket per step.
+        };
+        b.insert(slot, self.file.as_ref());
+        // A closed bucket's tables are merged one shard per insert: a
+        // bucket closes once per span, so its merging is done long before
+        // the next closes, at 1/1024 of a bucket per step.
         let closed = self.buckets.len() - 1;
         for b in self.buckets.iter_mut().take(closed) {
-            if b.sort_one(self.file.as_ref()) {
+            if b.merge_one(self.file.as_ref()) {
                 break;
             }
         }
@@ -589,20 +698,35 @@ impl IdemTable {
         }
     }
 
-    /// Appends a decoded bucket (oldest first); the newest stays open.
+    /// Appends a decoded bucket (oldest first). Its entries become the
+    /// shards' runs, with no tables: the newest bucket takes inserts into
+    /// tables from there.
     pub fn push_decoded(
         &mut self,
         start_ms: TimestampMs,
         end_ms: TimestampMs,
         base_id: MsgId,
-        entries: Vec<IdemSlot>,
+        mut entries: Vec<IdemSlot>,
     ) {
         if let Some(b) = self.buckets.back_mut() {
-            while b.sort_one(self.file.as_ref()) {}
+            while b.merge_one(self.file.as_ref()) {}
+        }
+        // A checkpoint's entries are sorted already (then this is one
+        // pass); an older checkpoint's converted ones are not.
+        if !entries.is_sorted() {
+            entries.sort_unstable();
         }
         let mut b = Bucket::open(start_ms, end_ms, base_id);
-        for e in entries {
-            b.insert(e);
+        b.len = entries.len();
+        if !entries.is_empty() {
+            let mut shards: Vec<Arc<Shard>> = (0..SHARDS).map(|_| Arc::default()).collect();
+            for run in entries.chunk_by(|x, y| shard_of(x.fp) == shard_of(y.fp)) {
+                shards[shard_of(run[0].fp)] = Arc::new(Shard {
+                    run: Run::of(run.to_vec(), self.file.as_ref()),
+                    ..Shard::default()
+                });
+            }
+            b.shards = Arc::new(shards);
         }
         self.buckets.push_back(b);
     }
@@ -793,7 +917,7 @@ mod tests {
     }
 
     #[test]
-    fn a_closed_bucket_is_sorted_a_shard_per_insert_and_answers_the_same_meanwhile() {
+    fn a_closed_buckets_tables_are_merged_a_shard_per_insert_and_answer_the_same_meanwhile() {
         let mut t = IdemTable::default();
         let ttl = 16_000; // buckets of 1 s
         for i in 0..3_000u64 {
@@ -803,13 +927,14 @@ mod tests {
                 ttl,
             );
         }
-        let sorted = |t: &IdemTable| {
-            t.buckets[0]
-                .shards
+        // About 3 keys a shard: all still in tables.
+        let with_table = |t: &IdemTable, from: usize| {
+            t.buckets[0].shards[from..]
                 .iter()
-                .filter(|s| matches!(***s, Shard::Sorted(_)))
+                .filter(|s| s.table_len > 0)
                 .count()
         };
+        assert!(with_table(&t, 0) > SHARDS * 9 / 10, "{}", with_table(&t, 0));
         let before = t.buckets[0].entries();
         for j in 0..SHARDS as u64 + 10 {
             let k = 3_000 + j;
@@ -818,21 +943,32 @@ mod tests {
                 1_500,
                 ttl,
             );
-            assert_eq!(sorted(&t), (j as usize + 1).min(SHARDS));
+            let merged = (j as usize + 1).min(SHARDS);
+            assert_eq!(t.buckets[0].merged, merged);
+            assert_eq!(
+                with_table(&t, 0),
+                with_table(&t, merged),
+                "none below {merged}"
+            );
             for i in [0u64, 1_234, 2_999] {
                 assert_eq!(ids(&t.candidates(Uid(2), i as u128, 1_500, ttl)), [i + 1]);
             }
         }
+        assert_eq!(with_table(&t, 0), 0);
         assert_eq!(t.buckets[0].entries(), before);
+        let runs = t.buckets[0]
+            .shards
+            .iter()
+            .filter(|s| matches!(s.run, Run::Heap(_)))
+            .count() as u64;
         assert_eq!(
             t.buckets[0].allocated(),
-            before.len() as u64 * SLOT_BYTES
-                + SHARDS as u64 * (std::mem::size_of::<Shard>() as u64 + 24)
+            before.len() as u64 * SLOT_BYTES + runs * 16 + SHARDS as u64 * SHARD_BYTES
         );
     }
 
     #[test]
-    fn a_closed_buckets_sorted_shards_go_to_the_scratch_file_and_answer_the_same() {
+    fn a_closed_buckets_runs_go_to_the_scratch_file_and_answer_the_same() {
         let dir = tempfile::tempdir().unwrap();
         let file = Arena::open(dir.path()).unwrap();
         let ttl = 16_000; // buckets of 1 s
@@ -867,7 +1003,10 @@ mod tests {
             .iter()
             .take(3)
             .flat_map(|b| b.shards.iter())
-            .map(|s| s.sorted_slice().expect("closed buckets are sorted").len())
+            .map(|s| {
+                assert_eq!(s.table_len, 0, "closed buckets are merged");
+                s.run.as_slice().len()
+            })
             .filter(|n| *n >= FILED_SHARD_MIN)
             .map(|n| n as u64)
             .sum();
@@ -908,6 +1047,108 @@ mod tests {
         );
         assert_eq!(late.in_file(), (0, 0));
         assert_eq!(file.block_bytes(), 0, "the expired buckets' pages are gone");
+    }
+
+    #[test]
+    fn the_newest_bucket_merges_its_tables_into_runs_in_the_file_and_keeps_a_fifth_at_most() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = Arena::open(dir.path()).unwrap();
+        let ttl = 16_000; // buckets of 1 s; every key here in one
+        let n = 300_000u64; // about 293 a shard
+        let key = |i: u64| sent(Uid(3), i as u128, ConvId(4), MsgSeq(i + 1), MsgId(i + 1));
+        let mut heap = IdemTable::default();
+        let mut filed = IdemTable::default();
+        filed.use_file(&file);
+        let mut copy = None;
+        for i in 0..n {
+            heap.insert(key(i), 10, ttl);
+            filed.insert(key(i), 10, ttl);
+            if i == n / 2 {
+                // A checkpoint's copy, taken half way.
+                copy = Some(filed.clone());
+            }
+        }
+        let copy = copy.unwrap();
+        assert_eq!(filed.buckets().count(), 1);
+        assert_eq!(filed, heap, "the same entries wherever they are");
+        let b = &filed.buckets[0];
+        let in_tables: usize = b.shards.iter().map(|s| s.table_len).sum();
+        let (in_runs, pages) = filed.in_file();
+        assert_eq!(in_runs + in_tables as u64, n, "every run is in the file");
+        assert!(
+            in_tables as u64 <= n / 5,
+            "at most a fifth in tables: {in_tables}"
+        );
+        assert!(b
+            .shards
+            .iter()
+            .all(|s| s.table_len < FILED_SHARD_MIN.max(s.run.as_slice().len() / MERGE_FRACTION)));
+        assert_eq!(
+            filed.bytes().live,
+            in_tables as u64 * SLOT_BYTES,
+            "only the tables on the heap"
+        );
+        for i in (0..n).step_by(7).chain([n - 1]) {
+            let c = filed.candidates(Uid(3), i as u128, 10, ttl);
+            assert_eq!(ids(&c), [i + 1], "key {i}");
+        }
+        // The copy still answers as it was: the runs it shares were not
+        // written over, and the later keys are not in it.
+        assert_eq!(copy.len() as u64, n / 2 + 1);
+        assert_eq!(ids(&copy.candidates(Uid(3), 77, 10, ttl)), [78]);
+        assert!(copy.candidates(Uid(3), (n - 1) as u128, 10, ttl).is_empty());
+        assert!(file.block_bytes() > pages, "the copy holds older runs");
+        drop(copy);
+        assert_eq!(file.block_bytes(), pages, "and gives them back");
+        // Decoded from what a checkpoint stores, the runs go straight to
+        // the file, with no tables.
+        let mut decoded = IdemTable::default();
+        decoded.use_file(&file);
+        for b in filed.buckets() {
+            decoded.push_decoded(b.start_ms, b.end_ms, b.base_id, b.entries());
+        }
+        assert_eq!(decoded, filed);
+        assert_eq!(decoded.in_file().0, n);
+        assert_eq!(decoded.bytes().live, 0);
+        assert_eq!(ids(&decoded.candidates(Uid(3), 12_345, 10, ttl)), [12_346]);
+    }
+
+    #[test]
+    fn the_search_from_a_runs_guessed_place_finds_what_a_binary_search_finds() {
+        let mut x = 0x1234_5678_9abc_def0u64;
+        let mut next = || {
+            x = mix64(x.wrapping_add(0x9e37_79b9_7f4a_7c15));
+            x
+        };
+        let shard = 0x2a5u64 << (64 - SHARD_BITS);
+        let low = |v: u64| v >> SHARD_BITS;
+        for n in [0usize, 1, 2, 3, 17, 170, 1_000, 4_096] {
+            // Uniform, bunched at one end, and with runs of one value.
+            for shape in 0..3 {
+                let mut run: Vec<IdemSlot> = (0..n)
+                    .map(|i| {
+                        let fp = match shape {
+                            0 => shard | low(next()),
+                            1 => shard | (low(next()) >> 40),
+                            _ => shard | ((i as u64 / 5) << 20),
+                        };
+                        IdemSlot { fp, ..FREE }
+                    })
+                    .collect();
+                run.sort_unstable();
+                let mut asks: Vec<u64> = run.iter().map(|e| e.fp).collect();
+                asks.extend((0..200).map(|_| shard | low(next())));
+                asks.extend([shard, shard | (u64::MAX >> SHARD_BITS)]);
+                asks.extend(run.iter().map(|e| e.fp.wrapping_add(1) | shard));
+                for fp in asks {
+                    assert_eq!(
+                        first_at_or_above(&run, fp),
+                        run.partition_point(|e| e.fp < fp),
+                        "n {n}, shape {shape}, fp {fp:x}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

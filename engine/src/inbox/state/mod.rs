@@ -493,7 +493,7 @@ impl State {
     }
 
     /// Keeps the message index's full chunks and the idempotency table's
-    /// sorted shards in `scratch` from now on, those already here included.
+    /// sorted runs in `scratch` from now on, those already here included.
     pub fn use_scratch(&mut self, scratch: Scratch) {
         if let Some(file) = &scratch.0 {
             for c in self.convs.values_mut() {
