@@ -30,16 +30,17 @@
 //! the TTL plus one bucket width. A bucket is 1,024 shards by the top
 //! bits of the fingerprint, each behind an `Arc` ([`Bucket`]).
 //!
-//! A shard is a sorted *run* of the keys merged so far, searched by binary
-//! search, and a *table* of the keys inserted since (open addressing,
-//! linear probing): keys arrive in random fingerprint order, so only a
-//! table takes them one at a time. Once a table holds an eighth of its
-//! run's keys, the insert merges the two into a new run. So even the
-//! newest bucket, which takes every insert and holds a sixteenth of the
-//! TTL's keys (10.5 hours of them at the default 7 days), keeps at most a
-//! ninth of them in tables, beyond half a page a shard; a closed bucket's
-//! tables are merged one shard per later insert. The copies of the state checkpoints take share the
-//! shards and their runs.
+//! A shard is a sorted *run* of the keys merged so far, searched from
+//! where its uniform fingerprints put a key ([`first_at_or_above`]), and
+//! a *table* of the keys inserted since (open addressing, linear
+//! probing): keys arrive in random fingerprint order, so only a table
+//! takes them one at a time. Once a table holds an eighth of its run's
+//! keys, the insert merges the two into a new run. So even the newest
+//! bucket, which takes every insert and holds a sixteenth of the TTL's
+//! keys (10.5 hours of them at the default 7 days), keeps at most a ninth
+//! of them in tables, beyond half a page a shard; a closed bucket's
+//! tables are merged one shard per later insert. The copies of the state
+//! checkpoints take share the shards and their runs.
 //!
 //! A run never changes once written. Given the state's scratch file
 //! ([`super::spill`]), a run goes there, in pages mapped shared, instead
