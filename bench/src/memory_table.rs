@@ -87,7 +87,7 @@ mod tests {
     use crate::report::{Report, SoakReport, SoakSample, StructureBytes};
 
     #[test]
-    fn soak_table_breaks_memory_down_by_structure_with_its_slope_leaving_file_pages_out_of_the_heap_sum() {
+    fn soak_table_breaks_memory_down_by_structure_and_sums_only_the_heap() {
         let sample = |msgs: u64, idem: u64| SoakSample {
             messages_sent: msgs,
             messages_retained: msgs,
