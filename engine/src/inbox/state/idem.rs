@@ -38,7 +38,7 @@
 //! keys, the insert merges the two into a new run. So even the newest
 //! bucket, which takes every insert and holds a sixteenth of the TTL's
 //! keys (10.5 hours of them at the default 7 days), keeps at most a ninth
-//! of them in tables, beyond half a page a shard; a closed bucket's
+//! of them in tables, beyond a page of keys a shard; a closed bucket's
 //! tables are merged one shard per later insert. The copies of the state
 //! checkpoints take share the shards and their runs.
 //!
@@ -168,7 +168,8 @@ pub(crate) struct Bucket {
 struct Shard {
     run: Run,
     /// Open addressing (linear probing), at most 7/8 used, [`FREE`] where
-    /// empty; grows by an eighth, so about 17% of it is unused on average.
+    /// empty; doubles up to 256 slots, then grows by an eighth, so about 17%
+    /// of a large one is unused on average.
     table: Vec<IdemSlot>,
     table_len: usize,
 }
@@ -188,12 +189,18 @@ enum Run {
 const FILED_SHARD_MIN: usize = super::spill::PAGE / 2 / std::mem::size_of::<IdemSlot>();
 
 /// A shard's table is merged into its run once it holds an eighth of the
-/// run's keys, and at least [`FILED_SHARD_MIN`] (so the first run is worth
-/// a page). The tables then hold at most a ninth of a large bucket's keys,
+/// run's keys, and at least [`MERGE_MIN`]. The tables then hold at most a ninth of a large bucket's keys,
 /// and the runs written over a bucket's life add up to about nine times
 /// its keys (each a ninth larger than the last). A quarter writes about
 /// half as much, merges less often and nearly doubles the tables' heap.
 const MERGE_FRACTION: usize = 8;
+
+/// Keys a table takes before its first merge, and before any merge while
+/// an eighth of the run is fewer: a page of them. While a bucket is young
+/// every shard merges at this size, about once per `MERGE_MIN` sends in
+/// all, and each merge writes new pages and punches out the old ones; half
+/// a page merged twice as often for half the heap.
+const MERGE_MIN: usize = super::spill::PAGE / std::mem::size_of::<IdemSlot>();
 
 fn shard_of(fp: u64) -> usize {
     (fp >> (64 - SHARD_BITS)) as usize
@@ -269,7 +276,11 @@ impl Shard {
     /// (in `file` if given) once it is large enough.
     fn insert(&mut self, slot: IdemSlot, file: Option<&Arc<Arena>>) {
         if (self.table_len + 1) * 8 > self.table.len() * 7 {
-            let cap = self.table.len() + (self.table.len() / 8).max(4);
+            // Doubling while small: a table starts empty after every merge,
+            // and growing it a few slots at a time would rehash it a dozen
+            // times before the next.
+            let n = self.table.len();
+            let cap = if n < 256 { (2 * n).max(8) } else { n + n / 8 };
             let old = std::mem::replace(&mut self.table, vec![FREE; cap]);
             for e in old.into_iter().filter(|e| *e != FREE) {
                 put(&mut self.table, e);
@@ -277,7 +288,7 @@ impl Shard {
         }
         put(&mut self.table, slot);
         self.table_len += 1;
-        let due = FILED_SHARD_MIN.max(self.run.as_slice().len() / MERGE_FRACTION);
+        let due = MERGE_MIN.max(self.run.as_slice().len() / MERGE_FRACTION);
         if self.table_len >= due {
             self.merge(file);
         }
@@ -1077,15 +1088,15 @@ mod tests {
         let in_tables: usize = b.shards.iter().map(|s| s.table_len).sum();
         let (in_runs, pages) = filed.in_file();
         assert_eq!(in_runs + in_tables as u64, n, "every run is in the file");
+        // About 293 keys a shard: each merged once, at a page of keys.
         assert!(
-            in_tables as u64 <= n / 5,
-            "at most a fifth in tables (at this size the floor of half a page a \
-             shard, not the eighth of the run, bounds them): {in_tables}"
+            in_runs > n / 2 && in_tables <= SHARDS * MERGE_MIN,
+            "merged at a page of keys a shard: {in_runs} in runs, {in_tables} in tables"
         );
         assert!(b
             .shards
             .iter()
-            .all(|s| s.table_len < FILED_SHARD_MIN.max(s.run.as_slice().len() / MERGE_FRACTION)));
+            .all(|s| s.table_len < MERGE_MIN.max(s.run.as_slice().len() / MERGE_FRACTION)));
         assert_eq!(
             filed.bytes().live,
             in_tables as u64 * SLOT_BYTES,
