@@ -189,17 +189,19 @@ enum Run {
 const FILED_SHARD_MIN: usize = super::spill::PAGE / 2 / std::mem::size_of::<IdemSlot>();
 
 /// A shard's table is merged into its run once it holds an eighth of the
-/// run's keys, and at least [`MERGE_MIN`]. The tables then hold at most a ninth of a large bucket's keys,
-/// and the runs written over a bucket's life add up to about nine times
-/// its keys (each a ninth larger than the last). A quarter writes about
-/// half as much, merges less often and nearly doubles the tables' heap.
+/// run's keys, and at least [`MERGE_MIN`]. The tables then hold at most a
+/// ninth of a large bucket's keys, and the runs written over a bucket's
+/// life add up to about nine times its keys (each a ninth larger than the
+/// last). A quarter writes about half as much, merges less often and
+/// nearly doubles the tables' heap.
 const MERGE_FRACTION: usize = 8;
 
 /// Keys a table takes before its first merge, and before any merge while
 /// an eighth of the run is fewer: a page of them. While a bucket is young
 /// every shard merges at this size, about once per `MERGE_MIN` sends in
-/// all, and each merge writes new pages and punches out the old ones; half
-/// a page merged twice as often for half the heap.
+/// all, and each merge writes new pages and punches out the old ones.
+/// Half a page merged twice as often, for half the heap, and cost sends a
+/// tenth more CPU in a short ingest benchmark.
 const MERGE_MIN: usize = super::spill::PAGE / std::mem::size_of::<IdemSlot>();
 
 fn shard_of(fp: u64) -> usize {
