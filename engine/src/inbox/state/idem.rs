@@ -200,8 +200,9 @@ const MERGE_FRACTION: usize = 8;
 /// an eighth of the run is fewer: a page of them. While a bucket is young
 /// every shard merges at this size, about once per `MERGE_MIN` sends in
 /// all, and each merge writes new pages and punches out the old ones.
-/// Half a page merged twice as often, for half the heap, and cost sends a
-/// tenth more CPU in a short ingest benchmark.
+/// Half a page merges twice as often for half the heap; with tables grown
+/// a few slots at a time, it cost sends a tenth more CPU in a short ingest
+/// benchmark.
 const MERGE_MIN: usize = super::spill::PAGE / std::mem::size_of::<IdemSlot>();
 
 fn shard_of(fp: u64) -> usize {
