@@ -297,18 +297,13 @@ impl Shard {
         }
     }
 
-    /// Writes the run and the table as one run; false when there was no
-    /// table to merge.
-    fn merge(&mut self, file: Option<&Arc<Arena>>) -> bool {
-        if self.table_len == 0 {
-            return false;
-        }
+    /// Writes the run and the table as one run.
+    fn merge(&mut self, file: Option<&Arc<Arena>>) {
         *self = Shard {
             run: Run::of(self.sorted_entries().into_owned(), file),
             table: Vec::new(),
             table_len: 0,
         };
-        true
     }
 
     /// Moves a run on the heap into `file` (if it has room).
