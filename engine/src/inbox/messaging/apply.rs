@@ -195,7 +195,7 @@ impl State {
             let user = Arc::make_mut(self.users.entry(uid).or_default());
             let seq = user.push_event(evt_loc);
             touched.events.push((uid, seq));
-            let uc = user.convs.entry(m.conv).or_default();
+            let uc = user.convs.get_or_default(m.conv);
             let old_key = uc.key(m.conv);
             uc.last_msg_seq = m.msg_seq;
             uc.last_msg_id = m.msg_id;
@@ -207,8 +207,7 @@ impl State {
             }
             uc.stamp = stamp;
             let new_key = uc.key(m.conv);
-            user.order.remove(&old_key);
-            user.order.insert(new_key);
+            user.order.replace(&old_key, new_key);
         }
         touched.conv = Some((m.conv, m.msg_seq));
         if m.kind != MessageKind::Join && m.kind != MessageKind::Leave {

@@ -75,9 +75,8 @@ pub(crate) fn get_convs(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> 
 
 /// One user's conversation state, by conversation id.
 pub(crate) fn put_user_convs(w: &mut Writer, u: &User) {
-    let convs = sorted(&u.convs);
-    w.u64(convs.len() as u64);
-    for (conv, uc) in convs {
+    w.u64(u.convs.len() as u64);
+    for (&conv, uc) in &u.convs {
         w.u64(conv);
         w.u64(uc.read_seq);
         w.u32(uc.unread);
@@ -309,7 +308,7 @@ pub(crate) fn put_large_groups(w: &mut Writer, st: &State) {
     }
     let mut clears = Vec::new();
     for (uid, u) in sorted(&st.users) {
-        for (conv, uc) in sorted(&u.convs) {
+        for (&conv, uc) in &u.convs {
             if uc.cleared_seq > MsgSeq(0) {
                 clears.push((uid, conv, uc.cleared_seq));
             }

@@ -25,7 +25,6 @@
 //! edits and the member's own messages included). Below the switch the
 //! stored count stays exact, and the two never overlap.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::record::MsgEffect;
@@ -35,6 +34,7 @@ use crate::inbox::codec::{DecodeResult, Reader, Writer};
 use crate::inbox::round::{reply_with, Sink, Tx};
 use crate::inbox::shared::{blocking, Miss, Shared};
 use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
+use crate::inbox::state::sorted::SortedSet;
 use crate::inbox::state::{
     ActivityKey, Conv, LargeMode, LastEntry, MsgMeta, State, User, UserConv, OPEN,
 };
@@ -198,8 +198,8 @@ pub(crate) fn unread(c: &Conv, uid: Uid, uc: &UserConv, head: MsgSeq) -> u32 {
 /// A user's conversation list order when any of its conversations is a
 /// large group (`None`: the stored order is right): the large groups'
 /// keys are replaced by those of their rows as [`list_row`] shows them.
-pub(crate) fn list_order(st: &State, uid: Uid, user: &User) -> Option<BTreeSet<ActivityKey>> {
-    let mut order: Option<BTreeSet<ActivityKey>> = None;
+pub(crate) fn list_order(st: &State, uid: Uid, user: &User) -> Option<SortedSet<ActivityKey>> {
+    let mut order: Option<SortedSet<ActivityKey>> = None;
     for (&conv, uc) in &user.convs {
         let Some((row, _)) = st.convs.get(&conv).and_then(|c| list_row(c, uid, conv, uc)) else {
             continue;
@@ -207,8 +207,7 @@ pub(crate) fn list_order(st: &State, uid: Uid, user: &User) -> Option<BTreeSet<A
         let key = (row.last_activity_ms, row.last_msg_id, conv);
         if key != uc.key(conv) {
             let o = order.get_or_insert_with(|| user.order.clone());
-            o.remove(&uc.key(conv));
-            o.insert(key);
+            o.replace(&uc.key(conv), key);
         }
     }
     order

@@ -56,11 +56,13 @@ fn b_tree(len: usize, entry: usize) -> (u64, u64) {
     ((len * entry) as u64, (nodes * (11 * entry + 16)) as u64)
 }
 
+/// A vector of `len` entries of `entry` bytes with room for `capacity`.
+fn vec_of(len: usize, capacity: usize, entry: usize) -> (u64, u64) {
+    ((len * entry) as u64, (capacity * entry) as u64)
+}
+
 fn vec<T>(v: &Vec<T>) -> (u64, u64) {
-    (
-        (v.len() * size_of::<T>()) as u64,
-        (v.capacity() * size_of::<T>()) as u64,
-    )
+    vec_of(v.len(), v.capacity(), size_of::<T>())
 }
 
 impl Tally {
@@ -104,13 +106,18 @@ impl Tally {
             let own = size_of::<User>() as u64 + ARC;
             self.add(0, (own, own));
             self.add(1, vec::<Device>(&u.devices));
-            let convs = hash_map(
-                u.convs.len(),
-                u.convs.capacity(),
-                size_of::<(ConvId, UserConv)>(),
+            self.add(
+                2,
+                vec_of(
+                    u.convs.len(),
+                    u.convs.capacity(),
+                    size_of::<(ConvId, UserConv)>(),
+                ),
             );
-            self.add(2, convs);
-            self.add(2, b_tree(u.order.len(), size_of::<ActivityKey>()));
+            self.add(
+                2,
+                vec_of(u.order.len(), u.order.capacity(), size_of::<ActivityKey>()),
+            );
             let summaries: u64 = u.convs.values().map(|c| c.last_summary.len() as u64).sum();
             self.add(2, (summaries, summaries));
             self.add(5, vec::<super::PackedLoc>(&u.events));

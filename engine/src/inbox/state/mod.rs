@@ -21,7 +21,7 @@
 //!   committed watermarks are not state proper: readers use them to avoid
 //!   revealing changes that are not durable yet.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -34,11 +34,13 @@ pub(crate) mod members;
 pub(crate) mod memory;
 pub(crate) mod record;
 mod seg_refs;
+pub(crate) mod sorted;
 pub(crate) mod spill;
 
 use crate::api::*;
 pub(crate) use loc::{body_at, body_in_evt, pack, unpack, BodyLog, PackedLoc, PENDING_LOC};
 pub(crate) use seg_refs::SegRefs;
+use sorted::{SortedMap, SortedSet};
 
 pub(crate) const OPEN: MsgSeq = MsgSeq(u64::MAX);
 pub(crate) const FLAG_RECALLED: u8 = 1;
@@ -330,8 +332,10 @@ pub(crate) struct User {
     pub committed_seq: SyncSeq,
     /// Registered devices, revoked ones included, in registration order.
     pub devices: Vec<Device>,
-    pub convs: HashMap<ConvId, UserConv>,
-    pub order: BTreeSet<ActivityKey>,
+    /// The user's row of each conversation it is in.
+    pub convs: SortedMap<ConvId, UserConv>,
+    /// The rows' keys by activity: the conversation list's order.
+    pub order: SortedSet<ActivityKey>,
     pub next_lease_id: u64,
     /// Snapshots by id (R18).
     pub snapshots: BTreeMap<u64, SnapshotSlot>,

@@ -1,0 +1,284 @@
+//! A map and a set kept as one vector each, sorted by key: the shape of a
+//! user's conversation rows and of their order by activity.
+//!
+//! Most users are in a handful of conversations, and every one of them is
+//! a row in memory for as long as the user is in it. A `HashMap` of two
+//! rows allocates four slots and a control group, and a `BTreeSet` of two
+//! keys a whole node of eleven: about 415 bytes per row together, against
+//! the row's 104. Here a row costs its own bytes, and the vector grows by
+//! an eighth (at least one) when it is full, so the slack is at most an
+//! eighth once a user has eight or more.
+//!
+//! Lookups are binary searches. An insert or a removal moves the entries
+//! after its place. Rows are inserted when a user joins a conversation,
+//! which is rare next to messages. The order's keys move on every message,
+//! but a message goes to a conversation that was active not long ago, so
+//! its old key is near the end and few entries move; a user's first
+//! message in a long-quiet conversation moves at most all of them once.
+
+/// Grows `v` to hold one more entry: by an eighth of its length, at least
+/// one, instead of doubling.
+fn reserve_one<T>(v: &mut Vec<T>) {
+    if v.len() == v.capacity() {
+        v.reserve_exact((v.len() / 8).max(1));
+    }
+}
+
+/// A map as one vector of `(key, value)`, sorted by key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SortedMap<K, V> {
+    entries: Vec<(K, V)>,
+}
+
+impl<K, V> Default for SortedMap<K, V> {
+    fn default() -> Self {
+        SortedMap {
+            entries: Vec::new(),
+        }
+    }
+}
+
+impl<K: Ord + Copy, V> SortedMap<K, V> {
+    fn find(&self, key: &K) -> Result<usize, usize> {
+        self.entries.binary_search_by(|(k, _)| k.cmp(key))
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Entries the vector holds room for.
+    pub fn capacity(&self) -> usize {
+        self.entries.capacity()
+    }
+
+    pub fn get(&self, key: &K) -> Option<&V> {
+        self.find(key).ok().map(|i| &self.entries[i].1)
+    }
+
+    pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        match self.find(key) {
+            Ok(i) => Some(&mut self.entries[i].1),
+            Err(_) => None,
+        }
+    }
+
+    /// Sets `key` to `value`; the value it replaced, if any.
+    pub fn insert(&mut self, key: K, value: V) -> Option<V> {
+        match self.find(&key) {
+            Ok(i) => Some(std::mem::replace(&mut self.entries[i].1, value)),
+            Err(i) => {
+                reserve_one(&mut self.entries);
+                self.entries.insert(i, (key, value));
+                None
+            }
+        }
+    }
+
+    /// The value of `key`, inserted as its default when missing.
+    pub fn get_or_default(&mut self, key: K) -> &mut V
+    where
+        V: Default,
+    {
+        let i = match self.find(&key) {
+            Ok(i) => i,
+            Err(i) => {
+                reserve_one(&mut self.entries);
+                self.entries.insert(i, (key, V::default()));
+                i
+            }
+        };
+        &mut self.entries[i].1
+    }
+
+    pub fn values(&self) -> impl DoubleEndedIterator<Item = &V> + '_ {
+        self.entries.iter().map(|(_, v)| v)
+    }
+}
+
+impl<'a, K: Ord + Copy, V> IntoIterator for &'a SortedMap<K, V> {
+    type Item = (&'a K, &'a V);
+    type IntoIter = std::iter::Map<std::slice::Iter<'a, (K, V)>, fn(&'a (K, V)) -> (&'a K, &'a V)>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.entries.iter().map(|(k, v)| (k, v))
+    }
+}
+
+/// A set as one sorted vector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SortedSet<K> {
+    keys: Vec<K>,
+}
+
+impl<K> Default for SortedSet<K> {
+    fn default() -> Self {
+        SortedSet { keys: Vec::new() }
+    }
+}
+
+impl<K: Ord + Copy> SortedSet<K> {
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Keys the vector holds room for.
+    pub fn capacity(&self) -> usize {
+        self.keys.capacity()
+    }
+
+    /// Adds `key`; false if it was there already.
+    pub fn insert(&mut self, key: K) -> bool {
+        // New keys are mostly the greatest (the newest activity), so look
+        // at the end before searching.
+        let at = match self.keys.last() {
+            None => 0,
+            Some(last) if *last < key => self.keys.len(),
+            Some(_) => match self.keys.binary_search(&key) {
+                Ok(_) => return false,
+                Err(i) => i,
+            },
+        };
+        reserve_one(&mut self.keys);
+        self.keys.insert(at, key);
+        true
+    }
+
+    /// Replaces `old` by `new`, moving only the keys between their places
+    /// (`new` alone is inserted when `old` is missing). No other key may
+    /// equal `new`.
+    pub fn replace(&mut self, old: &K, new: K) {
+        let Ok(i) = self.keys.binary_search(old) else {
+            self.insert(new);
+            return;
+        };
+        let j = self.keys.partition_point(|k| k < &new);
+        debug_assert!(j == i || self.keys.get(j) != Some(&new), "a key twice");
+        if j > i {
+            self.keys[i..j].rotate_left(1);
+            self.keys[j - 1] = new;
+        } else {
+            self.keys[j..=i].rotate_right(1);
+            self.keys[j] = new;
+        }
+    }
+
+    /// The keys below `end` (every key when `None`), in order.
+    pub fn below(&self, end: Option<&K>) -> &[K] {
+        match end {
+            None => &self.keys,
+            Some(end) => &self.keys[..self.keys.partition_point(|k| k < end)],
+        }
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, K> {
+        self.keys.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+
+    /// A small deterministic generator, so the test needs no dependency.
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self, n: u64) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) % n
+        }
+    }
+
+    #[test]
+    fn a_sorted_map_answers_as_a_btree_map_does_through_inserts_and_updates() {
+        let mut rng = Lcg(7);
+        let mut map: SortedMap<u64, u64> = SortedMap::default();
+        let mut model = BTreeMap::new();
+        for step in 0..20_000u64 {
+            let key = rng.next(300);
+            match rng.next(5) {
+                0 => assert_eq!(map.get(&key), model.get(&key)),
+                1 => {
+                    *map.get_or_default(key) += step;
+                    *model.entry(key).or_default() += step;
+                }
+                2 => {
+                    if let Some(v) = map.get_mut(&key) {
+                        *v += 1;
+                    }
+                    if let Some(v) = model.get_mut(&key) {
+                        *v += 1;
+                    }
+                }
+                _ => assert_eq!(map.insert(key, step), model.insert(key, step)),
+            }
+            assert_eq!(map.len(), model.len());
+            assert_eq!(map.get(&key), model.get(&key));
+        }
+        assert!((&map).into_iter().eq(model.iter()));
+        assert!(map.values().eq(model.values()));
+    }
+
+    #[test]
+    fn a_sorted_set_answers_as_a_btree_set_does_through_inserts_and_replacements() {
+        let mut rng = Lcg(11);
+        let mut set: SortedSet<(u64, u64)> = SortedSet::default();
+        let mut model = BTreeSet::new();
+        let mut clock = 0;
+        for _ in 0..20_000 {
+            // Mostly the newest key, as a conversation list's order sees.
+            let key = if rng.next(4) == 0 {
+                (rng.next(1_000), rng.next(3))
+            } else {
+                clock += 1;
+                (clock, 0)
+            };
+            match rng.next(2) {
+                0 if !model.contains(&key) => {
+                    // Re-key an existing entry, as a new message does.
+                    let old = model
+                        .iter()
+                        .nth(rng.next(model.len() as u64 + 1) as usize)
+                        .copied();
+                    if let Some(old) = old {
+                        set.replace(&old, key);
+                        model.remove(&old);
+                    } else {
+                        set.replace(&key, key);
+                    }
+                    model.insert(key);
+                }
+                _ => assert_eq!(set.insert(key), model.insert(key)),
+            }
+            assert_eq!(set.len(), model.len());
+            let bound = (rng.next(clock + 1), rng.next(3));
+            let below: Vec<_> = set.below(Some(&bound)).to_vec();
+            let expected: Vec<_> = model.range(..bound).copied().collect();
+            assert_eq!(below, expected);
+        }
+        assert!(set.iter().copied().eq(model.iter().copied()));
+        assert!(set.below(None).iter().eq(set.iter()));
+    }
+
+    #[test]
+    fn a_few_rows_cost_their_own_bytes_and_many_grow_by_an_eighth() {
+        let mut map: SortedMap<u64, [u64; 12]> = SortedMap::default();
+        map.insert(1, [0; 12]);
+        map.insert(2, [0; 12]);
+        assert_eq!(map.capacity(), 2, "two rows take room for two");
+        for k in 3..=1_000 {
+            map.insert(k, [0; 12]);
+            assert!(map.capacity() <= map.len() + map.len() / 8 + 1);
+        }
+        let mut set = SortedSet::default();
+        for k in 0..3u64 {
+            set.insert(k);
+        }
+        assert_eq!(set.capacity(), 3);
+    }
+}
