@@ -352,7 +352,7 @@ pub(crate) fn conv_list_once(
         };
         let merged = super::large::list_order(&st, uid, user);
         let order = merged.as_ref().unwrap_or(&user.order);
-        let mut keys = order.below(after.as_ref()).iter().rev();
+        let mut keys = order.below(after.as_ref()).rev();
         let mut convs = Vec::new();
         let mut stamp = 0;
         let mut last = None;

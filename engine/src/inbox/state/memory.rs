@@ -114,10 +114,11 @@ impl Tally {
                     size_of::<(ConvId, UserConv)>(),
                 ),
             );
-            self.add(
-                2,
-                vec_of(u.order.len(), u.order.capacity(), size_of::<ActivityKey>()),
-            );
+            let order = match u.order.vector_capacity() {
+                Some(capacity) => vec_of(u.order.len(), capacity, size_of::<ActivityKey>()),
+                None => b_tree(u.order.len(), size_of::<ActivityKey>()),
+            };
+            self.add(2, order);
             let summaries: u64 = u.convs.values().map(|c| c.last_summary.len() as u64).sum();
             self.add(2, (summaries, summaries));
             self.add(5, vec::<super::PackedLoc>(&u.events));

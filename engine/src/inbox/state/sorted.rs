@@ -9,12 +9,15 @@
 //! an eighth (at least one) when it is full, so the slack is at most an
 //! eighth once a user has eight or more.
 //!
-//! Lookups are binary searches. An insert or a removal moves the entries
-//! after its place. Rows are inserted when a user joins a conversation,
-//! which is rare next to messages. The order's keys move on every message,
-//! but a message goes to a conversation that was active not long ago, so
-//! its old key is near the end and few entries move; a user's first
-//! message in a long-quiet conversation moves at most all of them once.
+//! Lookups are binary searches. An insert moves the entries after its
+//! place. Rows are inserted when a user joins a conversation, which is
+//! rare next to messages. The order's keys move on every message, but a
+//! message mostly goes to a conversation that was active not long ago, so
+//! its old key is near the end and few keys move. A message to a quiet
+//! conversation moves every key after it, so the order becomes a B-tree
+//! above 1,024 keys, where that would cost more than the tree's slack.
+
+use std::collections::BTreeSet;
 
 /// Grows `v` to hold one more entry: by an eighth of its length, at least
 /// one, instead of doubling.
@@ -105,74 +108,146 @@ impl<'a, K: Ord + Copy, V> IntoIterator for &'a SortedMap<K, V> {
     }
 }
 
-/// A set as one sorted vector.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct SortedSet<K> {
-    keys: Vec<K>,
+/// Above this many keys a set is a B-tree: re-keying a quiet entry of a
+/// vector moves every key after it, which at 1,024 keys of 24 bytes is
+/// 24 KiB, about a microsecond; a user in many more conversations than
+/// that (a service account, say) would pay it on every message.
+const VECTOR_KEYS_MAX: usize = 1024;
+
+/// A set as one sorted vector, or a B-tree once it holds more than
+/// [`VECTOR_KEYS_MAX`] keys.
+#[derive(Clone, Debug)]
+pub(crate) enum SortedSet<K> {
+    Vector(Vec<K>),
+    Tree(BTreeSet<K>),
 }
 
 impl<K> Default for SortedSet<K> {
     fn default() -> Self {
-        SortedSet { keys: Vec::new() }
+        SortedSet::Vector(Vec::new())
     }
 }
 
+/// Equal when they hold the same keys, whatever their shape.
+impl<K: Ord + Copy> PartialEq for SortedSet<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl<K: Ord + Copy> Eq for SortedSet<K> {}
+
 impl<K: Ord + Copy> SortedSet<K> {
     pub fn len(&self) -> usize {
-        self.keys.len()
+        match self {
+            SortedSet::Vector(keys) => keys.len(),
+            SortedSet::Tree(keys) => keys.len(),
+        }
     }
 
-    /// Keys the vector holds room for.
-    pub fn capacity(&self) -> usize {
-        self.keys.capacity()
+    /// Keys the vector holds room for; `None` once the set is a tree.
+    pub fn vector_capacity(&self) -> Option<usize> {
+        match self {
+            SortedSet::Vector(keys) => Some(keys.capacity()),
+            SortedSet::Tree(_) => None,
+        }
     }
 
     /// Adds `key`; false if it was there already.
     pub fn insert(&mut self, key: K) -> bool {
+        let keys = match self {
+            SortedSet::Tree(keys) => return keys.insert(key),
+            SortedSet::Vector(keys) => keys,
+        };
         // New keys are mostly the greatest (the newest activity), so look
         // at the end before searching.
-        let at = match self.keys.last() {
+        let at = match keys.last() {
             None => 0,
-            Some(last) if *last < key => self.keys.len(),
-            Some(_) => match self.keys.binary_search(&key) {
+            Some(last) if *last < key => keys.len(),
+            Some(_) => match keys.binary_search(&key) {
                 Ok(_) => return false,
                 Err(i) => i,
             },
         };
-        reserve_one(&mut self.keys);
-        self.keys.insert(at, key);
+        if keys.len() == VECTOR_KEYS_MAX {
+            let mut tree: BTreeSet<K> = keys.drain(..).collect();
+            tree.insert(key);
+            *self = SortedSet::Tree(tree);
+            return true;
+        }
+        reserve_one(keys);
+        keys.insert(at, key);
         true
     }
 
-    /// Replaces `old` by `new`, moving only the keys between their places
-    /// (`new` alone is inserted when `old` is missing). No other key may
-    /// equal `new`.
+    /// Replaces `old` by `new` (`new` alone is inserted when `old` is
+    /// missing). In a vector only the keys between their places move. No
+    /// other key may equal `new`.
     pub fn replace(&mut self, old: &K, new: K) {
-        let Ok(i) = self.keys.binary_search(old) else {
+        let keys = match self {
+            SortedSet::Tree(keys) => {
+                keys.remove(old);
+                keys.insert(new);
+                return;
+            }
+            SortedSet::Vector(keys) => keys,
+        };
+        let Ok(i) = keys.binary_search(old) else {
             self.insert(new);
             return;
         };
-        let j = self.keys.partition_point(|k| k < &new);
-        debug_assert!(j == i || self.keys.get(j) != Some(&new), "a key twice");
+        let j = keys.partition_point(|k| k < &new);
+        debug_assert!(j == i || keys.get(j) != Some(&new), "a key twice");
         if j > i {
-            self.keys[i..j].rotate_left(1);
-            self.keys[j - 1] = new;
+            keys[i..j].rotate_left(1);
+            keys[j - 1] = new;
         } else {
-            self.keys[j..=i].rotate_right(1);
-            self.keys[j] = new;
+            keys[j..=i].rotate_right(1);
+            keys[j] = new;
         }
     }
 
     /// The keys below `end` (every key when `None`), in order.
-    pub fn below(&self, end: Option<&K>) -> &[K] {
-        match end {
-            None => &self.keys,
-            Some(end) => &self.keys[..self.keys.partition_point(|k| k < end)],
+    pub fn below(&self, end: Option<&K>) -> Keys<'_, K> {
+        match (self, end) {
+            (SortedSet::Vector(keys), None) => Keys::Vector(keys.iter()),
+            (SortedSet::Vector(keys), Some(end)) => {
+                Keys::Vector(keys[..keys.partition_point(|k| k < end)].iter())
+            }
+            (SortedSet::Tree(keys), None) => Keys::Tree(keys.range(..)),
+            (SortedSet::Tree(keys), Some(end)) => Keys::Tree(keys.range(..*end)),
         }
     }
 
-    pub fn iter(&self) -> std::slice::Iter<'_, K> {
-        self.keys.iter()
+    /// Every key, in order.
+    pub fn iter(&self) -> Keys<'_, K> {
+        self.below(None)
+    }
+}
+
+/// Keys of a [`SortedSet`] in order, from either end.
+pub(crate) enum Keys<'a, K> {
+    Vector(std::slice::Iter<'a, K>),
+    Tree(std::collections::btree_set::Range<'a, K>),
+}
+
+impl<'a, K> Iterator for Keys<'a, K> {
+    type Item = &'a K;
+
+    fn next(&mut self) -> Option<&'a K> {
+        match self {
+            Keys::Vector(it) => it.next(),
+            Keys::Tree(it) => it.next(),
+        }
+    }
+}
+
+impl<K> DoubleEndedIterator for Keys<'_, K> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        match self {
+            Keys::Vector(it) => it.next_back(),
+            Keys::Tree(it) => it.next_back(),
+        }
     }
 }
 
@@ -230,7 +305,7 @@ mod tests {
         let mut set: SortedSet<(u64, u64)> = SortedSet::default();
         let mut model = BTreeSet::new();
         let mut clock = 0;
-        for _ in 0..20_000 {
+        for _ in 0..6_000 {
             // Mostly the newest key, as a conversation list's order sees.
             let key = if rng.next(4) == 0 {
                 (rng.next(1_000), rng.next(3))
@@ -257,12 +332,36 @@ mod tests {
             }
             assert_eq!(set.len(), model.len());
             let bound = (rng.next(clock + 1), rng.next(3));
-            let below: Vec<_> = set.below(Some(&bound)).to_vec();
+            let below: Vec<_> = set.below(Some(&bound)).copied().collect();
             let expected: Vec<_> = model.range(..bound).copied().collect();
             assert_eq!(below, expected);
         }
         assert!(set.iter().copied().eq(model.iter().copied()));
-        assert!(set.below(None).iter().eq(set.iter()));
+        assert!(set.below(None).eq(model.iter()));
+    }
+
+    #[test]
+    fn a_sorted_set_past_its_vector_limit_is_a_tree_with_the_same_keys() {
+        let mut set = SortedSet::default();
+        let mut model = BTreeSet::new();
+        for k in (0..3 * VECTOR_KEYS_MAX as u64).rev() {
+            set.insert((k * 2, 0));
+            model.insert((k * 2, 0));
+            assert_eq!(
+                set.vector_capacity().is_some(),
+                set.len() <= VECTOR_KEYS_MAX
+            );
+        }
+        set.replace(&(10, 0), (11, 0));
+        model.remove(&(10, 0));
+        model.insert((11, 0));
+        assert!(set.iter().eq(model.iter()));
+        assert!(set
+            .below(Some(&(100, 0)))
+            .rev()
+            .eq(model.range(..(100, 0)).rev()));
+        let vector = SortedSet::Vector(model.iter().copied().collect());
+        assert_eq!(set, vector, "equal by keys, whatever the shape");
     }
 
     #[test]
@@ -279,6 +378,6 @@ mod tests {
         for k in 0..3u64 {
             set.insert(k);
         }
-        assert_eq!(set.capacity(), 3);
+        assert_eq!(set.vector_capacity(), Some(3));
     }
 }
