@@ -1,12 +1,12 @@
-//! A map and a set kept as one vector each, sorted by key: the shape of a
-//! user's conversation rows and of their order by activity.
+//! A map and a set kept in sorted vectors: the shape of a user's
+//! conversation rows and of their order by activity.
 //!
 //! Most users are in a handful of conversations, and every one of them is
 //! a row in memory for as long as the user is in it. A `HashMap` of two
 //! rows allocates four slots and a control group, and a `BTreeSet` of two
 //! keys a whole node of eleven: about 415 bytes per row together, against
-//! the row's 104. Here a row costs its own bytes, and the vector grows by
-//! an eighth (at least one) when it is full, so the slack is at most an
+//! the row's 104. Here a row costs its own bytes, and a vector grows by an
+//! eighth (at least one) when it is full, so the slack is at most an
 //! eighth once a user has eight or more.
 //!
 //! Lookups are binary searches. An insert moves the entries after its
@@ -27,52 +27,60 @@ fn reserve_one<T>(v: &mut Vec<T>) {
     }
 }
 
-/// A map as one vector of `(key, value)`, sorted by key.
+/// A map as a sorted vector of keys and a vector of their values, in the
+/// same order. The keys are apart from the values so that a search reads
+/// a line or two of keys, not one value's line per step: a user's rows
+/// are rarely in the cache, and each step of a search through 104-byte
+/// rows was a cache miss.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SortedMap<K, V> {
-    entries: Vec<(K, V)>,
+    keys: Vec<K>,
+    values: Vec<V>,
 }
 
 impl<K, V> Default for SortedMap<K, V> {
     fn default() -> Self {
         SortedMap {
-            entries: Vec::new(),
+            keys: Vec::new(),
+            values: Vec::new(),
         }
     }
 }
 
 impl<K: Ord + Copy, V> SortedMap<K, V> {
-    fn find(&self, key: &K) -> Result<usize, usize> {
-        self.entries.binary_search_by(|(k, _)| k.cmp(key))
-    }
-
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.keys.len()
     }
 
-    /// Entries the vector holds room for.
+    /// Entries the vectors hold room for.
     pub fn capacity(&self) -> usize {
-        self.entries.capacity()
+        self.keys.capacity().min(self.values.capacity())
     }
 
     pub fn get(&self, key: &K) -> Option<&V> {
-        self.find(key).ok().map(|i| &self.entries[i].1)
+        self.keys.binary_search(key).ok().map(|i| &self.values[i])
     }
 
     pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        match self.find(key) {
-            Ok(i) => Some(&mut self.entries[i].1),
+        match self.keys.binary_search(key) {
+            Ok(i) => Some(&mut self.values[i]),
             Err(_) => None,
         }
     }
 
+    fn insert_at(&mut self, i: usize, key: K, value: V) {
+        reserve_one(&mut self.keys);
+        reserve_one(&mut self.values);
+        self.keys.insert(i, key);
+        self.values.insert(i, value);
+    }
+
     /// Sets `key` to `value`; the value it replaced, if any.
     pub fn insert(&mut self, key: K, value: V) -> Option<V> {
-        match self.find(&key) {
-            Ok(i) => Some(std::mem::replace(&mut self.entries[i].1, value)),
+        match self.keys.binary_search(&key) {
+            Ok(i) => Some(std::mem::replace(&mut self.values[i], value)),
             Err(i) => {
-                reserve_one(&mut self.entries);
-                self.entries.insert(i, (key, value));
+                self.insert_at(i, key, value);
                 None
             }
         }
@@ -83,28 +91,27 @@ impl<K: Ord + Copy, V> SortedMap<K, V> {
     where
         V: Default,
     {
-        let i = match self.find(&key) {
+        let i = match self.keys.binary_search(&key) {
             Ok(i) => i,
             Err(i) => {
-                reserve_one(&mut self.entries);
-                self.entries.insert(i, (key, V::default()));
+                self.insert_at(i, key, V::default());
                 i
             }
         };
-        &mut self.entries[i].1
+        &mut self.values[i]
     }
 
-    pub fn values(&self) -> impl DoubleEndedIterator<Item = &V> + '_ {
-        self.entries.iter().map(|(_, v)| v)
+    pub fn values(&self) -> std::slice::Iter<'_, V> {
+        self.values.iter()
     }
 }
 
 impl<'a, K: Ord + Copy, V> IntoIterator for &'a SortedMap<K, V> {
     type Item = (&'a K, &'a V);
-    type IntoIter = std::iter::Map<std::slice::Iter<'a, (K, V)>, fn(&'a (K, V)) -> (&'a K, &'a V)>;
+    type IntoIter = std::iter::Zip<std::slice::Iter<'a, K>, std::slice::Iter<'a, V>>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.entries.iter().map(|(k, v)| (k, v))
+        self.keys.iter().zip(self.values.iter())
     }
 }
 
