@@ -580,7 +580,7 @@ mod tests {
         use crate::inbox::state::{LargeMode, LastEntry, UserConv};
         let mut st = State::new(0);
         let conv = Arc::make_mut(st.convs.entry(ConvId(7)).or_default());
-        conv.large = Some(LargeMode {
+        conv.large = Some(Box::new(LargeMode {
             switch_seq: MsgSeq(4),
             last: LastEntry {
                 msg_seq: MsgSeq(9),
@@ -590,7 +590,7 @@ mod tests {
                 at_ms: 77,
             },
             stamp: 0,
-        });
+        }));
         let user = Arc::make_mut(st.users.entry(crate::api::Uid(3)).or_default());
         let uc = UserConv {
             cleared_seq: MsgSeq(8),

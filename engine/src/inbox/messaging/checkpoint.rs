@@ -331,7 +331,7 @@ pub(crate) fn get_large_groups(r: &mut Reader<'_>, st: &mut State) -> DecodeResu
             .map(Arc::make_mut)
             .ok_or(DecodeError("large group of an unknown conv"))?;
         let switch_seq = r.id()?;
-        c.large = Some(LargeMode {
+        c.large = Some(Box::new(LargeMode {
             switch_seq,
             last: LastEntry {
                 msg_seq: r.id()?,
@@ -341,7 +341,7 @@ pub(crate) fn get_large_groups(r: &mut Reader<'_>, st: &mut State) -> DecodeResu
                 at_ms: r.u64()?,
             },
             stamp: 0,
-        });
+        }));
     }
     for _ in 0..r.count(24)? {
         let uid: Uid = r.id()?;

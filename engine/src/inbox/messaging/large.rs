@@ -77,14 +77,14 @@ impl Record for ModeEffect {
         }
         // Every member holds the switch entry in its own row (it was fanned
         // out), so `last` is only a placeholder until the next entry.
-        c.large = Some(LargeMode {
+        c.large = Some(Box::new(LargeMode {
             switch_seq: self.switch_seq,
             last: LastEntry {
                 msg_seq: self.switch_seq,
                 ..LastEntry::default()
             },
             stamp: at.stamp,
-        });
+        }));
         Ok(())
     }
 }

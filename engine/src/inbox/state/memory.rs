@@ -12,7 +12,9 @@
 
 use std::mem::size_of;
 
-use super::{idem, ActivityKey, Conv, Device, MsgMeta, SnapshotSlot, State, User, UserConv};
+use super::{
+    idem, ActivityKey, Conv, Device, LargeMode, MsgMeta, SnapshotSlot, State, User, UserConv,
+};
 use crate::api::*;
 
 /// The structures reported, in report order.
@@ -132,7 +134,11 @@ impl Tally {
     /// The conversations `convs` (those still there) and their messages.
     pub fn convs(&mut self, st: &State, convs: &[ConvId]) {
         for c in convs.iter().filter_map(|id| st.convs.get(id)) {
-            let own = size_of::<Conv>() as u64 + ARC;
+            let own = size_of::<Conv>() as u64
+                + ARC
+                + c.large
+                    .as_ref()
+                    .map_or(0, |_| size_of::<LargeMode>() as u64);
             self.add(3, (own, own));
             self.add(3, c.members.bytes());
             self.add(3, b_tree(c.edits.len(), size_of::<(MsgSeq, Vec<MsgSeq>)>()));
