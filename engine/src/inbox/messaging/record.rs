@@ -278,6 +278,33 @@ impl MsgEffect {
             summary: r.short_bytes()?,
         })
     }
+
+    /// The message as the sync event of a user that holds it at
+    /// `sync_seq`, with `summary`.
+    fn event(&self, sync_seq: SyncSeq, summary: Bytes) -> SyncEvent {
+        SyncEvent {
+            sync_seq,
+            kind: match self.kind {
+                MessageKind::Normal => EventKind::Msg,
+                MessageKind::Recall => EventKind::Recall,
+                MessageKind::Edit => EventKind::Edit,
+                MessageKind::Join | MessageKind::Leave => EventKind::Member,
+            },
+            conv: self.conv,
+            msg_seq: self.msg_seq,
+            msg_id: self.msg_id,
+            at_ms: self.at_ms,
+            summary,
+        }
+    }
+
+    /// [`Record::to_event`] of a message decoded for a sync page: the
+    /// summary moves into the event. A clone of it, freshly decoded, would
+    /// allocate its shared header on every event of every page.
+    fn into_event(mut self, sync_seq: SyncSeq) -> SyncEvent {
+        let summary = std::mem::take(&mut self.summary);
+        self.event(sync_seq, summary)
+    }
 }
 
 impl Record for MsgBodyEffect {
@@ -320,7 +347,7 @@ impl Record for MsgBodyEffect {
     fn decode_event(r: &mut Reader<'_>, sync_seq: SyncSeq) -> DecodeResult<Option<SyncEvent>> {
         let msg = MsgEffect::decode_fields(r, false)?;
         r.bytes()?;
-        Ok(msg.to_event(sync_seq))
+        Ok(Some(msg.into_event(sync_seq)))
     }
 }
 
@@ -362,20 +389,11 @@ impl Record for MsgEffect {
     }
 
     fn to_event(&self, sync_seq: SyncSeq) -> Option<SyncEvent> {
-        Some(SyncEvent {
-            sync_seq,
-            kind: match self.kind {
-                MessageKind::Normal => EventKind::Msg,
-                MessageKind::Recall => EventKind::Recall,
-                MessageKind::Edit => EventKind::Edit,
-                MessageKind::Join | MessageKind::Leave => EventKind::Member,
-            },
-            conv: self.conv,
-            msg_seq: self.msg_seq,
-            msg_id: self.msg_id,
-            at_ms: self.at_ms,
-            summary: self.summary.clone(),
-        })
+        Some(self.event(sync_seq, self.summary.clone()))
+    }
+
+    fn decode_event(r: &mut Reader<'_>, sync_seq: SyncSeq) -> DecodeResult<Option<SyncEvent>> {
+        Ok(Some(Self::decode_body(r)?.into_event(sync_seq)))
     }
 }
 
