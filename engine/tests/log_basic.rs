@@ -189,6 +189,47 @@ fn a_location_that_is_not_a_record_start_is_a_bad_location() {
 }
 
 #[test]
+fn reading_many_locations_answers_as_reading_each_across_segments_and_stops_at_a_bad_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(opts(dir.path())).unwrap();
+    let mut locs = Vec::new();
+    for tag in 0..300u64 {
+        locs.extend(log.append(batch(tag, 4)).unwrap().locs);
+    }
+    assert!(log.segments().len() >= 3, "the locations span segments");
+    // Out of order, with a segment revisited: runs of one segment are
+    // looked up once, but every location is read.
+    let mut order: Vec<RecordLoc> = locs.iter().rev().step_by(3).copied().collect();
+    order.extend(locs.iter().step_by(7).copied());
+    let each = log
+        .read_each(order.iter().copied(), |kind, payload| {
+            (kind, payload.to_vec())
+        })
+        .unwrap();
+    let one_by_one: Vec<_> = order
+        .iter()
+        .map(|l| {
+            let r = log.read(*l).unwrap();
+            (r.kind, r.payload)
+        })
+        .collect();
+    assert_eq!(each, one_by_one);
+    // A bad location anywhere fails the whole read, as reading it alone does.
+    let mut with_bad = order[..10].to_vec();
+    with_bad.insert(
+        5,
+        RecordLoc {
+            segment: with_bad[4].segment,
+            offset: with_bad[4].offset + 1,
+        },
+    );
+    assert!(matches!(
+        log.read_each(with_bad, |_, _| ()),
+        Err(LogError::BadLocation { .. })
+    ));
+}
+
+#[test]
 fn a_batch_larger_than_a_segment_is_too_large_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(opts(dir.path())).unwrap();

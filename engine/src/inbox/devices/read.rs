@@ -169,21 +169,20 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
             .ok_or_else(|| Error::Invariant("sync range beyond the event index".into()))?
             .to_vec()
     };
-    let mut events = Vec::with_capacity(locs.len());
-    for (i, loc) in locs.iter().enumerate() {
-        // Read in place and decoded as far as the event goes: a message's
-        // body, which travels in the same record, is never copied.
-        let seq = plan.start.plus(1 + i as u64);
-        let ev = shared
-            .evt_log
-            .read_with(unpack(*loc), |kind, payload| {
-                Effect::decode_event(kind, payload, seq)
-            })?
-            .map_err(|e| corrupt("evt", &e))?
-            .ok_or_else(|| {
-                Error::Invariant("event index points at a record that is no event".into())
-            })?;
-        events.push(ev);
+    // Read in place and decoded as far as the event goes: a message's
+    // body, which travels in the same record, is never copied.
+    let mut seq = plan.start;
+    let decoded = shared
+        .evt_log
+        .read_each(locs.iter().map(|l| unpack(*l)), |kind, payload| {
+            seq = seq.plus(1);
+            Effect::decode_event(kind, payload, seq)
+        })?;
+    let mut events = Vec::with_capacity(decoded.len());
+    for ev in decoded {
+        events.push(ev.map_err(|e| corrupt("evt", &e))?.ok_or_else(|| {
+            Error::Invariant("event index points at a record that is no event".into())
+        })?);
     }
     if plan.without_summaries {
         for ev in &mut events {
