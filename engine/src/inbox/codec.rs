@@ -4,7 +4,7 @@
 //! Invariant: the reader never panics and never allocates more than the
 //! bytes it was given; a short or malformed input is a [`DecodeError`].
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 /// A record or checkpoint that does not decode.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,11 +130,22 @@ impl Writer {
 
 pub(crate) struct Reader<'a> {
     buf: &'a [u8],
+    /// Where [`Reader::short_bytes`] copies to, when given: a caller that
+    /// decodes many records at once (a sync page) shares one allocation
+    /// among all their short strings instead of making one each.
+    arena: Option<&'a mut BytesMut>,
 }
 
 impl<'a> Reader<'a> {
     pub fn new(buf: &'a [u8]) -> Self {
-        Self { buf }
+        Self { buf, arena: None }
+    }
+    /// A reader whose short byte strings are copied into `arena`.
+    pub fn with_arena(buf: &'a [u8], arena: &'a mut BytesMut) -> Self {
+        Self {
+            buf,
+            arena: Some(arena),
+        }
     }
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
@@ -166,7 +177,7 @@ impl<'a> Reader<'a> {
     }
     /// The next u64, left unread.
     pub fn peek_u64(&self) -> DecodeResult<u64> {
-        Reader { buf: self.buf }.u64()
+        Reader::new(self.buf).u64()
     }
     /// An identifier newtype, stored as its bare `u64`.
     pub fn id<T: Word64>(&mut self) -> DecodeResult<T> {
@@ -188,7 +199,14 @@ impl<'a> Reader<'a> {
     }
     pub fn short_bytes(&mut self) -> DecodeResult<Bytes> {
         let len = usize::from(self.u8()?);
-        Ok(Bytes::copy_from_slice(self.take(len)?))
+        let bytes = self.take(len)?;
+        Ok(match self.arena.as_deref_mut() {
+            Some(arena) => {
+                arena.extend_from_slice(bytes);
+                arena.split().freeze()
+            }
+            None => Bytes::copy_from_slice(bytes),
+        })
     }
     /// A collection length, checked against the bytes left so that a
     /// corrupt count cannot make the caller reserve huge memory.

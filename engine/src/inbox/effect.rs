@@ -29,6 +29,7 @@ use super::state::record::{
 };
 use super::state::{PackedLoc, State};
 use crate::api::{SyncEvent, SyncSeq, TimestampMs};
+use bytes::BytesMut;
 
 /// Set on the kind of a record copied forward by a segment rewrite.
 pub(crate) const COPY_FLAG: u8 = 0x80;
@@ -146,18 +147,33 @@ impl Effect {
         decode_whole(buf, |r| Effect::decode_body(record_kind, r))
     }
 
-    /// The sync event of the record `(record_kind, buf)` at `sync_seq`,
-    /// as `decode(..)?.to_event(sync_seq)` gives it, read without
-    /// decoding (or copying) what no event shows. The record is checked
-    /// the same way: its version, and no trailing bytes.
+    /// [`Effect::decode_event_in`] with an arena of its own.
+    #[cfg(test)]
     pub fn decode_event(
         record_kind: u8,
         buf: &[u8],
         sync_seq: SyncSeq,
     ) -> DecodeResult<Option<SyncEvent>> {
+        Effect::decode_event_in(record_kind, buf, sync_seq, &mut BytesMut::new())
+    }
+
+    /// The sync event of the record `(record_kind, buf)` at `sync_seq`,
+    /// as `decode(..)?.to_event(sync_seq)` gives it, read without
+    /// decoding (or copying) what no event shows. The record is checked
+    /// the same way: its version, and no trailing bytes. The event's short
+    /// byte strings (a message's summary) are copied into `arena`: a sync
+    /// page decodes its events into one arena, one allocation for the page
+    /// instead of one per event.
+    pub fn decode_event_in(
+        record_kind: u8,
+        buf: &[u8],
+        sync_seq: SyncSeq,
+        arena: &mut BytesMut,
+    ) -> DecodeResult<Option<SyncEvent>> {
         // A copy is its original's event.
         let kind = record_kind & !COPY_FLAG;
-        decode_whole(buf, |r| Effect::decode_event_body(kind, r, sync_seq))
+        let mut r = Reader::with_arena(buf, arena);
+        decode_whole_from(&mut r, |r| Effect::decode_event_body(kind, r, sync_seq))
     }
 
     /// Applies the effect: the one function that changes the state, live
@@ -195,11 +211,18 @@ fn decode_whole<T>(
     buf: &[u8],
     body: impl FnOnce(&mut Reader<'_>) -> DecodeResult<T>,
 ) -> DecodeResult<T> {
-    let mut r = Reader::new(buf);
+    decode_whole_from(&mut Reader::new(buf), body)
+}
+
+/// [`decode_whole`] from a reader made by the caller.
+fn decode_whole_from<'a, T>(
+    r: &mut Reader<'a>,
+    body: impl FnOnce(&mut Reader<'a>) -> DecodeResult<T>,
+) -> DecodeResult<T> {
     if r.u8()? != EFFECT_FORMAT_VERSION {
         return Err(DecodeError("unknown effect record version"));
     }
-    let out = body(&mut r)?;
+    let out = body(r)?;
     if !r.is_empty() {
         return Err(DecodeError("trailing bytes in effect record"));
     }
@@ -377,10 +400,19 @@ pub(crate) mod tests {
     /// Each effect decodes back to itself, and every strict prefix of its
     /// encoding is rejected, never misread. The event-only decode a sync
     /// page uses gives the event of the whole decode, for the record and
-    /// for its copy, and refuses the same damaged encodings.
+    /// for its copy, alone and through an arena shared with the others,
+    /// and refuses the same damaged encodings.
     pub(crate) fn assert_round_trips(effects: &[Effect]) {
+        // One arena for all of them, as a sync page shares one among its
+        // events; small, so that it fills and grows along the way.
+        let mut arena = BytesMut::with_capacity(16);
         for e in effects {
             let bytes = e.encode();
+            assert_eq!(
+                Effect::decode_event_in(e.record_kind(), &bytes, SyncSeq(5), &mut arena),
+                Ok(e.to_event(SyncSeq(5))),
+                "{e:?} through a shared arena"
+            );
             assert_eq!(Effect::decode(e.record_kind(), &bytes), Ok(e.clone()));
             for cut in 0..bytes.len() {
                 assert!(Effect::decode(e.record_kind(), &bytes[..cut]).is_err());

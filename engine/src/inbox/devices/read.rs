@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use super::decide::{self as sync, info, SyncOutcome, SyncPlan};
 use super::record::Records;
@@ -172,11 +172,14 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
     // Read in place and decoded as far as the event goes: a message's
     // body, which travels in the same record, is never copied.
     let mut seq = plan.start;
+    // Room for every summary at its longest, so the page's summaries share
+    // one allocation.
+    let mut summaries = BytesMut::with_capacity(locs.len() * SUMMARY_BYTES_MAX);
     let decoded = shared
         .evt_log
         .read_each(locs.iter().map(|l| unpack(*l)), |kind, payload| {
             seq = seq.plus(1);
-            Effect::decode_event(kind, payload, seq)
+            Effect::decode_event_in(kind, payload, seq, &mut summaries)
         })?;
     let mut events = Vec::with_capacity(decoded.len());
     for ev in decoded {
