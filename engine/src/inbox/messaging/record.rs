@@ -299,8 +299,9 @@ impl MsgEffect {
     }
 
     /// [`Record::to_event`] of a message decoded for a sync page: the
-    /// summary moves into the event. A clone of it, freshly decoded, would
-    /// allocate its shared header on every event of every page.
+    /// summary moves into the event. A clone would take and drop a count
+    /// on the page's summary arena for every event, all on one cache line:
+    /// `sync_page_100` took 13.6 to 14.2 µs that way against 11.7 to 11.8.
     fn into_event(mut self, sync_seq: SyncSeq) -> SyncEvent {
         let summary = std::mem::take(&mut self.summary);
         self.event(sync_seq, summary)
