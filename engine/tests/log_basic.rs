@@ -201,11 +201,11 @@ fn reading_many_locations_answers_as_reading_each_across_segments_and_stops_at_a
     // looked up once, but every location is read.
     let mut order: Vec<RecordLoc> = locs.iter().rev().step_by(3).copied().collect();
     order.extend(locs.iter().step_by(7).copied());
-    let each = log
-        .read_each(order.iter().copied(), |kind, payload| {
-            (kind, payload.to_vec())
-        })
-        .unwrap();
+    let mut each = Vec::new();
+    log.read_each(order.iter().copied(), |kind, payload| {
+        each.push((kind, payload.to_vec()))
+    })
+    .unwrap();
     let one_by_one: Vec<_> = order
         .iter()
         .map(|l| {
@@ -223,10 +223,12 @@ fn reading_many_locations_answers_as_reading_each_across_segments_and_stops_at_a
             offset: with_bad[4].offset + 1,
         },
     );
+    let mut read = 0;
     assert!(matches!(
-        log.read_each(with_bad, |_, _| ()),
+        log.read_each(with_bad, |_, _| read += 1),
         Err(LogError::BadLocation { .. })
     ));
+    assert_eq!(read, 5, "the records before the bad location were read");
 }
 
 #[test]

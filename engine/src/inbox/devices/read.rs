@@ -175,18 +175,25 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
     // Room for every summary at its longest, so the page's summaries share
     // one allocation.
     let mut summaries = BytesMut::with_capacity(locs.len() * SUMMARY_BYTES_MAX);
-    let decoded = shared
+    let mut events: Result<Vec<SyncEvent>> = Ok(Vec::with_capacity(locs.len()));
+    shared
         .evt_log
         .read_each(locs.iter().map(|l| unpack(*l)), |kind, payload| {
             seq = seq.plus(1);
-            Effect::decode_event_in(kind, payload, seq, &mut summaries)
+            let Ok(page) = &mut events else {
+                return;
+            };
+            match Effect::decode_event_in(kind, payload, seq, &mut summaries) {
+                Ok(Some(ev)) => page.push(ev),
+                Ok(None) => {
+                    events = Err(Error::Invariant(
+                        "event index points at a record that is no event".into(),
+                    ))
+                }
+                Err(e) => events = Err(corrupt("evt", &e)),
+            }
         })?;
-    let mut events = Vec::with_capacity(decoded.len());
-    for ev in decoded {
-        events.push(ev.map_err(|e| corrupt("evt", &e))?.ok_or_else(|| {
-            Error::Invariant("event index points at a record that is no event".into())
-        })?);
-    }
+    let mut events = events?;
     if plan.without_summaries {
         for ev in &mut events {
             ev.summary = Bytes::new();
