@@ -469,10 +469,16 @@ pub(crate) fn count_msg_ref(refs: [&mut SegRefs; 3], loc: PackedLoc, add: bool) 
 /// Amortized, an entry is copied four times instead of once (a large
 /// block's realloc remaps rather than copies).
 pub(crate) fn push_compact<T>(v: &mut Vec<T>, item: T) {
-    if v.len() == v.capacity() {
-        v.reserve_exact((v.len() / 4).max(4));
-    }
+    grow_for_one(v, 4, 4);
     v.push(item);
+}
+
+/// Makes room for one more entry when `v` is full: a `1/divisor` of its
+/// length, at least `min`, instead of doubling.
+pub(crate) fn grow_for_one<T>(v: &mut Vec<T>, divisor: usize, min: usize) {
+    if v.len() == v.capacity() {
+        v.reserve_exact((v.len() / divisor).max(min));
+    }
 }
 
 /// The counter part of a msg_id (below the shard bits, R3).

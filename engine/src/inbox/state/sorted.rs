@@ -20,11 +20,9 @@
 use std::collections::BTreeSet;
 
 /// Grows `v` to hold one more entry: by an eighth of its length, at least
-/// one, instead of doubling.
+/// one.
 fn reserve_one<T>(v: &mut Vec<T>) {
-    if v.len() == v.capacity() {
-        v.reserve_exact((v.len() / 8).max(1));
-    }
+    super::grow_for_one(v, 8, 1);
 }
 
 /// A map as a sorted vector of keys and a vector of their values, in the
@@ -262,28 +260,19 @@ impl<K> DoubleEndedIterator for Keys<'_, K> {
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
-    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
 
-    /// A small deterministic generator, so the test needs no dependency.
-    struct Lcg(u64);
-    impl Lcg {
-        fn next(&mut self, n: u64) -> u64 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (self.0 >> 33) % n
-        }
-    }
+    use super::*;
 
     #[test]
     fn a_sorted_map_answers_as_a_btree_map_does_through_inserts_and_updates() {
-        let mut rng = Lcg(7);
+        let mut rng = StdRng::seed_from_u64(7);
         let mut map: SortedMap<u64, u64> = SortedMap::default();
         let mut model = BTreeMap::new();
         for step in 0..20_000u64 {
-            let key = rng.next(300);
-            match rng.next(5) {
+            let key = rng.gen_range(0..300);
+            match rng.gen_range(0..5) {
                 0 => assert_eq!(map.get(&key), model.get(&key)),
                 1 => {
                     *map.get_or_default(key) += step;
@@ -308,24 +297,24 @@ mod tests {
 
     #[test]
     fn a_sorted_set_answers_as_a_btree_set_does_through_inserts_and_replacements() {
-        let mut rng = Lcg(11);
+        let mut rng = StdRng::seed_from_u64(11);
         let mut set: SortedSet<(u64, u64)> = SortedSet::default();
         let mut model = BTreeSet::new();
         let mut clock = 0;
         for _ in 0..6_000 {
             // Mostly the newest key, as a conversation list's order sees.
-            let key = if rng.next(4) == 0 {
-                (rng.next(1_000), rng.next(3))
+            let key = if rng.gen_range(0..4) == 0 {
+                (rng.gen_range(0..1_000), rng.gen_range(0..3))
             } else {
                 clock += 1;
                 (clock, 0)
             };
-            match rng.next(2) {
+            match rng.gen_range(0..2) {
                 0 if !model.contains(&key) => {
                     // Re-key an existing entry, as a new message does.
                     let old = model
                         .iter()
-                        .nth(rng.next(model.len() as u64 + 1) as usize)
+                        .nth(rng.gen_range(0..model.len() as u64 + 1) as usize)
                         .copied();
                     if let Some(old) = old {
                         set.replace(&old, key);
@@ -338,13 +327,18 @@ mod tests {
                 _ => assert_eq!(set.insert(key), model.insert(key)),
             }
             assert_eq!(set.len(), model.len());
-            let bound = (rng.next(clock + 1), rng.next(3));
+            let bound = (rng.gen_range(0..clock + 1), rng.gen_range(0..3));
             let below: Vec<_> = set.below(Some(&bound)).copied().collect();
             let expected: Vec<_> = model.range(..bound).copied().collect();
             assert_eq!(below, expected);
         }
         assert!(set.iter().copied().eq(model.iter().copied()));
         assert!(set.below(None).eq(model.iter()));
+        assert!(
+            set.vector_capacity().is_none(),
+            "the steps above also ran on the tree: {} keys",
+            set.len()
+        );
     }
 
     #[test]
