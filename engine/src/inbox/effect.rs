@@ -16,6 +16,8 @@
 //! rebuilds exactly the state the sequencer had even if configuration or
 //! the clock differ at restart.
 
+use bytes::BytesMut;
+
 use super::codec::{DecodeError, DecodeResult, Reader, Writer};
 use super::compaction::record::Records as CompactionRecords;
 use super::devices::record::Records as DevicesRecords;
@@ -29,7 +31,6 @@ use super::state::record::{
 };
 use super::state::{PackedLoc, State};
 use crate::api::{SyncEvent, SyncSeq, TimestampMs};
-use bytes::BytesMut;
 
 /// Set on the kind of a record copied forward by a segment rewrite.
 pub(crate) const COPY_FLAG: u8 = 0x80;
