@@ -129,6 +129,13 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_IO_BACKEND")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub io_backend: Option<String>,
+    /// Threads that serve connections. The sequencer and the log writers
+    /// have threads of their own, so the default leaves them a core:
+    /// one fewer than the cores the daemon may run on, at least one
+    /// [default: cores - 1].
+    #[arg(long, env = "INBOXD_WORKER_THREADS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_threads: Option<u32>,
     /// Seconds to wait for in-flight requests at shutdown [default: 30].
     #[arg(long, env = "INBOXD_SHUTDOWN_GRACE_S")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -351,6 +358,8 @@ pub struct Config {
     pub limits: Limits,
     pub sync: SyncPolicy,
     pub io_backend: IoBackend,
+    /// Threads of the runtime that serves connections.
+    pub worker_threads: usize,
     pub shutdown_grace: Duration,
     /// `None` keeps the engine's default.
     pub batch_token_ttl: Option<Duration>,
@@ -583,6 +592,18 @@ impl Config {
             Some(text) => parse_io_backend(&text)?,
             None => IoBackend::default(),
         };
+        let worker_threads = match s.worker_threads {
+            Some(0) => {
+                return Err(ConfigError::Invalid {
+                    key: "worker_threads",
+                    reason: "must be at least 1".into(),
+                })
+            }
+            Some(n) => n as usize,
+            None => default_worker_threads(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ),
+        };
         Ok(Config {
             data_dir,
             listen: s
@@ -597,6 +618,7 @@ impl Config {
             limits,
             sync,
             io_backend,
+            worker_threads,
             shutdown_grace: Duration::from_secs(s.shutdown_grace_s.unwrap_or(30)),
             batch_token_ttl: s.batch_token_ttl_s.map(Duration::from_secs),
             segment_bytes: s.segment_bytes,
@@ -610,6 +632,15 @@ impl Config {
             cluster,
         })
     }
+}
+
+/// The connection-serving threads a daemon with `cores` cores starts: one
+/// per core but one, which the sequencer and the log writers use (at
+/// least one). A send crosses from a worker to the sequencer and back;
+/// with a worker per core, a reply woke one worker, which then woke
+/// another to look for work, and the two shared the sequencer's core.
+pub fn default_worker_threads(cores: usize) -> usize {
+    cores.saturating_sub(1).max(1)
 }
 
 /// Writes `contents` to a new file readable by its owner only.
@@ -835,6 +866,32 @@ mod tests {
                 ..
             })
         ));
+        std::fs::write(&path, "worker_threads = 0\n").unwrap();
+        assert!(matches!(
+            Config::resolve(&args),
+            Err(ConfigError::Invalid {
+                key: "worker_threads",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn the_runtime_leaves_the_sequencer_a_core_unless_told_otherwise() {
+        assert_eq!(default_worker_threads(1), 1, "never none");
+        assert_eq!(default_worker_threads(2), 1);
+        assert_eq!(default_worker_threads(16), 15);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inboxd.toml");
+        std::fs::write(&path, "worker_threads = 3\n").unwrap();
+        let args = ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        };
+        assert_eq!(Config::resolve(&args).unwrap().worker_threads, 3);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let config = Config::resolve(&ServeArgs::default()).unwrap();
+        assert_eq!(config.worker_threads, default_worker_threads(cores));
     }
 
     #[test]

@@ -161,7 +161,7 @@ pub async fn run(
             .local_addr()
             .unwrap_or(config.metrics_listen),
     };
-    tracing::info!(listen = %bound.listen, metrics = %bound.metrics, data_dir = %config.data_dir.display(), tls = tls.is_some(), mutual_tls = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some()), "inboxd serving");
+    tracing::info!(listen = %bound.listen, metrics = %bound.metrics, data_dir = %config.data_dir.display(), tls = tls.is_some(), worker_threads = config.worker_threads, mutual_tls = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some()), "inboxd serving");
     on_bound(bound);
 
     let metrics_task = tokio::spawn(metrics::serve(

@@ -296,6 +296,7 @@ fn serve(args: &ServeArgs) -> ExitCode {
     limit_malloc_arenas();
     tune_mimalloc();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.worker_threads)
         .enable_all()
         .build()
     {
