@@ -36,7 +36,6 @@ const PREPARE_WINDOW: usize = 128;
 const PREPARE_CONNECTIONS: usize = 8;
 
 pub struct Inboxd {
-    dir: tempfile::TempDir,
     binary: PathBuf,
     token: String,
     /// Flags added to `inboxd serve` (kept for restarts).
@@ -46,6 +45,9 @@ pub struct Inboxd {
     listen: String,
     pub(crate) addr: SocketAddr,
     server: ChildGuard,
+    /// Declared last, so dropped last: the server stops (it may still
+    /// write its shutdown checkpoint) before its directory is removed.
+    dir: tempfile::TempDir,
 }
 
 /// The inboxd binary: `explicit`, else the workspace's release build, else

@@ -44,7 +44,6 @@ const TX_RETRIES_MAX: u32 = 20;
 const BATCH_RETRIES_MAX: u32 = 3;
 
 pub struct MariaDb {
-    dir: tempfile::TempDir,
     datadir: PathBuf,
     server_bin: PathBuf,
     server_args: Vec<String>,
@@ -52,6 +51,9 @@ pub struct MariaDb {
     server: ChildGuard,
     version: String,
     msg_ids: AtomicU64,
+    /// Declared last, so dropped last: the server stops (it may still
+    /// write its shutdown checkpoint) before its directory is removed.
+    dir: tempfile::TempDir,
 }
 
 pub fn installed() -> Option<(PathBuf, PathBuf)> {

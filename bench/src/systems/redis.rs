@@ -30,13 +30,15 @@ pub enum Fsync {
 }
 
 pub struct Redis {
-    dir: tempfile::TempDir,
     binary: PathBuf,
     port: u16,
     fsync: Fsync,
     server: ChildGuard,
     version: String,
     msg_ids: AtomicU64,
+    /// Declared last, so dropped last: the server stops (it may still
+    /// write its shutdown checkpoint) before its directory is removed.
+    dir: tempfile::TempDir,
 }
 
 pub fn installed() -> Option<PathBuf> {

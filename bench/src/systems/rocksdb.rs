@@ -27,10 +27,12 @@ use crate::workload::{Outgoing, Setup, Uid};
 const EVENT_TYPE_MSG: u8 = 1;
 
 pub struct RocksDb {
-    dir: tempfile::TempDir,
     db: DB,
     counters: Mutex<Counters>,
     msg_ids: AtomicU64,
+    /// Declared last, so dropped last: the database closes before its
+    /// directory is removed.
+    dir: tempfile::TempDir,
 }
 
 #[derive(Default)]
