@@ -84,7 +84,7 @@ pub struct Args {
     /// Users in the `sync` scenario [quick: 64, full: 400].
     #[arg(long)]
     pub sync_users: Option<u32>,
-    /// Events waiting for each `sync` user [quick: 300, full: 1000].
+    /// Events waiting for each `sync` user [quick: 3000, full: 1000].
     #[arg(long)]
     pub sync_backlog: Option<u32>,
     /// `recovery` (--full): data to fill each system with before kill -9, GiB.
