@@ -122,7 +122,9 @@ impl Plan {
         let sync_plan = |pipelined| CatchUpPlan {
             users: args.sync_users.unwrap_or(if quick { 64 } else { 400 }),
             devices_per_user: 4,
-            backlog: args.sync_backlog.unwrap_or(if quick { 3_000 } else { 1_000 }),
+            backlog: args
+                .sync_backlog
+                .unwrap_or(if quick { 3_000 } else { 1_000 }),
             clients: 16,
             page: 100,
             pipelined,

@@ -600,9 +600,9 @@ impl Config {
                 })
             }
             Some(n) => n as usize,
-            None => default_worker_threads(
-                std::thread::available_parallelism().map_or(1, |n| n.get()),
-            ),
+            None => {
+                default_worker_threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
+            }
         };
         Ok(Config {
             data_dir,
