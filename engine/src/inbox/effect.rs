@@ -301,12 +301,12 @@ pub(crate) mod tests {
                     acked_sync_seq: SyncSeq(8),
                     state: DeviceState::Recovering,
                     last_seen_ms: 9,
-                    lease: Some(LeaseInfo {
+                    lease: Some(Box::new(LeaseInfo {
                         lease_id: 1,
                         resume_from: SyncSeq(2),
                         hwm: SyncSeq(3),
                         expires_at_ms: 4,
-                    }),
+                    })),
                 },
             }),
             Effect::from(crate::inbox::replica::record::RoundMark { index: 7 }),

@@ -27,7 +27,7 @@ pub(crate) fn fences(user: &User, cfg: &InboxConfig, now: TimestampMs) -> Vec<Fe
         if !live {
             continue;
         }
-        match (row.state, row.lease) {
+        match (row.state, row.lease.as_deref()) {
             (DeviceState::Active, _) => out.push(Fence::DeviceAck {
                 device: row.device,
                 acked_sync_seq: row.acked_sync_seq,

@@ -69,7 +69,7 @@ pub(crate) fn device_row(st: &State, uid: Uid, device: DeviceId) -> Result<Devic
     st.users
         .get(&uid)
         .and_then(|u| u.device(device))
-        .map(|d| d.row)
+        .map(|d| d.row.clone())
         .ok_or_else(|| Error::NotFound(format!("device {device} of uid {uid} is not registered")))
 }
 
@@ -102,16 +102,17 @@ pub(crate) fn decide_register(
     device: DeviceId,
 ) -> (Vec<Effect>, RegisterReply) {
     let user = st.users.get(&uid);
-    let existing = user.and_then(|u| u.device(device)).map(|d| d.row);
+    let existing = user.and_then(|u| u.device(device)).map(|d| &d.row);
     if let Some(row) = existing.filter(|r| r.state != DeviceState::Revoked) {
         let row = DeviceRow {
             last_seen_ms: now.max(row.last_seen_ms),
-            ..row
+            ..row.clone()
         };
+        let device = info(&row);
         return (
             vec![Effect::from(DeviceEffect { uid, row })],
             RegisterReply {
-                device: info(&row),
+                device,
                 evicted: None,
             },
         );
@@ -146,14 +147,9 @@ pub(crate) fn decide_register(
         last_seen_ms: now,
         lease: None,
     };
+    let device = info(&row);
     effects.push(Effect::from(DeviceEffect { uid, row }));
-    (
-        effects,
-        RegisterReply {
-            device: info(&row),
-            evicted,
-        },
-    )
+    (effects, RegisterReply { device, evicted })
 }
 
 pub(crate) fn decide_revoke(
@@ -170,7 +166,8 @@ pub(crate) fn decide_revoke(
         lease: None,
         ..row
     };
-    Ok((vec![Effect::from(DeviceEffect { uid, row })], info(&row)))
+    let device = info(&row);
+    Ok((vec![Effect::from(DeviceEffect { uid, row })], device))
 }
 
 pub(crate) fn decide_sync(
@@ -225,7 +222,10 @@ pub(crate) fn decide_sync(
             ..row
         };
         (
-            vec![Effect::from(DeviceEffect { uid, row })],
+            vec![Effect::from(DeviceEffect {
+                uid,
+                row: row.clone(),
+            })],
             SyncOutcome::Reset(row.generation),
         )
     };
@@ -240,7 +240,7 @@ pub(crate) fn decide_sync(
                 acked: row.acked_sync_seq,
                 generation: row.generation,
                 token,
-                lease: row.lease,
+                lease: row.lease.as_deref().copied(),
                 without_summaries: options.without_summaries,
             })
         };
@@ -288,7 +288,7 @@ pub(crate) fn decide_sync(
             generation: row.generation,
         });
     }
-    if let (DeviceState::Recovering, Some(lease)) = (row.state, row.lease) {
+    if let (DeviceState::Recovering, Some(lease)) = (row.state, row.lease.as_deref().copied()) {
         if now > lease.expires_at_ms
             || lease.resume_from < base
             || over_limit(lease.resume_from, lease.hwm)
@@ -324,7 +324,10 @@ pub(crate) fn decide_sync(
         let mut row = row;
         if now >= row.last_seen_ms.saturating_add(LAST_SEEN_GRANULARITY_MS) {
             row.last_seen_ms = now;
-            effects.push(Effect::from(DeviceEffect { uid, row }));
+            effects.push(Effect::from(DeviceEffect {
+                uid,
+                row: row.clone(),
+            }));
         }
         let token = sign(
             row.generation,
@@ -354,7 +357,7 @@ pub(crate) fn decide_sync(
     let row = DeviceRow {
         generation: row.generation.next(),
         state: DeviceState::Recovering,
-        lease: Some(lease),
+        lease: Some(Box::new(lease)),
         last_seen_ms: now.max(row.last_seen_ms),
         ..row
     };
@@ -365,7 +368,10 @@ pub(crate) fn decide_sync(
         lease.expires_at_ms,
     );
     Ok((
-        vec![Effect::from(DeviceEffect { uid, row })],
+        vec![Effect::from(DeviceEffect {
+            uid,
+            row: row.clone(),
+        })],
         page(lease.resume_from, lease.resume_from, lease.hwm, token, &row),
     ))
 }
@@ -436,7 +442,8 @@ pub(crate) fn decide_finish_lease(
         last_seen_ms: now.max(row.last_seen_ms),
         ..row
     };
-    Ok((vec![Effect::from(DeviceEffect { uid, row })], info(&row)))
+    let device = info(&row);
+    Ok((vec![Effect::from(DeviceEffect { uid, row })], device))
 }
 
 /// Records that a device was seen at `now`: the `last_seen` refresh of a

@@ -56,14 +56,14 @@ pub(crate) fn sync_unchanged(
         let stamp = user
             .and_then(|u| u.device(req.device))
             .map_or(0, |d| d.stamp);
-        let row = user.and_then(|u| u.device(req.device)).map(|d| d.row);
+        let row = user.and_then(|u| u.device(req.device)).map(|d| &d.row);
         let decided = match sync::decide_sync(&st, &shared.config, now, req, options, claims) {
             Err(e) => Err(e),
             Ok((effects, SyncOutcome::Page(plan))) => {
                 let touch = match effects.as_slice() {
                     [] => false,
                     [Effect::Devices(Records::Device(e))]
-                        if row.is_some_and(|r| only_seen(&r, &e.row)) =>
+                        if row.is_some_and(|r| only_seen(r, &e.row)) =>
                     {
                         true
                     }
@@ -92,7 +92,7 @@ pub(crate) fn sync_unchanged(
 fn only_seen(before: &DeviceRow, after: &DeviceRow) -> bool {
     DeviceRow {
         last_seen_ms: before.last_seen_ms,
-        ..*after
+        ..after.clone()
     } == *before
 }
 

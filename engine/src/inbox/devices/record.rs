@@ -62,12 +62,12 @@ impl Record for DeviceEffect {
             .find(|d| d.row.device == self.row.device)
         {
             Some(d) => {
-                d.row = self.row;
+                d.row = self.row.clone();
                 d.stamp = stamp;
             }
             None => {
                 user.devices.push(Device {
-                    row: self.row,
+                    row: self.row.clone(),
                     stamp,
                 });
                 st.totals.devices += 1;
@@ -136,7 +136,7 @@ pub(crate) fn get_device_row(r: &mut Reader<'_>) -> DecodeResult<DeviceRow> {
         acked_sync_seq,
         state,
         last_seen_ms,
-        lease,
+        lease: lease.map(Box::new),
     })
 }
 

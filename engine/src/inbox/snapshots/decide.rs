@@ -39,7 +39,10 @@ pub(crate) fn decide_begin(
         last_seen_ms: now.max(row.last_seen_ms),
         ..row
     };
-    let mut effects = vec![Effect::from(DeviceEffect { uid, row })];
+    let mut effects = vec![Effect::from(DeviceEffect {
+        uid,
+        row: row.clone(),
+    })];
     // An earlier snapshot of this device is superseded: its generation is
     // dead, so it can never be acknowledged.
     for slot in user.snapshots.values() {
@@ -168,6 +171,7 @@ pub(crate) fn decide_ack(
         last_seen_ms: now.max(row.last_seen_ms),
         ..row
     };
+    let device = info(&row);
     Ok((
         vec![
             Effect::from(DeviceEffect { uid, row }),
@@ -179,6 +183,6 @@ pub(crate) fn decide_ack(
                 },
             }),
         ],
-        info(&row),
+        device,
     ))
 }

@@ -108,6 +108,9 @@ impl Tally {
             let own = size_of::<User>() as u64 + ARC;
             self.add(0, (own, own));
             self.add(1, vec::<Device>(&u.devices));
+            let leases = u.devices.iter().filter(|d| d.row.lease.is_some()).count();
+            let leases = (leases * size_of::<LeaseInfo>()) as u64;
+            self.add(1, (leases, leases));
             self.add(
                 2,
                 vec_of(
