@@ -255,17 +255,45 @@ const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
 /// saves (`docs/OPERATIONS.md`, "The allocator").
 const PURGE_DELAY_MS: std::ffi::c_long = 10;
 
+/// mimalloc's `mi_option_arena_eager_commit`, likewise.
+const MI_OPTION_ARENA_EAGER_COMMIT: std::ffi::c_int = 4;
+
+/// Whether mimalloc commits a whole arena when it reserves it: no. On
+/// Linux it does by default (overcommit makes it free), and after the
+/// harness's `sync` preload RssAnon was then about 3 MiB higher, at no
+/// CPU that committing on demand was seen to cost (`docs/OPERATIONS.md`,
+/// "The allocator").
+const ARENA_EAGER_COMMIT: std::ffi::c_long = 0;
+
 extern "C" {
     fn mi_option_set_default(option: std::ffi::c_int, value: std::ffi::c_long);
 }
 
 /// Sets mimalloc's purge delay unless the environment did
-/// (`MIMALLOC_PURGE_DELAY` then wins, as mimalloc documents).
+/// (`MIMALLOC_PURGE_DELAY` then wins, as mimalloc documents). mimalloc
+/// reads an option when it first needs it, and it needs this one only
+/// once it purges, so setting it here is in time.
 fn tune_mimalloc() {
     // SAFETY: sets an integer in mimalloc's option table; any value is
     // valid for this option.
     unsafe { mi_option_set_default(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
 }
+
+/// Sets whether mimalloc commits its arenas eagerly, unless the
+/// environment did (`MIMALLOC_ARENA_EAGER_COMMIT` then wins). mimalloc
+/// reads that option when it reserves its first arena, at the program's
+/// first allocation, before `main`; so this runs as the binary is loaded
+/// (an `.init_array` entry, as C constructors are), before the Rust
+/// runtime allocates anything.
+extern "C" fn tune_mimalloc_before_main() {
+    // SAFETY: sets an integer in mimalloc's option table, to a value
+    // valid for the option; nothing else runs yet.
+    unsafe { mi_option_set_default(MI_OPTION_ARENA_EAGER_COMMIT, ARENA_EAGER_COMMIT) };
+}
+
+#[used]
+#[link_section = ".init_array"]
+static TUNE_MIMALLOC_BEFORE_MAIN: extern "C" fn() = tune_mimalloc_before_main;
 
 /// Turns transparent huge pages off for the process unless
 /// `MIMALLOC_ALLOW_THP` is set (then mimalloc decides, as it documents).
@@ -571,41 +599,62 @@ mod tests {
         fn mi_option_get(option: std::ffi::c_int) -> std::ffi::c_long;
     }
 
-    /// The child half of the test below: prints the option at the index
-    /// `tune_mimalloc` sets.
+    /// The child half of the test below: prints the options at the
+    /// indexes `tune_mimalloc` sets.
     #[test]
-    #[ignore = "run by mimallocs_purge_delay_is_the_option_tune_mimalloc_sets"]
-    fn print_the_purge_delay_option() {
-        // SAFETY: reads an integer option.
-        println!("option={}", unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) });
+    #[ignore = "run by mimallocs_options_are_the_ones_tune_mimalloc_sets"]
+    fn print_the_options_tune_mimalloc_sets() {
+        // SAFETY: reads integer options.
+        let (purge, eager) = unsafe {
+            (
+                mi_option_get(MI_OPTION_PURGE_DELAY),
+                mi_option_get(MI_OPTION_ARENA_EAGER_COMMIT),
+            )
+        };
+        println!("purge_delay={purge} arena_eager_commit={eager}");
     }
 
     #[test]
-    fn mimallocs_purge_delay_is_the_option_tune_mimalloc_sets() {
+    fn mimallocs_options_are_the_ones_tune_mimalloc_sets() {
         // mimalloc reads its options from the environment as the process
-        // starts, so ask a child started with the variable set.
+        // starts, so ask a child started with the variables set (to values
+        // neither mimalloc's defaults nor ours).
         let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
             .args([
                 "--exact",
-                "tests::print_the_purge_delay_option",
+                "tests::print_the_options_tune_mimalloc_sets",
                 "--ignored",
                 "--nocapture",
                 "--test-threads=1",
             ])
             .env("MIMALLOC_PURGE_DELAY", "1234")
+            .env("MIMALLOC_ARENA_EAGER_COMMIT", "7")
             .output()
             .expect("run the child");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            stdout.contains("option=1234"),
+            stdout.contains("purge_delay=1234 "),
             "index {MI_OPTION_PURGE_DELAY} is not MIMALLOC_PURGE_DELAY in the linked mimalloc: {stdout}"
         );
-        // And with the environment silent, the default is ours.
+        assert!(
+            stdout.contains("arena_eager_commit=7\n"),
+            "index {MI_OPTION_ARENA_EAGER_COMMIT} is not MIMALLOC_ARENA_EAGER_COMMIT in the linked mimalloc: {stdout}"
+        );
+        // And with the environment silent, the defaults are ours: the
+        // arena's was set as this binary loaded.
         tune_mimalloc();
-        // SAFETY: reads an integer option.
-        let set = unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) };
+        // SAFETY: reads integer options.
+        let (purge, eager) = unsafe {
+            (
+                mi_option_get(MI_OPTION_PURGE_DELAY),
+                mi_option_get(MI_OPTION_ARENA_EAGER_COMMIT),
+            )
+        };
         if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-            assert_eq!(set, PURGE_DELAY_MS);
+            assert_eq!(purge, PURGE_DELAY_MS);
+        }
+        if std::env::var_os("MIMALLOC_ARENA_EAGER_COMMIT").is_none() {
+            assert_eq!(eager, ARENA_EAGER_COMMIT);
         }
     }
 }
