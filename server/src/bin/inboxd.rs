@@ -155,15 +155,8 @@ fn install_engine_panic_hook() {
 }
 
 fn main() -> ExitCode {
-    // Before anything allocates much: a huge page mapped stays huge.
-    let huge_pages = no_huge_pages();
     let cli = Cli::parse();
     init_logs(cli.log_format);
-    if let Err(e) = huge_pages {
-        tracing::warn!(
-            "prctl(PR_SET_THP_DISABLE) failed ({e}); huge pages stay as the system sets them"
-        );
-    }
     install_engine_panic_hook();
     match cli.command {
         Command::Serve(args) => serve(&args),
@@ -260,10 +253,23 @@ const MI_OPTION_ARENA_EAGER_COMMIT: std::ffi::c_int = 4;
 
 /// Whether mimalloc commits a whole arena when it reserves it: no. On
 /// Linux it does by default (overcommit makes it free), and after the
-/// harness's `sync` preload RssAnon was then about 3 MiB higher, at no
+/// harness's `sync` preload RssAnon was then about 4 MiB higher, at no
 /// CPU that committing on demand was seen to cost (`docs/OPERATIONS.md`,
-/// "The allocator").
+/// "Arenas committed on demand").
 const ARENA_EAGER_COMMIT: std::ffi::c_long = 0;
+
+/// mimalloc's `mi_option_allow_thp`: 43 in the 3.x line, the one linked
+/// (37 in 2.x); the test below checks it.
+const MI_OPTION_ALLOW_THP: std::ffi::c_int = 43;
+
+/// Whether mimalloc may use transparent huge pages: no. It asks for them
+/// (`MADV_HUGEPAGE`) on what it reserves, so the first touch of any 2 MiB
+/// maps all 2 MiB: an idle daemon held 12 MiB of heap where it used under
+/// 2, and a loaded one holds part-filled huge pages per thread and size
+/// class. With the option off, mimalloc turns them off for the whole
+/// process (`PR_SET_THP_DISABLE`) as it starts, before it maps anything
+/// (`docs/OPERATIONS.md`, "Transparent huge pages").
+const ALLOW_THP: std::ffi::c_long = 0;
 
 extern "C" {
     fn mi_option_set_default(option: std::ffi::c_int, value: std::ffi::c_long);
@@ -279,42 +285,24 @@ fn tune_mimalloc() {
     unsafe { mi_option_set_default(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
 }
 
-/// Sets whether mimalloc commits its arenas eagerly, unless the
-/// environment did (`MIMALLOC_ARENA_EAGER_COMMIT` then wins). mimalloc
-/// reads that option when it reserves its first arena, at the program's
-/// first allocation, before `main`; so this runs as the binary is loaded
-/// (an `.init_array` entry, as C constructors are), before the Rust
-/// runtime allocates anything.
+/// Sets mimalloc's arena commit and huge pages unless the environment
+/// did (`MIMALLOC_ARENA_EAGER_COMMIT` and `MIMALLOC_ALLOW_THP` then win).
+/// mimalloc reads both as it starts, at the program's first allocation,
+/// before `main`; so this runs as the binary is loaded (an `.init_array`
+/// entry, as C constructors are), before the Rust runtime allocates
+/// anything.
 extern "C" fn tune_mimalloc_before_main() {
-    // SAFETY: sets an integer in mimalloc's option table, to a value
-    // valid for the option; nothing else runs yet.
-    unsafe { mi_option_set_default(MI_OPTION_ARENA_EAGER_COMMIT, ARENA_EAGER_COMMIT) };
+    // SAFETY: each sets an integer in mimalloc's option table, to a value
+    // valid for that option; nothing else runs yet.
+    unsafe {
+        mi_option_set_default(MI_OPTION_ARENA_EAGER_COMMIT, ARENA_EAGER_COMMIT);
+        mi_option_set_default(MI_OPTION_ALLOW_THP, ALLOW_THP);
+    }
 }
 
 #[used]
 #[link_section = ".init_array"]
 static TUNE_MIMALLOC_BEFORE_MAIN: extern "C" fn() = tune_mimalloc_before_main;
-
-/// Turns transparent huge pages off for the process unless
-/// `MIMALLOC_ALLOW_THP` is set (then mimalloc decides, as it documents).
-/// mimalloc asks for huge pages (`MADV_HUGEPAGE`) on the memory it
-/// reserves, so the first touch of any 2 MiB of it maps all 2 MiB: an
-/// idle daemon held 12 MiB of heap where it used under 2, and a loaded one
-/// holds part-filled huge pages per thread and size class. mimalloc reads
-/// its own option before `main`, so the flag is set here directly, first
-/// thing in `main`, as mimalloc does when that option is off; a page
-/// already mapped huge stays so.
-fn no_huge_pages() -> std::io::Result<()> {
-    #[cfg(target_os = "linux")]
-    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
-        // SAFETY: PR_SET_THP_DISABLE sets one flag of this process; it
-        // reads no memory of ours.
-        if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
 
 fn serve(args: &ServeArgs) -> ExitCode {
     let config = match resolve(args) {
@@ -599,62 +587,71 @@ mod tests {
         fn mi_option_get(option: std::ffi::c_int) -> std::ffi::c_long;
     }
 
+    /// The options the daemon sets: index, environment variable, a probe
+    /// value that neither mimalloc's default nor ours nor a neighbouring
+    /// option holds, and ours.
+    const OPTIONS: [(std::ffi::c_int, &str, std::ffi::c_long, std::ffi::c_long); 3] = [
+        (
+            MI_OPTION_PURGE_DELAY,
+            "MIMALLOC_PURGE_DELAY",
+            1234,
+            PURGE_DELAY_MS,
+        ),
+        (
+            MI_OPTION_ARENA_EAGER_COMMIT,
+            "MIMALLOC_ARENA_EAGER_COMMIT",
+            7,
+            ARENA_EAGER_COMMIT,
+        ),
+        (MI_OPTION_ALLOW_THP, "MIMALLOC_ALLOW_THP", 7, ALLOW_THP),
+    ];
+
+    fn option(index: std::ffi::c_int) -> std::ffi::c_long {
+        // SAFETY: reads an integer option.
+        unsafe { mi_option_get(index) }
+    }
+
     /// The child half of the test below: prints the options at the
-    /// indexes `tune_mimalloc` sets.
+    /// indexes the daemon sets.
     #[test]
-    #[ignore = "run by mimallocs_options_are_the_ones_tune_mimalloc_sets"]
-    fn print_the_options_tune_mimalloc_sets() {
-        // SAFETY: reads integer options.
-        let (purge, eager) = unsafe {
-            (
-                mi_option_get(MI_OPTION_PURGE_DELAY),
-                mi_option_get(MI_OPTION_ARENA_EAGER_COMMIT),
-            )
-        };
-        println!("purge_delay={purge} arena_eager_commit={eager}");
+    #[ignore = "run by mimallocs_options_are_the_ones_the_daemon_sets"]
+    fn print_the_options_the_daemon_sets() {
+        for (index, _, _, _) in OPTIONS {
+            println!("option {index} = {}", option(index));
+        }
     }
 
     #[test]
-    fn mimallocs_options_are_the_ones_tune_mimalloc_sets() {
+    fn mimallocs_options_are_the_ones_the_daemon_sets() {
         // mimalloc reads its options from the environment as the process
-        // starts, so ask a child started with the variables set (to values
-        // neither mimalloc's defaults nor ours).
-        let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
-            .args([
-                "--exact",
-                "tests::print_the_options_tune_mimalloc_sets",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("MIMALLOC_PURGE_DELAY", "1234")
-            .env("MIMALLOC_ARENA_EAGER_COMMIT", "7")
-            .output()
-            .expect("run the child");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            stdout.contains("purge_delay=1234 "),
-            "index {MI_OPTION_PURGE_DELAY} is not MIMALLOC_PURGE_DELAY in the linked mimalloc: {stdout}"
-        );
-        assert!(
-            stdout.contains("arena_eager_commit=7\n"),
-            "index {MI_OPTION_ARENA_EAGER_COMMIT} is not MIMALLOC_ARENA_EAGER_COMMIT in the linked mimalloc: {stdout}"
-        );
-        // And with the environment silent, the defaults are ours: the
-        // arena's was set as this binary loaded.
-        tune_mimalloc();
-        // SAFETY: reads integer options.
-        let (purge, eager) = unsafe {
-            (
-                mi_option_get(MI_OPTION_PURGE_DELAY),
-                mi_option_get(MI_OPTION_ARENA_EAGER_COMMIT),
-            )
-        };
-        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-            assert_eq!(purge, PURGE_DELAY_MS);
+        // starts, so ask a child started with the probe values set.
+        let mut child =
+            std::process::Command::new(std::env::current_exe().expect("the test binary"));
+        child.args([
+            "--exact",
+            "tests::print_the_options_the_daemon_sets",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ]);
+        for (_, var, probe, _) in OPTIONS {
+            child.env(var, probe.to_string());
         }
-        if std::env::var_os("MIMALLOC_ARENA_EAGER_COMMIT").is_none() {
-            assert_eq!(eager, ARENA_EAGER_COMMIT);
+        let out = child.output().expect("run the child");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for (index, var, probe, _) in OPTIONS {
+            assert!(
+                stdout.contains(&format!("option {index} = {probe}\n")),
+                "index {index} is not {var} in the linked mimalloc: {stdout}"
+            );
+        }
+        // And with the environment silent, the defaults are ours: the
+        // purge delay's set in `serve`, the others as this binary loaded.
+        tune_mimalloc();
+        for (index, var, _, ours) in OPTIONS {
+            if std::env::var_os(var).is_none() {
+                assert_eq!(option(index), ours, "{var}");
+            }
         }
     }
 }
