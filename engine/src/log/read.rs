@@ -165,8 +165,6 @@ pub(super) fn replay_bytes(
     Ok(())
 }
 
-/// Whether `off` is the start of a record of the batch `back` bytes before
-/// it, judged by walking that batch's record headers.
 /// The record at `loc` in `seg`, read through `r`, handed to `f` once its
 /// CRC checks ([`Log::read_with`]).
 fn read_at<T>(
@@ -206,6 +204,8 @@ fn read_at<T>(
     }
 }
 
+/// Whether `off` is the start of a record of the batch `back` bytes before
+/// it, judged by walking that batch's record headers.
 fn is_record_start(r: &segment::Reader<'_>, off: u64, back: u32) -> Result<bool, LogError> {
     let Some(batch_off) = off.checked_sub(u64::from(back)) else {
         return Ok(false);

@@ -53,10 +53,9 @@ pub(crate) fn sync_unchanged(
     let (stamp, decided) = {
         let st = shared.state.read();
         let user = st.users.get(&req.uid);
-        let stamp = user
-            .and_then(|u| u.device(req.device))
-            .map_or(0, |d| d.stamp);
-        let row = user.and_then(|u| u.device(req.device)).map(|d| &d.row);
+        let device = user.and_then(|u| u.device(req.device));
+        let stamp = device.map_or(0, |d| d.stamp);
+        let row = device.map(|d| &d.row);
         let decided = match sync::decide_sync(&st, &shared.config, now, req, options, claims) {
             Err(e) => Err(e),
             Ok((effects, SyncOutcome::Page(plan))) => {
