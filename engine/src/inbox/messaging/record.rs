@@ -64,6 +64,8 @@ const FORMAT_VERSION: u8 = 1;
 const FLAG_ZSTD: u8 = 1;
 /// Payloads shorter than this are never worth a zstd frame.
 const COMPRESS_MIN_BYTES: usize = 64;
+/// How many leading bytes [`looks_random`] looks at.
+const RANDOM_SAMPLE_BYTES: usize = 512;
 
 pub(crate) fn kind_code(kind: MessageKind) -> u8 {
     match kind {
@@ -99,7 +101,7 @@ pub(crate) struct StoredPayload {
 impl StoredPayload {
     pub fn new(payload: &Bytes) -> Self {
         let raw_len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
-        if payload.len() >= COMPRESS_MIN_BYTES {
+        if payload.len() >= COMPRESS_MIN_BYTES && !looks_random(payload) {
             if let Ok(c) = COMPRESSOR
                 .with(|z| z.borrow_mut().as_mut().map(|z| z.compress(payload)))
                 .unwrap_or_else(|| zstd::bulk::compress(payload, ZSTD_LEVEL))
@@ -122,6 +124,30 @@ impl StoredPayload {
 }
 
 const ZSTD_LEVEL: i32 = 3;
+
+/// Whether `payload` starts like uniformly random bytes: an end-to-end
+/// encrypted message, or compressed media. zstd cannot shrink those, and
+/// trying costs more than the rest of a send on the caller's thread.
+///
+/// The test counts the distinct byte values among the first
+/// [`RANDOM_SAMPLE_BYTES`]: `n` random bytes show about
+/// `256 * (1 - (255/256)^n)` of them (139 of 200), text a few dozen, and
+/// base64 at most 64, so those are still compressed. A payload that is
+/// random only at its start and compressible after it is stored as it
+/// came: that costs disk, never correctness. The answer depends on the
+/// bytes alone, so equal payloads are still stored equally.
+fn looks_random(payload: &[u8]) -> bool {
+    let sample = &payload[..payload.len().min(RANDOM_SAMPLE_BYTES)];
+    let mut seen = [0u64; 4];
+    for &b in sample {
+        seen[usize::from(b >> 6)] |= 1 << (b & 63);
+    }
+    let distinct: u32 = seen.iter().map(|w| w.count_ones()).sum();
+    // Nine tenths of what uniform bytes would show: 125 of 200, 199 of 512.
+    let n = sample.len() as f64;
+    let expected = 256.0 * (1.0 - (255.0f64 / 256.0).powf(n));
+    f64::from(distinct) >= 0.9 * expected
+}
 
 thread_local! {
     // A zstd context costs far more to set up than a small payload costs
@@ -537,6 +563,55 @@ pub(crate) fn summary_for(kind: MessageKind, payload: &[u8], target: MsgId, memb
 mod tests {
     use super::*;
     use crate::inbox::effect::Effect;
+
+    /// Bytes from a fixed xorshift stream: uniform, like ciphertext.
+    fn random_bytes(n: usize, mut x: u64) -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn random_payloads_skip_zstd_and_are_stored_as_they_came() {
+        for (n, seed) in [(64, 1), (200, 2), (512, 3), (4096, 4), (100_000, 5)] {
+            let payload = Bytes::from(random_bytes(n, seed));
+            assert!(looks_random(&payload), "{n} random bytes");
+            let stored = StoredPayload::new(&payload);
+            assert!(!stored.compressed, "{n} random bytes");
+            assert_eq!(stored.bytes, payload);
+        }
+    }
+
+    #[test]
+    fn text_json_and_base64_payloads_are_still_compressed() {
+        let text = Bytes::from(
+            "Running late, the lift is stuck between floors again. Order without me? ".repeat(3),
+        );
+        let json = Bytes::from(
+            r#"{"type":"text","body":"see you at eight","mentions":[],"reply_to":null,"client":"ios-7.2"}"#
+                .repeat(2),
+        );
+        // Base64 of random bytes: 64 symbols, 6 bits of 8; zstd's entropy
+        // stage takes about a quarter off.
+        const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let base64 = Bytes::from(
+            random_bytes(600, 9)
+                .iter()
+                .map(|b| B64[usize::from(b & 63)])
+                .collect::<Vec<u8>>(),
+        );
+        for (what, payload) in [("text", text), ("json", json), ("base64", base64)] {
+            assert!(!looks_random(&payload), "{what} looked random");
+            let stored = StoredPayload::new(&payload);
+            assert!(stored.compressed, "{what} was not compressed");
+            assert!(stored.bytes.len() < payload.len(), "{what}");
+        }
+    }
 
     #[test]
     fn a_message_adds_at_most_the_overhead_bound_besides_its_payload() {
