@@ -4,14 +4,19 @@
 //! The JSON shape is fixed (tools read it):
 //! `{"machine": {...}, "results": [{"scenario", "system", "clients",
 //! "ops_per_s", "p50_us", "p99_us", "p999_us", "bytes",
-//! "server_cpu_us_per_op", "cpu_of"}], "soak": [...]}`.
+//! "server_cpu_us_per_op", "cpu_of", "harness_cpu_us_per_op"}],
+//! "soak": [...]}`.
 //!
 //! `server_cpu_us_per_op` is the CPU time (user + system, every thread)
 //! the system's process spent in the measured window divided by the
 //! operations of the row; `cpu_of` says whose: `"server"`, or `"harness"`
 //! for an embedded system, whose work runs on the harness's own threads
 //! together with the load generator's. Both are `null` where not measured.
-//! `soak` is there only when a soak ran.
+//! `harness_cpu_us_per_op` is the harness's own CPU over the same window
+//! per operation, for a system with a server of its own: the machine's
+//! other consumer, which a server shares the cores with (`null` for an
+//! embedded system, whose figure already is the harness's, and where not
+//! measured). `soak` is there only when a soak ran.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -55,6 +60,11 @@ pub struct ResultRow {
     pub server_cpu_us_per_op: Option<f64>,
     #[serde(default)]
     pub cpu_of: Option<String>,
+    /// The harness's own CPU per operation over the same window, for a
+    /// system with a server of its own (its client threads' share of the
+    /// machine).
+    #[serde(default)]
+    pub harness_cpu_us_per_op: Option<f64>,
 }
 
 impl ResultRow {
@@ -78,6 +88,7 @@ impl ResultRow {
             bytes,
             server_cpu_us_per_op: None,
             cpu_of: None,
+            harness_cpu_us_per_op: None,
         }
     }
 
@@ -87,6 +98,12 @@ impl ResultRow {
             self.server_cpu_us_per_op = Some(us);
             self.cpu_of = Some(of.label().to_string());
         }
+        self
+    }
+
+    /// Adds the harness's CPU per operation, if it was measured.
+    pub fn with_harness_cpu(mut self, us: Option<f64>) -> Self {
+        self.harness_cpu_us_per_op = us;
         self
     }
 }
@@ -526,6 +543,7 @@ mod tests {
             bytes: 200,
             server_cpu_us_per_op: None,
             cpu_of: None,
+            harness_cpu_us_per_op: None,
         }
     }
 
@@ -554,6 +572,7 @@ mod tests {
                 "bytes",
                 "clients",
                 "cpu_of",
+                "harness_cpu_us_per_op",
                 "ops_per_s",
                 "p50_us",
                 "p999_us",
@@ -565,6 +584,7 @@ mod tests {
         );
         assert!(entry["server_cpu_us_per_op"].is_null(), "not measured");
         assert!(entry["cpu_of"].is_null());
+        assert!(entry["harness_cpu_us_per_op"].is_null(), "not measured");
         assert_eq!(entry["scenario"], "ingest");
         assert_eq!(entry["system"], "inboxd");
         assert_eq!(entry["clients"], 16);

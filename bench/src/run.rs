@@ -212,6 +212,24 @@ fn outcome_cpu(out: &Outcome, measured: Option<Measured>) -> Option<(f64, Measur
     cpu_per_op(out.cpu_ticks, out.ops, measured)
 }
 
+/// The harness's own CPU per operation over the window, for a system
+/// with a server of its own: what its client threads cost the machine
+/// beside the server (an embedded system's figure already is the
+/// harness's).
+fn harness_cpu(out: &Outcome, measured: Option<Measured>) -> Option<f64> {
+    match measured? {
+        Measured::Server(_) => {
+            procfs::cpu_us_per_op(0, out.harness_ticks?, procfs::clock_ticks_per_s(), out.ops)
+        }
+        Measured::Harness => None,
+    }
+}
+
+/// The harness's CPU as printed after the server's.
+fn harness_note(us: Option<f64>) -> String {
+    us.map_or_else(String::new, |us| format!(", harness CPU {us:.1} µs/op"))
+}
+
 /// The CPU column as printed beside a scenario's line.
 fn cpu_note(cpu: Option<(f64, Measured)>) -> String {
     match cpu {
@@ -698,14 +716,16 @@ pub(crate) fn ingest_scenario(
             }
         }
         let cpu = outcome_cpu(&out, measured);
+        let harness = harness_cpu(&out, measured);
         println!(
-            "{name}: ingest c={clients}: {} sends, {:.0} sends/s, {:.0} events/s, p50 {} µs, p99 {} µs{}",
+            "{name}: ingest c={clients}: {} sends, {:.0} sends/s, {:.0} events/s, p50 {} µs, p99 {} µs{}{}",
             out.latency.count(),
             out.ops_per_s(),
             out.events_per_s(),
             out.latency.quantile_us(0.5),
             out.latency.quantile_us(0.99),
-            cpu_note(cpu)
+            cpu_note(cpu),
+            harness_note(harness)
         );
         let clients = u32::try_from(clients).unwrap_or(u32::MAX);
         report.results.push(
@@ -717,7 +737,8 @@ pub(crate) fn ingest_scenario(
                 &out.latency,
                 out.bytes,
             )
-            .with_cpu(cpu),
+            .with_cpu(cpu)
+            .with_harness_cpu(harness),
         );
         // The same window per fan-out event.
         report.results.push(
@@ -1173,6 +1194,7 @@ pub(crate) fn catch_up_scenario(
     let measured = system.measured();
     let out = scenarios::catch_up(system, &devices, cp, &measured)?;
     let cpu = outcome_cpu(&out, measured);
+    let harness = harness_cpu(&out, measured);
     let timed = if cp.pipelined {
         format!(
             "device catch-up p50 {} µs, p99 {} µs",
@@ -1188,13 +1210,14 @@ pub(crate) fn catch_up_scenario(
         )
     };
     println!(
-        "{name}: {scenario} c={}: {} devices caught up in {:.2} s, {:.0} pages/s, {:.0} events/s, {timed}{}",
+        "{name}: {scenario} c={}: {} devices caught up in {:.2} s, {:.0} pages/s, {:.0} events/s, {timed}{}{}",
         cp.clients,
         devices.len(),
         out.elapsed.as_secs_f64(),
         out.ops_per_s(),
         out.events_per_s(),
-        cpu_note(cpu).replace("µs/op", "µs per page")
+        cpu_note(cpu).replace("µs/op", "µs per page"),
+        harness_note(harness).replace("µs/op", "µs per page")
     );
     let clients = u32::try_from(cp.clients).unwrap_or(u32::MAX);
     report.results.push(
@@ -1206,7 +1229,8 @@ pub(crate) fn catch_up_scenario(
             &out.latency,
             out.bytes,
         )
-        .with_cpu(cpu),
+        .with_cpu(cpu)
+        .with_harness_cpu(harness),
     );
     if scenario == "sync" {
         report.results.push(
@@ -1368,5 +1392,31 @@ mod tests {
         assert_eq!(cpu_per_op(None, 1_000, server), None);
         assert_eq!(cpu_per_op(Some(10), 0, server), None);
         assert_eq!(cpu_per_op(Some(10), 1_000, None), None);
+    }
+
+    #[test]
+    fn the_harness_share_is_reported_beside_a_server_and_not_for_an_embedded_system() {
+        let hz = procfs::clock_ticks_per_s() as f64;
+        let out = Outcome {
+            ops: 1_000,
+            cpu_ticks: Some(10),
+            harness_ticks: Some(30),
+            ..Outcome::default()
+        };
+        let us = harness_cpu(&out, Some(Measured::Server(1))).expect("measured");
+        assert!((us - 30.0 * 1e6 / hz / 1_000.0).abs() < 1e-9);
+        assert_eq!(
+            harness_note(Some(us)),
+            format!(", harness CPU {us:.1} µs/op")
+        );
+        // An embedded system's CPU already is the harness's.
+        assert_eq!(harness_cpu(&out, Some(Measured::Harness)), None);
+        assert_eq!(harness_cpu(&out, None), None);
+        let unmeasured = Outcome {
+            harness_ticks: None,
+            ..out
+        };
+        assert_eq!(harness_cpu(&unmeasured, Some(Measured::Server(1))), None);
+        assert_eq!(harness_note(None), "");
     }
 }

@@ -11,7 +11,7 @@ use std::sync::{Barrier, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::hist::Latency;
-use crate::procfs::Measured;
+use crate::procfs::{self, Measured};
 use crate::run::CatchUpPlan;
 use crate::systems::{Conn, DeviceCursor, Result, Screen, System};
 use crate::workload::{DeviceId, OpGen, Outgoing, PreSend, SoakSet, Uid, Workload};
@@ -31,6 +31,9 @@ pub struct Outcome {
     /// CPU clock ticks the measured process spent in the window, where
     /// there is a process to measure.
     pub cpu_ticks: Option<u64>,
+    /// CPU clock ticks the harness itself (its client threads, and an
+    /// embedded system's work) spent in the same window.
+    pub harness_ticks: Option<u64>,
 }
 
 impl Outcome {
@@ -119,10 +122,34 @@ impl Window {
     }
 }
 
+/// The harness's own CPU counter, user + system over all its threads.
+fn harness_ticks() -> Option<u64> {
+    procfs::cpu_ticks(std::process::id())
+}
+
+/// Ticks of the measured process and of the harness over one window.
+#[derive(Clone, Copy, Debug, Default)]
+struct Ticks {
+    measured: Option<u64>,
+    harness: Option<u64>,
+}
+
 /// The meter's side of a window: one sample as it opens, one as it closes.
 /// `stop` says the clients are done (or failed): waiting ends, and a window
 /// already open is sampled at once.
-fn meter_window(meter: &dyn Meter, window: &Window, stop: &AtomicBool) -> Option<u64> {
+fn meter_window(meter: &dyn Meter, window: &Window, stop: &AtomicBool) -> Ticks {
+    let ticks = meter_window_inner(meter, window, stop);
+    Ticks {
+        measured: ticks.and_then(|(m, _)| m),
+        harness: ticks.and_then(|(_, h)| h),
+    }
+}
+
+fn meter_window_inner(
+    meter: &dyn Meter,
+    window: &Window,
+    stop: &AtomicBool,
+) -> Option<(Option<u64>, Option<u64>)> {
     const POLL: Duration = Duration::from_millis(1);
     let began = loop {
         if let Some(&began) = window.began.get() {
@@ -139,11 +166,15 @@ fn meter_window(meter: &dyn Meter, window: &Window, stop: &AtomicBool) -> Option
         }
         std::thread::sleep(POLL);
     }
-    let at_open = meter.cpu_ticks()?;
+    let at_open = (meter.cpu_ticks(), harness_ticks());
     while Instant::now() < window.closes(began) && !stop.load(Ordering::SeqCst) {
         std::thread::sleep(POLL);
     }
-    meter.cpu_ticks()?.checked_sub(at_open)
+    let since = |open: Option<u64>, now: Option<u64>| now?.checked_sub(open?);
+    Some((
+        since(at_open.0, meter.cpu_ticks()),
+        since(at_open.1, harness_ticks()),
+    ))
 }
 
 /// Runs `clients` as [`with_clients`] does, with a meter thread that takes
@@ -154,13 +185,13 @@ fn with_metered_clients<T: std::marker::Send>(
     meter: &dyn Meter,
     window: &Window,
     per_client: impl Fn(usize, &mut dyn Conn) -> Result<T> + Sync,
-) -> Result<(Vec<T>, Option<u64>)> {
+) -> Result<(Vec<T>, Ticks)> {
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let metering = scope.spawn(|| meter_window(meter, window, &stop));
         let results = with_clients(system, clients, per_client);
         stop.store(true, Ordering::SeqCst);
-        let ticks = metering.join().unwrap_or(None);
+        let ticks = metering.join().unwrap_or_default();
         results.map(|r| (r, ticks))
     })
 }
@@ -221,13 +252,14 @@ pub fn ingest(
     meter: &dyn Meter,
 ) -> Result<Outcome> {
     let window = Window::new(warmup, duration);
-    let (per_client, cpu_ticks) =
+    let (per_client, ticks) =
         with_metered_clients(system, clients, meter, &window, |client, conn| {
             ingest_client(conn, workload, &window, run, client as u64)
         })?;
     let mut total = Outcome {
         elapsed: duration,
-        cpu_ticks,
+        cpu_ticks: ticks.measured,
+        harness_ticks: ticks.harness,
         ..Outcome::default()
     };
     for out in per_client {
@@ -352,6 +384,7 @@ pub fn catch_up(
     // The window is the whole run: connecting the clients is included,
     // which is a few requests next to the pages.
     let ticks_before = meter.cpu_ticks();
+    let harness_before = harness_ticks();
     let next = AtomicUsize::new(0);
     let started = Mutex::new(None::<Instant>);
     let finished_ns = AtomicU64::new(0);
@@ -398,6 +431,9 @@ pub fn catch_up(
         cpu_ticks: ticks_before
             .zip(meter.cpu_ticks())
             .and_then(|(a, b)| b.checked_sub(a)),
+        harness_ticks: harness_before
+            .zip(harness_ticks())
+            .and_then(|(a, b)| b.checked_sub(a)),
         ..Outcome::default()
     };
     for out in per_client {
@@ -442,7 +478,7 @@ pub fn sync_under_ingest(
     let next = AtomicUsize::new(0);
     let ran_out = AtomicBool::new(false);
     let syncing = AtomicUsize::new(sync_clients);
-    let (per_client, cpu_ticks) = with_metered_clients(
+    let (per_client, ticks) = with_metered_clients(
         system,
         sync_clients + ingest_clients,
         meter,
@@ -494,8 +530,10 @@ pub fn sync_under_ingest(
     };
     result.sync.elapsed = length;
     result.ingest.elapsed = length;
-    result.sync.cpu_ticks = cpu_ticks;
-    result.ingest.cpu_ticks = cpu_ticks;
+    result.sync.cpu_ticks = ticks.measured;
+    result.ingest.cpu_ticks = ticks.measured;
+    result.sync.harness_ticks = ticks.harness;
+    result.ingest.harness_ticks = ticks.harness;
     for (syncing, out) in per_client {
         if syncing {
             result.sync.add(&out);

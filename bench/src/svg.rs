@@ -268,6 +268,7 @@ mod tests {
             bytes: 0,
             server_cpu_us_per_op: None,
             cpu_of: None,
+            harness_cpu_us_per_op: None,
         }
     }
 
