@@ -282,7 +282,10 @@ impl State {
         c.msgs_base = msgs_base;
         // A trim takes a prefix and an edit is above its target, so the
         // links of reclaimed targets are exactly the ones to drop.
-        c.edits = c.edits.split_off(&msgs_base.next());
+        if let Some(edits) = c.edits.written() {
+            let kept = edits.split_off(&msgs_base.next());
+            c.edits = kept.into();
+        }
         for loc in gone {
             self.remove_msg_ref(loc);
         }

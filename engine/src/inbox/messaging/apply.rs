@@ -24,12 +24,16 @@ use crate::inbox::state::{
 /// count as unread, so no count moves. The links of recalled messages are
 /// dropped: a recalled message cannot be edited or recalled again.
 fn recall_edits(conv: &mut Conv, target_seq: MsgSeq) {
-    let mut pending = conv.edits.remove(&target_seq).unwrap_or_default();
+    let mut pending = conv
+        .edits
+        .written()
+        .and_then(|e| e.remove(&target_seq))
+        .unwrap_or_default();
     while let Some(seq) = pending.pop() {
         if let Some(meta) = conv.meta_mut(seq) {
             meta.flags |= FLAG_RECALLED;
         }
-        if let Some(more) = conv.edits.remove(&seq) {
+        if let Some(more) = conv.edits.written().and_then(|e| e.remove(&seq)) {
             pending.extend(more);
         }
     }

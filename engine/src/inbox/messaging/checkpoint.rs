@@ -255,7 +255,7 @@ pub(crate) fn put_edit_links(w: &mut Writer, st: &State) {
     for (id, c) in convs {
         w.u64(id);
         w.u64(c.edits.len() as u64);
-        for (target, edits) in &c.edits {
+        for (target, edits) in c.edits.iter() {
             w.u64(*target);
             w.u64(edits.len() as u64);
             for seq in edits {

@@ -139,7 +139,7 @@ pub(crate) fn decode_checkpoint_section(r: &mut Reader<'_>, st: &mut State) -> D
         }
         let user = Arc::make_mut(st.users.entry(uid).or_default());
         user.next_snapshot_id = next;
-        user.snapshots = snapshots;
+        user.snapshots = snapshots.into();
     }
     Ok(())
 }

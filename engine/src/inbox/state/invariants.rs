@@ -138,7 +138,7 @@ fn check_conv_watermarks(conv: ConvId, c: &Conv) -> Result<(), String> {
 
 fn check_edit_links(conv: ConvId, c: &Conv) -> Result<(), String> {
     let live = |seq| c.meta(seq).filter(|m| m.flags & FLAG_RECALLED == 0);
-    for (&target, edits) in &c.edits {
+    for (&target, edits) in c.edits.iter() {
         if live(target).is_none() {
             return Err(format!(
                 "conv {conv}: edits link to seq {target}, which is recalled or not retained"

@@ -32,6 +32,7 @@ mod invariants;
 pub(crate) mod loc;
 pub(crate) mod members;
 pub(crate) mod memory;
+pub(crate) mod rare;
 pub(crate) mod record;
 mod seg_refs;
 pub(crate) mod sorted;
@@ -115,7 +116,7 @@ pub(crate) struct Conv {
     /// `msg_seq` they target: a recall tombstones the edits of what it
     /// recalls, and theirs, so no edit serves a recalled body (R6). An
     /// edit recalled on its own stays listed under its target.
-    pub edits: BTreeMap<MsgSeq, Vec<MsgSeq>>,
+    pub edits: rare::Rare<BTreeMap<MsgSeq, Vec<MsgSeq>>>,
     /// Highest durable `msg_seq` (not state: maintained by the completion
     /// stage).
     pub committed_seq: MsgSeq,
@@ -128,6 +129,26 @@ pub(crate) struct Conv {
     /// (not state: a hint that spares compaction a walk of the whole
     /// history when it looks for bodies still in `evt`).
     pub bodies_in_msg_to: SeqHint,
+}
+
+impl rare::Empty for BTreeMap<MsgSeq, Vec<MsgSeq>> {
+    fn empty() -> &'static Self {
+        static NONE: BTreeMap<MsgSeq, Vec<MsgSeq>> = BTreeMap::new();
+        &NONE
+    }
+    fn is_empty_value(&self) -> bool {
+        self.is_empty()
+    }
+}
+
+impl rare::Empty for BTreeMap<u64, SnapshotSlot> {
+    fn empty() -> &'static Self {
+        static NONE: BTreeMap<u64, SnapshotSlot> = BTreeMap::new();
+        &NONE
+    }
+    fn is_empty_value(&self) -> bool {
+        self.is_empty()
+    }
 }
 
 /// A position kept beside the state to speed a search, never part of
@@ -342,7 +363,7 @@ pub(crate) struct User {
     pub order: SortedSet<ActivityKey>,
     pub next_lease_id: u64,
     /// Snapshots by id (R18).
-    pub snapshots: BTreeMap<u64, SnapshotSlot>,
+    pub snapshots: rare::Rare<BTreeMap<u64, SnapshotSlot>>,
     pub next_snapshot_id: u64,
 }
 
@@ -702,9 +723,21 @@ mod tests {
     #[test]
     fn a_conversation_and_a_members_row_keep_their_size() {
         // A large group's state is boxed: inline it was 80 more bytes in
-        // every conversation, most of which never switch.
-        assert_eq!(std::mem::size_of::<Conv>(), 128);
+        // every conversation, most of which never switch. Its edits are
+        // out of line until it has one: inline they were 16 more, and
+        // behind an `Arc` the conversation took the allocator's 160-byte
+        // class instead of the 128-byte one.
+        assert_eq!(std::mem::size_of::<Conv>(), 112);
         assert_eq!(std::mem::size_of::<UserConv>(), 96);
+    }
+
+    /// Every user is in memory, behind an `Arc` (16 bytes more). Its
+    /// snapshots are out of line until it has one: inline they were 16
+    /// more, and the user took the allocator's 224-byte class instead of
+    /// the 192-byte one.
+    #[test]
+    fn a_user_keeps_its_snapshots_out_of_line() {
+        assert_eq!(std::mem::size_of::<User>(), 168);
     }
 
     /// Every registered device is in memory; a lease, which few devices
