@@ -138,31 +138,19 @@ struct Ticks {
 /// `stop` says the clients are done (or failed): waiting ends, and a window
 /// already open is sampled at once.
 fn meter_window(meter: &dyn Meter, window: &Window, stop: &AtomicBool) -> Ticks {
-    let ticks = meter_window_inner(meter, window, stop);
-    Ticks {
-        measured: ticks.and_then(|(m, _)| m),
-        harness: ticks.and_then(|(_, h)| h),
-    }
-}
-
-fn meter_window_inner(
-    meter: &dyn Meter,
-    window: &Window,
-    stop: &AtomicBool,
-) -> Option<(Option<u64>, Option<u64>)> {
     const POLL: Duration = Duration::from_millis(1);
     let began = loop {
         if let Some(&began) = window.began.get() {
             break began;
         }
         if stop.load(Ordering::SeqCst) {
-            return None;
+            return Ticks::default();
         }
         std::thread::sleep(POLL);
     };
     while Instant::now() < window.opens(began) {
         if stop.load(Ordering::SeqCst) {
-            return None;
+            return Ticks::default();
         }
         std::thread::sleep(POLL);
     }
@@ -171,10 +159,10 @@ fn meter_window_inner(
         std::thread::sleep(POLL);
     }
     let since = |open: Option<u64>, now: Option<u64>| now?.checked_sub(open?);
-    Some((
-        since(at_open.0, meter.cpu_ticks()),
-        since(at_open.1, harness_ticks()),
-    ))
+    Ticks {
+        measured: since(at_open.0, meter.cpu_ticks()),
+        harness: since(at_open.1, harness_ticks()),
+    }
 }
 
 /// Runs `clients` as [`with_clients`] does, with a meter thread that takes

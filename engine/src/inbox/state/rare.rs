@@ -57,8 +57,9 @@ impl<T: Empty> Deref for Rare<T> {
     }
 }
 
-/// Allocates on the first write; a value written back to empty keeps
-/// its box until the row is rebuilt (a checkpoint load, a copy).
+/// Allocates on the first write. A value written back to empty keeps
+/// its box until the field is set anew from a value (`From`, which stores
+/// an empty one as nothing): a checkpoint load, a trim of the edits.
 impl<T: Empty> DerefMut for Rare<T> {
     fn deref_mut(&mut self) -> &mut T {
         self.0.get_or_insert_with(Box::default)
