@@ -415,8 +415,9 @@ fn reset_everyone(st: &mut State, report: &mut SalvageReport) {
         // A snapshot frozen at a base numbered before the loss would set
         // its device's ACK there: it is forgotten, and the device begins
         // a new one.
-        user.snapshots
-            .retain(|_, s| s.row.phase != SnapshotPhase::Live);
+        if let Some(snapshots) = user.snapshots.written() {
+            snapshots.retain(|_, s| s.row.phase != SnapshotPhase::Live);
+        }
         for d in &mut user.devices {
             let row = &mut d.row;
             row.acked_sync_seq = row.acked_sync_seq.min(head);

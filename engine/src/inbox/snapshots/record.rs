@@ -61,7 +61,9 @@ impl State {
         let user = Arc::make_mut(self.users.entry(uid).or_default());
         user.next_snapshot_id = user.next_snapshot_id.max(row.snapshot_id + 1);
         if row.phase == SnapshotPhase::Dropped {
-            user.snapshots.remove(&row.snapshot_id);
+            if let Some(snapshots) = user.snapshots.written() {
+                snapshots.remove(&row.snapshot_id);
+            }
         } else {
             user.snapshots
                 .insert(row.snapshot_id, SnapshotSlot { row: *row, stamp });
