@@ -145,3 +145,36 @@ pub(crate) fn decode_checkpoint_section(r: &mut Reader<'_>, st: &mut State) -> D
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(snapshot_id: u64, phase: SnapshotPhase) -> SnapshotRow {
+        SnapshotRow {
+            snapshot_id,
+            device: DeviceId(1),
+            generation: Generation(1),
+            base_sync_seq: SyncSeq(0),
+            created_at_ms: 0,
+            expires_at_ms: 1,
+            phase,
+        }
+    }
+
+    /// A user's snapshots are out of line until it has one; replaying the
+    /// drop of a snapshot it no longer holds must not box an empty map.
+    #[test]
+    fn dropping_a_snapshot_a_user_does_not_hold_allocates_nothing() {
+        let mut st = State::new(0);
+        st.apply_snapshot(Uid(1), &row(3, SnapshotPhase::Dropped), 1);
+        let user = &st.users[&Uid(1)];
+        assert!(!user.snapshots.is_allocated());
+        assert_eq!(user.next_snapshot_id, 4);
+        st.apply_snapshot(Uid(1), &row(4, SnapshotPhase::Live), 2);
+        st.apply_snapshot(Uid(1), &row(4, SnapshotPhase::Dropped), 3);
+        let user = &st.users[&Uid(1)];
+        assert!(user.snapshots.is_empty());
+        assert_eq!(user.next_snapshot_id, 5);
+    }
+}
