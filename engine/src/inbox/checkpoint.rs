@@ -560,14 +560,12 @@ mod tests {
     fn a_checkpoint_written_before_edit_links_decodes_with_none() {
         let mut st = State::new(0);
         let conv = Arc::make_mut(st.convs.entry(ConvId(7)).or_default());
-        conv.edits.insert(MsgSeq(1), vec![MsgSeq(2)]);
+        conv.edits.make_mut().insert(MsgSeq(1), vec![MsgSeq(2)]);
         let body = encode_state(&st);
         assert_eq!(decode_state(&body).unwrap(), st, "links round-trip");
         // The same state as an older writer encoded it: no links section.
         let mut old = st.clone();
-        Arc::make_mut(old.convs.get_mut(&ConvId(7)).unwrap())
-            .edits
-            .clear();
+        Arc::make_mut(old.convs.get_mut(&ConvId(7)).unwrap()).edits = Default::default();
         let mut older = encode_state(&old);
         // No idempotency table (one zero count), no large-group section
         // (two) and no links (one).

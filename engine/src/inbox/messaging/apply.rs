@@ -169,7 +169,11 @@ impl State {
                     meta.flags |= flag;
                 }
                 if m.kind == MessageKind::Edit {
-                    conv.edits.entry(target_seq).or_default().push(m.msg_seq);
+                    conv.edits
+                        .make_mut()
+                        .entry(target_seq)
+                        .or_default()
+                        .push(m.msg_seq);
                 } else {
                     recall_edits(conv, target_seq);
                 }

@@ -279,7 +279,7 @@ pub(crate) fn get_edit_links(r: &mut Reader<'_>, st: &mut State) -> DecodeResult
             for _ in 0..r.count(8)? {
                 edits.push(r.id()?);
             }
-            c.edits.insert(target, edits);
+            c.edits.make_mut().insert(target, edits);
         }
     }
     Ok(())

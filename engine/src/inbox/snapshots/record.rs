@@ -66,6 +66,7 @@ impl State {
             }
         } else {
             user.snapshots
+                .make_mut()
                 .insert(row.snapshot_id, SnapshotSlot { row: *row, stamp });
         }
     }

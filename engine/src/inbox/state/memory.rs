@@ -131,10 +131,8 @@ impl Tally {
                 7,
                 b_tree(u.snapshots.len(), size_of::<(u64, SnapshotSlot)>()),
             );
-            if u.snapshots.is_allocated() {
-                let own = size_of::<std::collections::BTreeMap<u64, SnapshotSlot>>() as u64;
-                self.add(7, (own, own));
-            }
+            let boxed = u.snapshots.boxed_bytes();
+            self.add(7, (boxed, boxed));
         }
     }
 
@@ -149,10 +147,8 @@ impl Tally {
             self.add(3, (own, own));
             self.add(3, c.members.bytes());
             self.add(3, b_tree(c.edits.len(), size_of::<(MsgSeq, Vec<MsgSeq>)>()));
-            if c.edits.is_allocated() {
-                let own = size_of::<std::collections::BTreeMap<MsgSeq, Vec<MsgSeq>>>() as u64;
-                self.add(3, (own, own));
-            }
+            let boxed = c.edits.boxed_bytes();
+            self.add(3, (boxed, boxed));
             for edits in c.edits.values() {
                 self.add(3, vec::<MsgSeq>(edits));
             }

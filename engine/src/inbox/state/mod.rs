@@ -136,18 +136,12 @@ impl rare::Empty for BTreeMap<MsgSeq, Vec<MsgSeq>> {
         static NONE: BTreeMap<MsgSeq, Vec<MsgSeq>> = BTreeMap::new();
         &NONE
     }
-    fn is_empty_value(&self) -> bool {
-        self.is_empty()
-    }
 }
 
 impl rare::Empty for BTreeMap<u64, SnapshotSlot> {
     fn empty() -> &'static Self {
         static NONE: BTreeMap<u64, SnapshotSlot> = BTreeMap::new();
         &NONE
-    }
-    fn is_empty_value(&self) -> bool {
-        self.is_empty()
     }
 }
 

@@ -6,9 +6,13 @@
 //! row, yet inline each cost a `BTreeMap`'s 24 bytes in all of them. Here
 //! an empty one costs a pointer, and reading it sees a shared empty value:
 //! nothing is allocated until the first write.
+//!
+//! A write says which it is. [`Rare::make_mut`] allocates (an insert);
+//! [`Rare::written`] does not, and finds nothing on a field never written
+//! (a removal). There is no `DerefMut`, so no write allocates unasked.
 
 use std::fmt;
-use std::ops::{Deref, DerefMut};
+use std::ops::Deref;
 
 /// A value that is empty (`T::default()`) in most rows: no allocation
 /// until written. Reads, equality and `Debug` see the value it stands
@@ -17,15 +21,31 @@ use std::ops::{Deref, DerefMut};
 pub(crate) struct Rare<T: Empty>(Option<Box<T>>);
 
 /// A type with a shared, immutable empty value for [`Rare`] to show.
-pub(crate) trait Empty: Default + 'static {
+pub(crate) trait Empty: Default + PartialEq + 'static {
     fn empty() -> &'static Self;
-    fn is_empty_value(&self) -> bool;
 }
 
 impl<T: Empty> Rare<T> {
-    /// Whether a value is allocated (for the memory report).
+    /// Whether a value is allocated.
     pub fn is_allocated(&self) -> bool {
         self.0.is_some()
+    }
+
+    /// The bytes of the box, if there is one (for the memory report; what
+    /// the value holds besides is its own to count).
+    pub fn boxed_bytes(&self) -> u64 {
+        if self.is_allocated() {
+            std::mem::size_of::<T>() as u64
+        } else {
+            0
+        }
+    }
+
+    /// The value to change, allocated on the first call: for a write that
+    /// adds. A value written back to empty keeps its box until the field is
+    /// set anew from a value ([`From`] stores an empty one as nothing).
+    pub fn make_mut(&mut self) -> &mut T {
+        self.0.get_or_insert_with(Box::default)
     }
 
     /// The value to change, if one was ever written: for a change that
@@ -39,7 +59,7 @@ impl<T: Empty> Rare<T> {
 /// An empty value allocates nothing.
 impl<T: Empty> From<T> for Rare<T> {
     fn from(value: T) -> Self {
-        if value.is_empty_value() {
+        if value == *T::empty() {
             Self(None)
         } else {
             Self(Some(Box::new(value)))
@@ -57,16 +77,7 @@ impl<T: Empty> Deref for Rare<T> {
     }
 }
 
-/// Allocates on the first write. A value written back to empty keeps
-/// its box until the field is set anew from a value (`From`, which stores
-/// an empty one as nothing): a checkpoint load, a trim of the edits.
-impl<T: Empty> DerefMut for Rare<T> {
-    fn deref_mut(&mut self) -> &mut T {
-        self.0.get_or_insert_with(Box::default)
-    }
-}
-
-impl<T: Empty + PartialEq> PartialEq for Rare<T> {
+impl<T: Empty> PartialEq for Rare<T> {
     fn eq(&self, other: &Self) -> bool {
         **self == **other
     }
@@ -100,13 +111,15 @@ mod tests {
         );
         assert!(!none.is_allocated());
         assert!(!Rare::from(Edits::new()).is_allocated());
+        assert_eq!(none.boxed_bytes(), 0);
         let mut emptied: Rare<Edits> = Rare::default();
-        emptied.insert(MsgSeq(1), vec![MsgSeq(2)]);
-        emptied.remove(&MsgSeq(1));
+        emptied.make_mut().insert(MsgSeq(1), vec![MsgSeq(2)]);
+        emptied.written().expect("written").remove(&MsgSeq(1));
         assert!(emptied.is_allocated(), "a box emptied by a write stays");
+        assert_eq!(emptied.boxed_bytes(), 24);
         assert_eq!(none, emptied);
         assert_eq!(format!("{none:?}"), "{}");
-        none.insert(MsgSeq(1), vec![MsgSeq(2)]);
+        none.make_mut().insert(MsgSeq(1), vec![MsgSeq(2)]);
         assert!(none.is_allocated());
         assert_ne!(none, emptied);
         assert_eq!(none.get(&MsgSeq(1)), Some(&vec![MsgSeq(2)]));
