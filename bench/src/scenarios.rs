@@ -127,6 +127,12 @@ fn harness_ticks() -> Option<u64> {
     procfs::cpu_ticks(std::process::id())
 }
 
+/// The ticks a counter moved from `open` to `now`, if it was read both
+/// times (and did not go back).
+fn ticks_since(open: Option<u64>, now: Option<u64>) -> Option<u64> {
+    now?.checked_sub(open?)
+}
+
 /// Ticks of the measured process and of the harness over one window.
 #[derive(Clone, Copy, Debug, Default)]
 struct Ticks {
@@ -158,10 +164,9 @@ fn meter_window(meter: &dyn Meter, window: &Window, stop: &AtomicBool) -> Ticks 
     while Instant::now() < window.closes(began) && !stop.load(Ordering::SeqCst) {
         std::thread::sleep(POLL);
     }
-    let since = |open: Option<u64>, now: Option<u64>| now?.checked_sub(open?);
     Ticks {
-        measured: since(at_open.0, meter.cpu_ticks()),
-        harness: since(at_open.1, harness_ticks()),
+        measured: ticks_since(at_open.0, meter.cpu_ticks()),
+        harness: ticks_since(at_open.1, harness_ticks()),
     }
 }
 
@@ -416,12 +421,8 @@ pub fn catch_up(
     })?;
     let mut total = Outcome {
         elapsed: Duration::from_nanos(finished_ns.load(Ordering::Relaxed)),
-        cpu_ticks: ticks_before
-            .zip(meter.cpu_ticks())
-            .and_then(|(a, b)| b.checked_sub(a)),
-        harness_ticks: harness_before
-            .zip(harness_ticks())
-            .and_then(|(a, b)| b.checked_sub(a)),
+        cpu_ticks: ticks_since(ticks_before, meter.cpu_ticks()),
+        harness_ticks: ticks_since(harness_before, harness_ticks()),
         ..Outcome::default()
     };
     for out in per_client {
@@ -760,9 +761,7 @@ pub fn soak<'p>(
         elapsed,
         compaction_passes: (!no_compaction.load(Ordering::SeqCst))
             .then(|| passes.load(Ordering::Relaxed)),
-        cpu_ticks: ticks_before
-            .zip(meter.cpu_ticks())
-            .and_then(|(a, b)| b.checked_sub(a)),
+        cpu_ticks: ticks_since(ticks_before, meter.cpu_ticks()),
         ..SoakOutcome::default()
     };
     for (sends, pages) in per_client {
