@@ -78,6 +78,54 @@ fn registrations_grow_users_and_devices() {
     assert!(live(&after, "devices") >= live(&before, "devices") + 50 * 32);
 }
 
+fn allocated(r: &MemoryReport, structure: &str) -> u64 {
+    r.get(structure)
+        .unwrap_or_else(|| panic!("{structure} is reported"))
+        .allocated
+}
+
+#[test]
+fn a_user_with_one_device_and_a_pair_of_members_allocate_no_room_for_four() {
+    let h = Harness::new();
+    let before = h.ib().memory();
+    h.register(Uid(1), DeviceId(1));
+    let after = h.ib().memory();
+    let device = allocated(&after, "devices") - allocated(&before, "devices");
+    assert_eq!(
+        device,
+        live(&after, "devices") - live(&before, "devices"),
+        "one device, one device's room"
+    );
+    h.register(Uid(1), DeviceId(2));
+    h.register(Uid(1), DeviceId(3));
+    let three = h.ib().memory();
+    assert_eq!(
+        allocated(&three, "devices") - allocated(&before, "devices"),
+        3 * device,
+        "three devices, three devices' room"
+    );
+
+    // The conversation's map slot and the conversation itself come with
+    // the first member; each member after it costs its own entry.
+    h.join(Uid(1), CONV);
+    let slack = |r: &MemoryReport| allocated(r, "conversations") - live(r, "conversations");
+    let mut last = h.ib().memory();
+    for uid in 2..=3 {
+        h.join(Uid(uid), CONV);
+        let now = h.ib().memory();
+        assert_eq!(
+            slack(&now),
+            slack(&last),
+            "member {uid}: room for members that never joined"
+        );
+        assert_eq!(
+            live(&now, "conversations") - live(&last, "conversations"),
+            40
+        );
+        last = now;
+    }
+}
+
 #[test]
 fn the_idempotency_table_is_the_same_size_after_a_restart() {
     let mut h = Harness::new();

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
 use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
-use crate::inbox::state::{Device, DeviceRow, State, User};
+use crate::inbox::state::{grow_for_one, Device, DeviceRow, State, User};
 
 record_set! {
     /// The `evt` records the devices subsystem owns.
@@ -66,6 +66,10 @@ impl Record for DeviceEffect {
                 d.stamp = stamp;
             }
             None => {
+                // Most users have one to three devices: room for one more
+                // at a time (a quarter more on a long list), not the four
+                // a first `Vec` allocation makes.
+                grow_for_one(&mut user.devices, 4, 1);
                 user.devices.push(Device {
                     row: self.row.clone(),
                     stamp,
@@ -151,7 +155,9 @@ pub(crate) fn put_user_devices(w: &mut Writer, u: &User) {
 
 pub(crate) fn get_user_devices(r: &mut Reader<'_>, u: &mut User) -> DecodeResult<()> {
     u.next_lease_id = r.u64()?;
-    for _ in 0..r.count(34)? {
+    let count = r.count(34)?;
+    u.devices.reserve_exact(count);
+    for _ in 0..count {
         u.devices.push(Device {
             row: get_device_row(r)?,
             stamp: 0,

@@ -96,8 +96,14 @@ impl Members {
     }
 
     /// `uid`'s periods, an empty list inserted first if it has none.
+    ///
+    /// The vector grows by a quarter of its length, at least one entry,
+    /// not by doubling: a one-to-one conversation holds two entries, not
+    /// the four a first `Vec` allocation makes room for, and a group
+    /// wastes at most a fifth of its list.
     pub fn entry_or_default(&mut self, uid: Uid) -> &mut Periods {
         let i = self.find(&uid).unwrap_or_else(|i| {
+            super::grow_for_one(&mut self.entries, 4, 1);
             self.entries.insert(i, (uid, Periods::default()));
             i
         });
@@ -191,5 +197,27 @@ mod tests {
         assert_eq!(live, 40);
         m.entry_or_default(Uid(1)).push(period(1, 3, u64::MAX));
         assert_eq!(m.bytes().0, 40 + 2 * 24);
+    }
+
+    #[test]
+    fn a_two_member_conversation_allocates_two_entries_and_a_group_a_fifth_more_at_most() {
+        let mut m = Members::default();
+        m.entry_or_default(Uid(2)).push(period(0, 1, u64::MAX));
+        m.entry_or_default(Uid(1)).push(period(0, 2, u64::MAX));
+        assert_eq!(
+            m.bytes(),
+            (80, 80),
+            "a pair costs its two entries, no room for four"
+        );
+        for uid in 3..=1_000u64 {
+            m.entry_or_default(Uid(uid)).push(period(0, uid, u64::MAX));
+            let (live, allocated) = m.bytes();
+            assert!(
+                allocated * 4 <= live * 5 + 4 * 40,
+                "{uid} members: {allocated} B allocated for {live} B"
+            );
+        }
+        let uids: Vec<u64> = m.keys().map(|u| u.0).collect();
+        assert_eq!(uids, (1..=1_000).collect::<Vec<_>>());
     }
 }
