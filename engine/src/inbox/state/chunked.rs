@@ -144,9 +144,10 @@ impl<T: Plain> ChunkedVec<T> {
     /// other lists do); a full tail becomes a shared chunk.
     pub fn push(&mut self, item: T) {
         if self.tail.len() == self.tail.capacity() {
-            let room = Self::CHUNK - self.tail.len();
-            self.tail
-                .reserve_exact((self.tail.len() / 4).max(4).min(room));
+            let len = self.tail.len();
+            let want = len + (len / 4).max(4);
+            let capacity = super::fitted_capacity(len, want, std::mem::size_of::<T>());
+            self.tail.reserve_exact(capacity.min(Self::CHUNK) - len);
         }
         self.tail.push(item);
         if self.tail.len() == Self::CHUNK {

@@ -490,12 +490,67 @@ pub(crate) fn push_compact<T>(v: &mut Vec<T>, item: T) {
     v.push(item);
 }
 
-/// Makes room for one more entry when `v` is full: a `1/divisor` of its
-/// length, at least `min`, instead of doubling.
+/// Makes room for one more entry when `v` is full: about a `1/divisor` of
+/// its length, at least `min`, instead of doubling, fitted to an
+/// allocator size class ([`fitted_capacity`]).
 pub(crate) fn grow_for_one<T>(v: &mut Vec<T>, divisor: usize, min: usize) {
     if v.len() == v.capacity() {
-        v.reserve_exact((v.len() / divisor).max(min));
+        let want = v.len() + (v.len() / divisor).max(min);
+        let capacity = fitted_capacity(v.len(), want, std::mem::size_of::<T>());
+        v.reserve_exact(capacity - v.len());
     }
+}
+
+/// The capacity to grow a full list of `len` entries of `size` bytes to,
+/// near `want`, such that the list's bytes fill the block the allocator
+/// hands out.
+///
+/// mimalloc (the daemon's allocator) and jemalloc serve a small request
+/// from a size class: a multiple of 8 bytes up to 64, then four classes
+/// per doubling (80, 96, 112, 128, 160, …, 768, 896, 1024, 1280, …). A
+/// list of 58 events (464 bytes) took a 512-byte block, and 31 message
+/// entries (806 bytes) an 896-byte one. So the capacity is the most
+/// entries that fit the largest class at or below `want`'s bytes, or, when
+/// that has no room for another entry, the class above it. Never less than
+/// `len + 1`.
+pub(crate) fn fitted_capacity(len: usize, want: usize, size: usize) -> usize {
+    let want = want.max(len + 1);
+    if size == 0 {
+        return want;
+    }
+    let bytes = want.saturating_mul(size);
+    let below = class_at_or_below(bytes) / size;
+    if below > len {
+        return below;
+    }
+    (class_at_or_below(bytes) + class_step(bytes)) / size
+}
+
+/// The spacing of the size classes around `bytes`: 8 up to 64 bytes, then
+/// a quarter of the power of two at or below `bytes`.
+fn class_step(bytes: usize) -> usize {
+    if bytes <= 64 {
+        8
+    } else {
+        1 << (usize::BITS - 1 - bytes.leading_zeros() - 2)
+    }
+}
+
+/// The size class a request of `bytes` is served from: the block it takes.
+#[cfg(test)]
+pub(crate) fn size_class_of(bytes: usize) -> usize {
+    let below = class_at_or_below(bytes);
+    if below >= bytes {
+        below
+    } else {
+        below + class_step(bytes)
+    }
+}
+
+/// The largest size class at or below `bytes` (at least 8).
+fn class_at_or_below(bytes: usize) -> usize {
+    let step = class_step(bytes);
+    (bytes / step * step).max(8)
 }
 
 /// The counter part of a msg_id (below the shard bits, R3).
@@ -736,6 +791,60 @@ mod tests {
 
     /// Every registered device is in memory; a lease, which few devices
     /// hold at a time, is not inline.
+    #[test]
+    fn size_classes_are_eights_to_64_then_four_per_doubling() {
+        let blocks: Vec<usize> = [1, 8, 9, 64, 65, 80, 81, 129, 464, 806, 1025]
+            .into_iter()
+            .map(size_class_of)
+            .collect();
+        assert_eq!(blocks, [8, 8, 16, 64, 80, 80, 96, 160, 512, 896, 1280]);
+    }
+
+    #[test]
+    fn a_growing_list_fills_its_block_and_grows_by_a_quarter_and_a_class_at_most() {
+        for size in [8, 24, 26, 40, 56, 96, 104] {
+            let mut len = 0;
+            while len < 20_000 {
+                let want = len + (len / 4).max(1);
+                let capacity = fitted_capacity(len, want, size);
+                assert!(capacity > len, "size {size}, len {len}: room for one more");
+                assert!(
+                    capacity <= want + want / 4 + 1,
+                    "size {size}, len {len}: {capacity} entries for a want of {want}"
+                );
+                let bytes = capacity * size;
+                assert!(
+                    size_class_of(bytes) - bytes < size,
+                    "size {size}: {capacity} entries ({bytes} B) leave room for another in a {} B block",
+                    size_class_of(bytes)
+                );
+                len = capacity;
+            }
+        }
+    }
+
+    #[test]
+    fn a_user_s_55_events_and_a_conversation_s_28_entries_take_the_class_they_fill() {
+        let mut events = Vec::new();
+        for i in 0..55u64 {
+            push_compact(&mut events, i);
+        }
+        assert_eq!(
+            events.capacity(),
+            56,
+            "448 B, not 58 entries in a 512 B block"
+        );
+        let mut c = Conv::default();
+        for _ in 0..28 {
+            c.msgs.push(meta(0));
+        }
+        assert_eq!(
+            c.msgs.capacity(),
+            29,
+            "754 B of a 768 B block, not 806 B of 896"
+        );
+    }
+
     #[test]
     fn a_device_keeps_its_lease_out_of_line() {
         assert_eq!(std::mem::size_of::<Device>(), 56);
