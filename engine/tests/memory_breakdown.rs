@@ -78,6 +78,24 @@ fn registrations_grow_users_and_devices() {
     assert!(live(&after, "devices") >= live(&before, "devices") + 50 * 32);
 }
 
+#[test]
+fn a_message_s_summary_is_counted_once_for_all_the_rows_it_reached() {
+    let h = Harness::new();
+    h.join(Uid(1), CONV);
+    h.join(Uid(2), CONV);
+    let before = h.ib().memory();
+    h.send(CONV, Uid(1), 1, &"x".repeat(200));
+    let after = h.ib().memory();
+    // The rows and the order already hold both members; the new last
+    // entry replaced the join's summary (an 8-byte uid) in both rows.
+    let grew = live(&after, "user_conversations") - live(&before, "user_conversations");
+    assert_eq!(
+        grew,
+        (64 + 16) - (8 + 16),
+        "one 64-byte summary with its counts for two rows, where the join's was"
+    );
+}
+
 fn allocated(r: &MemoryReport, structure: &str) -> u64 {
     r.get(structure)
         .unwrap_or_else(|| panic!("{structure} is reported"))

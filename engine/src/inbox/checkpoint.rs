@@ -584,7 +584,7 @@ mod tests {
                 msg_seq: MsgSeq(9),
                 msg_id: crate::api::MsgId(12),
                 sender: crate::api::Uid(3),
-                summary: bytes::Bytes::from_static(b"hi"),
+                summary: crate::inbox::state::Summary::new(b"hi"),
                 at_ms: 77,
             },
             stamp: 0,

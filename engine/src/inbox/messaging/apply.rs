@@ -16,7 +16,8 @@ use super::record::MsgEffect;
 use crate::api::*;
 use crate::inbox::state::record::{ApplyError, Touched};
 use crate::inbox::state::{
-    idem, msg_counter, Conv, MsgMeta, PackedLoc, Period, State, FLAG_EDITED, FLAG_RECALLED, OPEN,
+    idem, msg_counter, Conv, MsgMeta, PackedLoc, Period, State, Summary, FLAG_EDITED,
+    FLAG_RECALLED, OPEN,
 };
 
 /// A recall of `target_seq` also recalls its edits, the edits of those,
@@ -199,6 +200,7 @@ impl State {
                 )));
             }
         }
+        let summary = Summary::new(&m.summary);
         for uid in recipients {
             let user = Arc::make_mut(self.users.entry(uid).or_default());
             let seq = user.push_event(evt_loc);
@@ -208,7 +210,7 @@ impl State {
             uc.last_msg_seq = m.msg_seq;
             uc.last_msg_id = m.msg_id;
             uc.last_sender = m.sender;
-            uc.last_summary = m.summary.clone();
+            uc.last_summary = summary.clone();
             uc.last_activity_ms = m.at_ms;
             if m.kind == MessageKind::Normal && m.sender != uid {
                 uc.unread = uc.unread.saturating_add(1);

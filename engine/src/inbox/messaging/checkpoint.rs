@@ -10,7 +10,9 @@ use super::record::{kind_code, kind_from_code};
 use crate::api::{ClientMsgId, ConvId, MsgId, MsgSeq, TimestampMs, Uid};
 use crate::inbox::codec::{sorted, DecodeError, DecodeResult, Reader, Writer};
 use crate::inbox::state::idem::{IdemSlot, Sent, Whole};
-use crate::inbox::state::{Conv, LargeMode, LastEntry, MsgMeta, Period, State, User, UserConv};
+use crate::inbox::state::{
+    Conv, LargeMode, LastEntry, MsgMeta, Period, State, Summary, User, UserConv,
+};
 
 /// Conversations by id: messages, then membership periods.
 pub(crate) fn put_convs(w: &mut Writer, st: &State) {
@@ -99,7 +101,7 @@ pub(crate) fn get_user_convs(r: &mut Reader<'_>, u: &mut User) -> DecodeResult<(
             last_msg_seq: r.id()?,
             last_msg_id: r.id()?,
             last_sender: r.id()?,
-            last_summary: r.short_bytes()?,
+            last_summary: Summary::new(&r.short_bytes()?),
             last_activity_ms: r.u64()?,
             muted: r.bool()?,
             pinned: r.bool()?,
@@ -337,7 +339,7 @@ pub(crate) fn get_large_groups(r: &mut Reader<'_>, st: &mut State) -> DecodeResu
                 msg_seq: r.id()?,
                 msg_id: r.id()?,
                 sender: r.id()?,
-                summary: r.short_bytes()?,
+                summary: Summary::new(&r.short_bytes()?),
                 at_ms: r.u64()?,
             },
             stamp: 0,

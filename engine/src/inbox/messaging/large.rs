@@ -36,7 +36,7 @@ use crate::inbox::shared::{blocking, Miss, Shared};
 use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
 use crate::inbox::state::sorted::SortedSet;
 use crate::inbox::state::{
-    ActivityKey, Conv, LargeMode, LastEntry, MsgMeta, State, User, UserConv, OPEN,
+    ActivityKey, Conv, LargeMode, LastEntry, MsgMeta, State, Summary, User, UserConv, OPEN,
 };
 
 /// A conversation becomes a large group at `switch_seq` (its head).
@@ -144,7 +144,7 @@ pub(crate) fn recipients(conv: &mut Conv, m: &MsgEffect, stamp: u64) -> Vec<Uid>
         msg_seq: m.msg_seq,
         msg_id: m.msg_id,
         sender: m.sender,
-        summary: m.summary.clone(),
+        summary: Summary::new(&m.summary),
         at_ms: m.at_ms,
     };
     large.stamp = stamp;
@@ -249,7 +249,7 @@ pub(crate) fn row_at(
             row.last_msg_seq = head;
             row.last_msg_id = m.msg_id;
             row.last_sender = m.sender;
-            row.last_summary = bytes::Bytes::new();
+            row.last_summary = Summary::default();
         }
     }
     row.unread = unread(c, uid, uc, upto);

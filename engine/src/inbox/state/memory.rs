@@ -124,7 +124,11 @@ impl Tally {
                 None => b_tree(u.order.len(), size_of::<ActivityKey>()),
             };
             self.add(2, order);
-            let summaries: u64 = u.convs.values().map(|c| c.last_summary.len() as u64).sum();
+            let summaries: u64 = u
+                .convs
+                .values()
+                .map(|c| c.last_summary.shared_bytes())
+                .sum();
             self.add(2, (summaries, summaries));
             self.add(5, vec::<super::PackedLoc>(&u.events));
             self.add(

@@ -176,8 +176,43 @@ pub(crate) struct LastEntry {
     pub msg_seq: MsgSeq,
     pub msg_id: MsgId,
     pub sender: Uid,
-    pub summary: Bytes,
+    pub summary: Summary,
     pub at_ms: TimestampMs,
+}
+
+/// A message's summary as the conversation rows keep it: one allocation
+/// per message, shared by the row of every member it reached, and 16
+/// bytes in each row, where a `Bytes` took 32 and, once cloned, a shared
+/// header of its own. Empty holds nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Summary(Option<Arc<[u8]>>);
+
+impl Summary {
+    pub fn new(bytes: &[u8]) -> Self {
+        Summary((!bytes.is_empty()).then(|| Arc::from(bytes)))
+    }
+
+    /// A copy for a reply.
+    pub fn to_bytes(&self) -> Bytes {
+        Bytes::copy_from_slice(self)
+    }
+
+    /// This holder's share of the allocation (its bytes and the count
+    /// header, divided among the rows that share it), so that summing it
+    /// over every row counts each summary once.
+    pub fn shared_bytes(&self) -> u64 {
+        self.0.as_ref().map_or(0, |a| {
+            let whole = (a.len() + 2 * std::mem::size_of::<usize>()) as u64;
+            whole / Arc::strong_count(a) as u64
+        })
+    }
+}
+
+impl std::ops::Deref for Summary {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.0.as_deref().unwrap_or_default()
+    }
 }
 
 impl Conv {
@@ -249,7 +284,7 @@ pub(crate) struct UserConv {
     pub last_msg_seq: MsgSeq,
     pub last_msg_id: MsgId,
     pub last_sender: Uid,
-    pub last_summary: Bytes,
+    pub last_summary: Summary,
     pub last_activity_ms: TimestampMs,
     pub muted: bool,
     pub pinned: bool,
@@ -274,7 +309,7 @@ impl UserConv {
             last_summary: if hide_body {
                 Bytes::new()
             } else {
-                self.last_summary.clone()
+                self.last_summary.to_bytes()
             },
             unread: self.unread,
             read_seq: self.read_seq,
@@ -777,7 +812,32 @@ mod tests {
         // behind an `Arc` the conversation took the allocator's 160-byte
         // class instead of the 128-byte one.
         assert_eq!(std::mem::size_of::<Conv>(), 112);
-        assert_eq!(std::mem::size_of::<UserConv>(), 96);
+        // The summary is a shared slice (16 bytes), not a `Bytes` (32):
+        // two rows fill the allocator's 160-byte class, not 192.
+        assert_eq!(std::mem::size_of::<Summary>(), 16);
+        assert_eq!(std::mem::size_of::<UserConv>(), 80);
+    }
+
+    #[test]
+    fn a_summary_is_one_allocation_shared_by_its_rows_and_counted_once() {
+        let one = Summary::new(&[7u8; 64]);
+        assert_eq!(
+            one.shared_bytes(),
+            64 + 16,
+            "alone: its bytes and the counts"
+        );
+        let rows = [one.clone(), one.clone()];
+        drop(one);
+        assert_eq!(
+            rows.iter().map(Summary::shared_bytes).sum::<u64>(),
+            64 + 16,
+            "two rows share one"
+        );
+        assert_eq!(&rows[0][..], &[7u8; 64][..]);
+        assert_eq!(rows[1].to_bytes(), bytes::Bytes::from(vec![7u8; 64]));
+        let empty = Summary::new(&[]);
+        assert_eq!((empty.shared_bytes(), empty.len()), (0, 0));
+        assert_eq!(empty, Summary::default());
     }
 
     /// Every user is in memory, behind an `Arc` (16 bytes more). Its
