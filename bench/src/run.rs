@@ -540,6 +540,30 @@ fn run_limit(plan: &Plan, base: &Path, report: &mut Report) -> Result<()> {
             fsync.bytes,
         ));
     }
+    // Three members of a replicated group on this one disk each make a
+    // round durable: what the disk does with three flushes at once.
+    let three = limit::synced_writes_parallel(
+        dir.path(),
+        limit::Prepare::Overwrite,
+        4096,
+        64 << 20,
+        plan.limit_measure,
+        3,
+    )?;
+    println!(
+        "limit: 4 KiB pwrite+fdatasync on three files at once (overwrite): {:.0}/s in all, p50 {} µs, p99 {} µs",
+        three.ops_per_s(),
+        three.latency.quantile_us(0.5),
+        three.latency.quantile_us(0.99)
+    );
+    report.results.push(ResultRow::new(
+        "fdatasync-4k-x3",
+        "limit",
+        3,
+        three.ops_per_s(),
+        &three.latency,
+        three.bytes,
+    ));
     let seq = limit::synced_writes(
         dir.path(),
         limit::Prepare::Fallocate,

@@ -6,7 +6,11 @@
 //! The 4 KiB probe runs twice: overwriting blocks already written (only the
 //! data is flushed: the device's floor, `fdatasync-4k`) and into a
 //! `fallocate`d file as inboxd's segments are (`fdatasync-4k-prealloc`: the
-//! unwritten-extent conversion is journalled too).
+//! unwritten-extent conversion is journalled too). It runs a third time on
+//! three files at once, one thread each, overwriting (`fdatasync-4k-x3`):
+//! what three members of a replicated group on one disk pay when each
+//! makes the same round durable. A disk that serializes its cache flushes
+//! shows it as a latency near three times the single file's.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -95,7 +99,64 @@ pub fn synced_writes(
     file_bytes: u64,
     duration: Duration,
 ) -> Result<LimitRun> {
-    let path = dir.join(format!("limit-{write_bytes}.dat"));
+    synced_writes_to(
+        &dir.join(format!("limit-{write_bytes}.dat")),
+        prepare,
+        write_bytes,
+        file_bytes,
+        duration,
+    )
+}
+
+/// [`synced_writes`] on `files` files at once, one thread each: the
+/// latencies of every write, and the writes of all of them per second.
+pub fn synced_writes_parallel(
+    dir: &Path,
+    prepare: Prepare,
+    write_bytes: usize,
+    file_bytes: u64,
+    duration: Duration,
+    files: usize,
+) -> Result<LimitRun> {
+    let runs: Vec<Result<LimitRun>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..files)
+            .map(|i| {
+                let path = dir.join(format!("limit-{write_bytes}-{i}.dat"));
+                s.spawn(move || synced_writes_to(&path, prepare, write_bytes, file_bytes, duration))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a probe thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut all = LimitRun {
+        ops: 0,
+        elapsed: Duration::ZERO,
+        bytes: 0,
+        latency: Latency::new(),
+    };
+    for run in runs {
+        let run = run?;
+        all.ops += run.ops;
+        all.bytes += run.bytes;
+        all.elapsed = all.elapsed.max(run.elapsed);
+        all.latency.merge(&run.latency);
+    }
+    Ok(all)
+}
+
+fn synced_writes_to(
+    path: &Path,
+    prepare: Prepare,
+    write_bytes: usize,
+    file_bytes: u64,
+    duration: Duration,
+) -> Result<LimitRun> {
+    let path = path.to_path_buf();
     let file = match prepare {
         Prepare::Fallocate => preallocated(&path, file_bytes)?,
         Prepare::Overwrite => prewritten(&path, file_bytes)?,
@@ -150,5 +211,28 @@ mod tests {
                 "file removed"
             );
         }
+    }
+
+    #[test]
+    fn parallel_synced_writes_count_every_file_s_writes_and_remove_the_files() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let run = synced_writes_parallel(
+            dir.path(),
+            Prepare::Overwrite,
+            4096,
+            8 * 4096,
+            Duration::from_secs(30),
+            3,
+        )
+        .expect("run");
+        assert_eq!(run.ops, 24, "eight writes on each of three files");
+        assert_eq!(run.bytes, 24 * 4096);
+        assert_eq!(run.latency.count(), 24);
+        assert!(run.ops_per_s() > 0.0);
+        assert_eq!(
+            std::fs::read_dir(dir.path()).expect("read dir").count(),
+            0,
+            "files removed"
+        );
     }
 }
