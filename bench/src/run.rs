@@ -516,15 +516,32 @@ fn run_large_group(
 
 fn run_limit(plan: &Plan, base: &Path, report: &mut Report) -> Result<()> {
     let dir = tempfile::Builder::new().prefix("limit-").tempdir_in(base)?;
-    for (scenario, prepare, what) in [
-        ("fdatasync-4k", limit::Prepare::Overwrite, "overwrite"),
+    // The last probe runs on three files at once, one thread each: what
+    // the disk does when three members of a replicated group on it each
+    // make a round durable.
+    for (scenario, prepare, what, files) in [
+        ("fdatasync-4k", limit::Prepare::Overwrite, "overwrite", 1),
         (
             "fdatasync-4k-prealloc",
             limit::Prepare::Fallocate,
             "fallocated",
+            1,
+        ),
+        (
+            "fdatasync-4k-x3",
+            limit::Prepare::Overwrite,
+            "on three files at once, overwrite; writes of all three",
+            3,
         ),
     ] {
-        let fsync = limit::synced_writes(dir.path(), prepare, 4096, 64 << 20, plan.limit_measure)?;
+        let fsync = limit::synced_writes_parallel(
+            dir.path(),
+            prepare,
+            4096,
+            64 << 20,
+            plan.limit_measure,
+            files,
+        )?;
         println!(
             "limit: 4 KiB pwrite+fdatasync ({what}): {:.0}/s, p50 {} µs, p99 {} µs",
             fsync.ops_per_s(),
@@ -534,36 +551,12 @@ fn run_limit(plan: &Plan, base: &Path, report: &mut Report) -> Result<()> {
         report.results.push(ResultRow::new(
             scenario,
             "limit",
-            1,
+            files as u32,
             fsync.ops_per_s(),
             &fsync.latency,
             fsync.bytes,
         ));
     }
-    // Three members of a replicated group on this one disk each make a
-    // round durable: what the disk does with three flushes at once.
-    let three = limit::synced_writes_parallel(
-        dir.path(),
-        limit::Prepare::Overwrite,
-        4096,
-        64 << 20,
-        plan.limit_measure,
-        3,
-    )?;
-    println!(
-        "limit: 4 KiB pwrite+fdatasync on three files at once (overwrite): {:.0}/s in all, p50 {} µs, p99 {} µs",
-        three.ops_per_s(),
-        three.latency.quantile_us(0.5),
-        three.latency.quantile_us(0.99)
-    );
-    report.results.push(ResultRow::new(
-        "fdatasync-4k-x3",
-        "limit",
-        3,
-        three.ops_per_s(),
-        &three.latency,
-        three.bytes,
-    ));
     let seq = limit::synced_writes(
         dir.path(),
         limit::Prepare::Fallocate,
