@@ -84,6 +84,30 @@ impl Group {
         }
     }
 
+    /// Waits until two more calls to node `id`, cut off, have been
+    /// refused: the second was made after the first failed, so anything
+    /// raft read for it was read after this call began.
+    async fn two_more_calls_refused(&self, id: u64) {
+        let refused = || {
+            self.router
+                .refused_while_cut
+                .lock()
+                .unwrap()
+                .get(&id)
+                .copied()
+                .unwrap_or(0)
+        };
+        let start = Instant::now();
+        let before = refused();
+        while refused() < before + 2 {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "raft stopped calling node {id} while it was cut off"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// How many snapshots node `id` took in whole.
     fn installed(&self, id: u64) -> usize {
         self.router
@@ -346,8 +370,14 @@ async fn rounds_the_leaders_compaction_deleted_reach_a_follower_as_a_snapshot() 
             .collect::<Vec<_>>()
     );
 
-    // Replication reads the log, as a leader restarted since would.
+    // Replication reads the log, as a leader restarted since would. A
+    // call raft built from the cache just before may still be on its way:
+    // the follower comes back only once two more calls were refused, the
+    // second built after the first failed, from the log. (A call built
+    // before the cache was forgotten and made after the follower was back
+    // once carried the deleted rounds there without a snapshot.)
     g.nodes[&l].forget_recent_entries();
+    g.two_more_calls_refused(f).await;
     g.router.cut.lock().unwrap().clear();
     g.converged().await;
     assert!(g.installed(f) >= 1, "node {f} caught up without a snapshot");

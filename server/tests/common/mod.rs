@@ -50,6 +50,8 @@ pub struct Router {
     pub damage_next_snapshot_to: Mutex<HashSet<u64>>,
     pub refused: Mutex<Vec<Refusal>>,
     pub installed: Mutex<HashMap<u64, usize>>,
+    /// Calls to each node refused because it was cut off.
+    pub refused_while_cut: Mutex<HashMap<u64, u64>>,
     /// How long each append (and heartbeat) takes on its way, beside the
     /// call itself (none by default).
     pub append_delay: Mutex<std::time::Duration>,
@@ -90,6 +92,12 @@ impl Router {
         };
         let cut = self.cut.lock().unwrap();
         if cut.contains(&from) || cut.contains(&to) {
+            *self
+                .refused_while_cut
+                .lock()
+                .unwrap()
+                .entry(to)
+                .or_default() += 1;
             return Err(unreachable("cut off"));
         }
         drop(cut);
