@@ -186,7 +186,10 @@ impl State {
             .get_mut(&m.conv)
             .map(Arc::make_mut)
             .ok_or_else(|| ApplyError("conv vanished".into()))?;
-        let recipients = super::large::recipients(conv, m, stamp);
+        // One summary per message: the large group's newest entry and every
+        // row the message reaches share it.
+        let summary = Summary::new(&m.summary);
+        let recipients = super::large::recipients(conv, m, &summary, stamp);
         if m.kind == MessageKind::Leave {
             let closed = Arc::make_mut(&mut conv.members)
                 .get_mut(&m.sender)
@@ -200,7 +203,6 @@ impl State {
                 )));
             }
         }
-        let summary = Summary::new(&m.summary);
         for uid in recipients {
             let user = Arc::make_mut(self.users.entry(uid).or_default());
             let seq = user.push_event(evt_loc);

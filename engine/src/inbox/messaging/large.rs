@@ -135,8 +135,14 @@ impl Record for ClearEffect {
 /// Who gets an event for message `m` in `conv`, which `apply` has just
 /// indexed: every member whose period covers it, except above a large
 /// group's switch, where only a joining or leaving member gets its own
-/// entry and the group's newest entry is remembered instead.
-pub(crate) fn recipients(conv: &mut Conv, m: &MsgEffect, stamp: u64) -> Vec<Uid> {
+/// entry and the group's newest entry is remembered instead, sharing the
+/// message's `summary` with the rows it reaches.
+pub(crate) fn recipients(
+    conv: &mut Conv,
+    m: &MsgEffect,
+    summary: &Summary,
+    stamp: u64,
+) -> Vec<Uid> {
     let Some(large) = conv.large.as_mut() else {
         return conv.members_at(m.msg_seq);
     };
@@ -144,7 +150,7 @@ pub(crate) fn recipients(conv: &mut Conv, m: &MsgEffect, stamp: u64) -> Vec<Uid>
         msg_seq: m.msg_seq,
         msg_id: m.msg_id,
         sender: m.sender,
-        summary: Summary::new(&m.summary),
+        summary: summary.clone(),
         at_ms: m.at_ms,
     };
     large.stamp = stamp;
