@@ -11,10 +11,17 @@ use inbox_engine::*;
 
 const CONV: ConvId = ConvId(10);
 
-fn live(r: &MemoryReport, structure: &str) -> u64 {
+fn used<'a>(r: &'a MemoryReport, structure: &str) -> &'a MemoryUse {
     r.get(structure)
         .unwrap_or_else(|| panic!("{structure} is reported"))
-        .live
+}
+
+fn live(r: &MemoryReport, structure: &str) -> u64 {
+    used(r, structure).live
+}
+
+fn allocated(r: &MemoryReport, structure: &str) -> u64 {
+    used(r, structure).allocated
 }
 
 #[test]
@@ -38,7 +45,7 @@ fn every_structure_is_reported_with_allocated_at_least_live() {
         "snapshot_cache",
         "log_mmaps",
     ] {
-        let m = r.get(name).unwrap_or_else(|| panic!("{name} is reported"));
+        let m = used(&r, name);
         assert!(m.allocated >= m.live, "{m:?}");
     }
 }
@@ -94,12 +101,6 @@ fn a_message_s_summary_is_counted_once_for_all_the_rows_it_reached() {
         (64 + 16) - (8 + 16),
         "one 64-byte summary with its counts for two rows, where the join's was"
     );
-}
-
-fn allocated(r: &MemoryReport, structure: &str) -> u64 {
-    r.get(structure)
-        .unwrap_or_else(|| panic!("{structure} is reported"))
-        .allocated
 }
 
 #[test]
