@@ -26,7 +26,7 @@ pub(crate) fn decide_drop_snapshots(
 ) -> Vec<Effect> {
     let mut out = Vec::new();
     for &(uid, id) in candidates {
-        let Some(slot) = st.users.get(&uid).and_then(|u| u.snapshots.get(&id)) else {
+        let Some(slot) = st.users.get(&uid).and_then(|u| u.snapshots().get(&id)) else {
             continue;
         };
         if now > slot.row.expires_at_ms && slot.row.phase != SnapshotPhase::Dropped {

@@ -44,7 +44,7 @@ pub(crate) fn fences(user: &User, cfg: &InboxConfig, now: TimestampMs) -> Vec<Fe
             _ => {}
         }
     }
-    for slot in user.snapshots.values() {
+    for slot in user.snapshots().values() {
         if slot.row.fences_at(now) {
             out.push(Fence::Snapshot {
                 snapshot_id: slot.row.snapshot_id,

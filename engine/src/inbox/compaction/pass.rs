@@ -81,7 +81,7 @@ pub(crate) fn reclaim_snapshots(shared: &Shared, submit: Submit<'_>) -> Result<(
         let st = shared.state.read();
         let mut expired = Vec::new();
         for (uid, u) in &st.users {
-            for s in u.snapshots.values() {
+            for s in u.snapshots().values() {
                 if now > s.row.expires_at_ms {
                     expired.push((*uid, s.row.snapshot_id));
                 } else {
@@ -106,7 +106,7 @@ pub(crate) fn reclaim_snapshots(shared: &Shared, submit: Submit<'_>) -> Result<(
             .read()
             .users
             .get(&uid)
-            .is_some_and(|u| u.snapshots.contains_key(&id));
+            .is_some_and(|u| u.snapshots().contains_key(&id));
         if !present {
             shared
                 .snapshots

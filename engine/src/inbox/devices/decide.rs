@@ -349,7 +349,7 @@ pub(crate) fn decide_sync(
         return Ok(reset(row));
     }
     let lease = LeaseInfo {
-        lease_id: user.next_lease_id.max(1),
+        lease_id: user.next_lease_id().max(1),
         resume_from: from,
         hwm: committed,
         expires_at_ms: now.saturating_add(ms(cfg.recovery_lease_ttl)),

@@ -54,7 +54,7 @@ impl Record for DeviceEffect {
         let stamp = at.stamp;
         let user = Arc::make_mut(st.users.entry(self.uid).or_default());
         if let Some(lease) = &self.row.lease {
-            user.next_lease_id = user.next_lease_id.max(lease.lease_id + 1);
+            user.raise_next_lease_id(lease.lease_id + 1);
         }
         match user
             .devices
@@ -146,7 +146,7 @@ pub(crate) fn get_device_row(r: &mut Reader<'_>) -> DecodeResult<DeviceRow> {
 
 /// A user's devices in a checkpoint: the lease counter, then the rows.
 pub(crate) fn put_user_devices(w: &mut Writer, u: &User) {
-    w.u64(u.next_lease_id);
+    w.u64(u.next_lease_id());
     w.u64(u.devices.len() as u64);
     for d in &u.devices {
         put_device_row(w, &d.row);
@@ -154,7 +154,7 @@ pub(crate) fn put_user_devices(w: &mut Writer, u: &User) {
 }
 
 pub(crate) fn get_user_devices(r: &mut Reader<'_>, u: &mut User) -> DecodeResult<()> {
-    u.next_lease_id = r.u64()?;
+    u.raise_next_lease_id(r.u64()?);
     let count = r.count(34)?;
     u.devices.reserve_exact(count);
     for _ in 0..count {

@@ -415,8 +415,10 @@ fn reset_everyone(st: &mut State, report: &mut SalvageReport) {
         // A snapshot frozen at a base numbered before the loss would set
         // its device's ACK there: it is forgotten, and the device begins
         // a new one.
-        if let Some(snapshots) = user.snapshots.written() {
-            snapshots.retain(|_, s| s.row.phase != SnapshotPhase::Live);
+        if let Some(recovery) = user.recovery.written() {
+            recovery
+                .snapshots
+                .retain(|_, s| s.row.phase != SnapshotPhase::Live);
         }
         for d in &mut user.devices {
             let row = &mut d.row;

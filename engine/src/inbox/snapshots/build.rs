@@ -159,7 +159,7 @@ fn settled_row(shared: &Shared, uid: Uid, id: u64) -> std::result::Result<Snapsh
             let slot = st
                 .users
                 .get(&uid)
-                .and_then(|u| u.snapshots.get(&id))
+                .and_then(|u| u.snapshots().get(&id))
                 .copied()
                 .ok_or_else(|| Error::NotFound(format!("snapshot {id} of uid {uid}")))?;
             (slot.row, slot.stamp)

@@ -31,7 +31,7 @@ pub(crate) fn decide_begin(
         .get(&uid)
         .ok_or_else(|| Error::Invariant(format!("uid {uid} has a device row but no user")))?;
     let base_sync_seq = user.head();
-    let snapshot_id = user.next_snapshot_id.max(1);
+    let snapshot_id = user.next_snapshot_id().max(1);
     let row = DeviceRow {
         generation: row.generation.next(),
         state: DeviceState::Resetting,
@@ -45,7 +45,7 @@ pub(crate) fn decide_begin(
     })];
     // An earlier snapshot of this device is superseded: its generation is
     // dead, so it can never be acknowledged.
-    for slot in user.snapshots.values() {
+    for slot in user.snapshots().values() {
         if slot.row.device == device && slot.row.phase == SnapshotPhase::Live {
             effects.push(Effect::from(SnapshotEffect {
                 uid,
@@ -145,7 +145,7 @@ pub(crate) fn decide_ack(
     let snap = st
         .users
         .get(&uid)
-        .and_then(|u| u.snapshots.get(&id))
+        .and_then(|u| u.snapshots().get(&id))
         .map(|s| s.row)
         .ok_or_else(|| Error::NotFound(format!("snapshot {id} of uid {uid}")))?;
     if snap.device != device || snap.generation != generation {

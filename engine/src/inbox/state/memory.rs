@@ -133,9 +133,9 @@ impl Tally {
             self.add(5, vec::<super::PackedLoc>(&u.events));
             self.add(
                 7,
-                b_tree(u.snapshots.len(), size_of::<(u64, SnapshotSlot)>()),
+                b_tree(u.snapshots().len(), size_of::<(u64, SnapshotSlot)>()),
             );
-            let boxed = u.snapshots.boxed_bytes();
+            let boxed = u.recovery.boxed_bytes();
             self.add(7, (boxed, boxed));
         }
     }
