@@ -203,6 +203,20 @@ impl State {
                 )));
             }
         }
+        // The recipients are rarely in the cache, and each one's lookup,
+        // row search and event push would wait on memory in turn. Two
+        // passes that only start loads let those misses overlap: first
+        // the users' own lines, then the lists they point at.
+        for uid in &recipients {
+            if let Some(user) = self.users.get(uid) {
+                crate::inbox::state::prefetch_user(user);
+            }
+        }
+        for uid in &recipients {
+            if let Some(user) = self.users.get(uid) {
+                user.prefetch_for_message();
+            }
+        }
         for uid in recipients {
             let user = Arc::make_mut(self.users.entry(uid).or_default());
             let seq = user.push_event(evt_loc);

@@ -450,6 +450,15 @@ impl User {
     pub fn head(&self) -> SyncSeq {
         self.events_base.plus(self.events.len() as u64)
     }
+
+    /// Starts loading the lines a message's apply touches beyond the user
+    /// itself: the end of its events, where the new one goes, its rows'
+    /// keys and first row, and its order ([`prefetch`]).
+    pub fn prefetch_for_message(&self) {
+        prefetch(self.events.as_ptr().wrapping_add(self.events.len()));
+        self.convs.prefetch();
+        self.order.prefetch();
+    }
     pub fn device(&self, id: DeviceId) -> Option<&Device> {
         self.devices.iter().find(|d| d.row.device == id)
     }
@@ -573,6 +582,33 @@ pub(crate) fn count_msg_ref(refs: [&mut SegRefs; 3], loc: PackedLoc, add: bool) 
 pub(crate) fn push_compact<T>(v: &mut Vec<T>, item: T) {
     grow_for_one(v, 4, 4);
     v.push(item);
+}
+
+/// Asks the CPU to start loading the cache line at `p` and returns at
+/// once: a hint, so that misses which would follow one another overlap.
+/// It reads nothing the program can see and never faults, whatever the
+/// address; where the target has no such instruction it does nothing.
+#[inline(always)]
+pub(crate) fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 has no architectural effect and does not fault
+    // on any address, mapped or not; SSE is in the x86_64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Starts loading every line of the allocation behind `user`'s `Arc`: its
+/// counts, which `Arc::make_mut` reads, and the user's fields.
+pub(crate) fn prefetch_user(user: &Arc<User>) {
+    // The counts are two words before the value.
+    let start = Arc::as_ptr(user).cast::<u8>().wrapping_sub(16);
+    let len = 16 + size_of::<User>();
+    for at in (0..len).step_by(64).chain([len - 1]) {
+        prefetch(start.wrapping_add(at));
+    }
 }
 
 /// Makes room for one more entry when `v` is full: about a `1/divisor` of

@@ -50,6 +50,14 @@ impl<K: Ord + Copy, V> SortedMap<K, V> {
         self.keys.len()
     }
 
+    /// Starts loading what a lookup reads first: the keys' first and
+    /// middle lines, and the values' first line ([`super::prefetch`]).
+    pub fn prefetch(&self) {
+        super::prefetch(self.keys.as_ptr());
+        super::prefetch(self.keys.as_ptr().wrapping_add(self.keys.len() / 2));
+        super::prefetch(self.values.as_ptr());
+    }
+
     /// Entries the vectors hold room for.
     pub fn capacity(&self) -> usize {
         self.keys.capacity().min(self.values.capacity())
@@ -147,6 +155,16 @@ impl<K: Ord + Copy> PartialEq for SortedSet<K> {
 impl<K: Ord + Copy> Eq for SortedSet<K> {}
 
 impl<K: Ord + Copy> SortedSet<K> {
+    /// Starts loading what a [`Self::replace`] of a recent key reads: the
+    /// middle of the vector, where its search starts, and its end, where
+    /// the newest keys are ([`super::prefetch`]). A tree is left alone.
+    pub fn prefetch(&self) {
+        if let SortedSet::Vector(keys) = self {
+            super::prefetch(keys.as_ptr().wrapping_add(keys.len() / 2));
+            super::prefetch(keys.as_ptr().wrapping_add(keys.len().saturating_sub(1)));
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             SortedSet::Vector(keys) => keys.len(),
