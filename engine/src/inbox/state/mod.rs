@@ -39,6 +39,7 @@ pub(crate) mod sorted;
 pub(crate) mod spill;
 
 use crate::api::*;
+pub(crate) use crate::prefetch::prefetch;
 pub(crate) use loc::{body_at, body_in_evt, pack, unpack, BodyLog, PackedLoc, PENDING_LOC};
 pub(crate) use seg_refs::SegRefs;
 use sorted::{SortedMap, SortedSet};
@@ -582,22 +583,6 @@ pub(crate) fn count_msg_ref(refs: [&mut SegRefs; 3], loc: PackedLoc, add: bool) 
 pub(crate) fn push_compact<T>(v: &mut Vec<T>, item: T) {
     grow_for_one(v, 4, 4);
     v.push(item);
-}
-
-/// Asks the CPU to start loading the cache line at `p` and returns at
-/// once: a hint, so that misses which would follow one another overlap.
-/// It reads nothing the program can see and never faults, whatever the
-/// address; where the target has no such instruction it does nothing.
-#[inline(always)]
-pub(crate) fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 has no architectural effect and does not fault
-    // on any address, mapped or not; SSE is in the x86_64 baseline.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// Starts loading every line of the allocation behind `user`'s `Arc`: its
