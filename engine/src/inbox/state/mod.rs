@@ -39,7 +39,7 @@ pub(crate) mod sorted;
 pub(crate) mod spill;
 
 use crate::api::*;
-pub(crate) use crate::prefetch::prefetch;
+use crate::prefetch::prefetch;
 pub(crate) use loc::{body_at, body_in_evt, pack, unpack, BodyLog, PackedLoc, PENDING_LOC};
 pub(crate) use seg_refs::SegRefs;
 use sorted::{SortedMap, SortedSet};
@@ -460,6 +460,7 @@ impl User {
         self.convs.prefetch();
         self.order.prefetch();
     }
+
     pub fn device(&self, id: DeviceId) -> Option<&Device> {
         self.devices.iter().find(|d| d.row.device == id)
     }

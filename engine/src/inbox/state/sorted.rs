@@ -19,6 +19,8 @@
 
 use std::collections::BTreeSet;
 
+use crate::prefetch::prefetch;
+
 /// Grows `v` to hold one more entry: by an eighth of its length, at least
 /// one.
 fn reserve_one<T>(v: &mut Vec<T>) {
@@ -51,11 +53,11 @@ impl<K: Ord + Copy, V> SortedMap<K, V> {
     }
 
     /// Starts loading what a lookup reads first: the keys' first and
-    /// middle lines, and the values' first line ([`super::prefetch`]).
+    /// middle lines, and the values' first line ([`prefetch`]).
     pub fn prefetch(&self) {
-        super::prefetch(self.keys.as_ptr());
-        super::prefetch(self.keys.as_ptr().wrapping_add(self.keys.len() / 2));
-        super::prefetch(self.values.as_ptr());
+        prefetch(self.keys.as_ptr());
+        prefetch(self.keys.as_ptr().wrapping_add(self.keys.len() / 2));
+        prefetch(self.values.as_ptr());
     }
 
     /// Entries the vectors hold room for.
@@ -157,11 +159,11 @@ impl<K: Ord + Copy> Eq for SortedSet<K> {}
 impl<K: Ord + Copy> SortedSet<K> {
     /// Starts loading what a [`Self::replace`] of a recent key reads: the
     /// middle of the vector, where its search starts, and its end, where
-    /// the newest keys are ([`super::prefetch`]). A tree is left alone.
+    /// the newest keys are ([`prefetch`]). A tree is left alone.
     pub fn prefetch(&self) {
         if let SortedSet::Vector(keys) = self {
-            super::prefetch(keys.as_ptr().wrapping_add(keys.len() / 2));
-            super::prefetch(keys.as_ptr().wrapping_add(keys.len().saturating_sub(1)));
+            prefetch(keys.as_ptr().wrapping_add(keys.len() / 2));
+            prefetch(keys.as_ptr().wrapping_add(keys.len().saturating_sub(1)));
         }
     }
 
