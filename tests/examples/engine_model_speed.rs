@@ -1,6 +1,6 @@
 //! How fast the `engine_model` checks run, without the fuzzer around them:
-//! the committed corpus, then three synthetic inputs that isolate the cost
-//! of an operation and of each kind of restart.
+//! the committed corpus, then synthetic inputs that isolate the cost of a
+//! case, of an operation and of each kind of restart.
 //!
 //! ```text
 //! cargo run --release -p inbox-tests --example engine_model_speed
@@ -41,6 +41,10 @@ fn repeated(op: [u8; 4], n: usize) -> Vec<u8> {
 fn main() {
     let corpus = inbox_tests::fuzzing::corpus("engine_model");
     measure("corpus", &corpus);
+    // One join per case: what opening a case's engine on a fresh
+    // directory, one restart, and removing it cost.
+    let bare: Vec<Vec<u8>> = (0..200).map(|_| vec![0, 0, 0, 0]).collect();
+    measure("one join per case", &bare);
     // Joins first, so the sends are accepted; then only sends (op 3:
     // conversation c[1], sender c[2], key and size from c[3], varied).
     let sends: Vec<Vec<u8>> = (0..20u8)
