@@ -297,6 +297,17 @@ fn counter(
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
 
+/// A counter of seconds, kept in microseconds.
+fn counter_seconds(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    micros: u64,
+) -> std::fmt::Result {
+    let metric = ConstCounter::new(micros as f64 / 1e6);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         encode_raft(&mut encoder, &self.0)?;
@@ -419,13 +430,14 @@ impl Collector for EngineCollector {
 /// acknowledged it and each follower's lag in entries.
 fn encode_raft(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::Result {
     let group = figures.group.lock().unwrap_or_else(|p| p.into_inner());
-    let Some((status, snapshots, bounds, read_rounds, cache)) = group.as_ref().map(|g| {
+    let Some((status, snapshots, bounds, read_rounds, cache, path)) = group.as_ref().map(|g| {
         (
             g.status(),
             g.snapshot_counts(),
             g.log_bounds(),
             g.read_rounds(),
             g.entry_cache(),
+            g.commit_path(),
         )
     }) else {
         return Ok(());
@@ -449,6 +461,7 @@ fn encode_raft(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::
         "Read-index rounds this node ran as the leader since it started; reads that arrive together share one",
         read_rounds,
     )?;
+    encode_commit_path(e, &path)?;
     gauge(
         e,
         "inboxd_raft_entry_cache_entries",
@@ -536,6 +549,45 @@ fn encode_raft(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::
         }
     }
     Ok(())
+}
+
+/// `inboxd_raft_append*` and `inboxd_raft_round_commit*`: the commit
+/// path's sums and counts (`cluster/commit_path.rs`); a mean over a window
+/// is the ratio of their differences.
+fn encode_commit_path(
+    e: &mut DescriptorEncoder,
+    path: &crate::cluster::CommitPathFigures,
+) -> std::fmt::Result {
+    counter(
+        e,
+        "inboxd_raft_appends",
+        "Appends raft made to this node's log (a follower: one per append request; the leader: its own rounds)",
+        path.appends,
+    )?;
+    counter(
+        e,
+        "inboxd_raft_appended_entries",
+        "Entries those appends carried",
+        path.appended_entries,
+    )?;
+    counter_seconds(
+        e,
+        "inboxd_raft_append_durable_seconds",
+        "Time from each append's call to its entries being durable in this node's log, summed",
+        path.append_micros,
+    )?;
+    counter(
+        e,
+        "inboxd_raft_rounds_committed",
+        "On the leader: its rounds committed under the leadership that proposed them",
+        path.rounds_committed,
+    )?;
+    counter_seconds(
+        e,
+        "inboxd_raft_round_commit_seconds",
+        "On the leader: time from each round's proposal to raft to its commit, summed",
+        path.round_commit_micros,
+    )
 }
 
 /// `inboxd_memory_bytes{structure, kind}`: bytes per structure, `live`

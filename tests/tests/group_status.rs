@@ -2,7 +2,8 @@
 //! three answers for itself, followers included; they agree on the term and
 //! the leader; the leader reports each member's matched index, and once the
 //! group is idle every member has caught up (lag 0); the metrics endpoint
-//! carries the same figures (`inboxd_raft_*`). A single daemon answers
+//! carries the same figures (`inboxd_raft_*`), and the commit path's
+//! counters show the leader timed its rounds and each follower its appends. A single daemon answers
 //! role "single" and exports no raft metrics. Admin only.
 
 use std::process::Command;
@@ -14,6 +15,14 @@ use inbox_tests::*;
 use inbox_wire::{ClusterStatus, ConvMember, Empty, ErrorCode};
 
 const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A metric whose value is a float (a sum of seconds); 0 when absent.
+fn seconds(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_member_reports_the_same_leader_and_term_and_the_leader_reports_each_members_lag() {
@@ -101,6 +110,14 @@ async fn every_member_reports_the_same_leader_and_term_and_the_leader_reports_ea
         cached_bytes.is_some_and(|b| b > 0 && b <= 32 << 20),
         "{leader_metrics}"
     );
+    // The commit path: the leader timed each of the five joins from its
+    // proposal to its commit.
+    let committed = metric(&leader_metrics, "inboxd_raft_rounds_committed_total");
+    assert!(committed >= Some(5), "{leader_metrics}");
+    assert!(
+        seconds(&leader_metrics, "inboxd_raft_round_commit_seconds_total") > 0.0,
+        "{leader_metrics}"
+    );
     for follower in (1..=3u64).filter(|n| *n != leader) {
         assert!(
             leader_metrics.contains(&format!(
@@ -116,6 +133,23 @@ async fn every_member_reports_the_same_leader_and_term_and_the_leader_reports_ea
         );
         assert!(
             !metrics.contains("inboxd_raft_follower_lag_entries"),
+            "{metrics}"
+        );
+        // Each follower appended the joins' entries (and raft's own) and
+        // timed every append until it was durable; it proposed nothing.
+        let appends = metric(&metrics, "inboxd_raft_appends_total").unwrap_or(0);
+        let entries = metric(&metrics, "inboxd_raft_appended_entries_total").unwrap_or(0);
+        assert!(
+            appends >= 1 && entries >= 5 && entries >= appends,
+            "{metrics}"
+        );
+        assert!(
+            seconds(&metrics, "inboxd_raft_append_durable_seconds_total") > 0.0,
+            "{metrics}"
+        );
+        assert_eq!(
+            metric(&metrics, "inboxd_raft_rounds_committed_total"),
+            Some(0),
             "{metrics}"
         );
     }

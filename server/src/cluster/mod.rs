@@ -17,6 +17,7 @@
 //! exactly as before.
 
 mod cache;
+mod commit_path;
 mod gap;
 mod membership;
 mod meta;
@@ -38,6 +39,7 @@ use inbox_engine::Inbox;
 use openraft::{CommittedLeaderId, Raft, RaftNetworkFactory, ServerState};
 use serde::{Deserialize, Serialize};
 
+pub use commit_path::CommitPathFigures;
 pub use membership::{not_in_a_group, CHANGE_WITHIN};
 pub use snapshot::{LogBounds, SnapshotCounts, SnapshotReceiver};
 pub use store::{LogStore, StateMachine};
@@ -154,6 +156,8 @@ pub(crate) struct Glue {
     building: Mutex<()>,
     /// The leader's reads share their read-index rounds.
     reads: Arc<reads::ReadBarrier>,
+    /// How long appends and commits take (`commit_path.rs`).
+    commit_path: Arc<commit_path::CommitPath>,
 }
 
 /// Guarded by one lock: every change of the engine's role and every
@@ -241,6 +245,7 @@ impl Glue {
         });
         role.proposed = after;
         role.paused = false;
+        self.commit_path.forget_proposals();
         tracing::info!(node = self.id, term = leader_id.term, "leading");
         let glue = Arc::clone(self);
         let rt = tokio::runtime::Handle::current();
@@ -274,6 +279,7 @@ impl Glue {
                 return;
             };
             for e in entries {
+                self.commit_path.proposed(e.index());
                 // The reply is not needed: the state machine commits.
                 if rt
                     .block_on(raft.client_write_ff(Round(e.encode())))
@@ -353,6 +359,7 @@ impl Cluster {
             changing: Arc::new(tokio::sync::Mutex::new(())),
             building: Mutex::new(()),
             reads: Arc::default(),
+            commit_path: Arc::default(),
         });
         let config = Arc::new(config.validate().map_err(|e| ClusterError(e.to_string()))?);
         let log = LogStore::new(Arc::clone(&glue));
@@ -553,6 +560,12 @@ impl GroupHandle {
     /// and the bytes of their rounds.
     pub fn entry_cache(&self) -> (usize, usize) {
         self.glue.role().cache.held()
+    }
+
+    /// How long this member's appends took to be durable and, on the
+    /// leader, its rounds from proposal to commit, since start.
+    pub fn commit_path(&self) -> CommitPathFigures {
+        self.glue.commit_path.figures()
     }
 
     /// Read-index rounds run since start (each served every read that

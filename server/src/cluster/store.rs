@@ -22,6 +22,7 @@
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
+use std::time::Instant;
 
 use inbox_engine::inbox::{Entry, Leader, Pending};
 use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
@@ -30,6 +31,7 @@ use openraft::{
     StorageIOError, StoredMembership, Vote,
 };
 
+use super::commit_path::CommitPath;
 use super::RaftEntry;
 use super::{Glue, Role, Round, TypeConfig};
 
@@ -45,12 +47,15 @@ fn read_err(e: impl ToString) -> StorageError<u64> {
 
 /// One append's wait for durability, done off raft's task, in order.
 struct Flush {
+    /// When raft called the append, and how many entries it carried.
+    started: Instant,
+    entries: u64,
     applied: Vec<Pending<()>>,
     own: Option<Arc<Leader>>,
     callback: LogFlushed<TypeConfig>,
 }
 
-fn run_flusher(rx: mpsc::Receiver<Flush>) {
+fn run_flusher(rx: mpsc::Receiver<Flush>, path: Arc<CommitPath>) {
     while let Ok(job) = rx.recv() {
         let mut result = Ok(());
         for p in job.applied {
@@ -62,6 +67,9 @@ fn run_flusher(rx: mpsc::Receiver<Flush>) {
             if let Err(e) = leader.flush() {
                 result = Err(std::io::Error::other(e.to_string()));
             }
+        }
+        if result.is_ok() {
+            path.appended(job.entries, job.started);
         }
         job.callback.log_io_completed(result);
     }
@@ -77,9 +85,10 @@ pub struct LogStore {
 impl LogStore {
     pub(crate) fn new(glue: Arc<Glue>) -> LogStore {
         let (flusher, rx) = mpsc::channel();
+        let path = Arc::clone(&glue.commit_path);
         std::thread::Builder::new()
             .name("raft-log-flush".into())
-            .spawn(move || run_flusher(rx))
+            .spawn(move || run_flusher(rx, path))
             .expect("spawn the raft log flusher");
         LogStore { glue, flusher }
     }
@@ -228,7 +237,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = RaftEntry> + Send,
         I::IntoIter: Send,
     {
+        let started = Instant::now();
         let entries: Vec<RaftEntry> = entries.into_iter().collect();
+        let count = entries.len() as u64;
         let glue = &self.glue;
         let mut role = glue.role();
         // The terms and memberships first, durably: a round is never in
@@ -307,6 +318,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         drop(role);
         self.flusher
             .send(Flush {
+                started,
+                entries: count,
                 applied,
                 own,
                 callback,
@@ -408,6 +421,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if let Some(applied) = self.applied {
             if let Some(l) = &self.glue.role().leading {
                 l.handle.commit(applied.index);
+                self.glue.commit_path.committed(applied.index);
             }
         }
         Ok(replies)
