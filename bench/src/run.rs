@@ -712,6 +712,7 @@ pub(crate) fn ingest_scenario(
     for (i, &clients) in plan.clients.iter().enumerate() {
         let run = seed.wrapping_mul(31).wrapping_add(i as u64 + 1);
         let before = system.write_counters();
+        let path_before = system.commit_path();
         let out = scenarios::ingest(
             system,
             workload,
@@ -731,6 +732,10 @@ pub(crate) fn ingest_scenario(
                 ),
                 None => println!("{name}: ingest c={clients}: {batches} write batches"),
             }
+        }
+        if let Some((a, b)) = path_before.zip(system.commit_path()) {
+            // Includes the warm-up, as the write counters do.
+            println!("{name}: ingest c={clients}: commit path: {}", b.since(&a));
         }
         let cpu = outcome_cpu(&out, measured);
         let harness = harness_cpu(&out, measured);

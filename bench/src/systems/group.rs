@@ -269,6 +269,32 @@ impl System for Group {
         self.leader().measured()
     }
 
+    fn commit_path(&self) -> Option<super::CommitPath> {
+        let value = |text: &str, name: &str| -> f64 {
+            text.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        let mut path = super::CommitPath::default();
+        for (i, member) in self.members.iter().enumerate() {
+            let text = member.scrape()?;
+            let appends = value(&text, "inboxd_raft_appends_total");
+            let append_s = value(&text, "inboxd_raft_append_durable_seconds_total");
+            if i == self.leader {
+                path.rounds_committed = value(&text, "inboxd_raft_rounds_committed_total");
+                path.round_commit_s = value(&text, "inboxd_raft_round_commit_seconds_total");
+                path.leader_appends = appends;
+                path.leader_append_s = append_s;
+            } else {
+                path.follower_appends += appends;
+                path.follower_entries += value(&text, "inboxd_raft_appended_entries_total");
+                path.follower_append_s += append_s;
+            }
+        }
+        Some(path)
+    }
+
     fn holdings(&self) -> Option<super::Holdings> {
         self.leader().holdings()
     }

@@ -44,6 +44,8 @@ pub struct Inboxd {
     /// group's members name each other by.
     listen: String,
     pub(crate) addr: SocketAddr,
+    /// Where its metrics endpoint listens, as it said at start.
+    metrics: Option<SocketAddr>,
     server: ChildGuard,
     /// Declared last, so dropped last: the server stops (it may still
     /// write its shutdown checkpoint) before its directory is removed.
@@ -96,7 +98,7 @@ impl Inboxd {
     /// Starts the stopped server again on its data, without waiting for
     /// it to serve (a group's follower never does).
     pub(crate) fn respawn(&mut self) -> Result<()> {
-        let (server, addr) = Self::spawn(
+        let (server, addr, metrics) = Self::spawn(
             &self.binary,
             self.dir.path(),
             &self.token,
@@ -105,6 +107,7 @@ impl Inboxd {
         )?;
         self.server = server;
         self.addr = addr;
+        self.metrics = metrics;
         Ok(())
     }
 
@@ -143,8 +146,10 @@ impl Inboxd {
             str::to_string,
         );
         let extra_args: Vec<String> = extra_args.iter().map(|a| (*a).to_string()).collect();
-        let (server, addr) = Self::spawn(&binary, dir.path(), &token, listen, &extra_args)?;
+        let (server, addr, metrics) =
+            Self::spawn(&binary, dir.path(), &token, listen, &extra_args)?;
         Ok(Self {
+            metrics,
             dir,
             binary,
             token,
@@ -164,15 +169,15 @@ impl Inboxd {
         &self.token
     }
 
-    /// Starts `inboxd serve` and reads the address it listens on from its
-    /// first line of stdout.
+    /// Starts `inboxd serve` and reads the addresses it listens on (clients,
+    /// then metrics) from its first line of stdout.
     fn spawn(
         binary: &Path,
         dir: &Path,
         token: &str,
         listen: &str,
         extra_args: &[String],
-    ) -> Result<(ChildGuard, SocketAddr)> {
+    ) -> Result<(ChildGuard, SocketAddr, Option<SocketAddr>)> {
         let mut command = Command::new(binary);
         command
             .arg("serve")
@@ -197,9 +202,26 @@ impl Inboxd {
             guard.check_alive()?;
             return Err(format!("inboxd did not say where it listens: {line:?}").into());
         };
+        let metrics = line
+            .split_once(" metrics on ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .and_then(|a| a.parse().ok());
         // Keep draining stdout so the daemon never blocks on a full pipe.
         std::thread::spawn(move || for _ in reader.lines() {});
-        Ok((guard, addr))
+        Ok((guard, addr, metrics))
+    }
+
+    /// The text of its metrics endpoint, if it answers.
+    pub(crate) fn scrape(&self) -> Option<String> {
+        use std::io::{Read, Write};
+        let timeout = Duration::from_secs(5);
+        let mut s = std::net::TcpStream::connect_timeout(&self.metrics?, timeout).ok()?;
+        s.set_read_timeout(Some(timeout)).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        Some(text)
     }
 
     fn wait_serving(&self, timeout: Duration) -> Result<Duration> {

@@ -81,6 +81,45 @@ pub struct WriteCounters {
     pub fsync_latency_us_sum: u64,
 }
 
+/// A replicated group's commit path, from its members' metrics
+/// (`inboxd_raft_append*`, `inboxd_raft_round_commit*`): sums and counts,
+/// so that a window's means are ratios of differences.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CommitPath {
+    /// The leader's rounds committed, and the seconds from their proposal
+    /// to their commit, summed.
+    pub rounds_committed: f64,
+    pub round_commit_s: f64,
+    /// The leader's appends of its own rounds, and the seconds until each
+    /// was durable in its log, summed.
+    pub leader_appends: f64,
+    pub leader_append_s: f64,
+    /// The followers' appends (one per append request from the leader),
+    /// the entries they carried, and the seconds until each was durable.
+    pub follower_appends: f64,
+    pub follower_entries: f64,
+    pub follower_append_s: f64,
+}
+
+impl CommitPath {
+    /// What happened between `before` and `self`, as one line.
+    pub fn since(&self, before: &CommitPath) -> String {
+        let d = |a: f64, b: f64| a - b;
+        let mean_us = |s: f64, n: f64| if n > 0.0 { s / n * 1e6 } else { 0.0 };
+        let rounds = d(self.rounds_committed, before.rounds_committed);
+        let f_appends = d(self.follower_appends, before.follower_appends);
+        let f_entries = d(self.follower_entries, before.follower_entries);
+        let l_appends = d(self.leader_appends, before.leader_appends);
+        format!(
+            "{rounds:.0} rounds committed, {:.0} µs from proposal to commit; followers: {f_appends:.0} appends of {:.2} entries, {:.0} µs from append to durable; the leader's own appends: {:.0} µs to durable",
+            mean_us(d(self.round_commit_s, before.round_commit_s), rounds),
+            if f_appends > 0.0 { f_entries / f_appends } else { 0.0 },
+            mean_us(d(self.follower_append_s, before.follower_append_s), f_appends),
+            mean_us(d(self.leader_append_s, before.leader_append_s), l_appends),
+        )
+    }
+}
+
 /// What a system says it holds (inboxd's `stats`), for the soak.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Holdings {
@@ -187,6 +226,11 @@ pub trait System: Sync {
     /// The system's own write counters, where it has them, to tell how
     /// many fsyncs a measured run paid.
     fn write_counters(&self) -> Option<WriteCounters> {
+        None
+    }
+
+    /// A replicated system's commit path so far (see [`CommitPath`]).
+    fn commit_path(&self) -> Option<CommitPath> {
         None
     }
 
