@@ -21,8 +21,10 @@
 
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::Instant;
+
+use tokio::sync::mpsc;
 
 use inbox_engine::inbox::{Entry, Leader, Pending};
 use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
@@ -55,17 +57,26 @@ struct Flush {
     callback: LogFlushed<TypeConfig>,
 }
 
-fn run_flusher(rx: mpsc::Receiver<Flush>, path: Arc<CommitPath>) {
-    while let Ok(job) = rx.recv() {
+/// Waits for each append to be durable, in order, and tells raft. A task
+/// of raft's runtime, not a thread of its own: a follower's append is
+/// released by its sequencer's reply, which wakes this task where raft's
+/// task will take the callback, so no other thread is woken in between.
+/// The leader's own rounds are already in its log; their wait
+/// ([`Leader::flush`]) blocks, so it runs on the blocking pool.
+async fn run_flusher(mut rx: mpsc::UnboundedReceiver<Flush>, path: Arc<CommitPath>) {
+    while let Some(job) = rx.recv().await {
         let mut result = Ok(());
         for p in job.applied {
-            if let Err(e) = p.wait() {
+            if let Err(e) = p.await {
                 result = Err(std::io::Error::other(e.to_string()));
             }
         }
-        if let (Ok(()), Some(leader)) = (&result, &job.own) {
-            if let Err(e) = leader.flush() {
-                result = Err(std::io::Error::other(e.to_string()));
+        if let (Ok(()), Some(leader)) = (&result, job.own) {
+            let flushed = tokio::task::spawn_blocking(move || leader.flush()).await;
+            match flushed {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => result = Err(std::io::Error::other(e.to_string())),
+                Err(e) => result = Err(std::io::Error::other(e.to_string())),
             }
         }
         if result.is_ok() {
@@ -79,17 +90,16 @@ fn run_flusher(rx: mpsc::Receiver<Flush>, path: Arc<CommitPath>) {
 #[derive(Clone)]
 pub struct LogStore {
     glue: Arc<Glue>,
-    flusher: mpsc::Sender<Flush>,
+    flusher: mpsc::UnboundedSender<Flush>,
 }
 
 impl LogStore {
+    /// Must run inside the tokio runtime raft runs on: the flusher is a
+    /// task of it.
     pub(crate) fn new(glue: Arc<Glue>) -> LogStore {
-        let (flusher, rx) = mpsc::channel();
+        let (flusher, rx) = mpsc::unbounded_channel();
         let path = Arc::clone(&glue.commit_path);
-        std::thread::Builder::new()
-            .name("raft-log-flush".into())
-            .spawn(move || run_flusher(rx, path))
-            .expect("spawn the raft log flusher");
+        tokio::spawn(run_flusher(rx, path));
         LogStore { glue, flusher }
     }
 }
