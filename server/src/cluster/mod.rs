@@ -32,7 +32,6 @@ use std::fmt;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::Duration;
 
 use inbox_engine::inbox::Leader;
 use inbox_engine::Inbox;
@@ -247,26 +246,25 @@ impl Glue {
         role.paused = false;
         self.commit_path.forget_proposals();
         tracing::info!(node = self.id, term = leader_id.term, "leading");
-        let glue = Arc::clone(self);
-        let rt = tokio::runtime::Handle::current();
-        let spawned = std::thread::Builder::new()
-            .name("raft-hand-off".into())
-            .spawn(move || glue.hand_off(handle, rt));
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the hand-off thread");
-        }
+        tokio::spawn(Arc::clone(self).hand_off(handle));
     }
 
-    /// The leader's hand-off: takes the engine's rounds in index order
-    /// and proposes each to raft, while this leadership lasts. raft gives
-    /// each the next index of its log, which is the index the engine gave
-    /// it: nothing else is proposed on a leader while the hand-off runs
-    /// (a membership change pauses it first, see `membership.rs`), and
-    /// the lock keeps a proposal from crossing a change of role. Entries
-    /// taken once the pause began are dropped: the pause discards them.
-    fn hand_off(&self, leader: Arc<Leader>, rt: tokio::runtime::Handle) {
+    /// The leader's hand-off, a task of raft's runtime: takes the engine's
+    /// rounds in index order and proposes each to raft, while this
+    /// leadership lasts. raft gives each the next index of its log, which
+    /// is the index the engine gave it: nothing else is proposed on a
+    /// leader while the hand-off runs (a membership change pauses it
+    /// first, see `membership.rs`), and the lock keeps a proposal from
+    /// crossing a change of role. Entries taken once the pause began are
+    /// dropped: the pause discards them.
+    ///
+    /// A proposal is raft's `client_write_ff`, which only queues the entry
+    /// for raft's core on an unbounded channel: ready at its first poll,
+    /// so it is made while the lock is held, with no await in between. A
+    /// proposal that is not ready at once (raft stopped) ends the hand-off.
+    async fn hand_off(self: Arc<Self>, leader: Arc<Leader>) {
         while !leader.is_ended() {
-            let entries = leader.wait_entries(Duration::from_millis(50));
+            let entries = leader.next_entries().await;
             if entries.is_empty() {
                 continue;
             }
@@ -281,10 +279,7 @@ impl Glue {
             for e in entries {
                 self.commit_path.proposed(e.index());
                 // The reply is not needed: the state machine commits.
-                if rt
-                    .block_on(raft.client_write_ff(Round(e.encode())))
-                    .is_err()
-                {
+                if !propose_now(&raft, &e) {
                     return;
                 }
                 role.proposed = e.index();
@@ -292,6 +287,15 @@ impl Glue {
             drop(role);
         }
     }
+}
+
+/// Polls raft's `client_write_ff` for `entry` once: whether it was ready
+/// and accepted (see [`Glue::hand_off`]).
+fn propose_now(raft: &InboxRaft, entry: &inbox_engine::inbox::Entry) -> bool {
+    use std::future::Future;
+    let proposal = std::pin::pin!(raft.client_write_ff(Round(entry.encode())));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    matches!(proposal.poll(&mut cx), std::task::Poll::Ready(Ok(_)))
 }
 
 /// raft running on an engine.

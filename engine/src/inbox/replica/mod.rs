@@ -161,6 +161,10 @@ impl Entry {
 pub(crate) struct Link {
     st: Mutex<LinkState>,
     cv: Condvar,
+    /// Wakes an async consensus layer waiting in
+    /// [`Leader::next_entries`]: an entry was handed off, or the
+    /// leadership ended (one waiter; a wake with none waiting is kept).
+    ready: tokio::sync::Notify,
     /// The engine whose completion stage finishes the rounds this link
     /// decides (weak: a link must not keep a closed engine open).
     engine: std::sync::Weak<super::shared::Shared>,
@@ -184,6 +188,7 @@ impl Link {
                 ended: None,
             }),
             cv: Condvar::new(),
+            ready: tokio::sync::Notify::new(),
             engine,
         })
     }
@@ -214,6 +219,7 @@ impl Link {
         }
         st.outbox.push_back(entry);
         self.cv.notify_all();
+        self.ready.notify_one();
     }
 
     pub(crate) fn committed(&self) -> u64 {
@@ -243,6 +249,7 @@ impl Link {
             st.outbox.clear();
             st.ended.get_or_insert(why);
             self.cv.notify_all();
+            self.ready.notify_one();
         }
         self.finish_decided();
     }
@@ -269,6 +276,22 @@ impl Leader {
             self.link.cv.wait_for(&mut st, timeout);
         }
         st.outbox.drain(..).collect()
+    }
+
+    /// Every entry handed off since the last call, in index order, once
+    /// there is one: for a consensus layer that runs as an async task (the
+    /// sequencer's hand-off wakes it directly, no thread in between).
+    /// Empty once the leadership has ended.
+    pub async fn next_entries(&self) -> Vec<Entry> {
+        loop {
+            {
+                let mut st = self.link.st.lock();
+                if !st.outbox.is_empty() || st.ended.is_some() {
+                    return st.outbox.drain(..).collect();
+                }
+            }
+            self.link.ready.notified().await;
+        }
     }
 
     /// Rounds up to `index` are committed (stored by a majority): their
