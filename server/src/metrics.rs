@@ -287,24 +287,18 @@ fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) ->
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
 
-fn counter(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    value: u64,
-) -> std::fmt::Result {
-    let metric = ConstCounter::new(value);
-    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+/// Microseconds the engine sums, as the seconds a metric carries.
+fn seconds(micros: u64) -> f64 {
+    micros as f64 / 1e6
 }
 
-/// A counter of seconds, kept in microseconds.
-fn counter_seconds(
+fn counter<N: prometheus_client::encoding::EncodeCounterValue>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    micros: u64,
+    value: N,
 ) -> std::fmt::Result {
-    let metric = ConstCounter::new(micros as f64 / 1e6);
+    let metric = ConstCounter::new(value);
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
 
@@ -414,7 +408,7 @@ impl Collector for EngineCollector {
             MetricType::Histogram,
         )?;
         fsync.encode_histogram::<NoLabelSet>(
-            stats.fsync_latency_us_sum as f64 / 1e6,
+            seconds(stats.fsync_latency_us_sum),
             stats.fsyncs,
             &[(f64::MAX, stats.fsyncs)],
             None,
@@ -570,11 +564,11 @@ fn encode_commit_path(
         "Entries those appends carried",
         path.appended_entries,
     )?;
-    counter_seconds(
+    counter(
         e,
         "inboxd_raft_append_durable_seconds",
         "Time from each append's call to its entries being durable in this node's log, summed",
-        path.append_micros,
+        seconds(path.append_micros),
     )?;
     counter(
         e,
@@ -582,11 +576,11 @@ fn encode_commit_path(
         "On the leader: its rounds committed under the leadership that proposed them",
         path.rounds_committed,
     )?;
-    counter_seconds(
+    counter(
         e,
         "inboxd_raft_round_commit_seconds",
         "On the leader: time from each round's proposal to raft to its commit, summed",
-        path.round_commit_micros,
+        seconds(path.round_commit_micros),
     )
 }
 

@@ -447,6 +447,15 @@ pub fn proc_status_bytes(pid: i32, field: &str) -> Option<u64> {
 
 /// The value of the unlabelled metric `name` in Prometheus text.
 pub fn metric(text: &str, name: &str) -> Option<u64> {
+    metric_as(text, name)
+}
+
+/// [`metric`] for a metric whose value is a float (a sum of seconds).
+pub fn metric_f64(text: &str, name: &str) -> Option<f64> {
+    metric_as(text, name)
+}
+
+fn metric_as<T: std::str::FromStr>(text: &str, name: &str) -> Option<T> {
     text.lines()
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|value| value.trim().parse().ok())

@@ -3,8 +3,9 @@
 //! the leader; the leader reports each member's matched index, and once the
 //! group is idle every member has caught up (lag 0); the metrics endpoint
 //! carries the same figures (`inboxd_raft_*`), and the commit path's
-//! counters show the leader timed its rounds and each follower its appends. A single daemon answers
-//! role "single" and exports no raft metrics. Admin only.
+//! counters show the leader timed its rounds and each follower its
+//! appends. A single daemon answers role "single" and exports no raft
+//! metrics. Admin only.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -15,14 +16,6 @@ use inbox_tests::*;
 use inbox_wire::{ClusterStatus, ConvMember, Empty, ErrorCode};
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-/// A metric whose value is a float (a sum of seconds); 0 when absent.
-fn seconds(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(0.0)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_member_reports_the_same_leader_and_term_and_the_leader_reports_each_members_lag() {
@@ -115,7 +108,8 @@ async fn every_member_reports_the_same_leader_and_term_and_the_leader_reports_ea
     let committed = metric(&leader_metrics, "inboxd_raft_rounds_committed_total");
     assert!(committed >= Some(5), "{leader_metrics}");
     assert!(
-        seconds(&leader_metrics, "inboxd_raft_round_commit_seconds_total") > 0.0,
+        metric_f64(&leader_metrics, "inboxd_raft_round_commit_seconds_total")
+            .is_some_and(|s| s > 0.0),
         "{leader_metrics}"
     );
     for follower in (1..=3u64).filter(|n| *n != leader) {
@@ -144,7 +138,8 @@ async fn every_member_reports_the_same_leader_and_term_and_the_leader_reports_ea
             "{metrics}"
         );
         assert!(
-            seconds(&metrics, "inboxd_raft_append_durable_seconds_total") > 0.0,
+            metric_f64(&metrics, "inboxd_raft_append_durable_seconds_total")
+                .is_some_and(|s| s > 0.0),
             "{metrics}"
         );
         assert_eq!(
