@@ -5,14 +5,14 @@
 //! connections, hints, subscriptions) are counters and histograms updated
 //! on the request path, so encoding them is O(number of series) and takes
 //! no lock the request path waits on. The engine's figures come from
-//! [`Inbox::stats`], which walks every user and conversation under the
-//! state's read lock (counts of devices, messages and live events are
-//! sums, not counters, in the engine today). That walk does not run per
-//! scrape: [`refresh_engine_stats`] runs it every
-//! [`ENGINE_STATS_INTERVAL`] on the blocking pool and scrapes encode the
-//! latest copy, so however often and however many scrapers come, the
-//! engine is walked at a fixed rate. `inboxd_engine_stats_age_seconds`
-//! says how old the copy is.
+//! [`Inbox::stats`] at each scrape: the engine keeps its counts (users,
+//! devices, messages, live events) as running totals, so that is three
+//! numbers read under the state's read lock (held by the sequencer for
+//! one command at most) and a pass over the logs' segment list, with no
+//! walk of users or conversations. Only the memory breakdown walks them:
+//! [`refresh_memory`] takes it every [`MEMORY_INTERVAL`] on the blocking
+//! pool, scrapes encode the latest copy, and
+//! `inboxd_memory_age_seconds` says how old it is.
 //!
 //! Nothing here ever sees a message body or a token.
 
@@ -38,9 +38,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 
 use crate::tls::TlsAcceptor;
-
-/// How often the engine's figures are refreshed for scrapes.
-pub const ENGINE_STATS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Latency buckets, seconds: 50 µs to 5 s.
 const LATENCY_BUCKETS_S: &[f64] = &[
@@ -247,13 +244,21 @@ impl Metrics {
         self.ready.store(false, Ordering::Relaxed);
     }
 
-    /// Exports `group`'s raft figures (`inboxd_raft_*`) from now on.
+    /// Exports `group`'s raft figures (`inboxd_raft_*`) from now on, and
+    /// the engine figures of the group's engine, which a snapshot's
+    /// install replaces whole.
     pub fn watch_group(&self, group: crate::cluster::GroupHandle) {
         *self.engine.group.lock().unwrap_or_else(|p| p.into_inner()) = Some(group);
     }
 
+    /// Exports `inbox`'s figures from now on (a single node's engine; a
+    /// group's comes from [`Metrics::watch_group`]).
+    pub fn watch_engine(&self, inbox: Arc<Inbox>) {
+        *self.engine.inbox.lock().unwrap_or_else(|p| p.into_inner()) = Some(inbox);
+    }
+
     /// The OpenMetrics text of every metric. Encodes what is already
-    /// counted; never walks the engine.
+    /// counted; never walks the engine's users or conversations.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(16 << 10);
         // Writing to a String cannot fail.
@@ -262,12 +267,13 @@ impl Metrics {
     }
 }
 
-/// The engine's figures as of the last refresh.
-#[derive(Debug, Default)]
+/// Where the engine's figures come from.
+#[derive(Default)]
 struct EngineFigures {
-    latest: Mutex<Option<(Stats, Instant)>>,
-    /// The memory breakdown, taken at most every [`MEMORY_INTERVAL`]: it
-    /// walks every user and conversation.
+    /// A single node's engine, asked at each scrape.
+    inbox: Mutex<Option<Arc<Inbox>>>,
+    /// The memory breakdown, taken every [`MEMORY_INTERVAL`]: it walks
+    /// every user and conversation.
     memory: Mutex<Option<(MemoryReport, Instant)>>,
     /// A group member's raft view, read at each scrape (raft keeps its
     /// metrics current; reading them is a copy of a small struct).
@@ -277,8 +283,8 @@ struct EngineFigures {
 /// How often the refresh takes the memory breakdown.
 pub const MEMORY_INTERVAL: Duration = Duration::from_secs(30);
 
-/// Encodes [`EngineFigures`] at scrape time (a copy under a mutex held
-/// for the encoding only).
+/// Encodes [`EngineFigures`] at scrape time: the engine's counts as they
+/// are, the memory breakdown as last taken.
 #[derive(Debug)]
 struct EngineCollector(Arc<EngineFigures>);
 
@@ -302,21 +308,42 @@ fn counter<N: prometheus_client::encoding::EncodeCounterValue>(
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
 
+impl std::fmt::Debug for EngineFigures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineFigures")
+            .field("memory", &self.memory)
+            .field("group", &self.group)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EngineFigures {
+    /// The engine's counts now, if an engine is watched.
+    fn stats(&self) -> Option<Stats> {
+        let group = self.group.lock().unwrap_or_else(|p| p.into_inner());
+        let inbox = match group.as_ref() {
+            Some(g) => g.inbox(),
+            None => Arc::clone(
+                self.inbox
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()?,
+            ),
+        };
+        drop(group);
+        Some(inbox.stats())
+    }
+}
+
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         encode_raft(&mut encoder, &self.0)?;
-        let latest = self.0.latest.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((stats, at)) = latest.as_ref() else {
+        encode_memory(&mut encoder, &self.0)?;
+        let Some(stats) = self.0.stats() else {
             return Ok(());
         };
+        let stats = &stats;
         let e = &mut encoder;
-        encode_memory(e, &self.0)?;
-        gauge(
-            e,
-            "inboxd_engine_stats_age_seconds",
-            "Seconds since the engine figures below were taken",
-            at.elapsed().as_secs(),
-        )?;
         gauge(e, "inboxd_users", "Users known to the store", stats.users)?;
         gauge(
             e,
@@ -588,9 +615,15 @@ fn encode_commit_path(
 /// (its entries) and `allocated` (capacity and overhead).
 fn encode_memory(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::Result {
     let memory = figures.memory.lock().unwrap_or_else(|p| p.into_inner());
-    let Some((report, _)) = memory.as_ref() else {
+    let Some((report, at)) = memory.as_ref() else {
         return Ok(());
     };
+    gauge(
+        e,
+        "inboxd_memory_age_seconds",
+        "Seconds since the memory breakdown (inboxd_memory_bytes) was taken",
+        at.elapsed().as_secs(),
+    )?;
     let mut family = e.encode_descriptor(
         "inboxd_memory_bytes",
         "Bytes of in-memory structures: entries (live) and allocated",
@@ -607,57 +640,37 @@ fn encode_memory(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt
     Ok(())
 }
 
-/// Takes the engine's figures once, on the blocking pool, and the memory
-/// breakdown if the last one is older than [`MEMORY_INTERVAL`].
-pub async fn take_engine_stats(inbox: &Arc<Inbox>, metrics: &Metrics) {
-    let due = metrics
-        .engine
-        .memory
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .is_none_or(|(_, at)| at.elapsed() >= MEMORY_INTERVAL);
+/// Takes the memory breakdown once, on the blocking pool: it walks every
+/// user and conversation.
+pub async fn take_memory(inbox: &Arc<Inbox>, metrics: &Metrics) {
     let inbox = Arc::clone(inbox);
-    let taken = tokio::task::spawn_blocking(move || {
-        let memory = due.then(|| inbox.memory());
-        (inbox.stats(), memory)
-    })
-    .await;
-    if let Ok((stats, memory)) = taken {
-        let now = Instant::now();
+    if let Ok(memory) = tokio::task::spawn_blocking(move || inbox.memory()).await {
         *metrics
             .engine
-            .latest
+            .memory
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some((stats, now));
-        if let Some(memory) = memory {
-            *metrics
-                .engine
-                .memory
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = Some((memory, now));
-        }
+            .unwrap_or_else(|p| p.into_inner()) = Some((memory, Instant::now()));
     }
 }
 
-/// Takes the engine's figures every [`ENGINE_STATS_INTERVAL`] until
-/// `shutdown` flips: one walk per interval, however many scrapes.
-/// `engine` gives the engine to walk each time: a group member's is
-/// replaced whole when it installs a snapshot.
-pub async fn refresh_engine_stats(
+/// Takes the memory breakdown every [`MEMORY_INTERVAL`] until `shutdown`
+/// flips: one walk per interval, however many scrapes. `engine` gives the
+/// engine to walk each time: a group member's is replaced whole when it
+/// installs a snapshot.
+pub async fn refresh_memory(
     engine: impl Fn() -> Arc<Inbox>,
     metrics: Arc<Metrics>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    let start = tokio::time::Instant::now() + ENGINE_STATS_INTERVAL;
-    let mut every = tokio::time::interval_at(start, ENGINE_STATS_INTERVAL);
+    let start = tokio::time::Instant::now() + MEMORY_INTERVAL;
+    let mut every = tokio::time::interval_at(start, MEMORY_INTERVAL);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = every.tick() => {}
             _ = shutdown.changed() => return,
         }
-        take_engine_stats(&engine(), &metrics).await;
+        take_memory(&engine(), &metrics).await;
     }
 }
 

@@ -136,12 +136,14 @@ pub async fn run(
         ),
         None => None,
     };
-    // The engine's figures are there from the first scrape on.
+    // The engine's figures, the memory breakdown too, are there from the
+    // first scrape on.
     let metrics = Arc::new(Metrics::default());
-    if let Some(cluster) = &cluster {
-        metrics.watch_group(cluster.handle());
+    match &cluster {
+        Some(cluster) => metrics.watch_group(cluster.handle()),
+        None => metrics.watch_engine(Arc::clone(&inbox)),
     }
-    metrics::take_engine_stats(&inbox, &metrics).await;
+    metrics::take_memory(&inbox, &metrics).await;
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -179,9 +181,9 @@ pub async fn run(
         engine_queue: crate::conn::engine_queue(&config.limits),
         group: cluster.as_ref().map(crate::cluster::Cluster::handle),
     });
-    let engine_stats_task = {
+    let memory_task = {
         let shared = Arc::clone(&shared);
-        tokio::spawn(metrics::refresh_engine_stats(
+        tokio::spawn(metrics::refresh_memory(
             move || shared.engine().into_owned(),
             Arc::clone(&metrics),
             shutdown.clone(),
@@ -265,7 +267,7 @@ pub async fn run(
         connections.abort_all();
     }
     metrics_task.abort();
-    engine_stats_task.abort();
+    memory_task.abort();
     // A group's engine is the one its last snapshot install opened.
     let engine = shared.engine().into_owned();
     drop(shared);

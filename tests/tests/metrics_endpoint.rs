@@ -33,7 +33,7 @@ async fn health_readiness_and_not_found() {
 }
 
 #[tokio::test]
-async fn engine_figures_are_exported_with_their_age() {
+async fn engine_figures_and_the_memory_breakdown_are_exported_from_the_first_scrape() {
     let data = inbox_tests::data_dir();
     let daemon = Daemon::start(data.path());
     let (status, text) = get(&daemon, "/metrics").await;
@@ -43,12 +43,53 @@ async fn engine_figures_are_exported_with_their_age() {
         "# TYPE inboxd_write_batches counter",
         "inboxd_write_batches_total ",
         "inboxd_fsync_seconds_count ",
-        "inboxd_engine_stats_age_seconds ",
+        "inboxd_memory_age_seconds ",
+        "inboxd_memory_bytes{",
         "inboxd_connections_open 0",
         "# EOF",
     ] {
         assert!(text.contains(line), "{line:?} missing from {text}");
     }
+}
+
+/// A scrape answers with the engine's counts as they are, not as some
+/// refresh last saw them: every send acknowledged before the scrape is
+/// counted in it.
+#[tokio::test]
+async fn engine_figures_count_every_send_acknowledged_before_the_scrape() {
+    const SENDS: u64 = 25;
+    let data = inbox_tests::data_dir();
+    let daemon = Daemon::start(data.path());
+    let client = daemon.client().await;
+    for uid in [1, 2] {
+        client
+            .join(inbox_wire::ConvMember { conv: 7, uid })
+            .await
+            .expect("join");
+    }
+    // The joins are counted at once too (each leaves a system message).
+    let before = daemon.scrape().await;
+    assert_eq!(inbox_tests::metric(&before, "inboxd_users"), Some(2));
+    assert_eq!(
+        inbox_tests::metric(&before, "inboxd_conversations"),
+        Some(1)
+    );
+    let messages = inbox_tests::metric(&before, "inboxd_messages").expect("messages");
+    let batches = inbox_tests::metric(&before, "inboxd_write_batches_total").expect("batches");
+    for i in 0..SENDS {
+        inbox_tests::send_text(&client, 7, 1, &format!("m{i}")).await;
+    }
+    let after = daemon.scrape().await;
+    assert_eq!(
+        inbox_tests::metric(&after, "inboxd_messages"),
+        Some(messages + SENDS)
+    );
+    let rounds = inbox_tests::metric(&after, "inboxd_write_batches_total").expect("batches");
+    assert!(
+        rounds - batches >= SENDS,
+        "{SENDS} sends one at a time took {} rounds",
+        rounds - batches
+    );
 }
 
 /// Prints what a scrape costs on a store with many users and devices; the
