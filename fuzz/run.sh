@@ -9,7 +9,10 @@
 # every 1,000 cases.
 #
 # FUZZ_JOBS=N runs N fuzzing processes at once (libFuzzer's -fork=N),
-# sharing the corpus; one per core is the useful most.
+# sharing the corpus; one per core is the useful most. libFuzzer drops the
+# jobs' stderr, coverage counts included: count what the grown corpus
+# reaches with `cargo run --release -p inbox-tests --example
+# engine_model_speed`.
 # FUZZ_SANITIZER picks cargo-fuzz's sanitizer. The byte-level targets run
 # under AddressSanitizer by default. engine_model defaults to none: its
 # checks are the model's own assertions over safe, bounds-checked Rust; the

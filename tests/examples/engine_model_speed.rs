@@ -1,6 +1,9 @@
 //! How fast the `engine_model` checks run, without the fuzzer around them:
 //! the committed corpus, then synthetic inputs that isolate the cost of a
-//! case, of an operation and of each kind of restart.
+//! case, of an operation and of each kind of restart. It also prints what
+//! the corpus reaches (the model's coverage counts): run it after a fuzz
+//! run with `FUZZ_JOBS` > 1, whose jobs' own counts libFuzzer does not
+//! keep, and before the grown corpus is reset, to count that corpus.
 //!
 //! ```text
 //! cargo run --release -p inbox-tests --example engine_model_speed
@@ -41,6 +44,7 @@ fn repeated(op: [u8; 4], n: usize) -> Vec<u8> {
 fn main() {
     let corpus = inbox_tests::fuzzing::corpus("engine_model");
     measure("corpus", &corpus);
+    println!("corpus reach: {}", coverage());
     // One join per case: what opening a case's engine on a fresh
     // directory, one restart, and removing it cost.
     let bare: Vec<Vec<u8>> = (0..200).map(|_| vec![0, 0, 0, 0]).collect();
