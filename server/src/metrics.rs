@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
-use inbox_engine::{ConvPull, Inbox, MemoryReport, Stats, SyncPage};
+use inbox_engine::{ConvPull, Inbox, MemoryReport, SyncPage};
 use inbox_wire::{ErrorCode, Op};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, NoLabelSet};
@@ -318,20 +318,17 @@ impl std::fmt::Debug for EngineFigures {
 }
 
 impl EngineFigures {
-    /// The engine's counts now, if an engine is watched.
-    fn stats(&self) -> Option<Stats> {
-        let group = self.group.lock().unwrap_or_else(|p| p.into_inner());
-        let inbox = match group.as_ref() {
-            Some(g) => g.inbox(),
-            None => Arc::clone(
-                self.inbox
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .as_ref()?,
-            ),
-        };
-        drop(group);
-        Some(inbox.stats())
+    /// The engine watched, if any: a group member's is the one its last
+    /// snapshot install opened.
+    fn engine(&self) -> Option<Arc<Inbox>> {
+        if let Some(group) = &*self.group.lock().unwrap_or_else(|p| p.into_inner()) {
+            return Some(group.inbox());
+        }
+        self.inbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(Arc::clone)
     }
 }
 
@@ -339,10 +336,9 @@ impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         encode_raft(&mut encoder, &self.0)?;
         encode_memory(&mut encoder, &self.0)?;
-        let Some(stats) = self.0.stats() else {
+        let Some(stats) = self.0.engine().map(|inbox| inbox.stats()) else {
             return Ok(());
         };
-        let stats = &stats;
         let e = &mut encoder;
         gauge(e, "inboxd_users", "Users known to the store", stats.users)?;
         gauge(
@@ -640,10 +636,12 @@ fn encode_memory(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt
     Ok(())
 }
 
-/// Takes the memory breakdown once, on the blocking pool: it walks every
-/// user and conversation.
-pub async fn take_memory(inbox: &Arc<Inbox>, metrics: &Metrics) {
-    let inbox = Arc::clone(inbox);
+/// Takes the memory breakdown of the engine watched once, on the
+/// blocking pool: it walks every user and conversation.
+pub async fn take_memory(metrics: &Metrics) {
+    let Some(inbox) = metrics.engine.engine() else {
+        return;
+    };
     if let Ok(memory) = tokio::task::spawn_blocking(move || inbox.memory()).await {
         *metrics
             .engine
@@ -654,11 +652,8 @@ pub async fn take_memory(inbox: &Arc<Inbox>, metrics: &Metrics) {
 }
 
 /// Takes the memory breakdown every [`MEMORY_INTERVAL`] until `shutdown`
-/// flips: one walk per interval, however many scrapes. `engine` gives the
-/// engine to walk each time: a group member's is replaced whole when it
-/// installs a snapshot.
+/// flips: one walk per interval, however many scrapes.
 pub async fn refresh_memory(
-    engine: impl Fn() -> Arc<Inbox>,
     metrics: Arc<Metrics>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -670,7 +665,7 @@ pub async fn refresh_memory(
             _ = every.tick() => {}
             _ = shutdown.changed() => return,
         }
-        take_memory(&engine(), &metrics).await;
+        take_memory(&metrics).await;
     }
 }
 

@@ -143,7 +143,7 @@ pub async fn run(
         Some(cluster) => metrics.watch_group(cluster.handle()),
         None => metrics.watch_engine(Arc::clone(&inbox)),
     }
-    metrics::take_memory(&inbox, &metrics).await;
+    metrics::take_memory(&metrics).await;
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -181,14 +181,10 @@ pub async fn run(
         engine_queue: crate::conn::engine_queue(&config.limits),
         group: cluster.as_ref().map(crate::cluster::Cluster::handle),
     });
-    let memory_task = {
-        let shared = Arc::clone(&shared);
-        tokio::spawn(metrics::refresh_memory(
-            move || shared.engine().into_owned(),
-            Arc::clone(&metrics),
-            shutdown.clone(),
-        ))
-    };
+    let memory_task = tokio::spawn(metrics::refresh_memory(
+        Arc::clone(&metrics),
+        shutdown.clone(),
+    ));
     let slots = Arc::new(Semaphore::new(config.limits.max_connections as usize));
     let mut connections = JoinSet::new();
 
