@@ -143,7 +143,12 @@ pub async fn run(
         Some(cluster) => metrics.watch_group(cluster.handle()),
         None => metrics.watch_engine(Arc::clone(&inbox)),
     }
+    let walk = std::time::Instant::now();
     metrics::take_memory(&metrics).await;
+    tracing::info!(
+        memory_ms = walk.elapsed().as_millis() as u64,
+        "memory breakdown taken"
+    );
 
     let listener = TcpListener::bind(config.listen)
         .await

@@ -132,14 +132,23 @@ impl Inbox {
             Some(io) => Log::open_with_io(log_opts(name), Arc::clone(io)),
             None => Log::open(log_opts(name)),
         };
+        let started = std::time::Instant::now();
         let msg_log = open_log("msg")?;
         let evt_log = open_log("evt")?;
+        let logs_opened = started.elapsed();
         let (state, recovery) = recover::load_state_reporting(&config, &evt_log)?;
+        let state_loaded = started.elapsed();
         consistency::check_locations(
             &state,
             &consistency::ends_of(&evt_log),
             &consistency::ends_of(&msg_log),
         )?;
+        tracing::info!(
+            logs_ms = logs_opened.as_millis() as u64,
+            state_ms = (state_loaded - logs_opened).as_millis() as u64,
+            checks_ms = (started.elapsed() - state_loaded).as_millis() as u64,
+            "inbox store opened"
+        );
         let checkpoints = checkpoint::durable_lsns(data)?;
         let (hints, _) = tokio::sync::broadcast::channel(1024);
         let (large_group_hints, _) = tokio::sync::broadcast::channel(1024);

@@ -61,6 +61,7 @@ pub(crate) fn load_state_reporting(
     } else {
         Scratch::default()
     };
+    let started = std::time::Instant::now();
     let mut state = None;
     for (lsn, path) in checkpoint::list(&cfg.data_dir)? {
         if lsn > durable {
@@ -87,6 +88,7 @@ pub(crate) fn load_state_reporting(
     state.idem_ttl_ms = ttl_ms;
     state.totals = state.recount_totals();
     let after = state.evt_lsn;
+    let loaded = started.elapsed();
     // Compaction deletes whole segments once checkpoints cover them; a log
     // that starts after the state's LSN has lost records this replay needs.
     if let Some(first) = evt.first_lsn() {
@@ -119,6 +121,8 @@ pub(crate) fn load_state_reporting(
     tracing::info!(
         from_lsn = after,
         records = replayed,
+        checkpoint_ms = loaded.as_millis() as u64,
+        replay_ms = (started.elapsed() - loaded).as_millis() as u64,
         "inbox state recovered"
     );
     state.commit_all();
