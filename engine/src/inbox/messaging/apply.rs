@@ -16,7 +16,7 @@ use super::record::MsgEffect;
 use crate::api::*;
 use crate::inbox::state::record::{ApplyError, Touched};
 use crate::inbox::state::{
-    idem, msg_counter, Conv, MsgMeta, PackedLoc, Period, State, Summary, FLAG_EDITED,
+    idem, msg_counter, Conv, MsgMeta, PackedLoc, Period, State, Summary, User, FLAG_EDITED,
     FLAG_RECALLED, OPEN,
 };
 
@@ -204,19 +204,25 @@ impl State {
             }
         }
         // The recipients are rarely in the cache, and each one's lookup,
-        // row search and event push would wait on memory in turn. Two
-        // passes that only start loads let those misses overlap: first
-        // the users' own lines, then the lists they point at.
-        for uid in &recipients {
-            if let Some(user) = self.users.get(uid) {
-                crate::inbox::state::prefetch_user(user);
-            }
+        // row search and event push would wait on memory in turn. Passes
+        // that only start loads let those misses overlap: first the users'
+        // own lines, then the lists they point at, then each one's row of
+        // this conversation, found in the keys the second pass loaded.
+        // Each user is looked up once for all three.
+        let found: Vec<&Arc<User>> = recipients
+            .iter()
+            .filter_map(|uid| self.users.get(uid))
+            .collect();
+        for user in &found {
+            crate::inbox::state::prefetch_user(user);
         }
-        for uid in &recipients {
-            if let Some(user) = self.users.get(uid) {
-                user.prefetch_for_message();
-            }
+        for user in &found {
+            user.prefetch_for_message();
         }
+        for user in &found {
+            user.convs.prefetch_value(&m.conv);
+        }
+        drop(found);
         for uid in recipients {
             let user = Arc::make_mut(self.users.entry(uid).or_default());
             let seq = user.push_event(evt_loc);

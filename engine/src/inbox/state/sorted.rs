@@ -60,6 +60,16 @@ impl<K: Ord + Copy, V> SortedMap<K, V> {
         prefetch(self.values.as_ptr());
     }
 
+    /// Starts loading `key`'s value, found by a search of the keys (which
+    /// [`Self::prefetch`] has started loading): its first and last line.
+    pub fn prefetch_value(&self, key: &K) {
+        if let Ok(i) = self.keys.binary_search(key) {
+            let value = self.values.as_ptr().wrapping_add(i);
+            prefetch(value);
+            prefetch(value.cast::<u8>().wrapping_add(size_of::<V>() - 1));
+        }
+    }
+
     /// Entries the vectors hold room for.
     pub fn capacity(&self) -> usize {
         self.keys.capacity().min(self.values.capacity())
