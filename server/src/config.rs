@@ -166,6 +166,13 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_IDEMPOTENCY_TTL_S")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_ttl_s: Option<u64>,
+    /// Write an index checkpoint after this many bytes of `evt` log: a
+    /// restart after a crash or a kill replays at most about this much,
+    /// and a smaller value makes the checkpoint writer work more often
+    /// [default: the engine's, 256 MiB; at least 1 MiB].
+    #[arg(long, env = "INBOXD_CHECKPOINT_EVERY_BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every_bytes: Option<u64>,
     /// Keep the message index's full pages and the idempotency table's
     /// sorted runs in an unnamed scratch file in the data directory,
     /// mapped, rather than on the heap [default: true].
@@ -373,6 +380,8 @@ pub struct Config {
     /// `None` keeps the engine's default.
     pub idempotency_ttl: Option<Duration>,
     /// `None` keeps the engine's default.
+    pub checkpoint_every_bytes: Option<u64>,
+    /// `None` keeps the engine's default.
     pub index_in_file: Option<bool>,
     /// `None` keeps history forever.
     pub history_retention: Option<Duration>,
@@ -407,6 +416,9 @@ impl Config {
         engine.history_retention = self.history_retention;
         if let Some(ttl) = self.idempotency_ttl {
             engine.idempotency_ttl = ttl;
+        }
+        if let Some(bytes) = self.checkpoint_every_bytes {
+            engine.checkpoint_every_bytes = bytes;
         }
         if let Some(on) = self.index_in_file {
             engine.index_in_file = on;
@@ -592,6 +604,14 @@ impl Config {
             Some(text) => parse_io_backend(&text)?,
             None => IoBackend::default(),
         };
+        if s.checkpoint_every_bytes
+            .is_some_and(|b| b < CHECKPOINT_EVERY_BYTES_MIN)
+        {
+            return Err(ConfigError::Invalid {
+                key: "checkpoint_every_bytes",
+                reason: format!("must be at least {CHECKPOINT_EVERY_BYTES_MIN} (1 MiB)"),
+            });
+        }
         let worker_threads = match s.worker_threads {
             Some(0) => {
                 return Err(ConfigError::Invalid {
@@ -625,6 +645,7 @@ impl Config {
             safety_window: s.safety_window_s.map(Duration::from_secs),
             compaction_interval: s.compaction_interval_s.map(Duration::from_secs),
             idempotency_ttl: s.idempotency_ttl_s.map(Duration::from_secs),
+            checkpoint_every_bytes: s.checkpoint_every_bytes,
             index_in_file: s.index_in_file,
             history_retention: s.history_retention_s.map(Duration::from_secs),
             snapshot_cache_bytes: s.snapshot_cache_bytes,
@@ -633,6 +654,10 @@ impl Config {
         })
     }
 }
+
+/// The smallest `checkpoint_every_bytes` taken: below it the writer would
+/// encode the whole state after every few rounds.
+const CHECKPOINT_EVERY_BYTES_MIN: u64 = 1 << 20;
 
 /// The connection-serving threads a daemon with `cores` cores starts: one
 /// per core but one, which the sequencer and the log writers use (at
@@ -804,7 +829,7 @@ mod tests {
         let path = dir.path().join("inboxd.toml");
         std::fs::write(
             &path,
-            "rate_burst = 5\nin_flight_max = 7\nhistory_retention_s = 3600\nidempotency_ttl_s = 600\nindex_in_file = false\nsnapshot_cache_bytes = 1048576\ntoken = \"from-file\"\n",
+            "rate_burst = 5\nin_flight_max = 7\nhistory_retention_s = 3600\nidempotency_ttl_s = 600\ncheckpoint_every_bytes = 67108864\nindex_in_file = false\nsnapshot_cache_bytes = 1048576\ntoken = \"from-file\"\n",
         )
         .unwrap();
         // Only this test reads INBOXD_RATE_BURST.
@@ -836,6 +861,7 @@ mod tests {
         let engine = config.engine_config([0; 32]);
         assert_eq!(engine.history_retention, Some(Duration::from_secs(3600)));
         assert_eq!(engine.idempotency_ttl, Duration::from_secs(600));
+        assert_eq!(engine.checkpoint_every_bytes, 64 << 20);
         assert!(!engine.index_in_file);
         assert_eq!(engine.snapshot_cache_bytes, 1 << 20);
     }
@@ -871,6 +897,14 @@ mod tests {
             Config::resolve(&args),
             Err(ConfigError::Invalid {
                 key: "worker_threads",
+                ..
+            })
+        ));
+        std::fs::write(&path, "checkpoint_every_bytes = 0\n").unwrap();
+        assert!(matches!(
+            Config::resolve(&args),
+            Err(ConfigError::Invalid {
+                key: "checkpoint_every_bytes",
                 ..
             })
         ));
