@@ -100,6 +100,7 @@ impl Log {
             io = io.name(),
             "segment log recovered"
         );
+        let found_through = rec.segments.iter().map(|s| s.id).max().unwrap_or(0);
         let segments = rec.segments.iter().map(|s| (s.id, Arc::clone(s))).collect();
         let active = rec.active.map(|a| ActiveTail {
             seg: a.seg,
@@ -125,6 +126,7 @@ impl Log {
             durable_hook: Mutex::new(None),
             writer: Mutex::new(writer::WriterState::new()),
             segments: RwLock::new(segments),
+            found_through,
             prep: Preparer::new(
                 rec.next_segment_id,
                 opts.spare_segments,

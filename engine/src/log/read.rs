@@ -56,6 +56,40 @@ impl Log {
         Ok(())
     }
 
+    /// Asks the kernel to start reading, all at once, the pages behind
+    /// `locs` in segments found on disk at open, before the caller reads
+    /// the records one by one. Reads go through mappings, so each record
+    /// whose page is not cached costs a page fault that waits for its own
+    /// disk read; after a restart, a pull of 56 conversations' newest
+    /// messages waited for dozens of them in series. Asked for together,
+    /// the disk serves them side by side, and the faults find the pages
+    /// cached or in flight.
+    ///
+    /// Only segments found at open are asked for: one this process wrote
+    /// went through the page cache, and a hint for a cached page is a
+    /// wasted system call on the hot path. Segment ids only grow, so that
+    /// is one comparison per location. The hint covers
+    /// [`READ_AHEAD_RECORD`] bytes from each location (a longer record
+    /// faults its tail in); locations less than [`READ_AHEAD_GAP`] apart
+    /// are asked for as one range. It reads nothing itself and is never an
+    /// error: the reads that follow report what fails.
+    pub fn read_ahead(&self, locs: impl IntoIterator<Item = RecordLoc>) {
+        let through = self.shared.found_through;
+        let mut locs: Vec<RecordLoc> = locs.into_iter().filter(|l| l.segment <= through).collect();
+        if locs.is_empty() {
+            return;
+        }
+        locs.sort_unstable_by_key(|l| (l.segment, l.offset));
+        for group in locs.chunk_by(|a, b| a.segment == b.segment) {
+            let Some(seg) = self.shared.segments.read().get(&group[0].segment).cloned() else {
+                continue;
+            };
+            for (start, len) in read_ahead_ranges(group.iter().map(|l| u64::from(l.offset))) {
+                seg.advise_will_need(start, len);
+            }
+        }
+    }
+
     /// The segment `loc` names; `BadLocation` if there is none.
     fn segment_at(&self, loc: RecordLoc) -> Result<Arc<Segment>, LogError> {
         self.shared
@@ -234,4 +268,58 @@ fn is_record_start(r: &segment::Reader<'_>, off: u64, back: u32) -> Result<bool,
         pos += RECORD_HEADER_LEN as u64 + u64::from(format::decode_record_header(&h).len);
     }
     Ok(false)
+}
+
+/// Bytes from a record's location that [`Log::read_ahead`] asks for: a
+/// message record with a body of a few hundred bytes, and its header.
+pub const READ_AHEAD_RECORD: u64 = 1024;
+
+/// Locations closer than this are asked for as one range: reading the
+/// pages between them costs the disk less than one more request.
+pub const READ_AHEAD_GAP: u64 = 32 << 10;
+
+const PAGE: u64 = 4096;
+
+/// The page-aligned ranges `(start, len)` that cover [`READ_AHEAD_RECORD`]
+/// bytes from each of `offsets` (ascending), merged where they are less
+/// than [`READ_AHEAD_GAP`] apart.
+fn read_ahead_ranges(offsets: impl IntoIterator<Item = u64>) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let mut current: Option<(u64, u64)> = None;
+    for off in offsets {
+        let start = off / PAGE * PAGE;
+        let end = (off + READ_AHEAD_RECORD).div_ceil(PAGE) * PAGE;
+        current = match current {
+            Some((s, e)) if start <= e + READ_AHEAD_GAP => Some((s, e.max(end))),
+            Some((s, e)) => {
+                out.push((s, e - s));
+                Some((start, end))
+            }
+            None => Some((start, end)),
+        };
+    }
+    out.extend(current.map(|(s, e)| (s, e - s)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_ahead_covers_each_record_in_whole_pages_and_merges_locations_closer_than_the_gap() {
+        assert!(read_ahead_ranges([]).is_empty());
+        // One record inside a page, and one that crosses into the next.
+        assert_eq!(read_ahead_ranges([100]), vec![(0, PAGE)]);
+        assert_eq!(read_ahead_ranges([PAGE - 10]), vec![(0, 2 * PAGE)]);
+        // Within the gap: one range from the first page to the last.
+        let near = PAGE + READ_AHEAD_GAP;
+        assert_eq!(read_ahead_ranges([100, 200, near]), vec![(0, near + PAGE)]);
+        // Beyond it: two ranges.
+        let far = 2 * PAGE + READ_AHEAD_GAP;
+        assert_eq!(
+            read_ahead_ranges([100, far, far + 50]),
+            vec![(0, PAGE), (far, PAGE)]
+        );
+    }
 }

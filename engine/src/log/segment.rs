@@ -160,6 +160,21 @@ impl Segment {
         self.active_map.lock().take();
     }
 
+    /// Asks the kernel to start reading `len` bytes from `start` into the
+    /// page cache (`POSIX_FADV_WILLNEED`), without waiting for them. A
+    /// hint: a failure only means a later read waits for the disk.
+    pub fn advise_will_need(&self, start: u64, len: u64) {
+        use std::os::fd::AsRawFd;
+        let (Ok(start), Ok(len)) = (libc::off_t::try_from(start), libc::off_t::try_from(len))
+        else {
+            return;
+        };
+        // SAFETY: a valid descriptor; the call reads no memory of ours.
+        unsafe {
+            libc::posix_fadvise(self.file.as_raw_fd(), start, len, libc::POSIX_FADV_WILLNEED)
+        };
+    }
+
     /// A reader of the bytes durable right now.
     pub fn reader(&self) -> std::io::Result<Reader<'_>> {
         let limit = self.durable_len();

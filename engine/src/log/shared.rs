@@ -46,6 +46,11 @@ pub(super) struct Shared {
     pub(super) durable_lsn: AtomicU64,
     pub(super) poisoned: AtomicBool,
     pub(super) segments: RwLock<BTreeMap<SegmentId, Arc<Segment>>>,
+    /// The highest id of a segment found on disk at open (0: none). Ids
+    /// only grow, so every segment this process begins is above it: at
+    /// or below it are the pages that may not be in the page cache
+    /// ([`super::Log::read_ahead`]).
+    pub(super) found_through: SegmentId,
     pub(super) prep: Preparer,
     pub(super) stats: writer::Stats,
     /// Called after each pass that may have made batches durable or

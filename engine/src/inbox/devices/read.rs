@@ -175,6 +175,7 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
     // one allocation.
     let mut summaries = BytesMut::with_capacity(locs.len() * SUMMARY_BYTES_MAX);
     let mut events: Result<Vec<SyncEvent>> = Ok(Vec::with_capacity(locs.len()));
+    shared.evt_log.read_ahead(locs.iter().map(|l| unpack(*l)));
     shared
         .evt_log
         .read_each(locs.iter().map(|l| unpack(*l)), |kind, payload| {

@@ -89,6 +89,21 @@ pub(crate) fn read_message(
     }
 }
 
+/// Asks the logs to start reading the bodies at `locs` together, before
+/// they are read one by one ([`crate::log::Log::read_ahead`]: only pages of
+/// segments from before the restart are asked for).
+pub(crate) fn read_ahead_bodies(shared: &Shared, locs: impl Iterator<Item = PackedLoc> + Clone) {
+    let in_log = move |log: BodyLog| {
+        locs.clone()
+            .filter(|&loc| loc != PENDING_LOC)
+            .map(body_at)
+            .filter(move |&(l, _)| l == log)
+            .map(|(_, at)| unpack(at))
+    };
+    shared.msg_log.read_ahead(in_log(BodyLog::Msg));
+    shared.evt_log.read_ahead(in_log(BodyLog::Evt));
+}
+
 /// What a segment rewrite copies forward for the events of a message
 /// effect that carries its body: the same effect without the body (kind 1,
 /// its `msg_loc` left at [`PENDING_LOC`]: the index, not the copy, says

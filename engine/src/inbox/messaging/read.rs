@@ -16,7 +16,7 @@ use std::ops::RangeInclusive;
 
 use bytes::Bytes;
 
-use super::body::read_message;
+use super::body::{read_ahead_bodies, read_message};
 use super::record::StoredPayload;
 use crate::api::*;
 use crate::error::{Error, Result};
@@ -224,6 +224,12 @@ pub(crate) fn pull(
             plans.push((conv, metas, has_more, head));
         }
     }
+    read_ahead_bodies(
+        shared,
+        plans
+            .iter()
+            .flat_map(|(_, metas, _, _)| metas.iter().map(|(_, m)| m.loc)),
+    );
     plans
         .into_iter()
         .map(|(conv, metas, has_more, max_seq)| {
@@ -281,6 +287,7 @@ pub(crate) fn history(
         }
         (metas, has_more)
     };
+    read_ahead_bodies(shared, metas.iter().map(|(_, m)| m.loc));
     Ok(HistoryPage {
         messages: materialize(shared, conv, metas)?,
         has_more,
