@@ -347,6 +347,9 @@ pub struct SyncRun {
     pub acked_sync_seq: u64,
     pub batch_hwm: u64,
     pub lease: Option<LeaseInfo>,
+    /// `ACK`s written ([`Client::catch_up`]; [`Client::sync_to_end`]
+    /// writes one at the end and leaves this at 0).
+    pub acks: u32,
 }
 
 impl Client {
@@ -412,11 +415,23 @@ impl Client {
     }
 }
 
+/// Pages [`Client::catch_up`] applies between two `ACK`s unless told
+/// otherwise ([`CatchUpOptions::ack_every`]). A `SYNC` waits for the
+/// connection's earlier writes, so every `ACK` puts one durable write
+/// between two pages; one every eight pages lets the reads run at their
+/// own pace, and a reconnect replays at most eight pages (800 events at
+/// the default page size), which the device skips by `sync_seq`.
+pub const CATCH_UP_ACK_EVERY: u32 = 8;
+
 /// How [`Client::catch_up`] asks for its pages.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CatchUpOptions {
     /// Page size; 0 asks for the server's default.
     pub limit: u32,
+    /// With `ack`, `ACK` after every this many pages and after the last;
+    /// 0 means [`CATCH_UP_ACK_EVERY`], 1 every page. The `ACK` is
+    /// cumulative: it names the last `next_cursor` applied.
+    pub ack_every: u32,
     /// `SYNC`'s `max_replay`: a longer backlog answers `RESET_REQUIRED`.
     pub max_replay: Option<u64>,
     /// `SYNC`'s `without_summaries`.
@@ -434,6 +449,11 @@ impl Client {
     /// one `ACK` is in flight. After the last page: its `ACK`, then
     /// `FINISH_LEASE` if the batch was a lease. Without `ack` nothing is
     /// acknowledged (pages are then fetched one after another).
+    ///
+    /// An `ACK` goes with every [`CatchUpOptions::ack_every`]-th page
+    /// and with the last: a `SYNC` written after an `ACK` is served only
+    /// once that `ACK` is durable, so acknowledging every page would pace
+    /// the reads by the disk's flushes.
     ///
     /// Every event of the batch is returned exactly once, in order; the
     /// first error stops the run (a failed `ACK` included).
@@ -463,6 +483,10 @@ impl Client {
         let mut page = self
             .sync(request(generation, local_applied_seq, None))
             .await?;
+        let ack_every = match options.ack_every {
+            0 => CATCH_UP_ACK_EVERY,
+            n => n,
+        };
         let mut ack_in_flight = None;
         loop {
             run.pages += 1;
@@ -481,7 +505,9 @@ impl Client {
             } else {
                 None
             };
-            if ack && page.next_cursor > run.acked_sync_seq {
+            let ack_due = !page.has_more || run.pages % ack_every == 0;
+            if ack && ack_due && page.next_cursor > run.acked_sync_seq {
+                run.acks += 1;
                 let acked = self
                     .queue(Request::Ack(AckReq {
                         uid,

@@ -1,9 +1,10 @@
 //! The Rust client's pipelined catch-up (PROTOCOL.md, "Pipelined
-//! catch-up"): each page's ACK is in flight while the next page is asked
-//! for, and still every event arrives exactly once, in order, and the
-//! device ends ACKed at the batch's high-water mark.
+//! catch-up"): each ACK is in flight while the next page is asked for, an
+//! ACK goes with every `ack_every`-th page and the last, and still every
+//! event arrives exactly once, in order, and the device ends ACKed at the
+//! batch's high-water mark.
 
-use inbox_server::client::{CatchUpOptions, Client};
+use inbox_server::client::{CatchUpOptions, Client, CATCH_UP_ACK_EVERY};
 use inbox_tests::{msg_refs, register, send_text, Daemon};
 use inbox_wire::*;
 
@@ -27,6 +28,7 @@ async fn setup(client: &Client) -> Vec<(u64, u64)> {
 fn small_pages() -> CatchUpOptions {
     CatchUpOptions {
         limit: 7,
+        ack_every: 1,
         ..CatchUpOptions::default()
     }
 }
@@ -106,4 +108,49 @@ async fn a_pipelined_catch_up_of_a_recovery_lease_resumes_once_and_finishes_it()
         .devices[0];
     assert_eq!(device.state, DeviceState::Active, "the lease is finished");
     assert_eq!(device.acked_sync_seq, first.batch_hwm);
+}
+
+#[tokio::test]
+async fn a_catch_up_acks_every_nth_page_and_the_last_and_ends_acked_at_the_batch_end() {
+    let dir = inbox_tests::data_dir();
+    let daemon = Daemon::start(dir.path());
+    let client = daemon.client().await;
+    setup(&client).await;
+    let mut runs = Vec::new();
+    // Devices 1, 2 and 3: an ACK every page, every fourth, and the default.
+    for (device, ack_every) in [(1, 1), (2, 4), (3, 0)] {
+        let generation = register(&client, READER, device).await;
+        let options = CatchUpOptions {
+            ack_every,
+            ..small_pages()
+        };
+        let run = client
+            .catch_up(READER, device, Some(generation), 0, true, options)
+            .await
+            .unwrap();
+        assert!(run.pages > 16, "many pages: {}", run.pages);
+        assert_contiguous(&run.events, 0, run.batch_hwm);
+        let every = if ack_every == 0 {
+            CATCH_UP_ACK_EVERY
+        } else {
+            ack_every
+        };
+        // Pages every, 2 x every, ... and the last, once.
+        let expected = run.pages / every + u32::from(run.pages % every != 0);
+        assert_eq!(
+            run.acks, expected,
+            "ACKs of {} pages, one every {every}",
+            run.pages
+        );
+        assert_eq!(run.acked_sync_seq, run.batch_hwm);
+        runs.push(run);
+    }
+    assert_eq!(runs[0].acks, runs[0].pages, "1: every page");
+    assert!(runs[1].acks < runs[0].acks);
+    assert_eq!(runs[1].events, runs[0].events, "the same stream");
+    assert_eq!(runs[2].events, runs[0].events, "the same stream");
+    let devices = client.devices(UserReq { uid: READER }).await.unwrap();
+    for device in &devices.devices {
+        assert_eq!(device.acked_sync_seq, runs[0].batch_hwm, "{device:?}");
+    }
 }

@@ -149,10 +149,14 @@ enum Command {
         /// The highest sync_seq the device applied [default: its ACK].
         #[arg(long)]
         local: Option<u64>,
-        /// ACK what was applied, page by page, each ACK in flight while
-        /// the next page is fetched (and finish a recovery lease).
+        /// ACK what was applied, each ACK in flight while the next page
+        /// is fetched (and finish a recovery lease).
         #[arg(long)]
         ack: bool,
+        /// With --ack: ACK after every this many pages and after the last
+        /// [default: 8; 1 is every page].
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        ack_every: Option<u32>,
         /// Ask for RESET_REQUIRED instead of replaying more than this many
         /// events (at least 1).
         #[arg(long)]
@@ -563,6 +567,7 @@ async fn run(cli: &Cli, dial: &Dial<'_>, client: &Client) -> Result<Value, Failu
             generation,
             local,
             ack,
+            ack_every,
             max_replay,
             without_summaries,
             ids_only,
@@ -579,6 +584,7 @@ async fn run(cli: &Cli, dial: &Dial<'_>, client: &Client) -> Result<Value, Failu
             };
             let options = CatchUpOptions {
                 limit: 0,
+                ack_every: ack_every.unwrap_or(0),
                 max_replay: *max_replay,
                 without_summaries: *without_summaries,
                 ids_only: *ids_only,
