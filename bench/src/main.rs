@@ -87,6 +87,11 @@ pub struct Args {
     /// Events waiting for each `sync` user [quick: 3000, full: 1000].
     #[arg(long)]
     pub sync_backlog: Option<u32>,
+    /// `long-offline`: the returning devices ACK after every this many
+    /// pages of their catch-up and after the last, in every system (1:
+    /// every page, the basis of the reports before this option).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub catch_up_ack_every: u32,
     /// `recovery` (--full): data to fill each system with before kill -9, GiB.
     #[arg(long, default_value_t = 1.0)]
     pub recovery_gib: f64,

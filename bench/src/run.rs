@@ -93,6 +93,8 @@ pub struct LongOfflinePlan {
     pub direct_convs: u32,
     pub direct_msgs: u32,
     pub per_conv: u32,
+    /// The devices' ACK cadence ([`crate::systems::DeviceCursor::ack_every`]).
+    pub ack_every: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -170,6 +172,7 @@ impl Plan {
                 direct_convs: 40,
                 direct_msgs: 800,
                 per_conv: 20,
+                ack_every: args.catch_up_ack_every,
             }),
             mixed: runs("mixed"),
             recovery_bytes: runs("recovery")
@@ -1055,7 +1058,7 @@ fn long_offline_scenario(
         lo.direct_msgs,
         took.as_secs_f64()
     );
-    let out = scenarios::long_offline(system, scenario.user, lo.per_conv, 100)?;
+    let out = scenarios::long_offline(system, scenario.user, lo.per_conv, 100, lo.ack_every)?;
     println!(
         "{name}: long-offline: first screen ({} convs, {} messages, {} B) in {:.1} ms; caught up {} events in {} pages, total {:.1} ms, {} B",
         out.screen.convs,

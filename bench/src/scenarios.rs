@@ -550,12 +550,14 @@ pub struct LongOfflineOutcome {
 
 /// `long-offline`: the returning user's device fetches its first screen
 /// (conversation list and the newest `per_conv` messages of each), then
-/// catches its sync stream up to the end, ACKing page by page.
+/// catches its sync stream up to the end, ACKing after every `ack_every`
+/// pages and after the last.
 pub fn long_offline(
     system: &dyn System,
     user: Uid,
     per_conv: u32,
     page_limit: u32,
+    ack_every: u32,
 ) -> Result<LongOfflineOutcome> {
     let mut conn = system.connect()?;
     let start = Instant::now();
@@ -567,13 +569,16 @@ pub fn long_offline(
         bytes: screen.bytes,
         ..LongOfflineOutcome::default()
     };
-    let (events, pages, bytes) = conn.catch_up(&mut DeviceCursor::new(user, 1), page_limit)?;
+    let mut device = DeviceCursor::new(user, 1);
+    device.ack_every = ack_every;
+    let (events, pages, bytes) = conn.catch_up(&mut device, page_limit)?;
     out.total = start.elapsed();
     out.events = events;
     out.pages = pages;
     out.bytes += bytes;
     let mut bare = DeviceCursor::new(user, crate::workload::LONG_OFFLINE_BARE_DEVICE);
     bare.ids_only = true;
+    bare.ack_every = ack_every;
     (out.bare_events, _, out.bare_bytes) = conn.catch_up(&mut bare, page_limit)?;
     Ok(out)
 }
@@ -943,7 +948,7 @@ mod tests {
         .expect("workload");
         let payload = |n: u64| workload.payload_at(n);
         preload(&model, &lo.sends(3), &payload, 2, 50, 1).expect("preload");
-        let out = long_offline(&model, lo.user, 20, 100).expect("long offline");
+        let out = long_offline(&model, lo.user, 20, 100, 1).expect("long offline");
         assert_eq!(
             out.screen.convs, 8,
             "3 groups and 5 one-to-one conversations"

@@ -491,6 +491,7 @@ impl Conn for InboxdConn {
             start_cursor(client, device).await?;
             let options = CatchUpOptions {
                 limit,
+                ack_every: device.ack_every.max(1),
                 ids_only: device.ids_only,
                 ..CatchUpOptions::default()
             };
@@ -499,13 +500,14 @@ impl Conn for InboxdConn {
                     device.uid,
                     device.device,
                     device.generation,
-                    device.acked,
+                    device.applied,
                     true,
                     options,
                 )
                 .await?;
             device.generation = Some(run.generation);
             device.acked = run.acked_sync_seq;
+            device.applied = device.applied.max(run.acked_sync_seq);
             let bytes = run.events.iter().map(event_bytes).sum();
             Ok((run.events.len() as u64, u64::from(run.pages), bytes))
         })
@@ -652,6 +654,7 @@ async fn start_cursor(client: &Client, device: &mut DeviceCursor) -> Result<()> 
         if let Some(info) = list.devices.iter().find(|d| d.device == device.device) {
             device.generation = Some(info.generation);
             device.acked = info.acked_sync_seq;
+            device.applied = info.acked_sync_seq;
         }
         device.started = true;
     }
@@ -673,7 +676,7 @@ pub(super) async fn sync_page_on(
             uid: device.uid,
             device: device.device,
             generation: device.generation,
-            local_applied_seq: device.acked,
+            local_applied_seq: device.applied,
             limit,
             batch_token: (!device.position.is_empty())
                 .then(|| Bytes::from(device.position.clone())),
@@ -684,7 +687,8 @@ pub(super) async fn sync_page_on(
     let read = read_started.elapsed();
     let bytes = page.events.iter().map(event_bytes).sum();
     let events = u32::try_from(page.events.len()).unwrap_or(u32::MAX);
-    if page.next_cursor > page.acked_sync_seq {
+    let ack_due = device.ack_due(page.has_more);
+    if ack_due && page.next_cursor > page.acked_sync_seq {
         client
             .ack(AckReq {
                 uid: device.uid,
@@ -708,7 +712,10 @@ pub(super) async fn sync_page_on(
         }
     }
     device.generation = Some(page.generation);
-    device.acked = device.acked.max(page.next_cursor);
+    device.applied = device.applied.max(page.next_cursor);
+    if ack_due {
+        device.acked = device.acked.max(page.next_cursor);
+    }
     device.position = if page.has_more {
         page.batch_token.to_vec()
     } else {

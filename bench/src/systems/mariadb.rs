@@ -413,25 +413,29 @@ impl Conn for MariaConn<'_> {
                     (device.uid, device.device),
                 )?
                 .unwrap_or(0);
+            device.applied = device.acked;
             device.started = true;
         }
         let read_started = std::time::Instant::now();
         let rows: Vec<(u64, u8, u64, u64)> = self.conn.exec(
             "SELECT sync_seq, type, conv_id, seq FROM sync_event \
              WHERE uid = ? AND sync_seq > ? ORDER BY sync_seq LIMIT ?",
-            (device.uid, device.acked, limit + 1),
+            (device.uid, device.applied, limit + 1),
         )?;
         let read = read_started.elapsed();
         let has_more = rows.len() > limit as usize;
         let page = &rows[..rows.len().min(limit as usize)];
         if let Some(last) = page.last() {
-            // Autocommit: durable before the reply.
-            self.conn.exec_drop(
-                "INSERT INTO user_sync_cursor (uid, device_id, acked_sync_seq) VALUES (?, ?, ?) \
-                 ON DUPLICATE KEY UPDATE acked_sync_seq = GREATEST(acked_sync_seq, VALUES(acked_sync_seq))",
-                (device.uid, device.device, last.0),
-            )?;
-            device.acked = last.0;
+            device.applied = last.0;
+            if device.ack_due(has_more) {
+                // Autocommit: durable before the reply.
+                self.conn.exec_drop(
+                    "INSERT INTO user_sync_cursor (uid, device_id, acked_sync_seq) VALUES (?, ?, ?) \
+                     ON DUPLICATE KEY UPDATE acked_sync_seq = GREATEST(acked_sync_seq, VALUES(acked_sync_seq))",
+                    (device.uid, device.device, last.0),
+                )?;
+                device.acked = last.0;
+            }
         }
         Ok(Page {
             events: u32::try_from(page.len()).unwrap_or(u32::MAX),

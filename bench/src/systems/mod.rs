@@ -31,8 +31,16 @@ pub type Result<T> = std::result::Result<T, Error>;
 pub struct DeviceCursor {
     pub uid: Uid,
     pub device: DeviceId,
-    /// The last event applied and ACKed, in the system's own numbering.
+    /// The last event ACKed durably, in the system's own numbering.
     pub acked: u64,
+    /// The last event applied: where the next page starts. Ahead of
+    /// `acked` while ACKs are spaced out ([`DeviceCursor::ack_every`]).
+    pub applied: u64,
+    /// ACK after every this many pages and after a batch's last (0 and 1:
+    /// every page).
+    pub ack_every: u32,
+    /// Pages applied since the last ACK.
+    pub unacked_pages: u32,
     /// A system-specific position (a Redis stream id, a batch token).
     pub position: Vec<u8>,
     pub generation: Option<u64>,
@@ -51,6 +59,17 @@ impl DeviceCursor {
             device,
             ..Self::default()
         }
+    }
+
+    /// Counts a page applied and says whether to ACK it: every
+    /// `ack_every`-th page since the last ACK, and the last page.
+    pub fn ack_due(&mut self, has_more: bool) -> bool {
+        self.unacked_pages += 1;
+        let due = !has_more || self.unacked_pages >= self.ack_every.max(1);
+        if due {
+            self.unacked_pages = 0;
+        }
+        due
     }
 }
 
@@ -142,13 +161,15 @@ pub trait Conn {
         Ok(())
     }
 
-    /// Reads the next page of at most `limit` events after the device's
-    /// cursor, then ACKs it durably, moving the cursor.
+    /// Reads the next page of at most `limit` events after the last one
+    /// the device applied, then, if [`DeviceCursor::ack_due`], ACKs it
+    /// durably, moving the server's cursor.
     fn sync_page(&mut self, device: &mut DeviceCursor, limit: u32) -> Result<Page>;
 
-    /// The device's whole catch-up in pages of at most `limit`, each
-    /// ACKed: (events, pages, bytes of event data). By default page after
-    /// page; a system whose protocol pipelines does it as its clients do.
+    /// The device's whole catch-up in pages of at most `limit`, ACKed as
+    /// [`DeviceCursor::ack_every`] says: (events, pages, bytes of event
+    /// data). By default page after page; a system whose protocol
+    /// pipelines does it as its clients do.
     fn catch_up(&mut self, device: &mut DeviceCursor, limit: u32) -> Result<(u64, u64, u64)> {
         let (mut events, mut pages, mut bytes) = (0, 0, 0);
         loop {
@@ -303,4 +324,37 @@ pub fn dir_bytes(path: &std::path::Path) -> u64 {
             Err(_) => 0,
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_acks_every_nth_page_and_the_last_page_of_a_batch() {
+        let due = |every: u32, pages: &[bool]| -> Vec<bool> {
+            let mut device = DeviceCursor {
+                ack_every: every,
+                ..DeviceCursor::default()
+            };
+            pages.iter().map(|&more| device.ack_due(more)).collect()
+        };
+        // Seven pages, the last without more.
+        let batch = [true, true, true, true, true, true, false];
+        assert_eq!(due(0, &batch), [true; 7], "0 is every page");
+        assert_eq!(due(1, &batch), [true; 7]);
+        assert_eq!(
+            due(3, &batch),
+            [false, false, true, false, false, true, true]
+        );
+        assert_eq!(
+            due(8, &batch),
+            [false, false, false, false, false, false, true]
+        );
+        // The count starts again after the last page of a batch.
+        assert_eq!(
+            due(2, &[true, false, true, true]),
+            [false, true, false, true]
+        );
+    }
 }

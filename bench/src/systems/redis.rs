@@ -242,13 +242,16 @@ impl Conn for RedisConn<'_> {
             .map(|(id, fields)| id.len() + fields.iter().map(Vec::len).sum::<usize>())
             .sum::<usize>() as u64;
         if let Some((last, _)) = page.last() {
-            // With appendfsync always, the reply waits for the AOF fsync.
-            let () = redis::cmd("SET")
-                .arg(format!("cursor:{}:{}", device.uid, device.device))
-                .arg(last)
-                .query(&mut self.conn)?;
             device.position.clone_from(last);
-            device.acked += page.len() as u64;
+            device.applied += page.len() as u64;
+            if device.ack_due(has_more) {
+                // With appendfsync always, the reply waits for the AOF fsync.
+                let () = redis::cmd("SET")
+                    .arg(format!("cursor:{}:{}", device.uid, device.device))
+                    .arg(last)
+                    .query(&mut self.conn)?;
+                device.acked = device.applied;
+            }
         }
         Ok(Page {
             events: u32::try_from(page.len()).unwrap_or(u32::MAX),

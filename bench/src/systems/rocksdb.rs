@@ -160,11 +160,12 @@ impl Conn for RocksConn<'_> {
                 }
                 None => 0,
             };
+            device.applied = device.acked;
             device.started = true;
         }
         let read_started = std::time::Instant::now();
         let prefix = key(b'e', &[device.uid]);
-        let from = key(b'e', &[device.uid, device.acked + 1]);
+        let from = key(b'e', &[device.uid, device.applied + 1]);
         let mut events = 0u32;
         let mut bytes = 0u64;
         let mut last = None;
@@ -189,10 +190,13 @@ impl Conn for RocksConn<'_> {
         }
         let read = read_started.elapsed();
         if let Some(last) = last {
-            self.db
-                .db
-                .put_opt(&cursor_key, last.to_be_bytes(), &self.sync)?;
-            device.acked = last;
+            device.applied = last;
+            if device.ack_due(has_more) {
+                self.db
+                    .db
+                    .put_opt(&cursor_key, last.to_be_bytes(), &self.sync)?;
+                device.acked = last;
+            }
         }
         Ok(Page {
             events,
