@@ -1,6 +1,8 @@
-//! `Log::read_ahead`: a batch of reads of a segment found on disk at open
-//! asks the kernel for the pages behind it up front; a segment this
-//! process wrote is not asked for (its pages went through the page cache).
+//! `Log::read_ahead`: a batch of reads of records found on disk at open
+//! asks the kernel for the pages behind them up front; records this
+//! process wrote, in a new segment or after the write offset of the
+//! segment it found active, are not asked for (their pages went through
+//! the page cache).
 //! Observed with `mincore` on a mapping of the file, after the file's
 //! pages were dropped from the page cache.
 
@@ -82,7 +84,7 @@ fn wait_cached(path: &Path, offset: u64) -> bool {
 }
 
 #[test]
-fn read_ahead_asks_for_the_pages_of_a_segment_found_at_open_and_not_of_one_this_process_wrote() {
+fn read_ahead_asks_for_the_pages_of_records_found_at_open_and_not_of_records_this_process_wrote() {
     let dir = tempfile::tempdir().unwrap();
     let o = opts(dir.path());
     let mut locs: Vec<RecordLoc> = Vec::new();
@@ -133,4 +135,41 @@ fn read_ahead_asks_for_the_pages_of_a_segment_found_at_open_and_not_of_one_this_
         let tag = (i / 2) as u64;
         assert_eq!(log.read(*loc).unwrap().payload, payload(tag, i % 2));
     }
+
+    // The segment that was active at open: its records from before are
+    // asked for, those this process appends to it are not.
+    let active = locs.last().copied().expect("records");
+    let old = *locs
+        .iter()
+        .find(|l| l.segment == active.segment)
+        .expect("a record in the active segment");
+    let mut new = Vec::new();
+    for tag in 400..440u64 {
+        new.extend(log.append(batch(tag, 2)).unwrap().locs);
+    }
+    let new_far = *new
+        .iter()
+        .filter(|l| l.segment == active.segment)
+        .find(|l| l.offset / PAGE as u32 > active.offset / PAGE as u32 + 1)
+        .expect("appends after the open land in the active segment, pages beyond the old tail");
+    assert_ne!(active.segment, seg, "the active segment is not the first");
+    let path = segment_path(dir.path(), active.segment);
+    let control = segment_path(dir.path(), seg);
+    evict(&path);
+    evict(&control);
+    assert!(!cached(&path, u64::from(old.offset)));
+    assert!(!cached(&path, u64::from(new_far.offset)));
+    log.read_ahead([new_far, old]);
+    // A page asked for directly afterwards, once read, shows the hint
+    // had its time.
+    advise_will_need(&control, 0);
+    assert!(wait_cached(&path, u64::from(old.offset)));
+    assert!(
+        wait_cached(&control, 0),
+        "a page asked for directly is read"
+    );
+    assert!(
+        !cached(&path, u64::from(new_far.offset)),
+        "a record appended after the open is not asked for"
+    );
 }

@@ -100,7 +100,13 @@ impl Log {
             io = io.name(),
             "segment log recovered"
         );
-        let found_through = rec.segments.iter().map(|s| s.id).max().unwrap_or(0);
+        // What was on disk ends in the active segment at its write offset,
+        // or with the newest sealed segment; what this process appends lies
+        // beyond, in the same active segment or in newer ones.
+        let found_end = match &rec.active {
+            Some(a) => Some((a.seg.id, a.write_offset)),
+            None => rec.segments.iter().map(|s| (s.id, u64::MAX)).max(),
+        };
         let segments = rec.segments.iter().map(|s| (s.id, Arc::clone(s))).collect();
         let active = rec.active.map(|a| ActiveTail {
             seg: a.seg,
@@ -126,7 +132,7 @@ impl Log {
             durable_hook: Mutex::new(None),
             writer: Mutex::new(writer::WriterState::new()),
             segments: RwLock::new(segments),
-            found_through,
+            found_end,
             prep: Preparer::new(
                 rec.next_segment_id,
                 opts.spare_segments,

@@ -65,17 +65,22 @@ impl Log {
     /// the disk serves them side by side, and the faults find the pages
     /// cached or in flight.
     ///
-    /// Only segments found at open are asked for: one this process wrote
-    /// went through the page cache, and a hint for a cached page is a
-    /// wasted system call on the hot path. Segment ids only grow, so that
-    /// is one comparison per location. The hint covers
+    /// Only records found on disk at open are asked for: one this process
+    /// wrote went through the page cache, and a hint for a cached page is
+    /// a wasted system call on the hot path. This process appends after
+    /// the active segment's offset at open, in it or in newer segments,
+    /// so that is one comparison per location. The hint covers
     /// [`READ_AHEAD_RECORD`] bytes from each location (a longer record
     /// faults its tail in); locations less than [`READ_AHEAD_GAP`] apart
     /// are asked for as one range. It reads nothing itself and is never an
     /// error: the reads that follow report what fails.
     pub fn read_ahead(&self, locs: impl IntoIterator<Item = RecordLoc>) {
-        let through = self.shared.found_through;
-        let mut locs: Vec<RecordLoc> = locs.into_iter().filter(|l| l.segment <= through).collect();
+        let Some((seg, end)) = self.shared.found_end else {
+            return;
+        };
+        let found =
+            |l: &RecordLoc| l.segment < seg || (l.segment == seg && u64::from(l.offset) < end);
+        let mut locs: Vec<RecordLoc> = locs.into_iter().filter(found).collect();
         if locs.is_empty() {
             return;
         }

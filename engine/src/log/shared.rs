@@ -46,11 +46,13 @@ pub(super) struct Shared {
     pub(super) durable_lsn: AtomicU64,
     pub(super) poisoned: AtomicBool,
     pub(super) segments: RwLock<BTreeMap<SegmentId, Arc<Segment>>>,
-    /// The highest id of a segment found on disk at open (0: none). Ids
-    /// only grow, so every segment this process begins is above it: at
-    /// or below it are the pages that may not be in the page cache
+    /// Where what was found on disk at open ends: the segment that was
+    /// active then and its write offset, or the newest sealed segment and
+    /// `u64::MAX` (`None`: nothing was found). This process appends after
+    /// it, in that segment or in newer ones (ids only grow): before it are
+    /// the pages that may not be in the page cache
     /// ([`super::Log::read_ahead`]).
-    pub(super) found_through: SegmentId,
+    pub(super) found_end: Option<(SegmentId, u64)>,
     pub(super) prep: Preparer,
     pub(super) stats: writer::Stats,
     /// Called after each pass that may have made batches durable or

@@ -90,8 +90,8 @@ pub(crate) fn read_message(
 }
 
 /// Asks the logs to start reading the bodies at `locs` together, before
-/// they are read one by one ([`crate::log::Log::read_ahead`]: only pages of
-/// segments from before the restart are asked for).
+/// they are read one by one ([`crate::log::Log::read_ahead`]: only records
+/// found on disk when the log opened are asked for).
 pub(crate) fn read_ahead_bodies(shared: &Shared, locs: impl Iterator<Item = PackedLoc> + Clone) {
     let in_log = move |log: BodyLog| {
         locs.clone()
