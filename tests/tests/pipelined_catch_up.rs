@@ -154,3 +154,46 @@ async fn a_catch_up_acks_every_nth_page_and_the_last_and_ends_acked_at_the_batch
         assert_eq!(device.acked_sync_seq, runs[0].batch_hwm, "{device:?}");
     }
 }
+
+#[tokio::test]
+async fn inboxctl_sync_acks_at_the_cadence_it_is_given_and_refuses_a_cadence_of_zero() {
+    let dir = inbox_tests::data_dir();
+    let daemon = Daemon::start(dir.path());
+    let client = daemon.client().await;
+    setup(&client).await;
+    // 120 messages and the three joins make the reader's backlog; pages
+    // of the server's default size (100): two pages, the last ACKed.
+    register(&client, READER, 1).await;
+    let inboxctl = inbox_tests::inboxd_binary().with_file_name("inboxctl");
+    let run = |every: &str| {
+        std::process::Command::new(&inboxctl)
+            .args(["--addr", &daemon.addr.to_string()])
+            .args(["--token", inbox_tests::TOKEN, "--json"])
+            .args(["sync", "--uid", &READER.to_string(), "--device", "1"])
+            .args(["--ack", "--ack-every", every])
+            .output()
+            .expect("run inboxctl")
+    };
+    let refused = run("0");
+    assert!(!refused.status.success(), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--ack-every"), "{stderr}");
+    let device = client.devices(UserReq { uid: READER }).await.unwrap();
+    assert_eq!(
+        device.devices[0].acked_sync_seq, 0,
+        "the refused run ACKed nothing"
+    );
+
+    let out = run("1");
+    assert!(out.status.success(), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let pages = json["pages"].as_u64().expect("pages");
+    assert!(pages >= 2, "pages: {pages}");
+    assert_eq!(json["acks"].as_u64(), Some(pages), "one ACK a page");
+    assert_eq!(json["acked_sync_seq"], json["batch_hwm"]);
+    let device = client.devices(UserReq { uid: READER }).await.unwrap();
+    assert_eq!(
+        Some(device.devices[0].acked_sync_seq),
+        json["batch_hwm"].as_u64()
+    );
+}

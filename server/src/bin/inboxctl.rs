@@ -598,6 +598,7 @@ async fn run(cli: &Cli, dial: &Dial<'_>, client: &Client) -> Result<Value, Failu
                 "generation": run.generation,
                 "batch_hwm": run.batch_hwm,
                 "acked_sync_seq": run.acked_sync_seq,
+                "acks": run.acks,
             });
             if let Some(lease) = run.lease {
                 value["lease"] = to_json(&lease);
