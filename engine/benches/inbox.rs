@@ -408,9 +408,97 @@ fn send_after_checkpoint_many_keys(_c: &mut Criterion) {
     });
 }
 
+/// Opening a store whose log holds `REPLAY_SENDS` sends after its newest
+/// checkpoint: the replay a restart after a kill pays. The sends are the
+/// harness's `mixed` shape: 2,000 users, 95% of sends one-to-one and 5%
+/// to groups of 200, so 11.9 recipients a send on average, each a user,
+/// an event list and a conversation row the replay finds and changes.
+const REPLAY_SENDS: u64 = 40_000;
+
+fn replay(c: &mut Criterion) {
+    const USERS: u64 = 2_000;
+    const GROUPS: u64 = 10;
+    const GROUP_MEMBERS: u64 = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let config = || {
+        let mut c = InboxConfig::new(dir.path());
+        c.sync = SyncPolicy::None;
+        c.segment_bytes = 64 << 20;
+        // No periodic checkpoint: everything below is replayed.
+        c.checkpoint_every_bytes = u64::MAX;
+        c.clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        c
+    };
+    {
+        let ib = Inbox::open(config()).unwrap();
+        let joins: Vec<_> = (1..=USERS)
+            .map(|uid| ib.join(Uid(uid), ConvId(uid.div_ceil(2))))
+            .chain((0..GROUPS).flat_map(|g| {
+                let ib = &ib;
+                (0..GROUP_MEMBERS).map(move |m| {
+                    ib.join(
+                        Uid(1 + (g * GROUP_MEMBERS + m) % USERS),
+                        ConvId(100_000 + g),
+                    )
+                })
+            }))
+            .collect();
+        for j in joins {
+            j.wait().unwrap();
+        }
+        let payload = Bytes::from(vec![b'r'; 200]);
+        fill_with(REPLAY_SENDS, 256, |key| {
+            let (conv, sender) = if key % 20 == 0 {
+                let g = (key / 20) % GROUPS;
+                (ConvId(100_000 + g), Uid(1 + (g * GROUP_MEMBERS) % USERS))
+            } else {
+                let uid = 1 + key % USERS;
+                (ConvId(uid.div_ceil(2)), Uid(uid))
+            };
+            ib.send(SendRequest {
+                conv,
+                sender,
+                client_msg_id: u128::from(key),
+                msg_type: 1,
+                payload: payload.clone(),
+            })
+        });
+        // As a kill leaves it: no final checkpoint.
+        ib.halt();
+    }
+    let mut records = None;
+    let mut g = c.benchmark_group("inbox");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(10));
+    g.throughput(Throughput::Elements(REPLAY_SENDS));
+    g.bench_function("replay_40k_sends", |b| {
+        b.iter_custom(|iters| {
+            let mut took = Duration::ZERO;
+            for _ in 0..iters {
+                let started = Instant::now();
+                let ib = Inbox::open(config()).unwrap();
+                took += started.elapsed();
+                let report = ib.recovery_report();
+                // Every open replays the same log: none writes a checkpoint.
+                let replayed = *records.get_or_insert(report.records_replayed);
+                assert_eq!(report.records_replayed, replayed);
+                assert!(replayed >= REPLAY_SENDS, "only {replayed} records replayed");
+                ib.halt();
+            }
+            took
+        })
+    });
+    g.finish();
+    if let Some(records) = records {
+        eprintln!("replay: {records} records after the newest checkpoint, {REPLAY_SENDS} sends");
+    }
+}
+
 criterion_group!(
     inbox,
     benches,
+    replay,
     checkpoint_stall,
     send_after_checkpoint,
     send_after_checkpoint_many_keys
