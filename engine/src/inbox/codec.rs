@@ -221,7 +221,7 @@ impl<'a> Reader<'a> {
 }
 
 /// A map's entries in key order, for a canonical encoding.
-pub(crate) fn sorted<K: Ord + Copy, V>(m: &std::collections::HashMap<K, V>) -> Vec<(K, &V)> {
+pub(crate) fn sorted<K: Ord + Copy, V, S>(m: &std::collections::HashMap<K, V, S>) -> Vec<(K, &V)> {
     let mut v: Vec<(K, &V)> = m.iter().map(|(k, v)| (*k, v)).collect();
     v.sort_unstable_by_key(|(k, _)| *k);
     v

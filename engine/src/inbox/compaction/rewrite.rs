@@ -165,7 +165,7 @@ pub(crate) fn reclaim_segments(
         let lost = if shared.state.read().evt_refs.has_dirty() {
             shared.state.write().evt_refs.take_dirty()
         } else {
-            HashSet::new()
+            Default::default()
         };
         let mut suspects = rt.suspects.lock();
         suspects.extend(lost);

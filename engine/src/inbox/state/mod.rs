@@ -478,14 +478,26 @@ pub(crate) struct IdemEntry {
     pub msg_seq: MsgSeq,
 }
 
+/// A hash map keyed by one of the store's integer ids (a user, a
+/// conversation, a segment), hashed with foldhash rather than std's
+/// SipHash-1-3: a send looks up every recipient, and the completion stage
+/// every user a round touched, so the hash is on every event's path, and
+/// foldhash does an integer key in a few multiplications. It is seeded per
+/// process, like std's, so which keys collide is not known in advance;
+/// ids come from the services in front of the store, not from end users.
+pub(crate) type IdMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The set form of [`IdMap`].
+pub(crate) type IdSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
 /// Conversations and users are behind `Arc`s, so that a checkpoint takes a
 /// copy of the whole state in O(users + conversations) pointer copies under
 /// the lock and encodes it elsewhere; a change to an entry the copy still
 /// shares clones that entry first ([`Arc::make_mut`], copy on write).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct State {
-    pub convs: HashMap<ConvId, Arc<Conv>>,
-    pub users: HashMap<Uid, Arc<User>>,
+    pub convs: IdMap<ConvId, Arc<Conv>>,
+    pub users: IdMap<Uid, Arc<User>>,
     /// Idempotency keys of the last `idem_ttl_ms` ([`idem`]).
     pub idem: idem::IdemTable,
     pub idem_ttl_ms: u64,
@@ -668,8 +680,8 @@ pub(crate) fn msg_counter(msg_id: MsgId) -> u64 {
 impl State {
     pub fn new(idem_ttl_ms: u64) -> Self {
         Self {
-            convs: HashMap::new(),
-            users: HashMap::new(),
+            convs: IdMap::default(),
+            users: IdMap::default(),
             idem: idem::IdemTable::default(),
             idem_ttl_ms,
             next_msg_counter: 1,

@@ -15,15 +15,14 @@
 //!   from the index on load. Equality compares the counts only, so a
 //!   recovered state equals the live one it was recovered from.
 
-use std::collections::{HashMap, HashSet};
-
 use super::loc::{unpack, PackedLoc, PENDING_LOC};
+use super::{IdMap, IdSet};
 use crate::log::SegmentId;
 
 #[derive(Clone, Debug, Default)]
 pub(crate) struct SegRefs {
-    counts: HashMap<SegmentId, u64>,
-    dirty: HashSet<SegmentId>,
+    counts: IdMap<SegmentId, u64>,
+    dirty: IdSet<SegmentId>,
 }
 
 impl PartialEq for SegRefs {
@@ -98,7 +97,7 @@ impl SegRefs {
     }
 
     /// The segments that lost an entry since the last call.
-    pub fn take_dirty(&mut self) -> HashSet<SegmentId> {
+    pub fn take_dirty(&mut self) -> IdSet<SegmentId> {
         std::mem::take(&mut self.dirty)
     }
 
@@ -128,11 +127,11 @@ mod tests {
         r.remove(at(1, 0));
         r.replace(at(1, 0), at(3, 0));
         assert_eq!((r.count(1), r.count(3)), (1, 1));
-        assert_eq!(r.take_dirty(), HashSet::from([1]));
+        assert_eq!(r.take_dirty(), IdSet::from_iter([1]));
         r.remove(at(1, 0));
         assert_eq!(r.count(1), 0);
         assert!(!r.counts.contains_key(&1), "an empty segment is absent");
-        assert_eq!(r.take_dirty(), HashSet::from([1]));
+        assert_eq!(r.take_dirty(), IdSet::from_iter([1]));
     }
 
     #[test]
@@ -144,6 +143,6 @@ mod tests {
         }
         let mut rebuilt = SegRefs::rebuild(&locs);
         assert_eq!(rebuilt, live);
-        assert_eq!(rebuilt.take_dirty(), HashSet::from([1, 4]));
+        assert_eq!(rebuilt.take_dirty(), IdSet::from_iter([1, 4]));
     }
 }
