@@ -19,7 +19,7 @@
 //! that answers the client. Replies are sent after the queue's lock is
 //! released, so a slow reply never holds up the next round's finish.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -42,8 +42,26 @@ pub(crate) struct RoundDone {
     pub replies: Vec<ReplyFn>,
     /// A leader's round: released once its consensus layer commits it.
     pub replica: Option<(Arc<crate::inbox::replica::Link>, u64)>,
-    pub user_marks: BTreeMap<Uid, SyncSeq>,
-    pub conv_marks: BTreeMap<ConvId, MsgSeq>,
+    /// What the round appended, per change: see [`highest_per_key`].
+    pub user_marks: Vec<(Uid, SyncSeq)>,
+    pub conv_marks: Vec<(ConvId, MsgSeq)>,
+}
+
+/// Folds `marks` to one entry per key, its highest value, in key order.
+/// A round pushes an entry per change, which is cheaper than keeping a map
+/// up to date on every event: a sort of a few hundred pairs once a round.
+fn highest_per_key<K: Ord + Copy, V: Ord + Copy>(marks: &mut Vec<(K, V)>) {
+    marks.sort_unstable();
+    // Sorted by key, then value: the last of each run of a key is its
+    // highest; `dedup_by` keeps the first of a run, so it is handed on.
+    marks.dedup_by(|later, kept| {
+        if later.0 == kept.0 {
+            kept.1 = later.1;
+            true
+        } else {
+            false
+        }
+    });
 }
 
 impl RoundDone {
@@ -129,7 +147,7 @@ pub(crate) fn finish_all(shared: &Shared) {
 fn finish(
     shared: &Shared,
     poisoned: &mut Option<Fail>,
-    done: RoundDone,
+    mut done: RoundDone,
 ) -> (Vec<ReplyFn>, Option<Fail>) {
     let result: std::result::Result<(), Fail> = match (&*poisoned, done.outcome) {
         (Some(f), _) => Err(f.clone()),
@@ -154,8 +172,10 @@ fn finish(
     let mut large_group_hints = Vec::new();
     match &result {
         Ok(()) => {
+            highest_per_key(&mut done.user_marks);
+            highest_per_key(&mut done.conv_marks);
             let mut st = shared.state.write();
-            for (&uid, &seq) in &done.user_marks {
+            for &(uid, seq) in &done.user_marks {
                 if let Some(u) = st.users.get_mut(&uid).map(Arc::make_mut) {
                     u.committed_seq = u.committed_seq.max(seq);
                     hints.push(Hint {
@@ -164,7 +184,7 @@ fn finish(
                     });
                 }
             }
-            for (&conv, &seq) in &done.conv_marks {
+            for &(conv, seq) in &done.conv_marks {
                 if let Some(c) = st.convs.get_mut(&conv).map(Arc::make_mut) {
                     c.committed_seq = c.committed_seq.max(seq);
                     if c.large.is_some() {
@@ -198,4 +218,19 @@ fn finish(
         let _ = shared.large_group_hints.send(large_group_hints);
     }
     (done.replies, result.err())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::highest_per_key;
+
+    #[test]
+    fn marks_fold_to_the_highest_value_of_each_key_in_key_order() {
+        let mut marks = vec![(7u64, 3u64), (2, 9), (7, 5), (2, 1), (4, 4), (7, 4)];
+        highest_per_key(&mut marks);
+        assert_eq!(marks, vec![(2, 9), (4, 4), (7, 5)]);
+        let mut none: Vec<(u64, u64)> = Vec::new();
+        highest_per_key(&mut none);
+        assert!(none.is_empty());
+    }
 }

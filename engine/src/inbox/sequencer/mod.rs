@@ -55,7 +55,6 @@
 //!   reloads the state from the checkpoint and the log, so the failed round
 //!   leaves no trace in memory.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -135,8 +134,11 @@ struct RoundBuf {
     event_patches: Vec<(Uid, SyncSeq, usize)>,
     body_patches: Vec<(ConvId, MsgSeq, usize)>,
     replies: Vec<ReplyFn>,
-    user_marks: BTreeMap<Uid, SyncSeq>,
-    conv_marks: BTreeMap<ConvId, MsgSeq>,
+    /// The newest event of each user and message of each conversation the
+    /// round appended, one entry per change (duplicates are folded by the
+    /// completion stage, which raises the committed marks to them).
+    user_marks: Vec<(Uid, SyncSeq)>,
+    conv_marks: Vec<(ConvId, MsgSeq)>,
     /// Framed bytes of the records gathered so far (see [`round_bytes_max`]; also what counts towards the next periodic
     /// checkpoint).
     size: u64,
@@ -184,10 +186,10 @@ impl Sink for RoundSink<'_> {
         }
         for (uid, seq) in touched.events {
             r.event_patches.push((uid, seq, idx));
-            r.user_marks.insert(uid, seq);
+            r.user_marks.push((uid, seq));
         }
         if let Some((conv, seq)) = touched.conv {
-            r.conv_marks.insert(conv, seq);
+            r.conv_marks.push((conv, seq));
         }
         if let Some((conv, seq)) = touched.body {
             r.body_patches.push((conv, seq, idx));
