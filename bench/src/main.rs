@@ -92,6 +92,12 @@ pub struct Args {
     /// every page, the basis of the reports before this option).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub catch_up_ack_every: u32,
+    /// `ingest`: hold this many more connections open to inboxd while it
+    /// runs, each subscribed to hints for one uid no send reaches, as the
+    /// connected devices of an inbox are (other systems ignore it; inboxd
+    /// takes 1,024 connections by default).
+    #[arg(long, default_value_t = 0)]
+    pub idle_subscribers: u32,
     /// `recovery` (--full): data to fill each system with before kill -9, GiB.
     #[arg(long, default_value_t = 1.0)]
     pub recovery_gib: f64,

@@ -37,6 +37,9 @@ pub struct Plan {
     /// `recovery`: fill the system to this many bytes, then kill -9.
     pub recovery_bytes: Option<u64>,
     pub limit_measure: Duration,
+    /// `ingest`: idle connections subscribed to hints, held while it runs
+    /// (see [`System::hold_subscribers`]).
+    pub idle_subscribers: u32,
     pub preload_threads: usize,
     pub large_group: Option<crate::large_group::LargeGroupPlan>,
 }
@@ -178,6 +181,7 @@ impl Plan {
             recovery_bytes: runs("recovery")
                 .then(|| (args.recovery_gib * f64::from(1u32 << 30)) as u64),
             limit_measure: Duration::from_millis(if quick { 1_000 } else { 5_000 }),
+            idle_subscribers: args.idle_subscribers,
             preload_threads: 4,
             // The goals' sizes: 10,000 members (full), 2,000 (quick).
             large_group: runs("large-group").then_some(crate::large_group::LargeGroupPlan {
@@ -712,6 +716,14 @@ pub(crate) fn ingest_scenario(
 ) -> Result<()> {
     let name = system.name().to_string();
     let measured = system.measured();
+    // Above every uid of the population, so no send reaches them.
+    let idle = system.hold_subscribers(plan.idle_subscribers, 1 << 40)?;
+    if idle.is_some() {
+        println!(
+            "{name}: ingest: {} idle connections subscribed to hints held open",
+            plan.idle_subscribers
+        );
+    }
     for (i, &clients) in plan.clients.iter().enumerate() {
         let run = seed.wrapping_mul(31).wrapping_add(i as u64 + 1);
         let before = system.write_counters();

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use inbox_server::client::{CatchUpOptions, Client, ClientError};
 use inbox_wire::{
     AckReq, AckSnapshotReq, ConvListReq, ConvMember, Empty, ErrorCode, Event, FinishLeaseReq,
-    PullCursor, PullReq, SendReq, SnapshotPageReq, SyncReq, UserDevice, UserReq,
+    PullCursor, PullReq, SendReq, SnapshotPageReq, SyncReq, UidList, UserDevice, UserReq,
 };
 
 use super::process::{find_binary, ChildGuard};
@@ -305,6 +305,32 @@ impl Inboxd {
 impl System for Inboxd {
     fn name(&self) -> &str {
         "inboxd"
+    }
+
+    fn hold_subscribers(&self, n: u32, first_uid: u64) -> Result<Option<Box<dyn std::any::Any>>> {
+        if n == 0 {
+            return Ok(None);
+        }
+        // One worker: the connections only wait (their uids get no hint).
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let (addr, token) = (self.addr, self.token.clone());
+        let clients = rt.block_on(async move {
+            let mut clients = Vec::with_capacity(n as usize);
+            for i in 0..u64::from(n) {
+                let client = Client::connect(addr, token.clone()).await?;
+                client
+                    .subscribe(UidList {
+                        uids: vec![first_uid + i],
+                    })
+                    .await?;
+                clients.push(client);
+            }
+            Ok::<_, ClientError>(clients)
+        })?;
+        Ok(Some(Box::new((clients, rt))))
     }
 
     fn connect(&self) -> Result<Box<dyn Conn + '_>> {

@@ -239,6 +239,14 @@ pub trait System: Sync {
         Err(format!("{} has no cold-restart driver", self.name()).into())
     }
 
+    /// Opens `n` connections, each subscribed to push notifications for
+    /// one uid from `first_uid` on, and holds them until the returned guard
+    /// is dropped: the connected devices a server keeps while it works.
+    /// `None` for a system without subscriptions, or when `n` is 0.
+    fn hold_subscribers(&self, _n: u32, _first_uid: u64) -> Result<Option<Box<dyn std::any::Any>>> {
+        Ok(None)
+    }
+
     /// Runs one compaction pass now (for `mixed`).
     fn compact_now(&self) -> Result<()> {
         Err(format!("{} has no compaction driver", self.name()).into())
