@@ -89,6 +89,9 @@ pub struct Shared {
     /// Set when this node is one of a replicated group: a node that does
     /// not lead answers every request `NOT_LEADER`.
     pub group: Option<crate::cluster::GroupHandle>,
+    /// Which connections listen for which uid's `HINT`s; the daemon's one
+    /// dispatcher ([`hints::dispatch_hints`]) routes each round by it.
+    pub(crate) hint_routes: Arc<hints::HintRoutes>,
 }
 
 impl Shared {
@@ -145,20 +148,22 @@ fn is_admin(request: &Request) -> bool {
     )
 }
 
-/// Gives back a connection's subscriptions to the shared budget when the
-/// connection ends, however it ends.
+/// Gives back a connection's subscriptions to the shared budget, and takes
+/// its mailbox off the hint routes, when the connection ends, however it
+/// ends.
 struct SubscriptionGuard {
     shared: Arc<Shared>,
     subscribed: Arc<Mutex<HashSet<u64>>>,
+    mailbox: Arc<hints::Mailbox>,
 }
 
 impl Drop for SubscriptionGuard {
     fn drop(&mut self) {
-        let held = self
-            .subscribed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len() as u64;
+        let set = self.subscribed.lock().unwrap_or_else(|p| p.into_inner());
+        let uids: Vec<u64> = set.iter().copied().collect();
+        drop(set);
+        self.shared.hint_routes.remove(&uids, &self.mailbox);
+        let held = uids.len() as u64;
         self.shared
             .metrics
             .subscriptions
@@ -266,9 +271,11 @@ pub async fn serve<R, W>(
     let codec = FrameCodec::new(shared.limits.frame_bytes_max);
     let mut rate = RateLimiter::new(shared.limits.rate_per_s, shared.limits.rate_burst);
     let subscribed = Arc::new(Mutex::new(HashSet::new()));
+    let mailbox = Arc::new(hints::Mailbox::default());
     let _subscriptions = SubscriptionGuard {
         shared: Arc::clone(&shared),
         subscribed: Arc::clone(&subscribed),
+        mailbox: Arc::clone(&mailbox),
     };
     let (closed_tx, closed_rx) = watch::channel(false);
     let mut hint_task = None;
@@ -483,7 +490,7 @@ pub async fn serve<R, W>(
             }
             Request::Subscribe(ref list) | Request::SubscribeDirty(ref list) => {
                 let dirty = matches!(request, Request::SubscribeDirty(_));
-                if let Err(refusal) = subscribe(&shared, &subscribed, &list.uids) {
+                if let Err(refusal) = subscribe(&shared, &subscribed, &mailbox, &list.uids) {
                     let name = if dirty {
                         "SUBSCRIBE_DIRTY"
                     } else {
@@ -503,9 +510,8 @@ pub async fn serve<R, W>(
                 let current = Arc::clone(&shared);
                 let engine: hints::CurrentEngine = Arc::new(move || current.engine().into_owned());
                 if hint_task.is_none() {
-                    hint_task = Some(tokio::spawn(hints::hint_loop(
-                        Arc::clone(&engine),
-                        Arc::clone(&subscribed),
+                    hint_task = Some(tokio::spawn(hints::hint_push_loop(
+                        Arc::clone(&mailbox),
                         tx.clone(),
                         Arc::clone(&shared.metrics),
                         closed_rx.clone(),
@@ -530,11 +536,14 @@ pub async fn serve<R, W>(
             Request::Unsubscribe(list) => {
                 {
                     let mut set = subscribed.lock().unwrap_or_else(|p| p.into_inner());
-                    let before = set.len();
-                    for uid in &list.uids {
-                        set.remove(uid);
-                    }
-                    let removed = (before - set.len()) as u64;
+                    let gone: Vec<u64> = list
+                        .uids
+                        .iter()
+                        .copied()
+                        .filter(|uid| set.remove(uid))
+                        .collect();
+                    shared.hint_routes.remove(&gone, &mailbox);
+                    let removed = gone.len() as u64;
                     shared
                         .metrics
                         .subscriptions
@@ -722,10 +731,12 @@ async fn change_membership(
 }
 
 /// Adds `uids` to a connection's subscriptions, all or nothing, within the
-/// per-connection and the total caps.
+/// per-connection and the total caps, and routes their hints to the
+/// connection's `mailbox`.
 fn subscribe(
     shared: &Shared,
     subscribed: &Mutex<HashSet<u64>>,
+    mailbox: &Arc<hints::Mailbox>,
     uids: &[u64],
 ) -> Result<(), ErrorReply> {
     let mut set = subscribed.lock().unwrap_or_else(|p| p.into_inner());
@@ -763,6 +774,7 @@ fn subscribe(
             ),
         });
     }
+    shared.hint_routes.add(&fresh, mailbox);
     set.extend(fresh);
     Ok(())
 }

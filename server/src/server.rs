@@ -185,7 +185,17 @@ pub async fn run(
         read_pool: crate::read_pool::ReadPool::with_default_limit(),
         engine_queue: crate::conn::engine_queue(&config.limits),
         group: cluster.as_ref().map(crate::cluster::Cluster::handle),
+        hint_routes: Arc::default(),
     });
+    let hints_task = {
+        let current = Arc::clone(&shared);
+        tokio::spawn(crate::hints::dispatch_hints(
+            Arc::new(move || current.engine().into_owned()),
+            Arc::clone(&shared.hint_routes),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        ))
+    };
     let memory_task = tokio::spawn(metrics::refresh_memory(
         Arc::clone(&metrics),
         shutdown.clone(),
@@ -269,6 +279,9 @@ pub async fn run(
     }
     metrics_task.abort();
     memory_task.abort();
+    // The dispatcher holds the shared state: gone before the engine stops.
+    hints_task.abort();
+    let _ = hints_task.await;
     // A group's engine is the one its last snapshot install opened.
     let engine = shared.engine().into_owned();
     drop(shared);

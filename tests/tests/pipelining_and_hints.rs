@@ -79,6 +79,82 @@ async fn hint_arrives_after_a_send_to_a_subscribed_user() {
     }
 }
 
+/// Reads `hints` until one carries `uid` at `at_least` or above, and
+/// returns every entry seen on the way.
+async fn hints_until(
+    hints: &mut tokio::sync::mpsc::Receiver<Hints>,
+    uid: u64,
+    at_least: u64,
+    who: &str,
+) -> Vec<Hint> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut seen = Vec::new();
+    loop {
+        let round = tokio::time::timeout_at(deadline, hints.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!("{who}: no hint for uid {uid} at {at_least} within 10 s; saw {seen:?}")
+            })
+            .expect("hint stream open");
+        let done = round
+            .hints
+            .iter()
+            .any(|h| h.uid == uid && h.committed_sync_seq >= at_least);
+        seen.extend(round.hints);
+        if done {
+            return seen;
+        }
+    }
+}
+
+#[tokio::test]
+async fn hints_reach_every_connection_subscribed_to_the_uid_and_none_after_it_unsubscribes() {
+    let dir = inbox_tests::data_dir();
+    let daemon = Daemon::start(dir.path());
+    let writer = daemon.client().await;
+    // Two devices of user 2, and a device of user 3.
+    let (a, b, c) = (
+        daemon.client().await,
+        daemon.client().await,
+        daemon.client().await,
+    );
+    let (mut ha, mut hb, mut hc) = (
+        a.hints().expect("hints"),
+        b.hints().expect("hints"),
+        c.hints().expect("hints"),
+    );
+    a.subscribe(UidList { uids: vec![2] }).await.unwrap();
+    b.subscribe(UidList { uids: vec![2] }).await.unwrap();
+    c.subscribe(UidList { uids: vec![3] }).await.unwrap();
+    for (conv, uid) in [(5, 1), (5, 2), (6, 1), (6, 3)] {
+        writer.join(ConvMember { conv, uid }).await.unwrap();
+    }
+    // User 2's events: its join (1) and the message (2).
+    send_text(&writer, 5, 1, "to 2").await;
+    hints_until(&mut ha, 2, 2, "device a of user 2").await;
+    hints_until(&mut hb, 2, 2, "device b of user 2").await;
+    // Then user 3's: its join and a message. The connection subscribed to
+    // 3 alone sees only 3, though user 2's round committed first.
+    send_text(&writer, 6, 1, "to 3").await;
+    let seen = hints_until(&mut hc, 3, 2, "device c of user 3").await;
+    assert!(
+        seen.iter().all(|h| h.uid == 3),
+        "uid 3's connection got {seen:?}"
+    );
+    // Device a trades uid 2 for uid 3: user 2's next event (3) reaches b
+    // only; a hears of 3's next round and nothing more of 2.
+    a.unsubscribe(UidList { uids: vec![2] }).await.unwrap();
+    a.subscribe(UidList { uids: vec![3] }).await.unwrap();
+    send_text(&writer, 5, 1, "to 2 again").await;
+    send_text(&writer, 6, 1, "to 3 again").await;
+    hints_until(&mut hb, 2, 3, "device b of user 2").await;
+    let seen = hints_until(&mut ha, 3, 3, "device a, now of user 3").await;
+    assert!(
+        seen.iter().all(|h| h.uid != 2 || h.committed_sync_seq < 3),
+        "device a heard of user 2's event after it unsubscribed: {seen:?}"
+    );
+}
+
 #[tokio::test]
 async fn sync_gets_everything_when_every_hint_was_dropped() {
     let dir = inbox_tests::data_dir();
