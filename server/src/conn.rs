@@ -89,9 +89,11 @@ pub struct Shared {
     /// Set when this node is one of a replicated group: a node that does
     /// not lead answers every request `NOT_LEADER`.
     pub group: Option<crate::cluster::GroupHandle>,
-    /// Which connections listen for which uid's `HINT`s; the daemon's one
-    /// dispatcher ([`hints::dispatch_hints`]) routes each round by it.
-    pub(crate) hint_routes: Arc<hints::HintRoutes>,
+    /// Which connections listen for which uid's `HINT`s and `DIRTY_HINT`s;
+    /// the daemon's dispatchers ([`hints::dispatch`]) route each round by
+    /// them.
+    pub(crate) hint_routes: Arc<hints::Routes<inbox_wire::Hint>>,
+    pub(crate) dirty_routes: Arc<hints::Routes<inbox_wire::DirtyHint>>,
 }
 
 impl Shared {
@@ -154,7 +156,8 @@ fn is_admin(request: &Request) -> bool {
 struct SubscriptionGuard {
     shared: Arc<Shared>,
     subscribed: Arc<Mutex<HashSet<u64>>>,
-    mailbox: Arc<hints::Mailbox>,
+    mailbox: Arc<hints::Mailbox<inbox_wire::Hint>>,
+    dirty_mailbox: Arc<hints::Mailbox<inbox_wire::DirtyHint>>,
 }
 
 impl Drop for SubscriptionGuard {
@@ -163,6 +166,7 @@ impl Drop for SubscriptionGuard {
         let uids: Vec<u64> = set.iter().copied().collect();
         drop(set);
         self.shared.hint_routes.remove(&uids, &self.mailbox);
+        self.shared.dirty_routes.remove(&uids, &self.dirty_mailbox);
         let held = uids.len() as u64;
         self.shared
             .metrics
@@ -272,10 +276,15 @@ pub async fn serve<R, W>(
     let mut rate = RateLimiter::new(shared.limits.rate_per_s, shared.limits.rate_burst);
     let subscribed = Arc::new(Mutex::new(HashSet::new()));
     let mailbox = Arc::new(hints::Mailbox::default());
+    let dirty_mailbox = Arc::new(hints::Mailbox::default());
+    // Set by the first `SUBSCRIBE_DIRTY`: from then on every uid the
+    // connection subscribes to is also routed `DIRTY_HINT`s.
+    let mut dirty_routed = false;
     let _subscriptions = SubscriptionGuard {
         shared: Arc::clone(&shared),
         subscribed: Arc::clone(&subscribed),
         mailbox: Arc::clone(&mailbox),
+        dirty_mailbox: Arc::clone(&dirty_mailbox),
     };
     let (closed_tx, closed_rx) = watch::channel(false);
     let mut hint_task = None;
@@ -490,37 +499,51 @@ pub async fn serve<R, W>(
             }
             Request::Subscribe(ref list) | Request::SubscribeDirty(ref list) => {
                 let dirty = matches!(request, Request::SubscribeDirty(_));
-                if let Err(refusal) = subscribe(&shared, &subscribed, &mailbox, &list.uids) {
-                    let name = if dirty {
-                        "SUBSCRIBE_DIRTY"
-                    } else {
-                        "SUBSCRIBE"
-                    };
-                    shared.metrics.observe_refused(name, refusal.code);
-                    let _ = tx
-                        .send(error_frame(
-                            request_id,
-                            refusal.code,
-                            refusal.detail,
-                            refusal.message,
-                        ))
-                        .await;
-                    continue;
+                let fresh = match subscribe(&shared, &subscribed, &list.uids) {
+                    Ok(fresh) => fresh,
+                    Err(refusal) => {
+                        let name = if dirty {
+                            "SUBSCRIBE_DIRTY"
+                        } else {
+                            "SUBSCRIBE"
+                        };
+                        shared.metrics.observe_refused(name, refusal.code);
+                        let _ = tx
+                            .send(error_frame(
+                                request_id,
+                                refusal.code,
+                                refusal.detail,
+                                refusal.message,
+                            ))
+                            .await;
+                        continue;
+                    }
+                };
+                shared.hint_routes.add(&fresh, &mailbox);
+                if dirty_routed {
+                    shared.dirty_routes.add(&fresh, &dirty_mailbox);
+                } else if dirty {
+                    // Every uid held, fresh or not, none routed yet.
+                    dirty_routed = true;
+                    let held: Vec<u64> = subscribed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .iter()
+                        .copied()
+                        .collect();
+                    shared.dirty_routes.add(&held, &dirty_mailbox);
                 }
-                let current = Arc::clone(&shared);
-                let engine: hints::CurrentEngine = Arc::new(move || current.engine().into_owned());
                 if hint_task.is_none() {
-                    hint_task = Some(tokio::spawn(hints::hint_push_loop(
+                    hint_task = Some(tokio::spawn(hints::push_loop(
                         Arc::clone(&mailbox),
                         tx.clone(),
                         Arc::clone(&shared.metrics),
                         closed_rx.clone(),
                     )));
                 }
-                if dirty && dirty_hint_task.is_none() {
-                    dirty_hint_task = Some(tokio::spawn(hints::dirty_hint_loop(
-                        engine,
-                        Arc::clone(&subscribed),
+                if dirty_routed && dirty_hint_task.is_none() {
+                    dirty_hint_task = Some(tokio::spawn(hints::push_loop(
+                        Arc::clone(&dirty_mailbox),
                         tx.clone(),
                         Arc::clone(&shared.metrics),
                         closed_rx.clone(),
@@ -543,6 +566,7 @@ pub async fn serve<R, W>(
                         .filter(|uid| set.remove(uid))
                         .collect();
                     shared.hint_routes.remove(&gone, &mailbox);
+                    shared.dirty_routes.remove(&gone, &dirty_mailbox);
                     let removed = gone.len() as u64;
                     shared
                         .metrics
@@ -731,14 +755,12 @@ async fn change_membership(
 }
 
 /// Adds `uids` to a connection's subscriptions, all or nothing, within the
-/// per-connection and the total caps, and routes their hints to the
-/// connection's `mailbox`.
+/// per-connection and the total caps; returns those it did not hold.
 fn subscribe(
     shared: &Shared,
     subscribed: &Mutex<HashSet<u64>>,
-    mailbox: &Arc<hints::Mailbox>,
     uids: &[u64],
-) -> Result<(), ErrorReply> {
+) -> Result<Vec<u64>, ErrorReply> {
     let mut set = subscribed.lock().unwrap_or_else(|p| p.into_inner());
     let mut fresh: Vec<u64> = uids
         .iter()
@@ -774,9 +796,8 @@ fn subscribe(
             ),
         });
     }
-    shared.hint_routes.add(&fresh, mailbox);
-    set.extend(fresh);
-    Ok(())
+    set.extend(fresh.iter().copied());
+    Ok(fresh)
 }
 
 /// Retry-after for a `SUBSCRIBE` refused at the server-wide cap: room comes

@@ -3,29 +3,32 @@
 //! head moves for a subscribed member (only on connections that asked with
 //! `SUBSCRIBE_DIRTY`: older clients never see an opcode they do not know).
 //!
-//! Both are best effort. The engine coalesces per commit round; when the
-//! connection's writer is backed up, hints wait here, merged per key to the
-//! newest, and go with the next round. `HINT`s are routed by uid: the
-//! daemon has one listener to the engine's rounds ([`dispatch_hints`]),
-//! which hands each hint to the mailboxes of the connections subscribed to
-//! its uid ([`HintRoutes`]), so a round costs a lookup per hint however
-//! many connections are open; if it falls behind the broadcast it counts
-//! the lost rounds in `inboxd_hints_dropped` and offers the watermarks the
-//! engine holds then. `DIRTY_HINT`s are found per connection: each
-//! connection that asked for them listens to the large groups' rounds and
-//! looks its own uids up. A device still catches up by `SYNC`, `DIRTY` or
-//! opening the conversation.
+//! Both are routed by uid. The daemon has one listener to each of the
+//! engine's two broadcasts ([`dispatch`]): for each commit round it finds
+//! the entries of the uids someone subscribed to, and hands each to the
+//! mailboxes of the connections subscribed to its uid ([`Routes`]), waking
+//! each such connection once. A round therefore costs a lookup per hint
+//! (per subscribed uid of a large group whose head moved, for
+//! `DIRTY_HINT`), however many connections are open; no connection does
+//! anything for a round that is not about its uids.
+//!
+//! Both are best effort. Entries wait in a connection's mailbox, merged
+//! per key to the newest, while its writer is backed up, and go once the
+//! next round for it arrives. A dispatcher that falls too far behind its
+//! broadcast counts the rounds lost in `inboxd_hints_dropped` and offers
+//! what the engine holds then for every subscribed uid. A device still
+//! catches up by `SYNC`, `DIRTY` or opening the conversation.
 //!
 //! A member of a replicated group replaces its engine when it installs a
-//! snapshot. The dispatcher and the `DIRTY_HINT` loops follow: when the engine they listen to is gone,
-//! they listen to the current one and then push what its state says now
-//! (each subscribed uid's watermark, each dirty marker), so the rounds the
-//! snapshot carried, and any committed while the loop moved over, are
-//! hinted once, coalesced. The `DIRTY_HINT` loop reads markers from the
-//! current engine and never holds a replaced one alive.
+//! snapshot. The dispatchers follow: when the engine they listen to is
+//! gone, they listen to the current one and then offer what its state says
+//! now (each subscribed uid's watermark, each dirty marker), so the rounds
+//! the snapshot carried, and any committed while they moved over, are
+//! hinted once, coalesced. They never hold a replaced engine alive.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
 use inbox_engine::inbox::LargeGroupHint;
@@ -40,100 +43,110 @@ use crate::metrics::Metrics;
 /// installs a snapshot).
 pub(crate) type CurrentEngine = Arc<dyn Fn() -> Arc<Inbox> + Send + Sync>;
 
-/// What a push loop keeps between broadcast rounds: the entries not yet
-/// sent, merged per key to the newest.
-trait Coalesced {
-    type Round: Clone;
-    /// The engine's broadcast of these rounds.
-    fn subscribe(inbox: &Inbox) -> broadcast::Receiver<Self::Round>;
-    /// Folds one commit round's news into the entries to send.
-    fn merge(&mut self, round: Self::Round);
-    /// Folds in everything `inbox` holds now for the subscribed uids: for
-    /// a loop that has just moved to a new engine.
-    fn catch_up(&mut self, inbox: &Inbox);
-    /// The push frame of the entries, and how many there are; `None` when
-    /// there is nothing to send.
-    fn frame(&self) -> Option<(Frame, u64)>;
-    fn clear(&mut self);
+/// An entry of a push frame: what a mailbox merges, per key, to the
+/// newest.
+pub(crate) trait Pushed: Clone + Send + 'static {
+    type Key: Copy + Eq + Hash + Ord + Send;
+    fn key(&self) -> Self::Key;
+    /// The subscribed uid the entry is about.
+    fn uid(&self) -> u64;
+    /// Whether this entry replaces `pending`, of the same key.
+    fn replaces(&self, pending: &Self) -> bool;
+    /// The push frame of `entries`, sorted by key.
+    fn frame(entries: Vec<Self>) -> Frame;
 }
 
-/// Forwards `rounds` to the connection's writer as pushes. When the
-/// writer is backed up, entries wait, merged, and go with the next round;
-/// a lagging receiver loses rounds (counted as dropped), which hints allow.
-async fn push_loop<C: Coalesced>(
-    engine: CurrentEngine,
-    mut rounds: broadcast::Receiver<C::Round>,
-    mut pending: C,
-    tx: mpsc::Sender<Frame>,
-    metrics: Arc<Metrics>,
-    mut closed: watch::Receiver<bool>,
-) {
-    loop {
-        let round = tokio::select! {
-            round = rounds.recv() => round,
-            _ = closed.changed() => return,
-        };
-        match round {
-            Ok(round) => pending.merge(round),
-            Err(RecvError::Lagged(_)) => {
-                metrics.hints_dropped.inc();
-                continue;
-            }
-            // Every sender is gone only once its engine is dropped: it
-            // was replaced. Follow the one requests go to now, listening
-            // before reading its state, so nothing falls in between.
-            Err(RecvError::Closed) => {
-                let inbox = engine();
-                rounds = C::subscribe(&inbox);
-                pending.catch_up(&inbox);
-            }
-        }
-        let Some((frame, count)) = pending.frame() else {
-            continue;
-        };
-        match tx.try_send(frame) {
-            Ok(()) => {
-                pending.clear();
-                metrics.hints_sent.inc_by(count);
-            }
-            Err(mpsc::error::TrySendError::Full(_)) => {}
-            Err(mpsc::error::TrySendError::Closed(_)) => return,
-        }
+impl Pushed for Hint {
+    type Key = u64;
+    fn key(&self) -> u64 {
+        self.uid
+    }
+    fn uid(&self) -> u64 {
+        self.uid
+    }
+    fn replaces(&self, pending: &Self) -> bool {
+        self.committed_sync_seq > pending.committed_sync_seq
+    }
+    fn frame(hints: Vec<Self>) -> Frame {
+        Response::Hint(Hints { hints }).to_frame(0)
     }
 }
 
-/// One connection's `HINT` entries not yet sent, merged per uid to the
-/// highest committed watermark, and the wake-up of its push loop. The
-/// dispatcher fills it; the connection's [`hint_push_loop`] empties it.
-#[derive(Default)]
-pub(crate) struct Mailbox {
-    pending: Mutex<HashMap<u64, u64>>,
+impl Pushed for DirtyHint {
+    type Key = (u64, u64);
+    fn key(&self) -> (u64, u64) {
+        (self.uid, self.conv)
+    }
+    fn uid(&self) -> u64 {
+        self.uid
+    }
+    fn replaces(&self, pending: &Self) -> bool {
+        self.version >= pending.version
+    }
+    fn frame(hints: Vec<Self>) -> Frame {
+        Response::DirtyHint(DirtyHints { hints }).to_frame(0)
+    }
+}
+
+/// One connection's entries not yet sent, merged per key to the newest,
+/// and the wake-up of its [`push_loop`]. A dispatcher fills it.
+pub(crate) struct Mailbox<P: Pushed> {
+    pending: Mutex<HashMap<P::Key, P>>,
     ready: tokio::sync::Notify,
 }
 
-impl Mailbox {
-    fn offer(&self, uid: u64, committed_sync_seq: u64) {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let seq = pending.entry(uid).or_insert(0);
-        *seq = (*seq).max(committed_sync_seq);
+impl<P: Pushed> Default for Mailbox<P> {
+    fn default() -> Self {
+        Mailbox {
+            pending: Mutex::new(HashMap::new()),
+            ready: tokio::sync::Notify::new(),
+        }
     }
 }
 
-/// Which connections listen for which uid: each round's hints go to the
-/// mailboxes of their uids' subscribers only, so a round costs a lookup
-/// per hint, however many connections are open. (Every connection used to
-/// take every round from the engine's broadcast and filter it: a thousand
-/// idle subscribed connections took an ingest at 16 connections from
-/// 10,151 to 1,400 sends a second.)
-#[derive(Default)]
-pub(crate) struct HintRoutes {
-    by_uid: Mutex<HashMap<u64, Vec<Arc<Mailbox>>>>,
+impl<P: Pushed> Mailbox<P> {
+    /// Keeps `entry` unless a newer one of its key is pending.
+    fn offer(&self, entry: P) {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        match pending.entry(entry.key()) {
+            Entry::Occupied(mut e) => {
+                if entry.replaces(e.get()) {
+                    e.insert(entry);
+                }
+            }
+            Entry::Vacant(e) => {
+                e.insert(entry);
+            }
+        }
+    }
+
+    /// The pending entries, sorted by key, leaving none.
+    fn take(&self) -> Vec<P> {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut entries: Vec<P> = pending.drain().map(|(_, e)| e).collect();
+        entries.sort_by_key(P::key);
+        entries
+    }
 }
 
-impl HintRoutes {
-    /// `mailbox` listens for `uids` from now on (uids it already listens
-    /// for are not repeated by the caller).
-    pub(crate) fn add(&self, uids: &[u64], mailbox: &Arc<Mailbox>) {
+/// Which connections listen for which uid. Kept by `SUBSCRIBE`,
+/// `SUBSCRIBE_DIRTY`, `UNSUBSCRIBE` and the connection's end.
+pub(crate) struct Routes<P: Pushed> {
+    by_uid: Mutex<HashMap<u64, Vec<Arc<Mailbox<P>>>>>,
+}
+
+impl<P: Pushed> Default for Routes<P> {
+    fn default() -> Self {
+        Routes {
+            by_uid: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<P: Pushed> Routes<P> {
+    /// `mailbox` listens for `uids` from now on (the caller passes only
+    /// uids it does not listen for yet).
+    pub(crate) fn add(&self, uids: &[u64], mailbox: &Arc<Mailbox<P>>) {
         let mut by_uid = self.by_uid.lock().unwrap_or_else(|p| p.into_inner());
         for &uid in uids {
             by_uid.entry(uid).or_default().push(Arc::clone(mailbox));
@@ -141,7 +154,7 @@ impl HintRoutes {
     }
 
     /// `mailbox` no longer listens for `uids`.
-    pub(crate) fn remove(&self, uids: &[u64], mailbox: &Arc<Mailbox>) {
+    pub(crate) fn remove(&self, uids: &[u64], mailbox: &Arc<Mailbox<P>>) {
         let mut by_uid = self.by_uid.lock().unwrap_or_else(|p| p.into_inner());
         for uid in uids {
             if let Entry::Occupied(mut e) = by_uid.entry(*uid) {
@@ -159,15 +172,22 @@ impl HintRoutes {
         by_uid.keys().map(|&uid| Uid(uid)).collect()
     }
 
-    /// Offers each hint to its uid's listeners and wakes each listener
+    fn is_empty(&self) -> bool {
+        self.by_uid
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
+    /// Offers each entry to its uid's listeners and wakes each listener
     /// that got one, once.
-    fn deliver(&self, round: &[inbox_engine::inbox::Hint]) {
-        let mut woken: Vec<Arc<Mailbox>> = Vec::new();
+    fn deliver(&self, entries: Vec<P>) {
+        let mut woken: Vec<Arc<Mailbox<P>>> = Vec::new();
         {
             let by_uid = self.by_uid.lock().unwrap_or_else(|p| p.into_inner());
-            for hint in round {
-                for mailbox in by_uid.get(&hint.uid.get()).into_iter().flatten() {
-                    mailbox.offer(hint.uid.get(), hint.committed_sync_seq.get());
+            for entry in entries {
+                for mailbox in by_uid.get(&entry.uid()).into_iter().flatten() {
+                    mailbox.offer(entry.clone());
                     if !woken.iter().any(|m| Arc::ptr_eq(m, mailbox)) {
                         woken.push(Arc::clone(mailbox));
                     }
@@ -178,36 +198,118 @@ impl HintRoutes {
             mailbox.ready.notify_one();
         }
     }
+}
 
-    /// Offers every listened-for uid's watermark as `inbox` holds it now:
-    /// after rounds were missed, or when requests moved to a new engine.
-    fn catch_up(&self, inbox: &Inbox) {
-        let round: Vec<_> = inbox
-            .committed_sync_seqs(&self.uids())
+/// One of the engine's two broadcasts, and how its rounds become entries.
+pub(crate) trait Source: Send + 'static {
+    type Round: Clone + Send + 'static;
+    type Entry: Pushed;
+    fn subscribe(inbox: &Inbox) -> broadcast::Receiver<Self::Round>;
+    /// The entries of `round` for the uids `routes` has listeners for.
+    fn entries(inbox: &Inbox, round: Self::Round, routes: &Routes<Self::Entry>)
+        -> Vec<Self::Entry>;
+    /// What `inbox` holds now for `uids`.
+    fn now(inbox: &Inbox, uids: &[Uid]) -> Vec<Self::Entry>;
+}
+
+/// `HINT`: a round's watermarks, as the engine publishes them.
+pub(crate) struct Watermarks;
+
+impl Source for Watermarks {
+    type Round = Vec<inbox_engine::inbox::Hint>;
+    type Entry = Hint;
+
+    fn subscribe(inbox: &Inbox) -> broadcast::Receiver<Self::Round> {
+        inbox.subscribe_hints()
+    }
+
+    fn entries(_: &Inbox, round: Self::Round, _: &Routes<Hint>) -> Vec<Hint> {
+        round.into_iter().map(wire_hint).collect()
+    }
+
+    fn now(inbox: &Inbox, uids: &[Uid]) -> Vec<Hint> {
+        inbox
+            .committed_sync_seqs(uids)
             .into_iter()
-            .map(|(uid, committed_sync_seq)| inbox_engine::inbox::Hint {
-                uid,
-                committed_sync_seq,
+            .map(|(uid, committed_sync_seq)| {
+                wire_hint(inbox_engine::inbox::Hint {
+                    uid,
+                    committed_sync_seq,
+                })
             })
-            .collect();
-        self.deliver(&round);
+            .collect()
     }
 }
 
-/// The daemon's one listener to the engine's hint rounds: routes each to
-/// the connections subscribed to its uids ([`HintRoutes`]). It listens from
-/// the moment it is called, before the future first runs. A round it falls
-/// too far behind to receive is counted in `inboxd_hints_dropped`, and the
-/// watermarks the engine holds then are offered instead; when the engine is
-/// replaced (a snapshot install), it listens to the new one and offers what
-/// that one holds.
-pub(crate) fn dispatch_hints(
+fn wire_hint(h: inbox_engine::inbox::Hint) -> Hint {
+    Hint {
+        uid: h.uid.get(),
+        committed_sync_seq: h.committed_sync_seq.get(),
+    }
+}
+
+/// `DIRTY_HINT`: the markers `DIRTY` would list now for the subscribed
+/// members of each large group whose head moved (memory only, under the
+/// engine's state read lock: a lookup per subscribed uid and group).
+pub(crate) struct Markers;
+
+impl Source for Markers {
+    type Round = Vec<LargeGroupHint>;
+    type Entry = DirtyHint;
+
+    fn subscribe(inbox: &Inbox) -> broadcast::Receiver<Self::Round> {
+        inbox.subscribe_large_group_hints()
+    }
+
+    fn entries(inbox: &Inbox, round: Self::Round, routes: &Routes<DirtyHint>) -> Vec<DirtyHint> {
+        if routes.is_empty() {
+            return Vec::new();
+        }
+        let uids = routes.uids();
+        let convs: HashSet<ConvId> = round.iter().map(|h| h.conv).collect();
+        let mut entries = Vec::new();
+        for conv in convs {
+            for (uid, m) in inbox.dirty_markers_among(conv, &uids) {
+                entries.push(DirtyHint {
+                    uid: uid.get(),
+                    conv: conv.get(),
+                    target_msg_seq: m.target_msg_seq.get(),
+                    version: m.version,
+                });
+            }
+        }
+        entries
+    }
+
+    fn now(inbox: &Inbox, uids: &[Uid]) -> Vec<DirtyHint> {
+        let mut entries = Vec::new();
+        for &uid in uids {
+            for m in inbox.dirty_markers(uid).unwrap_or_default() {
+                entries.push(DirtyHint {
+                    uid: uid.get(),
+                    conv: m.conv.get(),
+                    target_msg_seq: m.target_msg_seq.get(),
+                    version: m.version,
+                });
+            }
+        }
+        entries
+    }
+}
+
+/// The daemon's one listener to `S`'s rounds: routes their entries to the
+/// connections subscribed to their uids. It listens from the moment it is
+/// called, before the future first runs. A round it falls too far behind
+/// to receive is counted in `inboxd_hints_dropped`, and what the engine
+/// holds then is offered instead; when the engine is replaced (a snapshot
+/// install), it listens to the new one and offers what that one holds.
+pub(crate) fn dispatch<S: Source>(
     engine: CurrentEngine,
-    routes: Arc<HintRoutes>,
+    routes: Arc<Routes<S::Entry>>,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) -> impl std::future::Future<Output = ()> {
-    let mut rounds = engine().subscribe_hints();
+    let mut rounds = S::subscribe(&engine());
     async move {
         loop {
             let round = tokio::select! {
@@ -215,30 +317,33 @@ pub(crate) fn dispatch_hints(
                 _ = shutdown.changed() => return,
             };
             match round {
-                Ok(round) => routes.deliver(&round),
+                Ok(round) => {
+                    let inbox = engine();
+                    routes.deliver(S::entries(&inbox, round, &routes));
+                }
                 Err(RecvError::Lagged(_)) => {
                     metrics.hints_dropped.inc();
-                    routes.catch_up(&engine());
+                    let inbox = engine();
+                    routes.deliver(S::now(&inbox, &routes.uids()));
                 }
                 // Every sender is gone only once its engine is dropped: it
                 // was replaced. Listen to the one requests go to now before
                 // reading its state, so nothing falls in between.
                 Err(RecvError::Closed) => {
                     let inbox = engine();
-                    rounds = inbox.subscribe_hints();
-                    routes.catch_up(&inbox);
+                    rounds = S::subscribe(&inbox);
+                    routes.deliver(S::now(&inbox, &routes.uids()));
                 }
             }
         }
     }
 }
 
-/// Pushes `HINT` frames for one connection as the dispatcher fills its
-/// mailbox. When the connection's writer is backed up, the entries stay
-/// in the mailbox, merged, and go once the next round for the connection
-/// arrives.
-pub(crate) async fn hint_push_loop(
-    mailbox: Arc<Mailbox>,
+/// Pushes one connection's frames as a dispatcher fills its mailbox. When
+/// the connection's writer is backed up, the entries go back into the
+/// mailbox, merged, and go once the next round for the connection arrives.
+pub(crate) async fn push_loop<P: Pushed>(
+    mailbox: Arc<Mailbox<P>>,
     tx: mpsc::Sender<Frame>,
     metrics: Arc<Metrics>,
     mut closed: watch::Receiver<bool>,
@@ -248,139 +353,23 @@ pub(crate) async fn hint_push_loop(
             _ = mailbox.ready.notified() => {}
             _ = closed.changed() => return,
         }
-        let mut hints: Vec<Hint> = {
-            let mut pending = mailbox.pending.lock().unwrap_or_else(|p| p.into_inner());
-            pending
-                .drain()
-                .map(|(uid, committed_sync_seq)| Hint {
-                    uid,
-                    committed_sync_seq,
-                })
-                .collect()
-        };
-        if hints.is_empty() {
+        let entries = mailbox.take();
+        if entries.is_empty() {
             continue;
         }
-        hints.sort_by_key(|h| h.uid);
-        let count = hints.len() as u64;
-        let frame = Response::Hint(Hints {
-            hints: hints.clone(),
-        })
-        .to_frame(0);
-        match tx.try_send(frame) {
+        let count = entries.len() as u64;
+        match tx.try_send(P::frame(entries.clone())) {
             Ok(()) => {
                 metrics.hints_sent.inc_by(count);
             }
             Err(mpsc::error::TrySendError::Full(_)) => {
-                for h in hints {
-                    mailbox.offer(h.uid, h.committed_sync_seq);
+                for entry in entries {
+                    mailbox.offer(entry);
                 }
             }
             Err(mpsc::error::TrySendError::Closed(_)) => return,
         }
     }
-}
-
-/// The subscribed uids, copied out of their lock.
-fn subscribed_uids(subscribed: &Mutex<HashSet<u64>>) -> Vec<Uid> {
-    let set = subscribed.lock().unwrap_or_else(|p| p.into_inner());
-    set.iter().map(|&uid| Uid(uid)).collect()
-}
-
-/// `DIRTY_HINT` entries: the newest marker per (subscribed uid, large
-/// group), found when the group's head moves. Per hinted group it costs
-/// one lookup per subscribed uid, on this task (memory only, under the
-/// engine's state read lock).
-struct Markers {
-    engine: CurrentEngine,
-    subscribed: Arc<Mutex<HashSet<u64>>>,
-    pending: HashMap<(u64, u64), DirtyHint>,
-}
-
-impl Markers {
-    /// Keeps `hint` unless a newer version of its marker is pending.
-    fn offer(&mut self, hint: DirtyHint) {
-        match self.pending.entry((hint.uid, hint.conv)) {
-            Entry::Occupied(mut e) if e.get().version <= hint.version => {
-                e.insert(hint);
-            }
-            Entry::Occupied(_) => {}
-            Entry::Vacant(e) => {
-                e.insert(hint);
-            }
-        }
-    }
-}
-
-impl Coalesced for Markers {
-    type Round = Vec<LargeGroupHint>;
-
-    fn subscribe(inbox: &Inbox) -> broadcast::Receiver<Self::Round> {
-        inbox.subscribe_large_group_hints()
-    }
-
-    fn merge(&mut self, round: Self::Round) {
-        let uids = subscribed_uids(&self.subscribed);
-        let convs: HashSet<ConvId> = round.iter().map(|h| h.conv).collect();
-        let inbox = (self.engine)();
-        for conv in convs {
-            for (uid, m) in inbox.dirty_markers_among(conv, &uids) {
-                let hint = DirtyHint {
-                    uid: uid.get(),
-                    conv: conv.get(),
-                    target_msg_seq: m.target_msg_seq.get(),
-                    version: m.version,
-                };
-                self.offer(hint);
-            }
-        }
-    }
-
-    fn catch_up(&mut self, inbox: &Inbox) {
-        for uid in subscribed_uids(&self.subscribed) {
-            for m in inbox.dirty_markers(uid).unwrap_or_default() {
-                self.offer(DirtyHint {
-                    uid: uid.get(),
-                    conv: m.conv.get(),
-                    target_msg_seq: m.target_msg_seq.get(),
-                    version: m.version,
-                });
-            }
-        }
-    }
-
-    fn frame(&self) -> Option<(Frame, u64)> {
-        if self.pending.is_empty() {
-            return None;
-        }
-        let mut hints: Vec<DirtyHint> = self.pending.values().cloned().collect();
-        hints.sort_by_key(|h| (h.uid, h.conv));
-        let count = hints.len() as u64;
-        Some((Response::DirtyHint(DirtyHints { hints }).to_frame(0), count))
-    }
-
-    fn clear(&mut self) {
-        self.pending.clear();
-    }
-}
-
-/// Pushes `DIRTY_HINT` for the subscribed uids that are members of a large
-/// group whose head moved: the markers `DIRTY` would list for that group
-/// now. Listens from the moment it is called, as [`hint_loop`].
-pub(crate) fn dirty_hint_loop(
-    engine: CurrentEngine,
-    subscribed: Arc<Mutex<HashSet<u64>>>,
-    tx: mpsc::Sender<Frame>,
-    metrics: Arc<Metrics>,
-    closed: watch::Receiver<bool>,
-) -> impl std::future::Future<Output = ()> {
-    let heads = Markers::subscribe(&engine());
-    let pending = Markers {
-        engine: Arc::clone(&engine),
-        subscribed,
-        pending: HashMap::new(),
-    };
-    push_loop(engine, heads, pending, tx, metrics, closed)
 }
 
 #[cfg(test)]
@@ -461,13 +450,13 @@ mod tests {
         (hint.expect("a HINT"), dirty.expect("a DIRTY_HINT"))
     }
 
-    fn pending(mailbox: &Mailbox) -> Vec<(u64, u64)> {
+    fn pending(mailbox: &Mailbox<Hint>) -> Vec<(u64, u64)> {
         let mut v: Vec<_> = mailbox
             .pending
             .lock()
             .unwrap()
-            .clone()
-            .into_iter()
+            .values()
+            .map(|h| (h.uid, h.committed_sync_seq))
             .collect();
         v.sort_unstable();
         v
@@ -475,11 +464,11 @@ mod tests {
 
     #[test]
     fn a_round_reaches_only_the_mailboxes_of_its_uids_merged_to_the_newest() {
-        let hint = |uid, seq| inbox_engine::inbox::Hint {
-            uid: Uid(uid),
-            committed_sync_seq: inbox_engine::SyncSeq(seq),
+        let hint = |uid, committed_sync_seq| Hint {
+            uid,
+            committed_sync_seq,
         };
-        let routes = HintRoutes::default();
+        let routes = Routes::<Hint>::default();
         let (a, b, idle) = (
             Arc::new(Mailbox::default()),
             Arc::new(Mailbox::default()),
@@ -488,7 +477,7 @@ mod tests {
         routes.add(&[1, 2], &a);
         routes.add(&[2], &b);
         routes.add(&[9], &idle);
-        routes.deliver(&[hint(1, 5), hint(2, 7), hint(1, 6), hint(3, 1)]);
+        routes.deliver(vec![hint(1, 5), hint(2, 7), hint(1, 6), hint(3, 1)]);
         assert_eq!(pending(&a), vec![(1, 6), (2, 7)]);
         assert_eq!(pending(&b), vec![(2, 7)]);
         assert!(
@@ -497,11 +486,11 @@ mod tests {
             pending(&idle)
         );
         // An older watermark never replaces a newer one still pending.
-        routes.deliver(&[hint(2, 4)]);
+        routes.deliver(vec![hint(2, 4)]);
         assert_eq!(pending(&b), vec![(2, 7)]);
         // Taken off the routes, a uid's hints no longer reach the mailbox.
         routes.remove(&[2], &a);
-        routes.deliver(&[hint(2, 8)]);
+        routes.deliver(vec![hint(2, 8)]);
         assert_eq!(pending(&a), vec![(1, 6), (2, 7)]);
         assert_eq!(pending(&b), vec![(2, 8)]);
         routes.remove(&[2], &b);
@@ -517,33 +506,37 @@ mod tests {
         let current = Arc::new(Mutex::new(engine(dir_a.path())));
         let c = Arc::clone(&current);
         let engine_now: CurrentEngine = Arc::new(move || Arc::clone(&c.lock().unwrap()));
-        let subscribed = Arc::new(Mutex::new(HashSet::from([1u64])));
         let (tx, mut rx) = mpsc::channel(64);
         let (_closed_tx, closed) = watch::channel(false);
         let metrics = Arc::new(Metrics::default());
-        let routes = Arc::new(HintRoutes::default());
-        let mailbox = Arc::new(Mailbox::default());
+        // One connection subscribed to user 1 with `SUBSCRIBE_DIRTY`.
+        let (routes, dirty_routes) = (
+            Arc::new(Routes::<Hint>::default()),
+            Arc::new(Routes::<DirtyHint>::default()),
+        );
+        let (mailbox, dirty_mailbox) = (Arc::new(Mailbox::default()), Arc::new(Mailbox::default()));
         routes.add(&[1], &mailbox);
+        dirty_routes.add(&[1], &dirty_mailbox);
         let loops = [
-            tokio::spawn(dispatch_hints(
+            tokio::spawn(dispatch::<Watermarks>(
                 Arc::clone(&engine_now),
-                Arc::clone(&routes),
+                routes,
                 Arc::clone(&metrics),
                 closed.clone(),
             )),
-            tokio::spawn(hint_push_loop(
+            tokio::spawn(dispatch::<Markers>(
+                Arc::clone(&engine_now),
+                dirty_routes,
+                Arc::clone(&metrics),
+                closed.clone(),
+            )),
+            tokio::spawn(push_loop(
                 mailbox,
                 tx.clone(),
                 Arc::clone(&metrics),
                 closed.clone(),
             )),
-            tokio::spawn(dirty_hint_loop(
-                Arc::clone(&engine_now),
-                subscribed,
-                tx,
-                metrics,
-                closed,
-            )),
+            tokio::spawn(push_loop(dirty_mailbox, tx, metrics, closed)),
         ];
         // What engine `inbox` holds for user 1 now: its watermark and its
         // marker of the large group, as pushes would carry them.

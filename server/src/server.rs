@@ -186,15 +186,25 @@ pub async fn run(
         engine_queue: crate::conn::engine_queue(&config.limits),
         group: cluster.as_ref().map(crate::cluster::Cluster::handle),
         hint_routes: Arc::default(),
+        dirty_routes: Arc::default(),
     });
-    let hints_task = {
+    let hints_tasks = {
         let current = Arc::clone(&shared);
-        tokio::spawn(crate::hints::dispatch_hints(
-            Arc::new(move || current.engine().into_owned()),
-            Arc::clone(&shared.hint_routes),
-            Arc::clone(&metrics),
-            shutdown.clone(),
-        ))
+        let engine: crate::hints::CurrentEngine = Arc::new(move || current.engine().into_owned());
+        [
+            tokio::spawn(crate::hints::dispatch::<crate::hints::Watermarks>(
+                Arc::clone(&engine),
+                Arc::clone(&shared.hint_routes),
+                Arc::clone(&metrics),
+                shutdown.clone(),
+            )),
+            tokio::spawn(crate::hints::dispatch::<crate::hints::Markers>(
+                engine,
+                Arc::clone(&shared.dirty_routes),
+                Arc::clone(&metrics),
+                shutdown.clone(),
+            )),
+        ]
     };
     let memory_task = tokio::spawn(metrics::refresh_memory(
         Arc::clone(&metrics),
@@ -280,8 +290,10 @@ pub async fn run(
     metrics_task.abort();
     memory_task.abort();
     // The dispatcher holds the shared state: gone before the engine stops.
-    hints_task.abort();
-    let _ = hints_task.await;
+    for task in hints_tasks {
+        task.abort();
+        let _ = task.await;
+    }
     // A group's engine is the one its last snapshot install opened.
     let engine = shared.engine().into_owned();
     drop(shared);

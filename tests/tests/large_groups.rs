@@ -181,3 +181,74 @@ async fn a_message_in_a_large_group_pushes_the_member_s_marker_to_dirty_subscrib
         "SUBSCRIBE alone never gets DIRTY_HINT"
     );
 }
+
+/// Reads `DIRTY_HINT` pushes until each of `wanted` has an entry at
+/// version `at` or above; returns every entry seen.
+async fn dirty_hints_until(
+    pushes: &mut tokio::sync::mpsc::Receiver<DirtyHints>,
+    wanted: &[u64],
+    at: u64,
+) -> Vec<DirtyHint> {
+    let mut seen: Vec<DirtyHint> = Vec::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !wanted
+        .iter()
+        .all(|uid| seen.iter().any(|h| h.uid == *uid && h.version >= at))
+    {
+        let push = tokio::time::timeout_at(deadline, pushes.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!("no DIRTY_HINT for {wanted:?} at {at} within 10 s; saw {seen:?}")
+            })
+            .expect("the connection is open");
+        seen.extend(push.hints);
+    }
+    seen
+}
+
+/// Once a connection sent `SUBSCRIBE_DIRTY`, every uid it holds gets
+/// `DIRTY_HINT`, whether subscribed before, with it or after, by either
+/// request; a uid it unsubscribes gets none.
+#[tokio::test]
+async fn dirty_hints_cover_every_uid_the_connection_holds_once_it_asked_for_them() {
+    let dir = inbox_tests::data_dir();
+    let daemon = Daemon::start_with(dir.path(), LARGE);
+    let writer = daemon.client().await;
+    for uid in 1..=3 {
+        writer.join(ConvMember { conv: CONV, uid }).await.unwrap();
+    }
+    let watcher = daemon.client().await;
+    let mut pushes = watcher.dirty_hints().expect("taken once");
+    watcher.subscribe(UidList { uids: vec![2] }).await.unwrap();
+    watcher
+        .subscribe_dirty(UidList { uids: vec![9] })
+        .await
+        .unwrap();
+    watcher.subscribe(UidList { uids: vec![3] }).await.unwrap();
+    let send = |key: u128| {
+        writer.send(SendReq {
+            conv: CONV,
+            sender: 1,
+            client_msg_id: key,
+            msg_type: 1,
+            payload: Bytes::from_static(b"hello"),
+        })
+    };
+    let first = send(1).await.unwrap();
+    let seen = dirty_hints_until(&mut pushes, &[2, 3], first.msg_seq).await;
+    assert!(
+        seen.iter().all(|h| h.conv == CONV && h.uid != 9),
+        "{seen:?}"
+    );
+    watcher
+        .unsubscribe(UidList { uids: vec![2] })
+        .await
+        .unwrap();
+    let second = send(2).await.unwrap();
+    let seen = dirty_hints_until(&mut pushes, &[3], second.msg_seq).await;
+    assert!(
+        seen.iter()
+            .all(|h| h.uid != 2 || h.version < second.msg_seq),
+        "uid 2 was hinted after it was unsubscribed: {seen:?}"
+    );
+}
