@@ -126,17 +126,24 @@ async fn a_large_group_is_caught_up_by_marker_pull_and_clear() {
     assert!(mode.marker.is_some_and(|m| m.dirty));
 }
 
+/// A daemon in which `CONV` is a large group of users 1, 2 and 3, and the
+/// client that joined them.
+async fn large_group_of_three(dir: &std::path::Path) -> (Daemon, inbox_server::client::Client) {
+    let daemon = Daemon::start_with(dir, LARGE);
+    let writer = daemon.client().await;
+    for uid in 1..=3 {
+        writer.join(ConvMember { conv: CONV, uid }).await.unwrap();
+    }
+    (daemon, writer)
+}
+
 /// `SUBSCRIBE_DIRTY`: a message in a large group pushes `DIRTY_HINT` with
 /// the marker `DIRTY` lists, for subscribed members only; a connection
 /// that only sent `SUBSCRIBE` never gets the new push.
 #[tokio::test]
 async fn a_message_in_a_large_group_pushes_the_member_s_marker_to_dirty_subscribers() {
     let dir = inbox_tests::data_dir();
-    let daemon = Daemon::start_with(dir.path(), LARGE);
-    let writer = daemon.client().await;
-    for uid in 1..=3 {
-        writer.join(ConvMember { conv: CONV, uid }).await.unwrap();
-    }
+    let (daemon, writer) = large_group_of_three(dir.path()).await;
     let watcher = daemon.client().await;
     let mut dirty_hints = watcher.dirty_hints().expect("taken once");
     // uid 2 is a member, uid 9 is not.
@@ -212,11 +219,7 @@ async fn dirty_hints_until(
 #[tokio::test]
 async fn dirty_hints_cover_every_uid_the_connection_holds_once_it_asked_for_them() {
     let dir = inbox_tests::data_dir();
-    let daemon = Daemon::start_with(dir.path(), LARGE);
-    let writer = daemon.client().await;
-    for uid in 1..=3 {
-        writer.join(ConvMember { conv: CONV, uid }).await.unwrap();
-    }
+    let (daemon, writer) = large_group_of_three(dir.path()).await;
     let watcher = daemon.client().await;
     let mut pushes = watcher.dirty_hints().expect("taken once");
     watcher.subscribe(UidList { uids: vec![2] }).await.unwrap();
