@@ -130,53 +130,84 @@ impl<P: Pushed> Mailbox<P> {
 }
 
 /// Which connections listen for which uid. Kept by `SUBSCRIBE`,
-/// `SUBSCRIBE_DIRTY`, `UNSUBSCRIBE` and the connection's end.
+/// `SUBSCRIBE_DIRTY`, `UNSUBSCRIBE` and the connection's end. A uid nearly
+/// always has one listener (a user's connected device): it is kept in
+/// `first`, a pointer per uid, and any others in `more`, so that a
+/// subscription costs one small table entry.
 pub(crate) struct Routes<P: Pushed> {
-    by_uid: Mutex<HashMap<u64, Vec<Arc<Mailbox<P>>>>>,
+    lists: Mutex<RouteLists<P>>,
+}
+
+struct RouteLists<P: Pushed> {
+    first: HashMap<u64, Arc<Mailbox<P>>>,
+    more: HashMap<u64, Vec<Arc<Mailbox<P>>>>,
 }
 
 impl<P: Pushed> Default for Routes<P> {
     fn default() -> Self {
         Routes {
-            by_uid: Mutex::new(HashMap::new()),
+            lists: Mutex::new(RouteLists {
+                first: HashMap::new(),
+                more: HashMap::new(),
+            }),
         }
     }
 }
 
 impl<P: Pushed> Routes<P> {
+    fn lists(&self) -> std::sync::MutexGuard<'_, RouteLists<P>> {
+        self.lists.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// `mailbox` listens for `uids` from now on (the caller passes only
     /// uids it does not listen for yet).
     pub(crate) fn add(&self, uids: &[u64], mailbox: &Arc<Mailbox<P>>) {
-        let mut by_uid = self.by_uid.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lists = self.lists();
+        let RouteLists { first, more } = &mut *lists;
         for &uid in uids {
-            by_uid.entry(uid).or_default().push(Arc::clone(mailbox));
+            match first.entry(uid) {
+                Entry::Vacant(e) => {
+                    e.insert(Arc::clone(mailbox));
+                }
+                Entry::Occupied(_) => more.entry(uid).or_default().push(Arc::clone(mailbox)),
+            }
         }
     }
 
     /// `mailbox` no longer listens for `uids`.
     pub(crate) fn remove(&self, uids: &[u64], mailbox: &Arc<Mailbox<P>>) {
-        let mut by_uid = self.by_uid.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lists = self.lists();
+        let RouteLists { first, more } = &mut *lists;
         for uid in uids {
-            if let Entry::Occupied(mut e) = by_uid.entry(*uid) {
-                e.get_mut().retain(|m| !Arc::ptr_eq(m, mailbox));
-                if e.get().is_empty() {
-                    e.remove();
+            let Entry::Occupied(mut head) = first.entry(*uid) else {
+                continue;
+            };
+            let Entry::Occupied(mut rest) = more.entry(*uid) else {
+                if Arc::ptr_eq(head.get(), mailbox) {
+                    head.remove();
                 }
+                continue;
+            };
+            if Arc::ptr_eq(head.get(), mailbox) {
+                // The next listener moves up.
+                let next = rest.get_mut().pop().expect("`more` holds no empty list");
+                head.insert(next);
+            } else {
+                rest.get_mut().retain(|m| !Arc::ptr_eq(m, mailbox));
+            }
+            if rest.get().is_empty() {
+                rest.remove();
             }
         }
     }
 
     /// Uids with at least one listener.
     fn uids(&self) -> Vec<Uid> {
-        let by_uid = self.by_uid.lock().unwrap_or_else(|p| p.into_inner());
-        by_uid.keys().map(|&uid| Uid(uid)).collect()
+        self.lists().first.keys().map(|&uid| Uid(uid)).collect()
     }
 
     fn is_empty(&self) -> bool {
-        self.by_uid
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
+        self.lists().first.is_empty()
     }
 
     /// Offers each entry to its uid's listeners and wakes each listener
@@ -184,9 +215,12 @@ impl<P: Pushed> Routes<P> {
     fn deliver(&self, entries: Vec<P>) {
         let mut woken: Vec<Arc<Mailbox<P>>> = Vec::new();
         {
-            let by_uid = self.by_uid.lock().unwrap_or_else(|p| p.into_inner());
+            let lists = self.lists();
             for entry in entries {
-                for mailbox in by_uid.get(&entry.uid()).into_iter().flatten() {
+                let uid = entry.uid();
+                let head = lists.first.get(&uid);
+                let rest = lists.more.get(&uid).map(Vec::as_slice).unwrap_or_default();
+                for mailbox in head.into_iter().chain(rest) {
                     mailbox.offer(entry.clone());
                     if !woken.iter().any(|m| Arc::ptr_eq(m, mailbox)) {
                         woken.push(Arc::clone(mailbox));
