@@ -211,25 +211,18 @@ impl<P: Pushed> Routes<P> {
     }
 
     /// Offers each entry to its uid's listeners and wakes each listener
-    /// that got one, once.
+    /// that got one.
     fn deliver(&self, entries: Vec<P>) {
-        let mut woken: Vec<Arc<Mailbox<P>>> = Vec::new();
-        {
-            let lists = self.lists();
-            for entry in entries {
-                let uid = entry.uid();
-                let head = lists.first.get(&uid);
-                let rest = lists.more.get(&uid).map(Vec::as_slice).unwrap_or_default();
-                for mailbox in head.into_iter().chain(rest) {
-                    mailbox.offer(entry.clone());
-                    if !woken.iter().any(|m| Arc::ptr_eq(m, mailbox)) {
-                        woken.push(Arc::clone(mailbox));
-                    }
-                }
+        let lists = self.lists();
+        for entry in entries {
+            let uid = entry.uid();
+            let head = lists.first.get(&uid);
+            let rest = lists.more.get(&uid).map(Vec::as_slice).unwrap_or_default();
+            for mailbox in head.into_iter().chain(rest) {
+                mailbox.offer(entry.clone());
+                // Holds one wake-up at most, however many entries came.
+                mailbox.ready.notify_one();
             }
-        }
-        for mailbox in woken {
-            mailbox.ready.notify_one();
         }
     }
 }
@@ -374,8 +367,8 @@ pub(crate) fn dispatch<S: Source>(
 }
 
 /// Pushes one connection's frames as a dispatcher fills its mailbox. When
-/// the connection's writer is backed up, the entries go back into the
-/// mailbox, merged, and go once the next round for the connection arrives.
+/// the connection's writer is backed up, the entries wait in the mailbox,
+/// merged, and go once the next round for the connection arrives.
 pub(crate) async fn push_loop<P: Pushed>(
     mailbox: Arc<Mailbox<P>>,
     tx: mpsc::Sender<Frame>,
@@ -387,22 +380,20 @@ pub(crate) async fn push_loop<P: Pushed>(
             _ = mailbox.ready.notified() => {}
             _ = closed.changed() => return,
         }
+        // Room first: with the writer backed up, the entries stay in the
+        // mailbox, merged, until the next round for the connection.
+        let permit = match tx.try_reserve() {
+            Ok(permit) => permit,
+            Err(mpsc::error::TrySendError::Full(())) => continue,
+            Err(mpsc::error::TrySendError::Closed(())) => return,
+        };
         let entries = mailbox.take();
         if entries.is_empty() {
             continue;
         }
         let count = entries.len() as u64;
-        match tx.try_send(P::frame(entries.clone())) {
-            Ok(()) => {
-                metrics.hints_sent.inc_by(count);
-            }
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                for entry in entries {
-                    mailbox.offer(entry);
-                }
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => return,
-        }
+        permit.send(P::frame(entries));
+        metrics.hints_sent.inc_by(count);
     }
 }
 
