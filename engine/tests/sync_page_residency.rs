@@ -4,6 +4,12 @@
 //! builds it in place; a page reaching into older segments is marked as
 //! one that may read the disk, for the server's blocking pool. Both give
 //! the same events as a plain wait.
+//!
+//! With a look at the kernel's reclaim counters (`observe_page_cache`,
+//! which the server takes every 100 ms), an older page counts as cached
+//! too when this process wrote its records after a look and the count has
+//! not moved since; a reclaim, a stale look or a record found on disk at
+//! open sends it to the pool again.
 
 mod inbox_common;
 
@@ -86,4 +92,93 @@ fn a_page_of_recent_records_is_built_in_place_and_an_old_page_may_read_the_disk(
         "user 3's join and the 19 messages after it"
     );
     assert!(!recent_page.has_more);
+}
+
+/// User 2's first 20 events, five or more `evt` segments behind the
+/// active one, and the request for them.
+struct OldPage {
+    h: Harness,
+    generation: Generation,
+}
+
+impl OldPage {
+    /// Writes the history, calling `first` on the open engine before
+    /// anything is written.
+    fn write(first: impl FnOnce(&Harness)) -> Self {
+        let h = Harness::with(|c| c.segment_bytes = 64 << 10);
+        first(&h);
+        h.join(Uid(1), ConvId(1));
+        h.join(Uid(2), ConvId(1));
+        let generation = h.register(Uid(2), PHONE).device.generation;
+        h.send_many(ConvId(1), Uid(1), 1, 1500);
+        Self { h, generation }
+    }
+
+    fn may_do_io(&self) -> bool {
+        let req = SyncRequest {
+            uid: Uid(2),
+            device: PHONE,
+            generation: Some(self.generation),
+            local_applied_seq: SyncSeq(0),
+            limit: 20,
+            batch_token: None,
+        };
+        let mut read = block_on(self.h.ib().sync(req.clone()).released());
+        let io = read.may_do_io();
+        let page = read.attempt().expect("a page needs no settling").unwrap();
+        assert_eq!(page, self.h.ib().sync(req).wait().unwrap());
+        assert_eq!(page.events.len(), 20);
+        io
+    }
+
+    /// Whether the page is built in place right after a look that finds
+    /// the count at `reclaims`. A look is good for 250 ms, which a loaded
+    /// machine may spend between the look and the page, so a few tries.
+    fn in_place_after_look(&self, reclaims: u64) -> bool {
+        (0..5).any(|_| {
+            self.h.ib().observe_page_cache(reclaims);
+            !self.may_do_io()
+        })
+    }
+}
+
+#[test]
+fn an_old_page_written_since_a_look_that_saw_no_reclaim_is_built_in_place() {
+    let page = OldPage::write(|h| h.ib().observe_page_cache(7));
+    assert!(
+        page.in_place_after_look(7),
+        "written after a look, nothing reclaimed since"
+    );
+}
+
+#[test]
+fn an_old_page_goes_to_the_pool_once_a_reclaim_is_seen_or_without_a_look() {
+    let unwatched = OldPage::write(|_| {});
+    assert!(unwatched.may_do_io(), "no look at the page cache was taken");
+
+    let page = OldPage::write(|h| h.ib().observe_page_cache(7));
+    page.h.ib().observe_page_cache(8);
+    assert!(page.may_do_io(), "the kernel reclaimed pages since the writes");
+    // The count stays put from here on, but nothing written before the
+    // reclaim was seen is taken as cached again.
+    assert!(!page.in_place_after_look(8));
+}
+
+#[test]
+fn a_stale_look_at_the_page_cache_makes_nothing_cached() {
+    let page = OldPage::write(|h| h.ib().observe_page_cache(7));
+    assert!(page.in_place_after_look(7));
+    std::thread::sleep(inbox_engine::log::LOOK_VALID_FOR + std::time::Duration::from_millis(50));
+    assert!(page.may_do_io(), "the last look is older than it may be");
+}
+
+#[test]
+fn records_found_on_disk_at_open_never_count_as_cached() {
+    let mut page = OldPage::write(|_| {});
+    page.h.kill_restart(|c| c.segment_bytes = 64 << 10);
+    page.h.ib().observe_page_cache(7);
+    assert!(
+        !page.in_place_after_look(7),
+        "written before this process opened the log"
+    );
 }

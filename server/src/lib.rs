@@ -21,6 +21,7 @@ pub mod disk_space;
 pub mod dump;
 pub mod hints;
 pub mod metrics;
+pub mod page_cache;
 pub mod read_pool;
 pub mod salvage;
 pub mod server;

@@ -210,6 +210,10 @@ pub async fn run(
         Arc::clone(&metrics),
         shutdown.clone(),
     ));
+    let page_cache_task = tokio::spawn(crate::page_cache::watch(
+        Arc::clone(&shared),
+        shutdown.clone(),
+    ));
     let slots = Arc::new(Semaphore::new(config.limits.max_connections as usize));
     let mut connections = JoinSet::new();
 
@@ -289,6 +293,7 @@ pub async fn run(
     }
     metrics_task.abort();
     memory_task.abort();
+    page_cache_task.abort();
     // The dispatcher holds the shared state: gone before the engine stops.
     for task in hints_tasks {
         task.abort();

@@ -537,6 +537,17 @@ impl Inbox {
         };
         compaction::pass::pass(&self.shared, &submit)
     }
+    /// Tells the engine what the kernel has reclaimed so far
+    /// ([`crate::log::reclaims_so_far`]). A server that calls it at least
+    /// every [`crate::log::LOOK_VALID_FOR`] lets sync pages whose records
+    /// this process wrote since the last reclaim be built from the page
+    /// cache where they are asked for (`docs/ARCHITECTURE.md`, "Reading
+    /// the hot tail"); without it only the newest segments count as cached.
+    pub fn observe_page_cache(&self, reclaims: u64) {
+        self.shared.evt_log.observe_page_cache(reclaims);
+        self.shared.msg_log.observe_page_cache(reclaims);
+    }
+
     /// What holds `uid`'s events back from compaction (R19).
     pub fn explain(&self, uid: Uid) -> Result<UserExplain> {
         compaction::explain::explain(&self.shared, uid)

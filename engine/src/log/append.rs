@@ -133,6 +133,7 @@ impl Log {
             writer: Mutex::new(writer::WriterState::new()),
             segments: RwLock::new(segments),
             found_end,
+            cache: super::cache::CacheWatch::new(),
             prep: Preparer::new(
                 rec.next_segment_id,
                 opts.spare_segments,

@@ -32,6 +32,7 @@
 
 mod append;
 mod batch;
+mod cache;
 mod faulty;
 pub mod format;
 mod io;
@@ -51,6 +52,7 @@ use std::time::Duration;
 
 pub use append::Log;
 pub use batch::{AppendTicket, Appended, Batch, Record};
+pub use cache::{reclaims_so_far, LOOK_VALID_FOR};
 pub use faulty::FaultyIo;
 pub use io::{write_file_durably, LogIo, PwriteIo};
 pub use lock::lock_dir;

@@ -157,6 +157,33 @@ impl Log {
             .unwrap_or(0)
     }
 
+    /// Takes a look at the page cache: `reclaims` is the kernel's count of
+    /// reclaimed pages so far ([`super::reclaims_so_far`]). Once it has
+    /// stayed put since a look, records this process wrote after that look
+    /// are cached ([`super::cache`]); call it every
+    /// [`super::LOOK_VALID_FOR`] or more often.
+    pub fn observe_page_cache(&self, reclaims: u64) {
+        self.shared.cache.observe(reclaims, || {
+            let st = self.shared.state.lock();
+            match &st.active {
+                Some(a) => (u64::from(a.seg.id) << 32) | a.write_offset.min(u64::from(u32::MAX)),
+                // No active segment: the next one is newer than any now.
+                None => {
+                    let newest = self.shared.segments.read().keys().next_back().copied();
+                    u64::from(newest.map_or(0, |id| id + 1)) << 32
+                }
+            }
+        });
+    }
+
+    /// Records at or above the returned location (packed as
+    /// `segment << 32 | offset`) are in the page cache, as far as the last
+    /// look at it can tell ([`Log::observe_page_cache`]); `None` when no
+    /// look is recent enough to say.
+    pub fn cached_from(&self) -> Option<u64> {
+        self.shared.cache.warm_from()
+    }
+
     pub fn segments(&self) -> Vec<SegmentInfo> {
         self.shared
             .segments

@@ -53,6 +53,9 @@ pub(super) struct Shared {
     /// the pages that may not be in the page cache
     /// ([`super::Log::read_ahead`]).
     pub(super) found_end: Option<(SegmentId, u64)>,
+    /// What the last look at the kernel's reclaim counters says is cached
+    /// ([`super::cache`]).
+    pub(super) cache: super::cache::CacheWatch,
     pub(super) prep: Preparer,
     pub(super) stats: writer::Stats,
     /// Called after each pass that may have made batches durable or

@@ -113,11 +113,16 @@ pub(crate) fn page_reply(shared: Arc<Shared>, plan: SyncPlan) -> Reply<SyncPage>
     }
 }
 
-/// Whether every event record of `plan` lies in a recent segment of the
-/// `evt` log. Compaction may move a record meanwhile, only ever forward
-/// into a newer segment, so the answer stays true or errs towards IO.
+/// Whether every event record of `plan` is in the page cache as far as
+/// the log can tell: in a recent segment of the `evt` log, or written by
+/// this process since the last reclaim a recent look at the kernel's
+/// counters saw ([`crate::log::Log::cached_from`]). Compaction may move a
+/// record meanwhile, only ever forward into a newer segment (which it
+/// writes, so the record stays cached), so the answer stays true or errs
+/// towards IO.
 fn records_are_recent(shared: &Shared, plan: &SyncPlan) -> bool {
-    let floor = shared.evt_log.recent_floor();
+    let floor = u64::from(shared.evt_log.recent_floor()) << 32;
+    let cached_from = shared.evt_log.cached_from().map_or(floor, |from| from.min(floor));
     let st = shared.state.read();
     let Some(user) = st.users.get(&plan.uid) else {
         return false;
@@ -130,7 +135,7 @@ fn records_are_recent(shared: &Shared, plan: &SyncPlan) -> bool {
     };
     user.events
         .get(lo as usize..hi as usize)
-        .is_some_and(|locs| locs.iter().all(|l| unpack(*l).segment >= floor))
+        .is_some_and(|locs| locs.iter().all(|l| *l >= cached_from))
 }
 
 pub(crate) fn sync_page(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
