@@ -158,7 +158,10 @@ fn an_old_page_goes_to_the_pool_once_a_reclaim_is_seen_or_without_a_look() {
 
     let page = OldPage::write(|h| h.ib().observe_page_cache(7));
     page.h.ib().observe_page_cache(8);
-    assert!(page.may_do_io(), "the kernel reclaimed pages since the writes");
+    assert!(
+        page.may_do_io(),
+        "the kernel reclaimed pages since the writes"
+    );
     // The count stays put from here on, but nothing written before the
     // reclaim was seen is taken as cached again.
     assert!(!page.in_place_after_look(8));
