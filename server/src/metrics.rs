@@ -85,6 +85,10 @@ pub struct Metrics {
     /// Bytes of the engine queue's budget held by unanswered writes.
     pub engine_queue_bytes: Gauge<u64, AtomicU64>,
     pub tls_handshakes_failed: Counter,
+    /// Read attempts run where they were asked for (memory only, or
+    /// records the page cache holds) and on the read pool.
+    pub reads_in_place: Counter,
+    pub reads_pooled: Counter,
     engine: Arc<EngineFigures>,
     /// False once shutdown began: `/readyz` answers 503.
     ready: Arc<AtomicBool>,
@@ -183,6 +187,17 @@ impl Default for Metrics {
                 &mut registry,
                 "inboxd_tls_handshakes_failed",
                 "TLS handshakes that failed or timed out (protocol and metrics ports)",
+            ),
+            reads_in_place: counter(
+                &mut registry,
+                "inboxd_reads_in_place",
+                "Read attempts built on the connection's worker: memory only, or \
+                 log records the page cache holds",
+            ),
+            reads_pooled: counter(
+                &mut registry,
+                "inboxd_reads_pooled",
+                "Read attempts run on the read pool because they may read the disk",
             ),
             registry,
             request_seconds,

@@ -182,7 +182,7 @@ pub async fn run(
         limits: config.limits.clone(),
         token,
         admin_token,
-        read_pool: crate::read_pool::ReadPool::with_default_limit(),
+        read_pool: crate::read_pool::ReadPool::with_default_limit(&metrics),
         engine_queue: crate::conn::engine_queue(&config.limits),
         group: cluster.as_ref().map(crate::cluster::Cluster::handle),
         hint_routes: Arc::default(),
