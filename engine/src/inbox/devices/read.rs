@@ -95,15 +95,13 @@ fn only_seen(before: &DeviceRow, after: &DeviceRow) -> bool {
     } == *before
 }
 
-/// The reply that builds `plan`'s page. A page whose records all lie in
-/// the log's recent segments (see [`crate::log::Log::recent_floor`]) is
-/// built wherever the caller is: its bytes were written moments ago and
-/// the page cache holds them, so reading them costs memory copies, not a
-/// disk wait, and a hop to a blocking thread would cost more than the
-/// page. An older page may have to come from the disk: it is built where
-/// IO is allowed.
+/// The reply that builds `plan`'s page. A page whose records the page
+/// cache holds ([`records_are_cached`]) is built wherever the caller is:
+/// reading them costs memory copies, not a disk wait, and a hop to a
+/// blocking thread would cost more than the page. Any other page may have
+/// to come from the disk: it is built where IO is allowed.
 pub(crate) fn page_reply(shared: Arc<Shared>, plan: SyncPlan) -> Reply<SyncPage> {
-    let resident = records_are_recent(&shared, &plan);
+    let resident = records_are_cached(&shared, &plan);
     let build: Box<dyn FnOnce() -> Result<SyncPage> + Send> =
         Box::new(move || sync_page(&shared, &plan));
     if resident {
@@ -120,7 +118,7 @@ pub(crate) fn page_reply(shared: Arc<Shared>, plan: SyncPlan) -> Reply<SyncPage>
 /// record meanwhile, only ever forward into a newer segment (which it
 /// writes, so the record stays cached), so the answer stays true or errs
 /// towards IO.
-fn records_are_recent(shared: &Shared, plan: &SyncPlan) -> bool {
+fn records_are_cached(shared: &Shared, plan: &SyncPlan) -> bool {
     let floor = u64::from(shared.evt_log.recent_floor()) << 32;
     let cached_from = shared
         .evt_log
