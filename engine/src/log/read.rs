@@ -164,15 +164,19 @@ impl Log {
     /// [`super::LOOK_VALID_FOR`] or more often.
     pub fn observe_page_cache(&self, reclaims: u64) {
         self.shared.cache.observe(reclaims, || {
-            let st = self.shared.state.lock();
-            match &st.active {
-                Some(a) => (u64::from(a.seg.id) << 32) | a.write_offset.min(u64::from(u32::MAX)),
-                // No active segment: the next one is newer than any now.
-                None => {
-                    let newest = self.shared.segments.read().keys().next_back().copied();
-                    u64::from(newest.map_or(0, |id| id + 1)) << 32
-                }
-            }
+            let active = self
+                .shared
+                .state
+                .lock()
+                .active
+                .as_ref()
+                .map(|a| (u64::from(a.seg.id) << 32) | a.write_offset.min(u64::from(u32::MAX)));
+            // No active segment: the next one is newer than any now. (The
+            // two locks are taken one after the other, never nested.)
+            active.unwrap_or_else(|| {
+                let newest = self.shared.segments.read().keys().next_back().copied();
+                u64::from(newest.map_or(0, |id| id + 1)) << 32
+            })
         });
     }
 
