@@ -110,7 +110,8 @@ impl<T> Read<T> {
     /// Whether [`Read::attempt`] may read the disk (log records, snapshot
     /// files): run it on a blocking thread then. `false` means it only
     /// takes the state lock (held by the sequencer for one apply at most)
-    /// and copies from memory.
+    /// and copies from memory: the state, or log records that the page
+    /// cache holds as far as the log can tell (`crate::log::Log::cached_from`).
     pub fn may_do_io(&self) -> bool {
         match &self.step {
             Step::Ready(_) => false,
