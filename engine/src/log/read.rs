@@ -160,7 +160,7 @@ impl Log {
     /// Takes a look at the page cache: `reclaims` is the kernel's count of
     /// reclaimed pages so far ([`super::reclaims_so_far`]). Once it has
     /// stayed put since a look, records this process wrote after that look
-    /// are cached ([`super::cache`]); call it every
+    /// are cached (`log/cache.rs`); call it every
     /// [`super::LOOK_VALID_FOR`] or more often.
     pub fn observe_page_cache(&self, reclaims: u64) {
         self.shared.cache.observe(reclaims, || {

@@ -54,7 +54,7 @@ pub(super) struct Shared {
     /// ([`super::Log::read_ahead`]).
     pub(super) found_end: Option<(SegmentId, u64)>,
     /// What the last look at the kernel's reclaim counters says is cached
-    /// ([`super::cache`]).
+    /// (`log/cache.rs`).
     pub(super) cache: super::cache::CacheWatch,
     pub(super) prep: Preparer,
     pub(super) stats: writer::Stats,
