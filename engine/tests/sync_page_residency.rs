@@ -5,6 +5,9 @@
 //! one that may read the disk, for the server's blocking pool. Both give
 //! the same events as a plain wait.
 //!
+//! A pull and a history page are attempted in place first, and go to the
+//! pool only when a record they would read may not be cached.
+//!
 //! With a look at the kernel's reclaim counters (`observe_page_cache`,
 //! which the server takes every 100 ms), an older page counts as cached
 //! too when this process wrote its records after a look and the count has
@@ -131,6 +134,36 @@ impl OldPage {
         io
     }
 
+    /// Pulls and reads history from the start of the conversation, as
+    /// an async server would: whether the read was answered in place (on
+    /// its first attempt, without IO), checked against the blocking calls.
+    fn pull_and_history_in_place(&self) -> (bool, bool) {
+        fn run<T>(mut read: inbox_engine::inbox::Read<T>) -> (T, bool) {
+            assert!(!read.may_do_io(), "attempted in place first");
+            match read.attempt() {
+                Some(answer) => (answer.unwrap(), true),
+                None => {
+                    assert!(read.may_do_io(), "a record may not be cached");
+                    let answer = read.attempt().expect("nothing to settle");
+                    (answer.unwrap(), false)
+                }
+            }
+        }
+        let cursors = vec![(ConvId(1), MsgSeq(0))];
+        let (pull, pull_in_place) = run(self.h.ib().read_pull(Uid(2), cursors.clone(), 20));
+        assert_eq!(pull, self.h.ib().pull(Uid(2), &cursors, 20).unwrap());
+        assert_eq!(pull[0].messages.len(), 20);
+        let before = Some(MsgSeq(40));
+        let (history, history_in_place) =
+            run(self.h.ib().read_history(Uid(2), ConvId(1), before, 20));
+        assert_eq!(
+            history,
+            self.h.ib().history(Uid(2), ConvId(1), before, 20).unwrap()
+        );
+        assert_eq!(history.messages.len(), 20);
+        (pull_in_place, history_in_place)
+    }
+
     /// Whether the page is built in place right after a look that finds
     /// the count at `reclaims`. A look is good for 250 ms, which a loaded
     /// machine may spend between the look and the page, so a few tries.
@@ -182,6 +215,23 @@ fn records_found_on_disk_at_open_never_count_as_cached() {
     page.h.ib().observe_page_cache(7);
     assert!(
         !page.in_place_after_look(7),
+        "written before this process opened the log"
+    );
+}
+
+#[test]
+fn old_messages_written_since_a_look_are_pulled_in_place_and_after_a_restart_on_the_pool() {
+    let mut page = OldPage::write(|h| h.ib().observe_page_cache(7));
+    let in_place = (0..5).any(|_| {
+        page.h.ib().observe_page_cache(7);
+        page.pull_and_history_in_place() == (true, true)
+    });
+    assert!(in_place, "written after a look, nothing reclaimed since");
+    page.h.kill_restart(|c| c.segment_bytes = 64 << 10);
+    page.h.ib().observe_page_cache(7);
+    assert_eq!(
+        page.pull_and_history_in_place(),
+        (false, false),
         "written before this process opened the log"
     );
 }

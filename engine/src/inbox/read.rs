@@ -19,7 +19,8 @@ use super::pending::Reply;
 use super::shared::{Miss, Shared};
 use crate::error::Result;
 
-type Attempt<T> = Box<dyn FnMut(&Shared) -> std::result::Result<T, Miss> + Send>;
+/// An attempt at a read; the flag says whether it may do IO.
+type Attempt<T> = Box<dyn FnMut(&Shared, bool) -> std::result::Result<T, Miss> + Send>;
 
 enum Step<T> {
     /// The answer, already there.
@@ -31,7 +32,9 @@ enum Step<T> {
         io: bool,
     },
     /// Looks at the state, perhaps reads records; may find a row that is
-    /// not durable yet, then looks again once its round has settled.
+    /// not durable yet, then looks again once its round has settled. One
+    /// made without IO may find that it needs some ([`Miss::NeedsIo`]):
+    /// then `io` is set and it is attempted again.
     Retry {
         shared: Arc<Shared>,
         attempt: Attempt<T>,
@@ -79,22 +82,33 @@ impl<T> Read<T> {
     /// and may run on any thread.
     pub(crate) fn memory(
         shared: &Arc<Shared>,
-        attempt: impl FnMut(&Shared) -> std::result::Result<T, Miss> + Send + 'static,
+        mut attempt: impl FnMut(&Shared) -> std::result::Result<T, Miss> + Send + 'static,
     ) -> Self {
-        Self::retry(shared, attempt, false)
+        Self::retry(shared, move |sh, _| attempt(sh), false)
     }
 
     /// A read that may read log records or files.
     pub(crate) fn io(
         shared: &Arc<Shared>,
-        attempt: impl FnMut(&Shared) -> std::result::Result<T, Miss> + Send + 'static,
+        mut attempt: impl FnMut(&Shared) -> std::result::Result<T, Miss> + Send + 'static,
     ) -> Self {
-        Self::retry(shared, attempt, true)
+        Self::retry(shared, move |sh, _| attempt(sh), true)
+    }
+
+    /// A read of log records that is first attempted without IO: told so
+    /// by the flag, `attempt` answers [`Miss::NeedsIo`] when a record it
+    /// would read may not be in the page cache, and the read then says it
+    /// may do IO ([`Read::may_do_io`]) for the next attempt.
+    pub(crate) fn cached_first(
+        shared: &Arc<Shared>,
+        attempt: impl FnMut(&Shared, bool) -> std::result::Result<T, Miss> + Send + 'static,
+    ) -> Self {
+        Self::retry(shared, attempt, false)
     }
 
     fn retry(
         shared: &Arc<Shared>,
-        attempt: impl FnMut(&Shared) -> std::result::Result<T, Miss> + Send + 'static,
+        attempt: impl FnMut(&Shared, bool) -> std::result::Result<T, Miss> + Send + 'static,
         io: bool,
     ) -> Self {
         Self {
@@ -119,22 +133,33 @@ impl<T> Read<T> {
         }
     }
 
-    /// Tries once. `None`: a row the answer needs is not durable yet; await
-    /// [`Read::settled`] and try again. Never blocks on a round.
+    /// Tries once. `None`: a row the answer needs is not durable yet, or
+    /// a record it needs may have to come from the disk; await
+    /// [`Read::settled`] and try again (where [`Read::may_do_io`] now
+    /// says). Never blocks on a round.
     pub fn attempt(&mut self) -> Option<Result<T>> {
         self.waiting = 0;
         match &mut self.step {
             Step::Ready(r) => Some(r.take().unwrap_or_else(|| Err(answered()))),
             Step::Once { build, .. } => Some(build.take().map_or_else(|| Err(answered()), |f| f())),
             Step::Retry {
-                shared, attempt, ..
-            } => match attempt(shared) {
+                shared,
+                attempt,
+                io,
+            } => match attempt(shared, *io) {
                 Ok(v) => Some(Ok(v)),
                 Err(Miss::Err(e)) => Some(Err(e)),
                 Err(Miss::Unsettled(round)) => {
                     self.waiting = round;
                     None
                 }
+                Err(Miss::NeedsIo) if !*io => {
+                    *io = true;
+                    None
+                }
+                Err(Miss::NeedsIo) => Some(Err(crate::error::Error::Internal(
+                    "a read allowed IO asked for IO".into(),
+                ))),
             },
         }
     }

@@ -7,6 +7,7 @@
 use bytes::Bytes;
 
 use super::read::Read;
+use super::shared::Miss;
 use super::{devices, messaging, snapshots, Inbox};
 use crate::api::*;
 
@@ -63,19 +64,26 @@ impl Inbox {
         })
     }
 
-    /// [`Inbox::pull`]; reads message records.
+    /// [`Inbox::pull`]; reads message records: first where it is asked
+    /// for, then, if a record may not be in the page cache, where IO is
+    /// allowed ([`Read::may_do_io`] says which).
     pub fn read_pull(
         &self,
         uid: Uid,
         cursors: Vec<(ConvId, MsgSeq)>,
         per_conv_limit: u32,
     ) -> Read<Vec<ConvPull>> {
-        Read::io(&self.shared, move |sh| {
-            Ok(messaging::read::pull(sh, uid, &cursors, per_conv_limit)?)
+        Read::cached_first(&self.shared, move |sh, io| {
+            let plan = messaging::read::plan_pull(sh, uid, &cursors, per_conv_limit)?;
+            if !io && !plan.cached(sh) {
+                return Err(Miss::NeedsIo);
+            }
+            Ok(messaging::read::read_pull(sh, plan)?)
         })
     }
 
-    /// [`Inbox::history`]; reads message records.
+    /// [`Inbox::history`]; reads message records, as [`Inbox::read_pull`]
+    /// does.
     pub fn read_history(
         &self,
         uid: Uid,
@@ -83,8 +91,12 @@ impl Inbox {
         before_seq: Option<MsgSeq>,
         limit: u32,
     ) -> Read<HistoryPage> {
-        Read::io(&self.shared, move |sh| {
-            Ok(messaging::read::history(sh, uid, conv, before_seq, limit)?)
+        Read::cached_first(&self.shared, move |sh, io| {
+            let plan = messaging::read::plan_history(sh, uid, conv, before_seq, limit)?;
+            if !io && !plan.cached(sh) {
+                return Err(Miss::NeedsIo);
+            }
+            Ok(messaging::read::read_history(sh, plan)?)
         })
     }
 

@@ -23,6 +23,9 @@ pub(crate) enum Miss {
     /// A row it would return was changed in this round, which has not
     /// settled yet: wait for it and read again.
     Unsettled(u64),
+    /// An attempt made where IO is not allowed would read log records the
+    /// page cache may not hold: attempt again where it is.
+    NeedsIo,
 }
 
 impl From<Error> for Miss {
@@ -42,6 +45,10 @@ pub(crate) fn blocking<T>(
             Ok(v) => return Ok(v),
             Err(Miss::Err(e)) => return Err(e),
             Err(Miss::Unsettled(round)) => shared.wait_settled(round),
+            // A plain thread may do IO: an attempt made here never asks.
+            Err(Miss::NeedsIo) => {
+                return Err(Error::Internal("a read allowed IO asked for IO".into()))
+            }
         }
     }
 }

@@ -188,6 +188,16 @@ impl Log {
         self.shared.cache.warm_from()
     }
 
+    /// Records at or above the returned location (packed as
+    /// `segment << 32 | offset`) are in the page cache as far as the log
+    /// can tell: those of its recent segments ([`Log::recent_floor`]), and
+    /// those a recent look at the page cache vouches for
+    /// ([`Log::cached_from`]).
+    pub fn cached_floor(&self) -> u64 {
+        let floor = u64::from(self.recent_floor()) << 32;
+        self.cached_from().map_or(floor, |from| from.min(floor))
+    }
+
     pub fn segments(&self) -> Vec<SegmentInfo> {
         self.shared
             .segments

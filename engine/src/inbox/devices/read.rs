@@ -119,11 +119,7 @@ pub(crate) fn page_reply(shared: Arc<Shared>, plan: SyncPlan) -> Reply<SyncPage>
 /// writes, so the record stays cached), so the answer stays true or errs
 /// towards IO.
 fn records_are_cached(shared: &Shared, plan: &SyncPlan) -> bool {
-    let floor = u64::from(shared.evt_log.recent_floor()) << 32;
-    let cached_from = shared
-        .evt_log
-        .cached_from()
-        .map_or(floor, |from| from.min(floor));
+    let cached_from = shared.evt_log.cached_floor();
     let st = shared.state.read();
     let Some(user) = st.users.get(&plan.uid) else {
         return false;

@@ -104,6 +104,17 @@ pub(crate) fn read_ahead_bodies(shared: &Shared, locs: impl Iterator<Item = Pack
     shared.evt_log.read_ahead(in_log(BodyLog::Evt));
 }
 
+/// Whether the page cache holds every record behind `locs` as far as the
+/// logs can tell ([`crate::log::Log::cached_floor`]): a read of them then
+/// copies memory and may run where IO is not allowed.
+pub(crate) fn bodies_cached(shared: &Shared, mut locs: impl Iterator<Item = PackedLoc>) -> bool {
+    let (msg, evt) = (shared.msg_log.cached_floor(), shared.evt_log.cached_floor());
+    locs.all(|loc| match body_at(loc) {
+        (BodyLog::Msg, at) => at >= msg,
+        (BodyLog::Evt, at) => at >= evt,
+    })
+}
+
 /// What a segment rewrite copies forward for the events of a message
 /// effect that carries its body: the same effect without the body (kind 1,
 /// its `msg_loc` left at [`PENDING_LOC`]: the index, not the copy, says

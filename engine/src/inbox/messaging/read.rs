@@ -16,7 +16,7 @@ use std::ops::RangeInclusive;
 
 use bytes::Bytes;
 
-use super::body::{read_ahead_bodies, read_message};
+use super::body::{bodies_cached, read_ahead_bodies, read_message};
 use super::record::StoredPayload;
 use crate::api::*;
 use crate::error::{Error, Result};
@@ -175,6 +175,35 @@ pub(crate) fn pull(
     cursors: &[(ConvId, MsgSeq)],
     limit: u32,
 ) -> Result<Vec<ConvPull>> {
+    let plan = plan_pull(shared, uid, cursors, limit)?;
+    read_pull(shared, plan)
+}
+
+/// A pull's answer before its records are read: per conversation, the
+/// entries to read, whether more follow, and the head.
+pub(crate) struct PullPlan(Vec<(ConvId, Vec<(MsgSeq, MsgMeta)>, bool, MsgSeq)>);
+
+impl PullPlan {
+    /// Whether every record it would read is in the page cache
+    /// ([`bodies_cached`]).
+    pub(crate) fn cached(&self, shared: &Shared) -> bool {
+        bodies_cached(
+            shared,
+            self.0
+                .iter()
+                .flat_map(|(_, metas, _, _)| metas.iter().map(|(_, m)| m.loc)),
+        )
+    }
+}
+
+/// Checks a pull and picks its entries under the state lock; reads
+/// nothing.
+pub(crate) fn plan_pull(
+    shared: &Shared,
+    uid: Uid,
+    cursors: &[(ConvId, MsgSeq)],
+    limit: u32,
+) -> Result<PullPlan> {
     let cfg = &shared.config;
     let limit = if limit == 0 {
         cfg.pull_per_conv_default
@@ -224,6 +253,11 @@ pub(crate) fn pull(
             plans.push((conv, metas, has_more, head));
         }
     }
+    Ok(PullPlan(plans))
+}
+
+/// Reads the records of `plan` (IO unless [`PullPlan::cached`]).
+pub(crate) fn read_pull(shared: &Shared, PullPlan(plans): PullPlan) -> Result<Vec<ConvPull>> {
     read_ahead_bodies(
         shared,
         plans
@@ -250,6 +284,32 @@ pub(crate) fn history(
     before_seq: Option<MsgSeq>,
     limit: u32,
 ) -> Result<HistoryPage> {
+    let plan = plan_history(shared, uid, conv, before_seq, limit)?;
+    read_history(shared, plan)
+}
+
+/// A history page before its records are read.
+pub(crate) struct HistoryPlan {
+    conv: ConvId,
+    metas: Vec<(MsgSeq, MsgMeta)>,
+    has_more: bool,
+}
+
+impl HistoryPlan {
+    /// Whether every record it would read is in the page cache.
+    pub(crate) fn cached(&self, shared: &Shared) -> bool {
+        bodies_cached(shared, self.metas.iter().map(|(_, m)| m.loc))
+    }
+}
+
+/// Checks a history request and picks its entries; reads nothing.
+pub(crate) fn plan_history(
+    shared: &Shared,
+    uid: Uid,
+    conv: ConvId,
+    before_seq: Option<MsgSeq>,
+    limit: u32,
+) -> Result<HistoryPlan> {
     // As everywhere: 0 means the default, above the cap is refused.
     let cap = shared.config.pull_per_conv_max;
     let limit = if limit == 0 {
@@ -287,6 +347,20 @@ pub(crate) fn history(
         }
         (metas, has_more)
     };
+    Ok(HistoryPlan {
+        conv,
+        metas,
+        has_more,
+    })
+}
+
+/// Reads the records of `plan` (IO unless [`HistoryPlan::cached`]).
+pub(crate) fn read_history(shared: &Shared, plan: HistoryPlan) -> Result<HistoryPage> {
+    let HistoryPlan {
+        conv,
+        metas,
+        has_more,
+    } = plan;
     read_ahead_bodies(shared, metas.iter().map(|(_, m)| m.loc));
     Ok(HistoryPage {
         messages: materialize(shared, conv, metas)?,
