@@ -181,7 +181,15 @@ pub(crate) fn pull(
 
 /// A pull's answer before its records are read: per conversation, the
 /// entries to read, whether more follow, and the head.
-pub(crate) struct PullPlan(Vec<(ConvId, Vec<(MsgSeq, MsgMeta)>, bool, MsgSeq)>);
+pub(crate) struct PullPlan(Vec<ConvPlan>);
+
+/// One conversation of a [`PullPlan`].
+struct ConvPlan {
+    conv: ConvId,
+    metas: Vec<(MsgSeq, MsgMeta)>,
+    has_more: bool,
+    head: MsgSeq,
+}
 
 impl PullPlan {
     /// Whether every record it would read is in the page cache
@@ -191,7 +199,7 @@ impl PullPlan {
             shared,
             self.0
                 .iter()
-                .flat_map(|(_, metas, _, _)| metas.iter().map(|(_, m)| m.loc)),
+                .flat_map(|p| p.metas.iter().map(|(_, m)| m.loc)),
         )
     }
 }
@@ -250,7 +258,12 @@ pub(crate) fn plan_pull(
             // The head inside the user's periods (R7: a device whose
             // large-group marker was lost still sees how far to read).
             let head = periods.last().map_or(c.committed_seq, |p| *p.end());
-            plans.push((conv, metas, has_more, head));
+            plans.push(ConvPlan {
+                conv,
+                metas,
+                has_more,
+                head,
+            });
         }
     }
     Ok(PullPlan(plans))
@@ -262,18 +275,25 @@ pub(crate) fn read_pull(shared: &Shared, PullPlan(plans): PullPlan) -> Result<Ve
         shared,
         plans
             .iter()
-            .flat_map(|(_, metas, _, _)| metas.iter().map(|(_, m)| m.loc)),
+            .flat_map(|p| p.metas.iter().map(|(_, m)| m.loc)),
     );
     plans
         .into_iter()
-        .map(|(conv, metas, has_more, max_seq)| {
-            Ok(ConvPull {
-                conv,
-                messages: materialize(shared, conv, metas)?,
-                has_more,
-                max_seq,
-            })
-        })
+        .map(
+            |ConvPlan {
+                 conv,
+                 metas,
+                 has_more,
+                 head: max_seq,
+             }| {
+                Ok(ConvPull {
+                    conv,
+                    messages: materialize(shared, conv, metas)?,
+                    has_more,
+                    max_seq,
+                })
+            },
+        )
         .collect()
 }
 
