@@ -3,8 +3,10 @@
 //! wrote itself since the last reclaim is built on the connection's worker
 //! even when those records lie segments behind the active one; after a
 //! restart, the same page goes to the read pool, since nothing found on
-//! disk at open counts as cached. `inboxd_reads_in_place_total` and
-//! `inboxd_reads_pooled_total` count where each read ran.
+//! disk at open counts as cached. A pull of the same old messages is
+//! answered in place too, and after the restart its first attempt finds
+//! them uncached and the pool answers. `inboxd_reads_in_place_total` and
+//! `inboxd_reads_pooled_total` count where each attempt ran.
 
 use inbox_server::client::Client;
 use inbox_tests::{register, send_text, Daemon};
@@ -40,6 +42,27 @@ async fn first_page(client: &Client, reader: u64, generation: u64) -> SyncPage {
         })
         .await
         .expect("sync")
+}
+
+/// The reader's first 20 messages of its conversation, and where the
+/// attempts to read them ran: (in place, on the pool).
+async fn pull_oldest(daemon: &Daemon, client: &Client, reader: u64) -> (ConvPull, (u64, u64)) {
+    let before = reads(daemon).await;
+    let mut reply = client
+        .pull(PullReq {
+            uid: reader,
+            per_conv_limit: 20,
+            cursors: vec![PullCursor {
+                conv: 100 + reader,
+                after_seq: 0,
+            }],
+        })
+        .await
+        .expect("pull");
+    let after = reads(daemon).await;
+    let conv = reply.convs.pop().expect("one conversation");
+    assert_eq!(conv.messages.len(), 20);
+    (conv, (after.0 - before.0, after.1 - before.1))
 }
 
 /// Writes a history for a new reader in a new conversation, then asks for
@@ -107,6 +130,18 @@ async fn old_history_the_daemon_wrote_is_synced_in_place_and_after_a_restart_on_
         "{segments} evt segments: the page is not old"
     );
     let before_restart = first_page(&client, reader, generation).await;
+    // In place unless the daemon's last look is stale (a loaded machine
+    // may hold its 100 ms tick back): a few tries.
+    let mut pulled = None;
+    for _ in 0..5 {
+        let (conv, attempts) = pull_oldest(&daemon, &client, reader).await;
+        if attempts == (1, 0) {
+            pulled = Some(conv);
+            break;
+        }
+        assert_eq!(attempts, (1, 1), "in place, or in place then the pool");
+    }
+    let pulled = pulled.expect("a pull of messages the daemon wrote was answered in place");
     drop(client);
     daemon.stop();
 
@@ -121,4 +156,11 @@ async fn old_history_the_daemon_wrote_is_synced_in_place_and_after_a_restart_on_
         "history found on disk at start is read on the pool"
     );
     assert_eq!(page.events, before_restart.events);
+    let (pulled_again, attempts) = pull_oldest(&daemon, &client, reader).await;
+    assert_eq!(
+        attempts,
+        (1, 1),
+        "found on disk at start: tried in place, then read on the pool"
+    );
+    assert_eq!(pulled_again, pulled);
 }
