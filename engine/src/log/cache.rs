@@ -34,7 +34,8 @@ const NEVER: u64 = u64::MAX;
 /// What the last look at the kernel's reclaim counters found.
 pub(super) struct CacheWatch {
     /// Packed position (`segment << 32 | offset`) of the first byte
-    /// written after the last reclaim seen; `NEVER` until the first look.
+    /// written after the last reclaim seen; only grows, and means nothing
+    /// until the first look.
     warm_from: AtomicU64,
     /// The counters' sum at the last look.
     reclaims: AtomicU64,
@@ -46,7 +47,7 @@ pub(super) struct CacheWatch {
 impl CacheWatch {
     pub(super) fn new() -> Self {
         Self {
-            warm_from: AtomicU64::new(NEVER),
+            warm_from: AtomicU64::new(0),
             reclaims: AtomicU64::new(NEVER),
             looked_us: AtomicU64::new(NEVER),
             epoch: Instant::now(),
@@ -62,10 +63,15 @@ impl CacheWatch {
     /// whose count moved, make only what is written from `append_at` on
     /// warm (a page written before the first look may have been reclaimed
     /// before it).
+    ///
+    /// Safe for callers on several threads: the warm position moves first
+    /// and only forward (any position taken after reading a count is past
+    /// the reclaims that count includes), then the count, then the time
+    /// of the look, so a reader that sees a look sees its position.
     pub(super) fn observe(&self, reclaims: u64, append_at: impl FnOnce() -> u64) {
-        let before = self.reclaims.swap(reclaims, Ordering::AcqRel);
-        if before != reclaims {
-            self.warm_from.store(append_at(), Ordering::Release);
+        if self.reclaims.load(Ordering::Acquire) != reclaims {
+            self.warm_from.fetch_max(append_at(), Ordering::AcqRel);
+            self.reclaims.store(reclaims, Ordering::Release);
         }
         self.looked_us.store(self.now_us(), Ordering::Release);
     }
@@ -85,10 +91,7 @@ impl CacheWatch {
         if age > LOOK_VALID_FOR.as_micros() as u64 {
             return None;
         }
-        match self.warm_from.load(Ordering::Acquire) {
-            NEVER => None,
-            from => Some(from),
-        }
+        Some(self.warm_from.load(Ordering::Acquire))
     }
 }
 
@@ -137,6 +140,10 @@ mod tests {
         assert_eq!(watch.warm_from(), Some(40));
         // It moved: only what is written from here on is warm.
         watch.observe(6, || 90);
+        assert_eq!(watch.warm_from(), Some(90));
+        // A look that read the count earlier and the position later never
+        // takes the position back.
+        watch.observe(7, || 60);
         assert_eq!(watch.warm_from(), Some(90));
     }
 
