@@ -89,6 +89,9 @@ pub struct Metrics {
     /// records the page cache holds) and on the read pool.
     pub reads_in_place: Counter,
     pub reads_pooled: Counter,
+    /// Looks at the kernel's page-cache counters that found pages
+    /// reclaimed since the look before (`page_cache.rs`).
+    pub page_cache_reclaims_seen: Counter,
     engine: Arc<EngineFigures>,
     /// False once shutdown began: `/readyz` answers 503.
     ready: Arc<AtomicBool>,
@@ -198,6 +201,13 @@ impl Default for Metrics {
                 &mut registry,
                 "inboxd_reads_pooled",
                 "Read attempts run on the read pool because they may read the disk",
+            ),
+            page_cache_reclaims_seen: counter(
+                &mut registry,
+                "inboxd_page_cache_reclaims_seen",
+                "Looks at the kernel's page-cache counters (every 100 ms) that found pages \
+                 reclaimed since the look before: log records written until then count as \
+                 uncached, and old reads go to the read pool",
             ),
             registry,
             request_seconds,

@@ -23,6 +23,7 @@ const _: () = assert!(PERIOD.as_millis() * 2 <= LOOK_VALID_FOR.as_millis());
 pub async fn watch(shared: Arc<Shared>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let mut every = tokio::time::interval(PERIOD);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = None;
     loop {
         tokio::select! {
             _ = every.tick() => {}
@@ -33,5 +34,9 @@ pub async fn watch(shared: Arc<Shared>, mut shutdown: tokio::sync::watch::Receiv
             return;
         };
         shared.engine().observe_page_cache(reclaims);
+        if last.is_some_and(|last| last != reclaims) {
+            shared.metrics.page_cache_reclaims_seen.inc();
+        }
+        last = Some(reclaims);
     }
 }
