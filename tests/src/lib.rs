@@ -216,6 +216,16 @@ impl Daemon {
         }
     }
 
+    /// Read attempts the daemon ran so far: (in place, on the read pool).
+    pub async fn read_attempts(&self) -> (u64, u64) {
+        let text = self.scrape().await;
+        let count = |name| metric(&text, name).unwrap_or_else(|| panic!("{name} is not exported"));
+        (
+            count("inboxd_reads_in_place_total"),
+            count("inboxd_reads_pooled_total"),
+        )
+    }
+
     /// The Prometheus text from the metrics port.
     pub async fn scrape(&self) -> String {
         let mut stream = TcpStream::connect(self.metrics_addr)
@@ -326,6 +336,29 @@ pub fn hello(token: &str) -> Request {
 /// A fresh data directory.
 pub fn data_dir() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")
+}
+
+/// The first page of `uid`'s events on `device` (from the start, `limit`
+/// events at most).
+pub async fn first_sync_page(
+    client: &Client,
+    uid: u64,
+    device: u64,
+    generation: u64,
+    limit: u32,
+) -> inbox_wire::SyncPage {
+    client
+        .sync(inbox_wire::SyncReq {
+            uid,
+            device,
+            generation: Some(generation),
+            local_applied_seq: 0,
+            limit,
+            batch_token: None,
+            ..inbox_wire::SyncReq::default()
+        })
+        .await
+        .expect("sync")
 }
 
 /// Registers `device` for `uid` and returns its generation.

@@ -10,21 +10,12 @@
 use std::time::Duration;
 
 use inbox_server::client::Client;
-use inbox_tests::{register, send_text, Daemon};
+use inbox_tests::{first_sync_page, register, send_text, Daemon};
 use inbox_wire::*;
 
 const SENDER: u64 = 1;
 const DEVICE: u64 = 1;
 const MESSAGES: usize = 1500;
-
-async fn reads(daemon: &Daemon) -> (u64, u64) {
-    let text = daemon.scrape().await;
-    let count = |name| inbox_tests::metric(&text, name).unwrap_or_else(|| panic!("{name}"));
-    (
-        count("inboxd_reads_in_place_total"),
-        count("inboxd_reads_pooled_total"),
-    )
-}
 
 /// Where the reader's first page was built: (in place, on the pool).
 async fn first_page_reads(
@@ -33,21 +24,10 @@ async fn first_page_reads(
     reader: u64,
     generation: u64,
 ) -> (u64, u64) {
-    let before = reads(daemon).await;
-    let page = client
-        .sync(SyncReq {
-            uid: reader,
-            device: DEVICE,
-            generation: Some(generation),
-            local_applied_seq: 0,
-            limit: 20,
-            batch_token: None,
-            ..SyncReq::default()
-        })
-        .await
-        .expect("sync");
+    let before = daemon.read_attempts().await;
+    let page = first_sync_page(client, reader, DEVICE, generation, 20).await;
     assert_eq!(page.events.len(), 20);
-    let after = reads(daemon).await;
+    let after = daemon.read_attempts().await;
     (after.0 - before.0, after.1 - before.1)
 }
 

@@ -9,7 +9,7 @@
 //! `inboxd_reads_pooled_total` count where each attempt ran.
 
 use inbox_server::client::Client;
-use inbox_tests::{register, send_text, Daemon};
+use inbox_tests::{first_sync_page, register, send_text, Daemon};
 use inbox_wire::*;
 
 const SENDER: u64 = 1;
@@ -18,36 +18,15 @@ const DEVICE: u64 = 1;
 const MESSAGES: usize = 1500;
 const SEGMENT_BYTES: &str = "65536";
 
-/// Where each read ran so far: (in place, on the pool).
-async fn reads(daemon: &Daemon) -> (u64, u64) {
-    let text = daemon.scrape().await;
-    let count = |name| inbox_tests::metric(&text, name).unwrap_or_else(|| panic!("{name}"));
-    (
-        count("inboxd_reads_in_place_total"),
-        count("inboxd_reads_pooled_total"),
-    )
-}
-
 /// The first page of `reader`'s events: its join, then the oldest messages.
 async fn first_page(client: &Client, reader: u64, generation: u64) -> SyncPage {
-    client
-        .sync(SyncReq {
-            uid: reader,
-            device: DEVICE,
-            generation: Some(generation),
-            local_applied_seq: 0,
-            limit: 20,
-            batch_token: None,
-            ..SyncReq::default()
-        })
-        .await
-        .expect("sync")
+    first_sync_page(client, reader, DEVICE, generation, 20).await
 }
 
 /// The reader's first 20 messages of its conversation, and where the
 /// attempts to read them ran: (in place, on the pool).
 async fn pull_oldest(daemon: &Daemon, client: &Client, reader: u64) -> (ConvPull, (u64, u64)) {
-    let before = reads(daemon).await;
+    let before = daemon.read_attempts().await;
     let mut reply = client
         .pull(PullReq {
             uid: reader,
@@ -59,7 +38,7 @@ async fn pull_oldest(daemon: &Daemon, client: &Client, reader: u64) -> (ConvPull
         })
         .await
         .expect("pull");
-    let after = reads(daemon).await;
+    let after = daemon.read_attempts().await;
     let conv = reply.convs.pop().expect("one conversation");
     assert_eq!(conv.messages.len(), 20);
     (conv, (after.0 - before.0, after.1 - before.1))
@@ -83,10 +62,10 @@ async fn old_page_in_place(daemon: &Daemon, client: &Client, reader: u64) -> (u6
         )
         .await;
     }
-    let before = reads(daemon).await;
+    let before = daemon.read_attempts().await;
     let page = first_page(client, reader, generation).await;
     assert_eq!(page.events.len(), 20);
-    let after = reads(daemon).await;
+    let after = daemon.read_attempts().await;
     assert_eq!(
         (after.0 - before.0) + (after.1 - before.1),
         1,
@@ -147,9 +126,9 @@ async fn old_history_the_daemon_wrote_is_synced_in_place_and_after_a_restart_on_
 
     let daemon = Daemon::start_with(data.path(), &["--segment-bytes", SEGMENT_BYTES]);
     let client = daemon.client().await;
-    let before = reads(&daemon).await;
+    let before = daemon.read_attempts().await;
     let page = first_page(&client, reader, generation).await;
-    let after = reads(&daemon).await;
+    let after = daemon.read_attempts().await;
     assert_eq!(
         (after.0 - before.0, after.1 - before.1),
         (0, 1),
