@@ -107,7 +107,7 @@ struct OldPage {
 impl OldPage {
     /// Writes the history, calling `first` on the open engine before
     /// anything is written.
-    fn write(first: impl FnOnce(&Harness)) -> Self {
+    fn write<T>(first: impl FnOnce(&Harness) -> T) -> Self {
         let h = Harness::with(|c| c.segment_bytes = 64 << 10);
         first(&h);
         h.join(Uid(1), ConvId(1));
@@ -190,7 +190,7 @@ fn an_old_page_goes_to_the_pool_once_a_reclaim_is_seen_or_without_a_look() {
     assert!(unwatched.may_do_io(), "no look at the page cache was taken");
 
     let page = OldPage::write(|h| h.ib().observe_page_cache(7));
-    page.h.ib().observe_page_cache(8);
+    assert!(page.h.ib().observe_page_cache(8), "the look sees the move");
     assert!(
         page.may_do_io(),
         "the kernel reclaimed pages since the writes"

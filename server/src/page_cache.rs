@@ -23,7 +23,6 @@ const _: () = assert!(PERIOD.as_millis() * 2 <= LOOK_VALID_FOR.as_millis());
 pub async fn watch(shared: Arc<Shared>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let mut every = tokio::time::interval(PERIOD);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = None;
     loop {
         tokio::select! {
             _ = every.tick() => {}
@@ -33,10 +32,8 @@ pub async fn watch(shared: Arc<Shared>, mut shutdown: tokio::sync::watch::Receiv
             tracing::info!("no page cache counters (/proc/vmstat): sync pages older than the newest segments go to the read pool");
             return;
         };
-        shared.engine().observe_page_cache(reclaims);
-        if last.is_some_and(|last| last != reclaims) {
+        if shared.engine().observe_page_cache(reclaims) {
             shared.metrics.page_cache_reclaims_seen.inc();
         }
-        last = Some(reclaims);
     }
 }

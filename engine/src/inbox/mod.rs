@@ -543,9 +543,11 @@ impl Inbox {
     /// this process wrote since the last reclaim be built from the page
     /// cache where they are asked for (`docs/ARCHITECTURE.md`, "Reading
     /// the hot tail"); without it only the newest segments count as cached.
-    pub fn observe_page_cache(&self, reclaims: u64) {
-        self.shared.evt_log.observe_page_cache(reclaims);
-        self.shared.msg_log.observe_page_cache(reclaims);
+    /// True when the count moved since an earlier look.
+    pub fn observe_page_cache(&self, reclaims: u64) -> bool {
+        let evt = self.shared.evt_log.observe_page_cache(reclaims);
+        let msg = self.shared.msg_log.observe_page_cache(reclaims);
+        evt || msg
     }
 
     /// What holds `uid`'s events back from compaction (R19).

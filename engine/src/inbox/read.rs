@@ -125,7 +125,7 @@ impl<T> Read<T> {
     /// files): run it on a blocking thread then. `false` means it only
     /// takes the state lock (held by the sequencer for one apply at most)
     /// and copies from memory: the state, or log records that the page
-    /// cache holds as far as the log can tell (`crate::log::Log::cached_from`).
+    /// cache holds as far as the log can tell (`crate::log::Log::cached_floor`).
     pub fn may_do_io(&self) -> bool {
         match &self.step {
             Step::Ready(_) => false,

@@ -25,6 +25,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::RecordLoc;
+
 /// How old the last look may be for its answer to count.
 pub const LOOK_VALID_FOR: Duration = Duration::from_millis(250);
 
@@ -33,9 +35,8 @@ const NEVER: u64 = u64::MAX;
 
 /// What the last look at the kernel's reclaim counters found.
 pub(super) struct CacheWatch {
-    /// Packed position (`segment << 32 | offset`) of the first byte
-    /// written after the last reclaim seen; only grows, and means nothing
-    /// until the first look.
+    /// The first byte written after the last reclaim seen ([`encode`]d);
+    /// only grows, and means nothing until the first look.
     warm_from: AtomicU64,
     /// The counters' sum at the last look.
     reclaims: AtomicU64,
@@ -62,27 +63,30 @@ impl CacheWatch {
     /// `append_at` where the log appends now. The first look, and any look
     /// whose count moved, make only what is written from `append_at` on
     /// warm (a page written before the first look may have been reclaimed
-    /// before it).
+    /// before it). True when the count moved since an earlier look.
     ///
     /// Safe for callers on several threads: the warm position moves first
     /// and only forward (any position taken after reading a count is past
     /// the reclaims that count includes), then the count, then the time
     /// of the look, so a reader that sees a look sees its position.
-    pub(super) fn observe(&self, reclaims: u64, append_at: impl FnOnce() -> u64) {
-        if self.reclaims.load(Ordering::Acquire) != reclaims {
-            self.warm_from.fetch_max(append_at(), Ordering::AcqRel);
+    pub(super) fn observe(&self, reclaims: u64, append_at: impl FnOnce() -> RecordLoc) -> bool {
+        let before = self.reclaims.load(Ordering::Acquire);
+        if before != reclaims {
+            self.warm_from
+                .fetch_max(encode(append_at()), Ordering::AcqRel);
             self.reclaims.store(reclaims, Ordering::Release);
         }
         self.looked_us.store(self.now_us(), Ordering::Release);
+        before != NEVER && before != reclaims
     }
 
-    /// Records at or above the returned packed position are cached, if the
-    /// last look is recent enough to say so; `None` when it is not.
-    pub(super) fn warm_from(&self) -> Option<u64> {
+    /// Records at or after the returned location are cached, if the last
+    /// look is recent enough to say so; `None` when it is not.
+    pub(super) fn warm_from(&self) -> Option<RecordLoc> {
         self.warm_from_at(self.now_us())
     }
 
-    fn warm_from_at(&self, now_us: u64) -> Option<u64> {
+    fn warm_from_at(&self, now_us: u64) -> Option<RecordLoc> {
         let looked = self.looked_us.load(Ordering::Acquire);
         if looked == NEVER {
             return None;
@@ -91,7 +95,19 @@ impl CacheWatch {
         if age > LOOK_VALID_FOR.as_micros() as u64 {
             return None;
         }
-        Some(self.warm_from.load(Ordering::Acquire))
+        Some(decode(self.warm_from.load(Ordering::Acquire)))
+    }
+}
+
+/// A location as one ordered word, for an atomic.
+fn encode(loc: RecordLoc) -> u64 {
+    (u64::from(loc.segment) << 32) | u64::from(loc.offset)
+}
+
+fn decode(word: u64) -> RecordLoc {
+    RecordLoc {
+        segment: (word >> 32) as u32,
+        offset: word as u32,
     }
 }
 
@@ -129,31 +145,35 @@ mod tests {
         assert_eq!(parse_reclaims("pgsteal_kswapd x\n"), None);
     }
 
+    fn at(segment: u32, offset: u32) -> RecordLoc {
+        RecordLoc { segment, offset }
+    }
+
     #[test]
     fn nothing_is_warm_before_the_first_look_and_only_what_follows_it_after() {
         let watch = CacheWatch::new();
         assert_eq!(watch.warm_from(), None);
-        watch.observe(5, || 40);
-        assert_eq!(watch.warm_from(), Some(40));
+        assert!(!watch.observe(5, || at(1, 40)), "a first look sees no move");
+        assert_eq!(watch.warm_from(), Some(at(1, 40)));
         // The count did not move: what was warm stays warm.
-        watch.observe(5, || 90);
-        assert_eq!(watch.warm_from(), Some(40));
+        assert!(!watch.observe(5, || at(2, 90)));
+        assert_eq!(watch.warm_from(), Some(at(1, 40)));
         // It moved: only what is written from here on is warm.
-        watch.observe(6, || 90);
-        assert_eq!(watch.warm_from(), Some(90));
+        assert!(watch.observe(6, || at(2, 90)));
+        assert_eq!(watch.warm_from(), Some(at(2, 90)));
         // A look that read the count earlier and the position later never
         // takes the position back.
-        watch.observe(7, || 60);
-        assert_eq!(watch.warm_from(), Some(90));
+        assert!(watch.observe(7, || at(2, 60)));
+        assert_eq!(watch.warm_from(), Some(at(2, 90)));
     }
 
     #[test]
     fn a_stale_look_makes_nothing_warm() {
         let watch = CacheWatch::new();
-        watch.observe(1, || 0);
+        watch.observe(1, || at(3, 7));
         let looked = watch.looked_us.load(Ordering::Acquire);
         let valid = LOOK_VALID_FOR.as_micros() as u64;
-        assert_eq!(watch.warm_from_at(looked + valid), Some(0));
+        assert_eq!(watch.warm_from_at(looked + valid), Some(at(3, 7)));
         assert_eq!(watch.warm_from_at(looked + valid + 1), None);
     }
 }

@@ -161,41 +161,40 @@ impl Log {
     /// reclaimed pages so far ([`super::reclaims_so_far`]). Once it has
     /// stayed put since a look, records this process wrote after that look
     /// are cached (`log/cache.rs`); call it every
-    /// [`super::LOOK_VALID_FOR`] or more often.
-    pub fn observe_page_cache(&self, reclaims: u64) {
+    /// [`super::LOOK_VALID_FOR`] or more often. True when the count moved
+    /// since an earlier look: what was written before counts as uncached.
+    pub fn observe_page_cache(&self, reclaims: u64) -> bool {
         self.shared.cache.observe(reclaims, || {
-            let active = self
-                .shared
-                .state
-                .lock()
-                .active
-                .as_ref()
-                .map(|a| (u64::from(a.seg.id) << 32) | a.write_offset.min(u64::from(u32::MAX)));
+            let active = self.shared.state.lock().active.as_ref().map(|a| RecordLoc {
+                segment: a.seg.id,
+                offset: u32::try_from(a.write_offset).unwrap_or(u32::MAX),
+            });
             // No active segment: the next one is newer than any now. (The
             // two locks are taken one after the other, never nested.)
             active.unwrap_or_else(|| {
                 let newest = self.shared.segments.read().keys().next_back().copied();
-                u64::from(newest.map_or(0, |id| id + 1)) << 32
+                RecordLoc {
+                    segment: newest.map_or(0, |id| id + 1),
+                    offset: 0,
+                }
             })
-        });
+        })
     }
 
-    /// Records at or above the returned location (packed as
-    /// `segment << 32 | offset`) are in the page cache, as far as the last
-    /// look at it can tell ([`Log::observe_page_cache`]); `None` when no
-    /// look is recent enough to say.
-    pub fn cached_from(&self) -> Option<u64> {
-        self.shared.cache.warm_from()
-    }
-
-    /// Records at or above the returned location (packed as
-    /// `segment << 32 | offset`) are in the page cache as far as the log
-    /// can tell: those of its recent segments ([`Log::recent_floor`]), and
-    /// those a recent look at the page cache vouches for
-    /// ([`Log::cached_from`]).
-    pub fn cached_floor(&self) -> u64 {
-        let floor = u64::from(self.recent_floor()) << 32;
-        self.cached_from().map_or(floor, |from| from.min(floor))
+    /// Records at or after the returned location are in the page cache as
+    /// far as the log can tell: those of its recent segments
+    /// ([`Log::recent_floor`]), and those a look at the page cache no
+    /// older than [`super::LOOK_VALID_FOR`] vouches for
+    /// ([`Log::observe_page_cache`]).
+    pub fn cached_floor(&self) -> RecordLoc {
+        let recent = RecordLoc {
+            segment: self.recent_floor(),
+            offset: 0,
+        };
+        self.shared
+            .cache
+            .warm_from()
+            .map_or(recent, |warm| warm.min(recent))
     }
 
     pub fn segments(&self) -> Vec<SegmentInfo> {

@@ -114,12 +114,12 @@ pub(crate) fn page_reply(shared: Arc<Shared>, plan: SyncPlan) -> Reply<SyncPage>
 /// Whether every event record of `plan` is in the page cache as far as
 /// the log can tell: in a recent segment of the `evt` log, or written by
 /// this process since the last reclaim a recent look at the kernel's
-/// counters saw ([`crate::log::Log::cached_from`]). Compaction may move a
+/// counters saw ([`crate::log::Log::cached_floor`]). Compaction may move a
 /// record meanwhile, only ever forward into a newer segment (which it
 /// writes, so the record stays cached), so the answer stays true or errs
 /// towards IO.
 fn records_are_cached(shared: &Shared, plan: &SyncPlan) -> bool {
-    let cached_from = shared.evt_log.cached_floor();
+    let floor = shared.evt_log.cached_floor();
     let st = shared.state.read();
     let Some(user) = st.users.get(&plan.uid) else {
         return false;
@@ -132,7 +132,7 @@ fn records_are_cached(shared: &Shared, plan: &SyncPlan) -> bool {
     };
     user.events
         .get(lo as usize..hi as usize)
-        .is_some_and(|locs| locs.iter().all(|l| *l >= cached_from))
+        .is_some_and(|locs| locs.iter().all(|l| unpack(*l) >= floor))
 }
 
 pub(crate) fn sync_page(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {

@@ -110,8 +110,8 @@ pub(crate) fn read_ahead_bodies(shared: &Shared, locs: impl Iterator<Item = Pack
 pub(crate) fn bodies_cached(shared: &Shared, mut locs: impl Iterator<Item = PackedLoc>) -> bool {
     let (msg, evt) = (shared.msg_log.cached_floor(), shared.evt_log.cached_floor());
     locs.all(|loc| match body_at(loc) {
-        (BodyLog::Msg, at) => at >= msg,
-        (BodyLog::Evt, at) => at >= evt,
+        (BodyLog::Msg, at) => unpack(at) >= msg,
+        (BodyLog::Evt, at) => unpack(at) >= evt,
     })
 }
 
