@@ -7,6 +7,7 @@
 
 pub mod fuzzing;
 pub mod group;
+pub mod page_cache;
 pub mod proxy;
 
 use std::io::{BufRead, BufReader};

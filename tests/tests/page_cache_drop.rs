@@ -9,57 +9,15 @@
 
 use std::time::Duration;
 
-use inbox_server::client::Client;
-use inbox_tests::{first_sync_page, register, send_text, Daemon};
-use inbox_wire::*;
-
-const SENDER: u64 = 1;
-const DEVICE: u64 = 1;
-const MESSAGES: usize = 1500;
-
-/// Where the reader's first page was built: (in place, on the pool).
-async fn first_page_reads(
-    daemon: &Daemon,
-    client: &Client,
-    reader: u64,
-    generation: u64,
-) -> (u64, u64) {
-    let before = daemon.read_attempts().await;
-    let page = first_sync_page(client, reader, DEVICE, generation, 20).await;
-    assert_eq!(page.events.len(), 20);
-    let after = daemon.read_attempts().await;
-    (after.0 - before.0, after.1 - before.1)
-}
+use inbox_tests::page_cache::{first_page_attempts, old_page_served_in_place, SEGMENT_BYTES};
+use inbox_tests::Daemon;
 
 #[tokio::test]
 async fn a_page_cache_drop_the_daemon_sees_sends_old_pages_to_the_pool() {
     let data = inbox_tests::data_dir();
-    let daemon = Daemon::start_with(data.path(), &["--segment-bytes", "65536"]);
+    let daemon = Daemon::start_with(data.path(), &["--segment-bytes", SEGMENT_BYTES]);
     let client = daemon.client().await;
-    // History written after the daemon's first look (tries as in
-    // `sync_pages_in_place`), then served in place.
-    let mut served = None;
-    for reader in 11..16 {
-        let conv = 100 + reader;
-        for uid in [SENDER, reader] {
-            client.join(ConvMember { conv, uid }).await.unwrap();
-        }
-        let generation = register(&client, reader, DEVICE).await;
-        for n in 0..MESSAGES {
-            send_text(
-                &client,
-                conv,
-                SENDER,
-                &format!("message {n} {}", "x".repeat(100)),
-            )
-            .await;
-        }
-        if first_page_reads(&daemon, &client, reader, generation).await == (1, 0) {
-            served = Some((reader, generation));
-            break;
-        }
-    }
-    let (reader, generation) = served.expect("an old page the daemon wrote was served in place");
+    let (reader, generation) = old_page_served_in_place(&daemon, &client).await;
 
     let seen = daemon
         .metric("inboxd_page_cache_reclaims_seen_total")
@@ -77,7 +35,9 @@ async fn a_page_cache_drop_the_daemon_sees_sends_old_pages_to_the_pool() {
         )
         .await;
     assert_eq!(
-        first_page_reads(&daemon, &client, reader, generation).await,
+        first_page_attempts(&daemon, &client, reader, generation)
+            .await
+            .1,
         (0, 1),
         "written before the drop: read on the pool"
     );

@@ -9,19 +9,11 @@
 //! `inboxd_reads_pooled_total` count where each attempt ran.
 
 use inbox_server::client::Client;
-use inbox_tests::{first_sync_page, register, send_text, Daemon};
+use inbox_tests::page_cache::{
+    conv_of, first_page_attempts, old_page_served_in_place, SEGMENT_BYTES,
+};
+use inbox_tests::Daemon;
 use inbox_wire::*;
-
-const SENDER: u64 = 1;
-const DEVICE: u64 = 1;
-/// About 300 KiB of records: four or more 64 KiB segments.
-const MESSAGES: usize = 1500;
-const SEGMENT_BYTES: &str = "65536";
-
-/// The first page of `reader`'s events: its join, then the oldest messages.
-async fn first_page(client: &Client, reader: u64, generation: u64) -> SyncPage {
-    first_sync_page(client, reader, DEVICE, generation, 20).await
-}
 
 /// The reader's first 20 messages of its conversation, and where the
 /// attempts to read them ran: (in place, on the pool).
@@ -32,7 +24,7 @@ async fn pull_oldest(daemon: &Daemon, client: &Client, reader: u64) -> (ConvPull
             uid: reader,
             per_conv_limit: 20,
             cursors: vec![PullCursor {
-                conv: 100 + reader,
+                conv: conv_of(reader),
                 after_seq: 0,
             }],
         })
@@ -44,56 +36,12 @@ async fn pull_oldest(daemon: &Daemon, client: &Client, reader: u64) -> (ConvPull
     (conv, (after.0 - before.0, after.1 - before.1))
 }
 
-/// Writes a history for a new reader in a new conversation, then asks for
-/// its first page: the device's generation, and whether that page was
-/// built in place.
-async fn old_page_in_place(daemon: &Daemon, client: &Client, reader: u64) -> (u64, bool) {
-    let conv = 100 + reader;
-    for uid in [SENDER, reader] {
-        client.join(ConvMember { conv, uid }).await.unwrap();
-    }
-    let generation = register(client, reader, DEVICE).await;
-    for n in 0..MESSAGES {
-        send_text(
-            client,
-            conv,
-            SENDER,
-            &format!("message {n} {}", "x".repeat(100)),
-        )
-        .await;
-    }
-    let before = daemon.read_attempts().await;
-    let page = first_page(client, reader, generation).await;
-    assert_eq!(page.events.len(), 20);
-    let after = daemon.read_attempts().await;
-    assert_eq!(
-        (after.0 - before.0) + (after.1 - before.1),
-        1,
-        "one sync page, one read: {before:?} -> {after:?}"
-    );
-    (generation, after.0 > before.0)
-}
-
 #[tokio::test]
 async fn old_history_the_daemon_wrote_is_synced_in_place_and_after_a_restart_on_the_pool() {
     let data = inbox_tests::data_dir();
     let daemon = Daemon::start_with(data.path(), &["--segment-bytes", SEGMENT_BYTES]);
     let client = daemon.client().await;
-    // The daemon's first look at the counters may come after the first
-    // writes, which then count as not cached: a fresh history is written
-    // until one is seen in place (on an unloaded machine, the first).
-    let mut reader = 10;
-    let mut generation = 0;
-    let mut in_place = false;
-    while !in_place && reader < 15 {
-        reader += 1;
-        (generation, in_place) = old_page_in_place(&daemon, &client, reader).await;
-    }
-    assert!(
-        in_place,
-        "no old page the daemon wrote was built in place in {} tries",
-        reader - 10
-    );
+    let (reader, generation) = old_page_served_in_place(&daemon, &client).await;
     let segments = std::fs::read_dir(data.path().join("evt"))
         .expect("the evt log's directory")
         .filter(|e| {
@@ -108,7 +56,7 @@ async fn old_history_the_daemon_wrote_is_synced_in_place_and_after_a_restart_on_
         segments >= 5,
         "{segments} evt segments: the page is not old"
     );
-    let before_restart = first_page(&client, reader, generation).await;
+    let (before_restart, _) = first_page_attempts(&daemon, &client, reader, generation).await;
     // In place unless the daemon's last look is stale (a loaded machine
     // may hold its 100 ms tick back): a few tries.
     let mut pulled = None;
@@ -126,11 +74,9 @@ async fn old_history_the_daemon_wrote_is_synced_in_place_and_after_a_restart_on_
 
     let daemon = Daemon::start_with(data.path(), &["--segment-bytes", SEGMENT_BYTES]);
     let client = daemon.client().await;
-    let before = daemon.read_attempts().await;
-    let page = first_page(&client, reader, generation).await;
-    let after = daemon.read_attempts().await;
+    let (page, attempts) = first_page_attempts(&daemon, &client, reader, generation).await;
     assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
+        attempts,
         (0, 1),
         "history found on disk at start is read on the pool"
     );
