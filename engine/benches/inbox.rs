@@ -495,9 +495,22 @@ fn replay(c: &mut Criterion) {
     }
 }
 
+/// One look at the kernel's page-cache counters, as the daemon takes
+/// every 100 ms: a read of `/proc/vmstat` and the sum of its reclaim lines.
+fn page_cache_look(c: &mut Criterion) {
+    if inbox_engine::log::reclaims_so_far().is_none() {
+        eprintln!("page_cache_look: no /proc/vmstat here; nothing to time");
+        return;
+    }
+    c.bench_function("page_cache_look", |b| {
+        b.iter(|| std::hint::black_box(inbox_engine::log::reclaims_so_far()))
+    });
+}
+
 criterion_group!(
     inbox,
     benches,
+    page_cache_look,
     replay,
     checkpoint_stall,
     send_after_checkpoint,
