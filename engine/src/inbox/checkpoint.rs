@@ -244,8 +244,8 @@ fn encode_body(w: &mut Writer, st: &State) {
         // events, so it stays here.
         w.u64(u.events_base);
         w.u64(u.events.len() as u64);
-        for loc in &u.events {
-            w.u64(*loc);
+        for loc in u.events.iter() {
+            w.u64(loc);
         }
         devices::put_user_devices(w, u);
         messaging::put_user_convs(w, u);
@@ -289,10 +289,8 @@ pub(crate) fn decode_state_in(body: &[u8], scratch: Scratch) -> DecodeResult<Sta
             ..User::default()
         };
         let n = r.count(8)?;
-        u.events.reserve_exact(n);
-        for _ in 0..n {
-            u.events.push(r.u64()?);
-        }
+        let locs = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+        u.events = locs.into_iter().collect();
         devices::get_user_devices(&mut r, &mut u)?;
         messaging::get_user_convs(&mut r, &mut u)?;
         st.users.insert(uid, Arc::new(u));

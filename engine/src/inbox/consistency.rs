@@ -84,7 +84,7 @@ pub(crate) fn check_locations(st: &State, evt: &Ends, msg: &Ends) -> Result<()> 
     for (uid, u) in users {
         for (i, loc) in u.events.iter().enumerate() {
             let seq = u.events_base.plus(i as u64 + 1);
-            check_at(evt, *loc).map_err(|e| {
+            check_at(evt, loc).map_err(|e| {
                 missing(format!(
                     "uid {uid} event sync_seq {seq} points into the evt log at {e}"
                 ))

@@ -126,7 +126,7 @@ pub(crate) fn event_at_ms(shared: &Shared, uid: Uid, seq: SyncSeq) -> Option<Tim
             if seq <= u.events_base {
                 return Some(0);
             }
-            *u.events.get((seq.0 - u.events_base.0 - 1) as usize)?
+            u.events.get((seq.0 - u.events_base.0 - 1) as usize)?
         };
         if loc == PENDING_LOC {
             return None;

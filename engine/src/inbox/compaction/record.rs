@@ -217,11 +217,10 @@ impl State {
         }
         let n = usize::try_from(events_base.0 - user.events_base.0)
             .map_err(|_| ApplyError("trim length overflows".into()))?;
-        for loc in user.events.drain(..n) {
+        for loc in user.events.remove_front(n) {
             self.evt_refs.remove(loc);
         }
         self.totals.events = self.totals.events.saturating_sub(n as u64);
-        user.events.shrink_to(user.events.len() * 2);
         user.events_base = events_base;
         Ok(())
     }
@@ -324,11 +323,9 @@ impl State {
                 continue;
             }
             let i = (m.sync_seq.0 - user.events_base.0 - 1) as usize;
-            if let Some(slot) = user.events.get_mut(i) {
-                if *slot == m.from {
-                    self.evt_refs.replace(m.from, m.to);
-                    *slot = m.to;
-                }
+            if user.events.get(i) == Some(m.from) {
+                self.evt_refs.replace(m.from, m.to);
+                user.events.set(i, m.to);
             }
         }
     }
@@ -374,12 +371,15 @@ mod tests {
     fn trim_never_moves_the_base_down_and_relocate_skips_moved_events() {
         let mut st = State::new(0);
         let user = Arc::make_mut(st.users.entry(Uid(1)).or_default());
-        user.events = vec![10, 11, 12, 13];
-        st.evt_refs = SegRefs::rebuild(&st.users[&Uid(1)].events);
+        user.events = [10, 11, 12, 13].into_iter().collect();
+        st.evt_refs = SegRefs::rebuild(&st.users[&Uid(1)].events.iter().collect::<Vec<_>>());
         st.totals = st.recount_totals();
         st.apply_trim(Uid(1), SyncSeq(2)).unwrap();
         assert_eq!(st.users[&Uid(1)].events_base, SyncSeq(2));
-        assert_eq!(st.users[&Uid(1)].events, vec![12, 13]);
+        assert_eq!(
+            st.users[&Uid(1)].events.iter().collect::<Vec<_>>(),
+            vec![12, 13]
+        );
         st.apply_trim(Uid(1), SyncSeq(1)).unwrap();
         assert_eq!(
             st.users[&Uid(1)].events_base,
@@ -410,7 +410,10 @@ mod tests {
                 to: 97,
             },
         ]);
-        assert_eq!(st.users[&Uid(1)].events, vec![99, 13]);
+        assert_eq!(
+            st.users[&Uid(1)].events.iter().collect::<Vec<_>>(),
+            vec![99, 13]
+        );
         st.check_seg_refs().unwrap();
     }
 }

@@ -45,7 +45,7 @@ pub(crate) fn live_refs(shared: &Shared, only: Option<&HashSet<SegmentId>>) -> R
                     break;
                 }
                 slice.clear();
-                slice.extend_from_slice(&u.events[lo..hi]);
+                slice.extend(u.events.range(lo, hi).expect("lo < hi <= len"));
                 first
             };
             for (i, loc) in slice.iter().enumerate() {

@@ -131,8 +131,8 @@ fn records_are_cached(shared: &Shared, plan: &SyncPlan) -> bool {
         return false;
     };
     user.events
-        .get(lo as usize..hi as usize)
-        .is_some_and(|locs| locs.iter().all(|l| unpack(*l) >= floor))
+        .range(lo as usize, hi as usize)
+        .is_some_and(|mut locs| locs.all(|l| unpack(l) >= floor))
 }
 
 pub(crate) fn sync_page(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
@@ -165,10 +165,12 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
         }
         let lo = (plan.start.0 - user.events_base.0) as usize;
         let hi = (plan.end.0 - user.events_base.0) as usize;
-        user.events
-            .get(lo..hi)
+        let locs = user
+            .events
+            .range(lo, hi)
             .ok_or_else(|| Error::Invariant("sync range beyond the event index".into()))?
-            .to_vec()
+            .collect();
+        locs
     };
     // Read in place and decoded as far as the event goes: a message's
     // body, which travels in the same record, is never copied.

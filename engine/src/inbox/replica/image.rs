@@ -76,10 +76,7 @@ pub(crate) fn digest_of(st: &State) -> [u8; 32] {
     let mut st = st.clone();
     st.evt_lsn = 0;
     for u in st.users.values_mut() {
-        std::sync::Arc::make_mut(u)
-            .events
-            .iter_mut()
-            .for_each(|loc| *loc = 0);
+        std::sync::Arc::make_mut(u).events.map_in_place(|_, _| 0);
     }
     for c in st.convs.values_mut() {
         std::sync::Arc::make_mut(c).msgs.for_each_mut(|m| m.loc = 0);

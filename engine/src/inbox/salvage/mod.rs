@@ -258,9 +258,7 @@ impl Inbox {
             std::sync::Arc::make_mut(c).msgs.for_each_mut(|m| m.loc = 0);
         }
         for u in st.users.values_mut() {
-            for loc in &mut std::sync::Arc::make_mut(u).events {
-                *loc = 0;
-            }
+            std::sync::Arc::make_mut(u).events.map_in_place(|_, _| 0);
         }
         sha2::Sha256::digest(checkpoint::encode_state(&st)).into()
     }

@@ -307,7 +307,7 @@ fn copy_events(
     let mut index: HashMap<PackedLoc, Option<PackedLoc>> = HashMap::new();
     let mut out = Appender::new(new_evt);
     for uid in &uids {
-        for &loc in &st.users[uid].events {
+        for loc in st.users[uid].events.iter() {
             if index.contains_key(&loc) {
                 continue;
             }
@@ -329,17 +329,18 @@ fn copy_events(
         let user = Arc::make_mut(st.users.get_mut(&uid).expect("listed above"));
         let base = user.events_base;
         let mut lost = Vec::new();
-        for (i, loc) in user.events.iter_mut().enumerate() {
-            match index[loc] {
-                Some(new) => *loc = new,
-                None => lost.push(base.0 + i as u64 + 1),
+        user.events.map_in_place(|i, loc| match index[&loc] {
+            Some(new) => new,
+            None => {
+                lost.push(base.0 + i as u64 + 1);
+                loc
             }
-        }
+        });
         if let Some(&last) = lost.last() {
             // The floor goes past the last lost event, as compaction's
             // trim does: a device behind it resets, one past it syncs on.
             let drop = (last - base.0) as usize;
-            user.events.drain(..drop);
+            user.events.remove_front(drop);
             user.events_base = SyncSeq(last);
             report.raised_floors.push(RaisedFloor {
                 uid,

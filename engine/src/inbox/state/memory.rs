@@ -130,7 +130,13 @@ impl Tally {
                 .map(|c| c.last_summary.shared_bytes())
                 .sum();
             self.add(2, (summaries, summaries));
-            self.add(5, vec::<super::PackedLoc>(&u.events));
+            self.add(
+                5,
+                (
+                    u.events.live_bytes() as u64,
+                    u.events.allocated_bytes() as u64,
+                ),
+            );
             self.add(
                 7,
                 b_tree(u.snapshots().len(), size_of::<(u64, SnapshotSlot)>()),

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 pub(crate) mod chunked;
+pub(crate) mod event_locs;
 pub(crate) mod idem;
 mod invariants;
 pub(crate) mod loc;
@@ -382,7 +383,9 @@ pub(crate) struct Device {
 pub(crate) struct User {
     /// `sync_seq` just below the first retained event.
     pub events_base: SyncSeq,
-    pub events: Vec<PackedLoc>,
+    /// Locations of the retained events, 4 or 5 bytes each where they
+    /// allow it ([`event_locs`]).
+    pub events: event_locs::EventLocs,
     /// Highest durable `sync_seq` (not state: completion stage).
     pub committed_seq: SyncSeq,
     /// Registered devices, revoked ones included, in registration order.
@@ -456,7 +459,7 @@ impl User {
     /// itself: the end of its events, where the new one goes, its rows'
     /// keys and first row, and its order ([`prefetch`]).
     pub fn prefetch_for_message(&self) {
-        prefetch(self.events.as_ptr().wrapping_add(self.events.len()));
+        prefetch(self.events.end_ptr());
         self.convs.prefetch();
         self.order.prefetch();
     }
@@ -465,7 +468,7 @@ impl User {
         self.devices.iter().find(|d| d.row.device == id)
     }
     pub(crate) fn push_event(&mut self, loc: PackedLoc) -> SyncSeq {
-        push_compact(&mut self.events, loc);
+        self.events.push(loc);
         self.head()
     }
 }
@@ -585,17 +588,6 @@ pub(crate) fn count_msg_ref(refs: [&mut SegRefs; 3], loc: PackedLoc, add: bool) 
             r.remove(at);
         }
     }
-}
-
-/// Pushes onto an index that only grows at its end by a quarter of its
-/// length at a time, not by doubling: a conversation's message list or a
-/// user's event list is its largest allocation, kept for as long as the
-/// entries are, so doubling would leave up to half of it unused (R29).
-/// Amortized, an entry is copied four times instead of once (a large
-/// block's realloc remaps rather than copies).
-pub(crate) fn push_compact<T>(v: &mut Vec<T>, item: T) {
-    grow_for_one(v, 4, 4);
-    v.push(item);
 }
 
 /// Starts loading every line of the allocation behind `user`'s `Arc`: its
@@ -737,7 +729,8 @@ impl State {
     /// Recounts every segment reference from the indexes (after a
     /// checkpoint load, and to check the incremental counts).
     pub fn recount_seg_refs(&self) -> (SegRefs, SegRefs, SegRefs) {
-        let mut evt = SegRefs::rebuild(self.users.values().flat_map(|u| &u.events));
+        let locs: Vec<PackedLoc> = self.users.values().flat_map(|u| u.events.iter()).collect();
+        let mut evt = SegRefs::rebuild(&locs);
         let mut body = SegRefs::default();
         let mut msg = SegRefs::default();
         for m in self.convs.values().flat_map(|c| c.msgs.iter()) {
@@ -797,12 +790,10 @@ impl State {
     pub fn patch_event(&mut self, uid: Uid, seq: SyncSeq, loc: PackedLoc) {
         if let Some(user) = self.users.get_mut(&uid).map(Arc::make_mut) {
             if seq > user.events_base {
-                if let Some(slot) = user
-                    .events
-                    .get_mut((seq.0 - user.events_base.0 - 1) as usize)
-                {
-                    self.evt_refs.replace(*slot, loc);
-                    *slot = loc;
+                let i = (seq.0 - user.events_base.0 - 1) as usize;
+                if let Some(old) = user.events.get(i) {
+                    self.evt_refs.replace(old, loc);
+                    user.events.set(i, loc);
                 }
             }
         }
@@ -863,7 +854,11 @@ impl State {
     /// vectors and message metadata), for stats and BENCHMARKS.md.
     /// Bytes of both indexes, walking them: capacities, exact.
     pub fn index_bytes(&self) -> (u64, u64) {
-        let events: usize = self.users.values().map(|u| u.events.capacity() * 8).sum();
+        let events: usize = self
+            .users
+            .values()
+            .map(|u| u.events.allocated_bytes())
+            .sum();
         let msgs: usize = self
             .convs
             .values()
@@ -874,7 +869,10 @@ impl State {
 }
 
 /// Bytes of the event index and of the message index, estimated from the
-/// entry counts (lengths, not capacities): what `stats()` reports.
+/// entry counts (lengths, not capacities): what `stats()` reports. An
+/// event counts 8 bytes, the widest entry of its list ([`event_locs`]), so
+/// the event part is an upper bound; the memory breakdown has the exact
+/// bytes.
 pub(crate) fn index_bytes_estimate(totals: &Totals) -> (u64, u64) {
     (
         totals.events * 8,
@@ -972,15 +970,16 @@ mod tests {
 
     #[test]
     fn a_user_s_55_events_and_a_conversation_s_28_entries_take_the_class_they_fill() {
-        let mut events = Vec::new();
+        let mut events = event_locs::EventLocs::default();
         for i in 0..55u64 {
-            push_compact(&mut events, i);
+            events.push(7 << 32 | i * 300);
         }
+        let bytes = events.allocated_bytes();
         assert_eq!(
-            events.capacity(),
-            56,
-            "448 B, not 58 entries in a 512 B block"
+            bytes, 253,
+            "a 5-byte header and 62 entries of 4 bytes in a 256 B block"
         );
+        assert_eq!(size_class_of(bytes), 256);
         let mut c = Conv::default();
         for _ in 0..28 {
             c.msgs.push(meta(0));
