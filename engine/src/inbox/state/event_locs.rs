@@ -419,6 +419,17 @@ mod tests {
         assert_eq!(list.get(2), Some(loc(50, 1 << 27)));
     }
 
+    /// Found by the property test below: shedding from a list with no
+    /// entries indexed past its (absent) header.
+    #[test]
+    fn shedding_the_front_of_an_empty_list_is_a_no_op() {
+        let mut list = EventLocs::default();
+        assert_eq!(list.remove_front(3), Vec::<PackedLoc>::new());
+        assert!(list.is_empty());
+        list.push(loc(3, 3));
+        assert_eq!(list.get(0), Some(loc(3, 3)));
+    }
+
     #[test]
     fn lists_with_the_same_locations_are_equal_whatever_their_widths() {
         let mut a = EventLocs::default();

@@ -972,7 +972,7 @@ mod tests {
     fn a_user_s_55_events_and_a_conversation_s_28_entries_take_the_class_they_fill() {
         let mut events = event_locs::EventLocs::default();
         for i in 0..55u64 {
-            events.push(7 << 32 | i * 300);
+            events.push((7 << 32) | (i * 300));
         }
         let bytes = events.allocated_bytes();
         assert_eq!(
