@@ -31,9 +31,7 @@ fn recall_edits(conv: &mut Conv, target_seq: MsgSeq) {
         .and_then(|e| e.remove(&target_seq))
         .unwrap_or_default();
     while let Some(seq) = pending.pop() {
-        if let Some(meta) = conv.meta_mut(seq) {
-            meta.flags |= FLAG_RECALLED;
-        }
+        conv.update_meta(seq, |meta| meta.flags |= FLAG_RECALLED);
         if let Some(more) = conv.edits.written().and_then(|e| e.remove(&seq)) {
             pending.extend(more);
         }
@@ -127,7 +125,7 @@ impl State {
             }
             MessageKind::Recall | MessageKind::Edit => {
                 let target_seq = m.target_seq;
-                let Some(target) = conv.meta(target_seq).copied() else {
+                let Some(target) = conv.meta(target_seq) else {
                     return Err(ApplyError(format!(
                         "recall/edit of missing seq {target_seq}"
                     )));
@@ -166,9 +164,7 @@ impl State {
                     .get_mut(&m.conv)
                     .map(Arc::make_mut)
                     .ok_or_else(|| ApplyError("conv vanished".into()))?;
-                if let Some(meta) = conv.meta_mut(target_seq) {
-                    meta.flags |= flag;
-                }
+                conv.update_meta(target_seq, |meta| meta.flags |= flag);
                 if m.kind == MessageKind::Edit {
                     conv.edits
                         .make_mut()

@@ -251,7 +251,7 @@ pub(crate) fn plan_pull(
                         break 'periods;
                     }
                     if let Some(m) = c.meta(seq) {
-                        metas.push((seq, *m));
+                        metas.push((seq, m));
                     }
                 }
             }
@@ -361,7 +361,7 @@ pub(crate) fn plan_history(
                     break 'periods;
                 }
                 if let Some(m) = c.meta(seq) {
-                    metas.push((seq, *m));
+                    metas.push((seq, m));
                 }
             }
         }

@@ -285,11 +285,13 @@ fn copy_bodies(
     }
     for ((conv, i), loc) in out.finish()? {
         let c = Arc::make_mut(st.convs.get_mut(&conv).expect("listed above"));
-        c.msgs.get_mut(i).expect("placed where it was read").loc = loc;
+        let placed = c.msgs.update(i, |m| m.loc = loc);
+        assert!(placed, "placed where it was read");
     }
     for (conv, i) in lost {
         let c = Arc::make_mut(st.convs.get_mut(&conv).expect("listed above"));
-        c.msgs.get_mut(i).expect("read above").flags |= FLAG_LOST;
+        let marked = c.msgs.update(i, |m| m.flags |= FLAG_LOST);
+        assert!(marked, "read above");
     }
     Ok(())
 }

@@ -102,7 +102,7 @@ pub(crate) fn decide_begin(
                             break 'periods;
                         }
                         if let Some(m) = c.meta(seq) {
-                            last.push((seq, *m));
+                            last.push((seq, m));
                         }
                         seq = seq.prev();
                     }

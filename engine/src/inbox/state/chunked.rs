@@ -13,11 +13,194 @@
 //! its full chunks there, a page each, and only its tail on the heap: the
 //! history of a conversation then costs the heap a handle per 157
 //! messages, and its pages stay in memory only while they are read.
+//!
+//! The tail, which every list has and most lists are, keeps its elements
+//! packed ([`Pack`]): a message's 26-byte metadata in 10 bytes, against a
+//! base the tail keeps once. An element that does not pack (see
+//! [`Pack::narrow`]) turns the tail to the elements' full width until the
+//! tail becomes a chunk. Elements are read and written by value.
 
+use std::marker::PhantomData;
 use std::ops::Deref;
 use std::sync::Arc;
 
 use super::spill::{Arena, Block, Plain, PAGE};
+
+/// An element a list's tail can keep in fewer bytes than its own size,
+/// relative to a base the tail keeps once (set from its first element).
+pub(crate) trait Pack: Plain {
+    /// Bytes of a packed element.
+    const NARROW: usize;
+    /// Bytes of an element at full width.
+    const WIDE: usize;
+    /// Bytes of the base.
+    const BASE: usize;
+    /// The base of a tail whose first element is `self`.
+    fn start_base(&self, base: &mut [u8]);
+    /// Packs `self` against `base` into `out` ([`Self::NARROW`] bytes), or
+    /// says it does not fit. It may fill a part of the base that no packed
+    /// element depends on yet.
+    fn narrow(&self, base: &mut [u8], out: &mut [u8]) -> bool;
+    fn from_narrow(base: &[u8], bytes: &[u8]) -> Self;
+    /// The element at full width ([`Self::WIDE`] bytes).
+    fn wide(&self, out: &mut [u8]);
+    fn from_wide(bytes: &[u8]) -> Self;
+}
+
+impl Pack for u64 {
+    const NARROW: usize = 4;
+    const WIDE: usize = 8;
+    const BASE: usize = 8;
+    fn start_base(&self, base: &mut [u8]) {
+        base.copy_from_slice(&self.to_le_bytes());
+    }
+    fn narrow(&self, base: &mut [u8], out: &mut [u8]) -> bool {
+        let base = u64::from_le_bytes(base.try_into().expect("8 bytes"));
+        match self.checked_sub(base).map(u32::try_from) {
+            Some(Ok(d)) => {
+                out.copy_from_slice(&d.to_le_bytes());
+                true
+            }
+            _ => false,
+        }
+    }
+    fn from_narrow(base: &[u8], bytes: &[u8]) -> Self {
+        u64::from_le_bytes(base.try_into().expect("8 bytes"))
+            + u64::from(u32::from_le_bytes(bytes.try_into().expect("4 bytes")))
+    }
+    fn wide(&self, out: &mut [u8]) {
+        out.copy_from_slice(&self.to_le_bytes());
+    }
+    fn from_wide(bytes: &[u8]) -> Self {
+        u64::from_le_bytes(bytes.try_into().expect("8 bytes"))
+    }
+}
+
+/// A list's tail: empty, or a form byte ([`Tail::NARROW`] or
+/// [`Tail::WIDE`]), the base ([`Pack::BASE`] bytes), then the elements.
+#[derive(Clone)]
+struct Tail<T: Pack> {
+    bytes: Vec<u8>,
+    _elements: PhantomData<T>,
+}
+
+impl<T: Pack> Default for Tail<T> {
+    fn default() -> Self {
+        Tail {
+            bytes: Vec::new(),
+            _elements: PhantomData,
+        }
+    }
+}
+
+impl<T: Pack> Tail<T> {
+    const NARROW: u8 = 0;
+    const WIDE: u8 = 1;
+    const HEADER: usize = 1 + T::BASE;
+
+    fn width(&self) -> usize {
+        match self.bytes.first() {
+            Some(&Self::WIDE) => T::WIDE,
+            _ => T::NARROW,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.bytes.len().saturating_sub(Self::HEADER) / self.width()
+    }
+
+    fn get(&self, i: usize) -> Option<T> {
+        (i < self.len()).then(|| self.at(i))
+    }
+
+    fn at(&self, i: usize) -> T {
+        let w = self.width();
+        let at = Self::HEADER + i * w;
+        let bytes = &self.bytes[at..at + w];
+        if self.bytes[0] == Self::WIDE {
+            T::from_wide(bytes)
+        } else {
+            T::from_narrow(&self.bytes[1..Self::HEADER], bytes)
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = T> + '_ {
+        (0..self.len()).map(|i| self.at(i))
+    }
+
+    /// Writes `item` at entry `i` (`i == len` appends, with room made
+    /// first); turns the tail wide when it does not pack.
+    fn put(&mut self, i: usize, item: T) {
+        if self.bytes.is_empty() {
+            self.bytes.resize(Self::HEADER, 0);
+            self.bytes[0] = Self::NARROW;
+            item.start_base(&mut self.bytes[1..Self::HEADER]);
+        }
+        let mut scratch = [0u8; 64];
+        let w = self.width();
+        let code = &mut scratch[..w];
+        if self.bytes[0] == Self::WIDE {
+            item.wide(code);
+        } else if !item.narrow(&mut self.bytes[1..Self::HEADER], code) {
+            self.widen();
+            return self.put(i, item);
+        }
+        let at = Self::HEADER + i * w;
+        if at == self.bytes.len() {
+            if self.bytes.len() + w > self.bytes.capacity() {
+                let len = self.len();
+                let want = len + (len / 4).max(4);
+                let most = Self::HEADER + ChunkedVec::<T>::CHUNK * w;
+                let block = super::fitted_block(Self::HEADER, self.bytes.len(), want, w);
+                self.bytes.reserve_exact(block.min(most) - self.bytes.len());
+            }
+            self.bytes.extend_from_slice(code);
+        } else {
+            self.bytes[at..at + w].copy_from_slice(code);
+        }
+    }
+
+    /// Every element at full width, in a block fitted to them.
+    fn widen(&mut self) {
+        let items: Vec<T> = self.iter().collect();
+        let len = items.len();
+        let used = Self::HEADER + len * T::WIDE;
+        let block = super::fitted_block(Self::HEADER, used, len + (len / 4).max(4), T::WIDE);
+        let mut bytes = Vec::with_capacity(block);
+        bytes.resize(Self::HEADER, 0);
+        bytes[0] = Self::WIDE;
+        let mut code = [0u8; 64];
+        for item in items {
+            item.wide(&mut code[..T::WIDE]);
+            bytes.extend_from_slice(&code[..T::WIDE]);
+        }
+        self.bytes = bytes;
+    }
+
+    fn drain_front(&mut self, n: usize) {
+        let n = n.min(self.len());
+        if n == self.len() {
+            self.bytes = Vec::new();
+        } else {
+            let w = self.width();
+            self.bytes.drain(Self::HEADER..Self::HEADER + n * w);
+        }
+    }
+
+    fn take_all(&mut self) -> Vec<T> {
+        let items = self.iter().collect();
+        self.bytes = Vec::new();
+        items
+    }
+
+    fn for_each_mut(&mut self, mut f: impl FnMut(&mut T)) {
+        for i in 0..self.len() {
+            let mut item = self.at(i);
+            f(&mut item);
+            self.put(i, item);
+        }
+    }
+}
 
 /// A list's full chunks, on the heap or in pages of the state's scratch
 /// file ([`super::spill`]).
@@ -38,31 +221,31 @@ impl<T: Plain> Deref for Chunk<T> {
 }
 
 #[derive(Clone)]
-pub(crate) struct ChunkedVec<T: Plain> {
+pub(crate) struct ChunkedVec<T: Pack> {
     /// Full chunks of [`Self::CHUNK`] elements each (the first counting
     /// those dropped from its front), shared with every clone.
     full: Vec<Chunk<T>>,
-    /// The newest elements, fewer than a chunk, the list's own: a clone
-    /// copies them. A short list is this alone, as compact as a `Vec`.
-    tail: Vec<T>,
+    /// The newest elements, fewer than a chunk, the list's own and packed:
+    /// a clone copies them. A short list is this alone.
+    tail: Tail<T>,
     /// Elements dropped from the front of the first full chunk.
     head: usize,
     /// Where full chunks go; on the heap without one.
     file: Option<Arc<Arena>>,
 }
 
-impl<T: Plain> Default for ChunkedVec<T> {
+impl<T: Pack> Default for ChunkedVec<T> {
     fn default() -> Self {
         Self {
             full: Vec::new(),
-            tail: Vec::new(),
+            tail: Tail::default(),
             head: 0,
             file: None,
         }
     }
 }
 
-impl<T: Plain> ChunkedVec<T> {
+impl<T: Pack> ChunkedVec<T> {
     /// Elements per chunk: as many as one page holds (157 of a message's
     /// 26-byte metadata), so a chunk in the file is one page, and the list
     /// of chunks is about 1/150 of the elements.
@@ -77,23 +260,29 @@ impl<T: Plain> ChunkedVec<T> {
         self.len() == 0
     }
 
-    pub fn get(&self, i: usize) -> Option<&T> {
+    pub fn get(&self, i: usize) -> Option<T> {
         let j = self.head + i;
         match self.full.get(j / Self::CHUNK) {
-            Some(chunk) => chunk.get(j % Self::CHUNK),
+            Some(chunk) => chunk.get(j % Self::CHUNK).copied(),
             None => self.tail.get(j - self.full.len() * Self::CHUNK),
         }
     }
 
-    /// Copies the element's chunk first if a clone of the list shares it.
-    pub fn get_mut(&mut self, i: usize) -> Option<&mut T> {
+    /// Changes element `i` with `f`; false when there is none. Copies the
+    /// element's chunk first if a clone of the list shares it.
+    pub fn update(&mut self, i: usize, f: impl FnOnce(&mut T)) -> bool {
         let j = self.head + i;
         let full = self.full.len() * Self::CHUNK;
         if j < full {
-            self.chunk_mut(j / Self::CHUNK).get_mut(j % Self::CHUNK)
-        } else {
-            self.tail.get_mut(j - full)
+            f(&mut self.chunk_mut(j / Self::CHUNK)[j % Self::CHUNK]);
+            return true;
         }
+        let Some(mut item) = self.tail.get(j - full) else {
+            return false;
+        };
+        f(&mut item);
+        self.tail.put(j - full, item);
+        true
     }
 
     /// Chunk `k`, the list's own: copied first (into the file if it has
@@ -143,15 +332,9 @@ impl<T: Plain> ChunkedVec<T> {
     /// Appends, growing the tail by a quarter at a time (as the state's
     /// other lists do); a full tail becomes a shared chunk.
     pub fn push(&mut self, item: T) {
-        if self.tail.len() == self.tail.capacity() {
-            let len = self.tail.len();
-            let want = len + (len / 4).max(4);
-            let capacity = super::fitted_capacity(len, want, std::mem::size_of::<T>());
-            self.tail.reserve_exact(capacity.min(Self::CHUNK) - len);
-        }
-        self.tail.push(item);
+        self.tail.put(self.tail.len(), item);
         if self.tail.len() == Self::CHUNK {
-            let items = std::mem::take(&mut self.tail);
+            let items = self.tail.take_all();
             let chunk = self.chunk_of(items);
             self.full.push(chunk);
         }
@@ -162,35 +345,35 @@ impl<T: Plain> ChunkedVec<T> {
     /// it goes too.
     pub fn remove_front(&mut self, n: usize) -> Vec<T> {
         let n = n.min(self.len());
-        let gone: Vec<T> = self.iter().take(n).copied().collect();
+        let gone: Vec<T> = self.iter().take(n).collect();
         self.head += n;
         let whole = (self.head / Self::CHUNK).min(self.full.len());
         self.full.drain(..whole);
         self.head -= whole * Self::CHUNK;
         if self.full.is_empty() {
             // What is left of the front is in the tail.
-            self.tail.drain(..self.head);
+            self.tail.drain_front(self.head);
             self.head = 0;
         }
         gone
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &T> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = T> + '_ {
         self.full
             .iter()
-            .flat_map(|c| c.iter())
+            .flat_map(|c| c.iter().copied())
             .skip(self.head)
             .chain(self.tail.iter())
     }
 
     /// The elements from the `i`th on, reaching the `i`th without walking
     /// those before it.
-    pub fn iter_from(&self, i: usize) -> impl Iterator<Item = &T> + '_ {
+    pub fn iter_from(&self, i: usize) -> impl Iterator<Item = T> + '_ {
         let j = self.head + i;
         let k = (j / Self::CHUNK).min(self.full.len());
         self.full[k..]
             .iter()
-            .flat_map(|c| c.iter())
+            .flat_map(|c| c.iter().copied())
             .chain(self.tail.iter())
             .skip(j - k * Self::CHUNK)
     }
@@ -202,7 +385,7 @@ impl<T: Plain> ChunkedVec<T> {
             let skip = if k == 0 { head } else { 0 };
             self.chunk_mut(k).iter_mut().skip(skip).for_each(&mut f);
         }
-        self.tail.iter_mut().for_each(f);
+        self.tail.for_each_mut(f);
     }
 
     /// Binary search over elements sorted by `key`, as
@@ -215,7 +398,7 @@ impl<T: Plain> ChunkedVec<T> {
         let (mut lo, mut hi) = (0, self.len());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            let here = f(self.get(mid).expect("mid is below len"));
+            let here = f(&self.get(mid).expect("mid is below len"));
             match here.cmp(key) {
                 std::cmp::Ordering::Less => lo = mid + 1,
                 std::cmp::Ordering::Greater => hi = mid,
@@ -225,10 +408,15 @@ impl<T: Plain> ChunkedVec<T> {
         Err(lo)
     }
 
-    /// Elements the list has room for on the heap, a first chunk's
-    /// dropped front included.
-    pub fn capacity(&self) -> usize {
-        self.heap_chunks() * Self::CHUNK + self.tail.capacity()
+    /// Bytes of elements on the heap, in use and allocated: the heap
+    /// chunks' (a first chunk's dropped front counted in both) and the
+    /// tail's (its header included).
+    pub fn heap_bytes(&self) -> (usize, usize) {
+        let chunks = self.heap_chunks() * Self::CHUNK * size_of::<T>();
+        (
+            chunks + self.tail.bytes.len(),
+            chunks + self.tail.bytes.capacity(),
+        )
     }
 
     fn heap_chunks(&self) -> usize {
@@ -262,16 +450,16 @@ impl<T: Plain> ChunkedVec<T> {
     }
 }
 
-impl<T: Plain + PartialEq> PartialEq for ChunkedVec<T> {
+impl<T: Pack + PartialEq> PartialEq for ChunkedVec<T> {
     /// Equal elements, however they are chunked.
     fn eq(&self, other: &Self) -> bool {
         self.len() == other.len() && self.iter().eq(other.iter())
     }
 }
 
-impl<T: Plain + Eq> Eq for ChunkedVec<T> {}
+impl<T: Pack + Eq> Eq for ChunkedVec<T> {}
 
-impl<T: Plain + std::fmt::Debug> std::fmt::Debug for ChunkedVec<T> {
+impl<T: Pack + std::fmt::Debug> std::fmt::Debug for ChunkedVec<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.iter()).finish()
     }
@@ -300,9 +488,9 @@ mod tests {
             let expected: Vec<u64> = model.drain(..cut).collect();
             assert_eq!(gone, expected);
             assert_eq!(v.len(), model.len());
-            assert!(v.iter().eq(model.iter()));
+            assert!(v.iter().eq(model.iter().copied()));
             for (i, x) in model.iter().enumerate() {
-                assert_eq!(v.get(i), Some(x));
+                assert_eq!(v.get(i), Some(*x));
             }
             assert_eq!(v.get(model.len()), None);
             for from in [
@@ -314,7 +502,10 @@ mod tests {
                 model.len(),
                 model.len() + 3,
             ] {
-                assert!(v.iter_from(from).eq(model.iter().skip(from)), "from {from}");
+                assert!(
+                    v.iter_from(from).eq(model.iter().skip(from).copied()),
+                    "from {from}"
+                );
             }
             for probe in [0, 7, CHUNK as u64 + 3, 4 * CHUNK as u64] {
                 assert_eq!(
@@ -329,14 +520,14 @@ mod tests {
         assert_eq!(gone, model);
         assert!(v.is_empty() && v.iter().next().is_none());
         v.push(1);
-        assert_eq!(v.get(0), Some(&1));
+        assert_eq!(v.get(0), Some(1));
     }
 
     #[test]
     fn a_clone_shares_its_chunks_and_a_write_copies_only_the_chunk_it_touches() {
         let v = filled(4 * CHUNK);
         let mut w = v.clone();
-        *w.get_mut(CHUNK + 5).unwrap() = 99;
+        assert!(w.update(CHUNK + 5, |x| *x = 99));
         w.push(7);
         let shared = v
             .full
@@ -347,14 +538,14 @@ mod tests {
         assert_eq!(shared, 3, "only the written chunk was copied");
         assert_eq!(
             v.get(CHUNK + 5),
-            Some(&(CHUNK as u64 + 5)),
+            Some(CHUNK as u64 + 5),
             "the clone kept its own"
         );
-        assert_eq!(w.get(CHUNK + 5), Some(&99));
+        assert_eq!(w.get(CHUNK + 5), Some(99));
         assert_ne!(v, w);
         let mut plus_one = v.clone();
         plus_one.for_each_mut(|x| *x += 1);
-        assert!(plus_one.iter().zip(v.iter()).all(|(a, b)| *a == b + 1));
+        assert!(plus_one.iter().zip(v.iter()).all(|(a, b)| a == b + 1));
         let mut rebuilt = filled(4 * CHUNK + 1);
         rebuilt.remove_front(1);
         let mut shifted = ChunkedVec::default();
@@ -369,9 +560,40 @@ mod tests {
         let v = filled(CHUNK + 100);
         assert_eq!(v.full.len(), 1);
         assert!(matches!(&v.full[0], Chunk::Heap(c) if c.capacity() == CHUNK));
-        let tail = v.tail.capacity();
+        let tail = (v.tail.bytes.capacity() - Tail::<u64>::HEADER) / 4;
         assert!((100..=125).contains(&tail), "tail capacity {tail}");
         assert_eq!(filled(3).overhead_bytes(), 0, "a short list is a Vec");
+    }
+
+    #[test]
+    fn a_tail_packs_until_an_element_does_not_fit_then_holds_every_element_at_full_width() {
+        let mut v = ChunkedVec::<u64>::default();
+        for x in [1_000, 1_007, 2_000] {
+            v.push(x);
+        }
+        assert_eq!(v.tail.width(), 4, "within 2^32 of the first");
+        assert!(v.update(1, |x| *x = 999), "below the base");
+        assert_eq!(v.tail.width(), 8);
+        v.push(u64::MAX);
+        assert!(v.iter().eq([1_000, 999, 2_000, u64::MAX]));
+        // A full tail becomes a chunk and the next tail packs again.
+        for i in 4..CHUNK as u64 {
+            v.push(i);
+        }
+        assert_eq!(v.full.len(), 1);
+        v.push(5);
+        assert_eq!(v.tail.width(), 4);
+        assert_eq!(v.get(CHUNK), Some(5));
+        assert_eq!(v.get(1), Some(999));
+        // Dropping the front of a tail keeps its base.
+        let mut short = ChunkedVec::<u64>::default();
+        for x in [10, 20, 30] {
+            short.push(x);
+        }
+        assert_eq!(short.remove_front(2), vec![10, 20]);
+        assert!(short.iter().eq([30]));
+        short.push(11);
+        assert!(short.iter().eq([30, 11]));
     }
 
     #[test]
@@ -390,21 +612,21 @@ mod tests {
             "new full chunks go there too"
         );
         assert_eq!(
-            v.capacity(),
-            v.tail.capacity(),
+            v.heap_bytes().1,
+            v.tail.bytes.capacity(),
             "only the tail is on the heap"
         );
         assert_eq!(v, filled(4 * CHUNK + 9));
         assert_eq!(arena.block_bytes(), 4 * PAGE as u64);
 
         // Written in place while the list owns the chunk.
-        *v.get_mut(3).unwrap() = 1_000_003;
+        assert!(v.update(3, |x| *x = 1_000_003));
         assert_eq!(arena.block_bytes(), 4 * PAGE as u64, "no copy");
         // Copied, into the file, while a clone shares it.
         let kept = v.clone();
-        *v.get_mut(CHUNK + 1).unwrap() = 77;
-        assert_eq!(kept.get(CHUNK + 1), Some(&(CHUNK as u64 + 1)));
-        assert_eq!(v.get(CHUNK + 1), Some(&77));
+        assert!(v.update(CHUNK + 1, |x| *x = 77));
+        assert_eq!(kept.get(CHUNK + 1), Some(CHUNK as u64 + 1));
+        assert_eq!(v.get(CHUNK + 1), Some(77));
         assert_eq!(arena.block_bytes(), 5 * PAGE as u64, "one chunk copied");
         drop(kept);
         assert_eq!(
@@ -427,7 +649,7 @@ mod tests {
         model[3] = 1_000_003;
         model[CHUNK + 1] = 77;
         model.drain(..CHUNK + 2);
-        assert!(v.iter().eq(model.iter()));
+        assert!(v.iter().eq(model.iter().copied()));
         assert_eq!(
             v.binary_search_by_key(&(3 * CHUNK as u64), |x| *x),
             model.binary_search(&(3 * CHUNK as u64))

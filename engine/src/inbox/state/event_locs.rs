@@ -193,7 +193,8 @@ impl EventLocs {
         let width = form.width;
         if self.bytes.len() + width > self.bytes.capacity() {
             let len = self.len();
-            let bytes = block_for(self.bytes.len(), len + (len / 4).max(4), width);
+            let bytes =
+                super::fitted_block(HEADER, self.bytes.len(), len + (len / 4).max(4), width);
             self.bytes.reserve_exact(bytes - self.bytes.len());
         }
         self.bytes.extend_from_slice(&code.to_le_bytes()[..width]);
@@ -302,7 +303,8 @@ impl EventLocs {
         let used = HEADER + len * form.width;
         let mut bytes = std::mem::take(&mut self.bytes);
         if bytes.capacity() < used || bytes.capacity() > 2 * used {
-            bytes = Vec::with_capacity(block_for(
+            bytes = Vec::with_capacity(super::fitted_block(
+                HEADER,
                 used - form.width,
                 len + (len / 4).max(4),
                 form.width,
@@ -319,16 +321,6 @@ impl EventLocs {
         }
         self.bytes = bytes;
     }
-}
-
-/// The bytes to allocate for a list of `used` bytes that needs one more
-/// entry of `width`, grown towards `want` entries: the block of the size
-/// class those bytes fall in, cut to whole entries (so the block is
-/// filled, as [`super::fitted_capacity`] does for the state's lists).
-fn block_for(used: usize, want: usize, width: usize) -> usize {
-    let need = used + width;
-    let class = super::fitted_capacity(need - 1, (HEADER + want * width).max(need), 1);
-    HEADER + (class - HEADER) / width * width
 }
 
 impl PartialEq for EventLocs {

@@ -163,12 +163,10 @@ impl Tally {
                 self.add(3, vec::<MsgSeq>(edits));
             }
             let (in_file, pages) = c.msgs.in_file();
+            let (live, allocated) = c.msgs.heap_bytes();
             self.add(
                 4,
-                (
-                    ((c.msgs.len() - in_file) * size_of::<MsgMeta>()) as u64,
-                    (c.msgs.capacity() * size_of::<MsgMeta>() + c.msgs.overhead_bytes()) as u64,
-                ),
+                (live as u64, (allocated + c.msgs.overhead_bytes()) as u64),
             );
             self.add(9, ((in_file * size_of::<MsgMeta>()) as u64, pages as u64));
         }

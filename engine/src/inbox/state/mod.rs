@@ -76,15 +76,170 @@ pub(crate) struct MsgMeta {
 // file gives back only the bytes written from a `MsgMeta`.
 unsafe impl spill::Plain for MsgMeta {}
 
+/// A message's metadata in a conversation's tail ([`chunked`]): 10 bytes
+/// against the tail's base, which holds its first entry's segment and
+/// `msg_id` and up to four senders:
+/// - the location, 5 bytes: the log bit, the segment's distance from the
+///   base (12 bits, up to 4,094: about 512 GiB of log at the default
+///   128 MiB segment) and a 27-bit offset; all ones while pending;
+/// - the `msg_id`'s distance from the base's, 4 bytes;
+/// - one byte: the kind (3 bits), the flags (3 bits) and which of the
+///   base's senders sent it (2 bits).
+///
+/// An entry outside those ranges, or from a fifth sender, turns its tail
+/// to the full 26 bytes. A one-to-one conversation's tail never does.
+impl chunked::Pack for MsgMeta {
+    const NARROW: usize = 10;
+    const WIDE: usize = 26;
+    const BASE: usize = 12 + 8 * PACKED_SENDERS;
+
+    fn start_base(&self, base: &mut [u8]) {
+        let segment = if self.loc == PENDING_LOC {
+            NO_SEGMENT
+        } else {
+            unpack(self.loc).segment
+        };
+        base[..4].copy_from_slice(&segment.to_le_bytes());
+        base[4..12].copy_from_slice(&self.msg_id.0.to_le_bytes());
+        base[12..].fill(0xff);
+    }
+
+    fn narrow(&self, base: &mut [u8], out: &mut [u8]) -> bool {
+        let base_id = u64::from_le_bytes(base[4..12].try_into().expect("8 bytes"));
+        let Some(Ok(id)) = self.msg_id.0.checked_sub(base_id).map(u32::try_from) else {
+            return false;
+        };
+        if self.flags >= 8 {
+            return false;
+        }
+        let Some(sender) = sender_slot(&mut base[12..], self.sender) else {
+            return false;
+        };
+        let loc = if self.loc == PENDING_LOC {
+            NARROW_PENDING
+        } else {
+            let at = unpack(self.loc);
+            let mut base_segment = u32::from_le_bytes(base[..4].try_into().expect("4 bytes"));
+            if base_segment == NO_SEGMENT {
+                // Every entry so far is pending: this one sets the base.
+                base_segment = at.segment;
+                base[..4].copy_from_slice(&base_segment.to_le_bytes());
+            }
+            let Some(delta) = at.segment.checked_sub(base_segment) else {
+                return false;
+            };
+            if delta >= NARROW_SEGMENTS || at.offset >= 1 << NARROW_OFFSET_BITS {
+                return false;
+            }
+            let in_evt = u64::from(body_at(self.loc).0 == BodyLog::Evt);
+            (in_evt << 39) | (u64::from(delta) << NARROW_OFFSET_BITS) | u64::from(at.offset)
+        };
+        out[..5].copy_from_slice(&loc.to_le_bytes()[..5]);
+        out[5..9].copy_from_slice(&id.to_le_bytes());
+        out[9] = crate::inbox::messaging::record::kind_code(self.kind)
+            | (self.flags << 3)
+            | (sender << 6);
+        true
+    }
+
+    fn from_narrow(base: &[u8], b: &[u8]) -> Self {
+        let base_segment = u32::from_le_bytes(base[..4].try_into().expect("4 bytes"));
+        let base_id = u64::from_le_bytes(base[4..12].try_into().expect("8 bytes"));
+        let mut word = [0u8; 8];
+        word[..5].copy_from_slice(&b[..5]);
+        let code = u64::from_le_bytes(word);
+        let loc = if code == NARROW_PENDING {
+            PENDING_LOC
+        } else {
+            let segment = base_segment + ((code >> NARROW_OFFSET_BITS) & 0xfff) as u32;
+            let offset = (code & ((1 << NARROW_OFFSET_BITS) - 1)) as u32;
+            let plain = pack(crate::log::RecordLoc { segment, offset });
+            if code >> 39 == 1 {
+                body_in_evt(plain)
+            } else {
+                plain
+            }
+        };
+        let slot = 12 + 8 * usize::from(b[9] >> 6);
+        MsgMeta {
+            loc,
+            msg_id: MsgId(
+                base_id + u64::from(u32::from_le_bytes(b[5..9].try_into().expect("4 bytes"))),
+            ),
+            sender: Uid(u64::from_le_bytes(
+                base[slot..slot + 8].try_into().expect("8 bytes"),
+            )),
+            kind: crate::inbox::messaging::record::kind_from_code(b[9] & 7)
+                .expect("a kind this process packed"),
+            flags: (b[9] >> 3) & 7,
+        }
+    }
+
+    fn wide(&self, out: &mut [u8]) {
+        let (loc, id, sender) = (self.loc, self.msg_id.0, self.sender.0);
+        out[..8].copy_from_slice(&loc.to_le_bytes());
+        out[8..16].copy_from_slice(&id.to_le_bytes());
+        out[16..24].copy_from_slice(&sender.to_le_bytes());
+        out[24] = crate::inbox::messaging::record::kind_code(self.kind);
+        out[25] = self.flags;
+    }
+
+    fn from_wide(b: &[u8]) -> Self {
+        let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+        MsgMeta {
+            loc: word(0),
+            msg_id: MsgId(word(8)),
+            sender: Uid(word(16)),
+            kind: crate::inbox::messaging::record::kind_from_code(b[24])
+                .expect("a kind this process packed"),
+            flags: b[25],
+        }
+    }
+}
+
+/// Senders a packed tail names in its base.
+const PACKED_SENDERS: usize = 4;
+
+/// The index of `sender` among a packed tail's senders, which takes a free
+/// slot (all ones) when it is not there yet; `None` when all are taken
+/// by others, or for the uid that marks a free slot.
+fn sender_slot(slots: &mut [u8], sender: Uid) -> Option<u8> {
+    let free = u64::MAX;
+    if sender.0 == free {
+        return None;
+    }
+    for (i, slot) in slots.chunks_exact_mut(8).enumerate() {
+        let uid = u64::from_le_bytes(slot.try_into().expect("8 bytes"));
+        if uid == sender.0 {
+            return Some(i as u8);
+        }
+        if uid == free {
+            slot.copy_from_slice(&sender.0.to_le_bytes());
+            return Some(i as u8);
+        }
+    }
+    None
+}
+
+/// A packed entry's base segment before any entry has a location.
+const NO_SEGMENT: u32 = u32::MAX;
+/// Offset bits of a packed location: a 128 MiB segment.
+const NARROW_OFFSET_BITS: u32 = 27;
+/// Segments a packed location reaches past its base (the 12-bit field's
+/// top value is the pending entry's).
+const NARROW_SEGMENTS: u32 = 0xfff;
+/// The packed location of a pending entry: 40 bits of ones.
+const NARROW_PENDING: u64 = (1 << 40) - 1;
+
 impl MsgMeta {
-    pub fn tombstone(&self) -> bool {
+    pub fn tombstone(self) -> bool {
         self.flags != 0
     }
 
     /// True when a conversation summary whose last entry is this one shows
     /// no body: the entry was recalled or edited, or it is a control entry
     /// (a recall's or a join's summary is an id, not text for a UI).
-    pub fn hides_summary(&self) -> bool {
+    pub fn hides_summary(self) -> bool {
         self.tombstone() || !matches!(self.kind, MessageKind::Normal | MessageKind::Edit)
     }
 }
@@ -241,19 +396,22 @@ impl Conv {
         Some(self.msgs_base.plus(i as u64 + 1))
     }
     /// The retained message at `seq` (`None` at or below `msgs_base`).
-    pub fn meta(&self, seq: MsgSeq) -> Option<&MsgMeta> {
-        if seq <= self.msgs_base {
-            return None;
-        }
-        self.msgs
-            .get(usize::try_from(seq.checked_since(self.msgs_base.next())?).ok()?)
+    pub fn meta(&self, seq: MsgSeq) -> Option<MsgMeta> {
+        self.msgs.get(self.meta_index(seq)?)
     }
-    pub fn meta_mut(&mut self, seq: MsgSeq) -> Option<&mut MsgMeta> {
+    /// Changes the retained message at `seq` with `f`; false when there is
+    /// none.
+    pub fn update_meta(&mut self, seq: MsgSeq, f: impl FnOnce(&mut MsgMeta)) -> bool {
+        match self.meta_index(seq) {
+            Some(i) => self.msgs.update(i, f),
+            None => false,
+        }
+    }
+    fn meta_index(&self, seq: MsgSeq) -> Option<usize> {
         if seq <= self.msgs_base {
             return None;
         }
-        self.msgs
-            .get_mut(usize::try_from(seq.checked_since(self.msgs_base.next())?).ok()?)
+        usize::try_from(seq.checked_since(self.msgs_base.next())?).ok()
     }
     /// Moves [`Conv::bodies_in_msg_to`] past the messages above it whose
     /// bodies are in `msg` (and past those reclaimed).
@@ -637,6 +795,16 @@ pub(crate) fn fitted_capacity(len: usize, want: usize, size: usize) -> usize {
     (class_at_or_below(bytes) + class_step(bytes)) / size
 }
 
+/// The bytes to allocate for a list of `used` bytes (a `header`, then
+/// entries of `width` bytes) that needs room for one more entry, grown
+/// towards `want` entries: the block of the size class those bytes fall
+/// in, cut to whole entries, so the list fills it ([`fitted_capacity`]).
+pub(crate) fn fitted_block(header: usize, used: usize, want: usize, width: usize) -> usize {
+    let need = used + width;
+    let class = fitted_capacity(need - 1, (header + want * width).max(need), 1);
+    header + (class - header) / width * width
+}
+
 /// The spacing of the size classes around `bytes`: 8 up to 64 bytes, then
 /// a quarter of the power of two at or below `bytes`.
 fn class_step(bytes: usize) -> usize {
@@ -801,14 +969,14 @@ impl State {
 
     /// Patches the location of a message whose record was just submitted.
     pub fn patch_msg(&mut self, conv: ConvId, seq: MsgSeq, loc: PackedLoc) {
-        if let Some(meta) = self
-            .convs
-            .get_mut(&conv)
-            .map(Arc::make_mut)
-            .and_then(|c| c.meta_mut(seq))
-        {
-            let old = meta.loc;
-            meta.loc = loc;
+        let mut old = None;
+        if let Some(c) = self.convs.get_mut(&conv).map(Arc::make_mut) {
+            c.update_meta(seq, |meta| {
+                old = Some(meta.loc);
+                meta.loc = loc;
+            });
+        }
+        if let Some(old) = old {
             if old != loc {
                 self.remove_msg_ref(old);
                 self.add_msg_ref(loc);
@@ -862,7 +1030,7 @@ impl State {
         let msgs: usize = self
             .convs
             .values()
-            .map(|c| c.msgs.capacity() * std::mem::size_of::<MsgMeta>() + c.msgs.overhead_bytes())
+            .map(|c| c.msgs.heap_bytes().1 + c.msgs.overhead_bytes())
             .sum();
         (events as u64, msgs as u64)
     }
@@ -985,10 +1153,98 @@ mod tests {
             c.msgs.push(meta(0));
         }
         assert_eq!(
-            c.msgs.capacity(),
-            29,
-            "754 B of a 768 B block, not 806 B of 896"
+            c.msgs.heap_bytes().1,
+            375,
+            "a 45-byte header and room for 33 packed entries of 10 bytes fill a 384 B block"
         );
+    }
+
+    #[test]
+    fn message_metadata_packs_to_10_bytes_and_reads_back_exactly_or_stays_at_full_width() {
+        use chunked::Pack;
+        let at = |segment, offset| pack(crate::log::RecordLoc { segment, offset });
+        let first = MsgMeta {
+            loc: PENDING_LOC,
+            msg_id: MsgId(1 << 40),
+            sender: Uid(5 << 40),
+            kind: MessageKind::Normal,
+            flags: 0,
+        };
+        let mut base = [0u8; 44];
+        first.start_base(&mut base);
+        let packs = |m: MsgMeta, base: &mut [u8; 44]| {
+            let mut out = [0u8; 10];
+            m.narrow(base, &mut out)
+                .then(|| MsgMeta::from_narrow(base, &out))
+        };
+        // Pending first: the first location sets the base's segment.
+        assert_eq!(packs(first, &mut base), Some(first));
+        let fits = [
+            MsgMeta {
+                loc: body_in_evt(at(700, 12)),
+                sender: Uid(1),
+                ..first
+            },
+            MsgMeta {
+                loc: at(700 + 4094, (1 << 27) - 1),
+                kind: MessageKind::Edit,
+                flags: FLAG_RECALLED | FLAG_EDITED | FLAG_LOST,
+                sender: Uid(u64::MAX - 1),
+                ..first
+            },
+            MsgMeta {
+                loc: at(701, 0),
+                msg_id: MsgId((1 << 40) + u64::from(u32::MAX)),
+                sender: Uid(0),
+                kind: MessageKind::Recall,
+                ..first
+            },
+        ];
+        for m in fits {
+            assert_eq!(packs(m, &mut base), Some(m), "{m:?}");
+        }
+        let too_wide = [
+            MsgMeta {
+                loc: at(699, 0),
+                ..first
+            },
+            MsgMeta {
+                loc: at(700 + 4095, 0),
+                ..first
+            },
+            MsgMeta {
+                loc: at(700, 1 << 27),
+                ..first
+            },
+            MsgMeta {
+                msg_id: MsgId((1 << 40) - 1),
+                ..first
+            },
+            MsgMeta {
+                msg_id: MsgId((1 << 40) + (1 << 32)),
+                ..first
+            },
+            MsgMeta {
+                sender: Uid(7),
+                ..first
+            },
+            MsgMeta {
+                sender: Uid(u64::MAX),
+                ..first
+            },
+        ];
+        for m in too_wide {
+            assert_eq!(packs(m, &mut base), None, "{m:?}");
+            let mut out = [0u8; 26];
+            m.wide(&mut out);
+            assert_eq!(MsgMeta::from_wide(&out), m);
+        }
+        // In a list: the tail holds both kinds exactly.
+        let mut c = Conv::default();
+        for m in fits.iter().chain(&too_wide) {
+            c.msgs.push(*m);
+        }
+        assert!(c.msgs.iter().eq(fits.iter().chain(&too_wide).copied()));
     }
 
     #[test]
@@ -1020,14 +1276,14 @@ mod tests {
             MsgSeq(2),
             "stops below the body in evt"
         );
-        c.meta_mut(MsgSeq(3)).unwrap().loc = in_msg;
+        assert!(c.update_meta(MsgSeq(3), |m| m.loc = in_msg));
         c.advance_bodies_hint();
         assert_eq!(
             c.bodies_in_msg_to.0,
             MsgSeq(4),
             "stops below the pending one"
         );
-        c.meta_mut(MsgSeq(5)).unwrap().loc = in_msg;
+        assert!(c.update_meta(MsgSeq(5), |m| m.loc = in_msg));
         c.advance_bodies_hint();
         assert_eq!(c.bodies_in_msg_to.0, MsgSeq(5), "the head");
         // Reclaimed history lifts it to the base.
