@@ -285,9 +285,11 @@ impl EventLocs {
         self.form().width
     }
 
-    /// Where the next entry goes (to start loading its cache line).
-    pub fn end_ptr(&self) -> *const u8 {
-        self.bytes.as_ptr().wrapping_add(self.bytes.len())
+    /// Starts loading the lines a push reads and writes: the header (the
+    /// width and base) and the end, where the entry goes.
+    pub fn prefetch(&self) {
+        crate::prefetch::prefetch(self.bytes.as_ptr());
+        crate::prefetch::prefetch(self.bytes.as_ptr().wrapping_add(self.bytes.len()));
     }
 
     /// Holds exactly `locs`, in the narrowest form: in the block it has

@@ -614,10 +614,10 @@ impl User {
     }
 
     /// Starts loading the lines a message's apply touches beyond the user
-    /// itself: the end of its events, where the new one goes, its rows'
+    /// itself: its events' header and end, where the new one goes, its rows'
     /// keys and first row, and its order ([`prefetch`]).
     pub fn prefetch_for_message(&self) {
-        prefetch(self.events.end_ptr());
+        self.events.prefetch();
         self.convs.prefetch();
         self.order.prefetch();
     }
