@@ -143,9 +143,7 @@ impl EventLocs {
 
     fn code_at(&self, i: usize, width: usize) -> u64 {
         let at = HEADER + i * width;
-        let mut word = [0u8; 8];
-        word[..width].copy_from_slice(&self.bytes[at..at + width]);
-        u64::from_le_bytes(word)
+        read_code(&self.bytes[at..at + width])
     }
 
     fn put_code(&mut self, i: usize, width: usize, code: u64) {
@@ -174,7 +172,16 @@ impl EventLocs {
             return None;
         }
         let form = self.form();
-        Some((lo..hi).map(move |i| form.decode(self.code_at(i, form.width))))
+        let w = form.width;
+        let codes = self
+            .bytes
+            .get(HEADER + lo * w..HEADER + hi * w)
+            .unwrap_or_default();
+        Some(
+            codes
+                .chunks_exact(w)
+                .map(move |c| form.decode(read_code(c))),
+        )
     }
 
     /// Appends, growing by a quarter of the list at a time into a block
@@ -322,6 +329,15 @@ impl EventLocs {
             bytes.extend_from_slice(&code.to_le_bytes()[..form.width]);
         }
         self.bytes = bytes;
+    }
+}
+
+/// An entry's code from its 4, 5 or 8 little-endian bytes.
+fn read_code(bytes: &[u8]) -> u64 {
+    match *bytes {
+        [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
+        [a, b, c, d, e] => u64::from(u32::from_le_bytes([a, b, c, d])) | (u64::from(e) << 32),
+        _ => u64::from_le_bytes(bytes.try_into().expect("an entry is 4, 5 or 8 bytes")),
     }
 }
 
