@@ -372,7 +372,7 @@ mod tests {
         let mut st = State::new(0);
         let user = Arc::make_mut(st.users.entry(Uid(1)).or_default());
         user.events = [10, 11, 12, 13].into_iter().collect();
-        st.evt_refs = SegRefs::rebuild(&st.users[&Uid(1)].events.iter().collect::<Vec<_>>());
+        st.evt_refs = SegRefs::rebuild(st.users[&Uid(1)].events.iter());
         st.totals = st.recount_totals();
         st.apply_trim(Uid(1), SyncSeq(2)).unwrap();
         assert_eq!(st.users[&Uid(1)].events_base, SyncSeq(2));

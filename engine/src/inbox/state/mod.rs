@@ -897,8 +897,7 @@ impl State {
     /// Recounts every segment reference from the indexes (after a
     /// checkpoint load, and to check the incremental counts).
     pub fn recount_seg_refs(&self) -> (SegRefs, SegRefs, SegRefs) {
-        let locs: Vec<PackedLoc> = self.users.values().flat_map(|u| u.events.iter()).collect();
-        let mut evt = SegRefs::rebuild(&locs);
+        let mut evt = SegRefs::rebuild(self.users.values().flat_map(|u| u.events.iter()));
         let mut body = SegRefs::default();
         let mut msg = SegRefs::default();
         for m in self.convs.values().flat_map(|c| c.msgs.iter()) {

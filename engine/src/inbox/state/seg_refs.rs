@@ -47,10 +47,10 @@ impl SegRefs {
 
     /// Counts every location of `locs` (after a checkpoint load); every
     /// segment starts dirty.
-    pub fn rebuild<'a>(locs: impl IntoIterator<Item = &'a PackedLoc>) -> Self {
+    pub fn rebuild(locs: impl IntoIterator<Item = PackedLoc>) -> Self {
         let mut r = Self::default();
         for loc in locs {
-            r.add(*loc, 1);
+            r.add(loc, 1);
         }
         r.mark_all_dirty();
         r
@@ -141,7 +141,7 @@ mod tests {
         for l in &locs {
             live.add(*l, 1);
         }
-        let mut rebuilt = SegRefs::rebuild(&locs);
+        let mut rebuilt = SegRefs::rebuild(locs);
         assert_eq!(rebuilt, live);
         assert_eq!(rebuilt.take_dirty(), IdSet::from_iter([1, 4]));
     }
