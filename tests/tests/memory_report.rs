@@ -28,7 +28,11 @@ async fn sends_with_keys_grow_the_idempotency_bytes_the_memory_request_reports()
         200 * 24
     );
     let index = |r: &MemoryReport| live(r, "message_metadata") + live(r, "message_metadata_file");
-    assert_eq!(index(&after) - index(&before), 200 * 26);
+    // The join, then 200 sends: a full chunk of 157 entries at 26 bytes
+    // each, and the conversation's tail packed to 10 bytes an entry after
+    // its 45-byte header (the join alone was the header and one entry).
+    assert_eq!(index(&before), 45 + 10);
+    assert_eq!(index(&after), 157 * 26 + 45 + 44 * 10);
     for m in &after.structures {
         assert!(m.allocated >= m.live, "{m:?}");
     }
