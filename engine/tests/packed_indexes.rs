@@ -1,10 +1,13 @@
-//! A user's event index packs each location to 4 bytes while the user's
-//! events lie within 31 `evt` segments, 5 within 8,191
-//! (`state/event_locs.rs`). Through the engine, with segments small enough
-//! that a few thousand sends span many of them: the lists widen, every
-//! event syncs back in order through restarts from a checkpoint, a kill
-//! and a full replay, and a list whose old front is trimmed away packs
-//! narrow again.
+//! The packed indexes, through the engine:
+//! - a user's event index packs each location to 4 bytes while the user's
+//!   events lie within 31 `evt` segments, 5 within 8,191
+//!   (`state/event_locs.rs`). With segments small enough that a few
+//!   thousand sends span many of them, the lists widen, every event syncs
+//!   back in order through restarts from a checkpoint, a kill and a full
+//!   replay, and a list whose old front is trimmed away packs narrow again;
+//! - a conversation's tail packs its entries to 10 bytes for up to four
+//!   senders (`state/chunked.rs`): a fifth turns it to 26 bytes, and the
+//!   history reads back the same either way and through restarts.
 
 mod inbox_common;
 
@@ -132,4 +135,48 @@ fn events_spread_over_many_segments_widen_the_list_and_sync_back_in_order_throug
         .iter()
         .all(|e| e.1 == EventKind::Msg && e.2 == BUSY_CONV));
     assert!(busy.windows(2).all(|w| w[1].0 == w[0].0.next()));
+}
+
+#[test]
+fn a_fifth_sender_turns_the_tail_to_full_width_and_the_history_reads_back_the_same() {
+    const GROUP: ConvId = ConvId(7);
+    let mut h = Harness::new();
+    let members: Vec<Uid> = (10..16).map(Uid).collect();
+    for &uid in &members {
+        h.join(uid, GROUP);
+    }
+    let tail_bytes = |h: &Harness| h.ib().memory().get("message_metadata").unwrap().live;
+    // Six joins, each its member's own entry: the fifth joiner is a fifth
+    // sender, so the tail already holds every entry at 26 bytes.
+    assert_eq!(tail_bytes(&h), 45 + 6 * 26);
+    for (i, &uid) in members.iter().enumerate() {
+        h.send(GROUP, uid, 100 + i as u128, &format!("from {uid}"));
+    }
+    assert_eq!(tail_bytes(&h), 45 + 12 * 26);
+    let before = h.whole_history(members[0], GROUP);
+    assert_eq!(before.len(), 12);
+    h.ib().checkpoint().unwrap();
+    h.restart(true, |_| {});
+    assert_eq!(
+        h.whole_history(members[0], GROUP),
+        before,
+        "from the checkpoint"
+    );
+    h.restart(false, |_| {});
+    assert_eq!(
+        h.whole_history(members[0], GROUP),
+        before,
+        "after a full replay"
+    );
+    assert_eq!(tail_bytes(&h), 45 + 12 * 26);
+
+    // Four senders pack: a one-to-one conversation and a group of four.
+    const SMALL: ConvId = ConvId(8);
+    for &uid in &members[..4] {
+        h.join(uid, SMALL);
+    }
+    for (i, &uid) in members[..4].iter().enumerate() {
+        h.send(SMALL, uid, 200 + i as u128, "hi");
+    }
+    assert_eq!(tail_bytes(&h), 45 + 12 * 26 + 45 + 8 * 10);
 }
