@@ -1,5 +1,6 @@
-//! Record locations as the indexes hold them: `segment << 32 | offset`,
-//! 8 bytes per index entry.
+//! Record locations as the indexes hand them out: `segment << 32 | offset`
+//! in 8 bytes. The indexes store them packed narrower where they can
+//! (`event_locs`, and a conversation's tail in `chunked`).
 //!
 //! A message location (`MsgMeta::loc`) also says which log holds the
 //! body: bit 63 set means the `evt` log (the body travels inside its
