@@ -325,7 +325,7 @@ impl State {
             let i = (m.sync_seq.0 - user.events_base.0 - 1) as usize;
             if user.events.get(i) == Some(m.from) {
                 self.evt_refs.replace(m.from, m.to);
-                user.events.set(i, m.to);
+                user.events.replace(i, m.to);
             }
         }
     }

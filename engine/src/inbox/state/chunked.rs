@@ -47,6 +47,8 @@ pub(crate) trait Pack: Plain {
     fn from_wide(bytes: &[u8]) -> Self;
 }
 
+/// For the tests of the list itself, whose elements are plain numbers.
+#[cfg(test)]
 impl Pack for u64 {
     const NARROW: usize = 4;
     const WIDE: usize = 8;

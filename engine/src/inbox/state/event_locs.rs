@@ -26,14 +26,10 @@
 //! entries. Two lists are equal when they hold the same locations,
 //! whatever their widths.
 
-use super::loc::{PackedLoc, PENDING_LOC};
+use super::loc::{pack_near, unpack_near, PackedLoc, NO_BASE, PENDING_LOC};
 
-/// Bits of offset in a narrow entry: a 128 MiB segment.
-const OFFSET_BITS: u32 = 27;
 /// Header: the width (1 byte), then the base segment (4 bytes, LE).
 const HEADER: usize = 5;
-/// The base of a list that holds no location yet (only pending ones).
-const NO_BASE: u32 = u32::MAX;
 
 #[derive(Clone, Default)]
 pub(crate) struct EventLocs {
@@ -51,41 +47,28 @@ struct Form {
 impl Form {
     const WIDE: usize = 8;
 
-    /// The all-ones entry of a narrow width.
-    fn pending_code(width: usize) -> u64 {
-        u64::MAX >> (64 - 8 * width as u32)
+    /// Bits of segment distance in an entry of a narrow width; the other
+    /// 27 are the offset ([`pack_near`]).
+    fn segment_bits(width: usize) -> u32 {
+        8 * width as u32 - 27
     }
 
-    /// Segments a narrow width reaches past its base (the top value of its
-    /// segment field is left to the pending entry).
-    fn reach(width: usize) -> u64 {
-        (1u64 << (8 * width as u32 - OFFSET_BITS)) - 1
-    }
-
+    /// The entry of `loc` in this form; `None` when it does not fit. A
+    /// form without a base ([`NO_BASE`]) fits pending entries only.
     fn encode(self, loc: PackedLoc) -> Option<u64> {
         if self.width == Self::WIDE {
             return Some(loc);
         }
-        if loc == PENDING_LOC {
-            return Some(Self::pending_code(self.width));
-        }
-        let (segment, offset) = ((loc >> 32) as u32, loc & 0xffff_ffff);
-        if self.base == NO_BASE || segment < self.base || offset >= 1 << OFFSET_BITS {
-            return None;
-        }
-        let delta = u64::from(segment - self.base);
-        (delta < Self::reach(self.width)).then_some(delta << OFFSET_BITS | offset)
+        let mut base = self.base;
+        let code = pack_near(loc, &mut base, Self::segment_bits(self.width))?;
+        (base == self.base).then_some(code)
     }
 
     fn decode(self, code: u64) -> PackedLoc {
         if self.width == Self::WIDE {
             return code;
         }
-        if code == Self::pending_code(self.width) {
-            return PENDING_LOC;
-        }
-        let segment = u64::from(self.base) + (code >> OFFSET_BITS);
-        segment << 32 | (code & ((1 << OFFSET_BITS) - 1))
+        unpack_near(code, self.base, Self::segment_bits(self.width))
     }
 
     /// The narrowest form that holds every location of `locs`.
@@ -187,9 +170,6 @@ impl EventLocs {
     /// Appends, growing by a quarter of the list at a time into a block
     /// the allocator's size class fills (as the state's other lists do).
     pub fn push(&mut self, loc: PackedLoc) {
-        if self.bytes.is_empty() {
-            self.set_form(Form::fitting(std::iter::once(loc)));
-        }
         let form = self.with_base_for(loc);
         let Some(code) = form.encode(loc) else {
             let mut locs: Vec<PackedLoc> = self.iter().collect();
@@ -211,20 +191,26 @@ impl EventLocs {
     /// location: its entries so far are pending, which any base holds.
     fn with_base_for(&mut self, loc: PackedLoc) -> Form {
         let mut form = self.form();
-        if form.base == NO_BASE && form.width != Form::WIDE && loc != PENDING_LOC {
-            form.base = (loc >> 32) as u32;
+        if self.bytes.is_empty()
+            || (form.base == NO_BASE && form.width != Form::WIDE && loc != PENDING_LOC)
+        {
+            if loc != PENDING_LOC {
+                form.base = (loc >> 32) as u32;
+            }
             self.set_form(form);
         }
         form
     }
 
     /// Replaces entry `i` (a pending location made known, or a record that
-    /// compaction moved). Returns false when there is no entry `i`.
-    pub fn set(&mut self, i: usize, loc: PackedLoc) -> bool {
+    /// compaction moved) and returns what it held; `None` when there is no
+    /// entry `i`.
+    pub fn replace(&mut self, i: usize, loc: PackedLoc) -> Option<PackedLoc> {
         if i >= self.len() {
-            return false;
+            return None;
         }
         let form = self.with_base_for(loc);
+        let old = form.decode(self.code_at(i, form.width));
         match form.encode(loc) {
             Some(code) => self.put_code(i, form.width, code),
             None => {
@@ -233,7 +219,7 @@ impl EventLocs {
                 self.rebuild(&locs);
             }
         }
-        true
+        Some(old)
     }
 
     /// Changes every location with `f`.
@@ -395,14 +381,14 @@ mod tests {
         list.push(PENDING_LOC);
         list.push(PENDING_LOC);
         assert_eq!(list.get(1), Some(PENDING_LOC));
-        assert!(list.set(0, loc(900, 12)));
-        assert!(list.set(1, loc(900, 80)));
+        assert_eq!(list.replace(0, loc(900, 12)), Some(PENDING_LOC));
+        assert_eq!(list.replace(1, loc(900, 80)), Some(PENDING_LOC));
         assert_eq!(
             list.iter().collect::<Vec<_>>(),
             vec![loc(900, 12), loc(900, 80)]
         );
         assert_eq!(list.width(), 4);
-        assert!(!list.set(2, loc(900, 90)), "no entry 2");
+        assert_eq!(list.replace(2, loc(900, 90)), None, "no entry 2");
     }
 
     #[test]
@@ -498,10 +484,8 @@ mod tests {
                         model.push(l);
                     }
                     Op::Set(i, l) => {
-                        prop_assert_eq!(list.set(i, l), i < model.len());
-                        if let Some(slot) = model.get_mut(i) {
-                            *slot = l;
-                        }
+                        let old = model.get_mut(i).map(|slot| std::mem::replace(slot, l));
+                        prop_assert_eq!(list.replace(i, l), old);
                     }
                     Op::RemoveFront(n) => {
                         let n2 = n.min(model.len());

@@ -57,6 +57,47 @@ pub(crate) fn body_in_evt(evt_loc: PackedLoc) -> PackedLoc {
     }
 }
 
+/// Offset bits of a location packed near a base segment: a segment of up
+/// to 128 MiB, the default size.
+const NEAR_OFFSET_BITS: u32 = 27;
+
+/// The base segment of a packed list none of whose entries is a location
+/// yet (all pending): the first location sets it ([`pack_near`]).
+pub(crate) const NO_BASE: u32 = u32::MAX;
+
+/// A plain location (no log bit) packed into `segment_bits + 27` bits: its
+/// segment's distance from `base`, then its offset. [`PENDING_LOC`] is
+/// all ones, so the top distance is left to it. A base of [`NO_BASE`]
+/// becomes the location's segment (for a real location). `None` when the
+/// location is below the base, `2^segment_bits - 1` or more segments past
+/// it, or 128 MiB or more into its segment. The event index
+/// (`event_locs`) and a conversation's packed tail (`MsgMeta`'s `Pack`)
+/// both store locations this way.
+pub(crate) fn pack_near(loc: PackedLoc, base: &mut u32, segment_bits: u32) -> Option<u64> {
+    let all_ones = (1u64 << (segment_bits + NEAR_OFFSET_BITS)) - 1;
+    if loc == PENDING_LOC {
+        return Some(all_ones);
+    }
+    let at = unpack(loc);
+    if *base == NO_BASE {
+        *base = at.segment;
+    }
+    let delta = u64::from(at.segment.checked_sub(*base)?);
+    if delta >= (1 << segment_bits) - 1 || at.offset >= 1 << NEAR_OFFSET_BITS {
+        return None;
+    }
+    Some((delta << NEAR_OFFSET_BITS) | u64::from(at.offset))
+}
+
+/// The location [`pack_near`] packed into `code`.
+pub(crate) fn unpack_near(code: u64, base: u32, segment_bits: u32) -> PackedLoc {
+    if code == (1u64 << (segment_bits + NEAR_OFFSET_BITS)) - 1 {
+        return PENDING_LOC;
+    }
+    let segment = base + (code >> NEAR_OFFSET_BITS) as u32;
+    (u64::from(segment) << 32) | (code & ((1 << NEAR_OFFSET_BITS) - 1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,5 +115,28 @@ mod tests {
         assert_eq!(body_at(plain), (BodyLog::Msg, plain));
         assert_eq!(body_in_evt(PENDING_LOC), PENDING_LOC);
         assert_eq!(body_at(PENDING_LOC).0, BodyLog::Msg);
+    }
+
+    #[test]
+    fn a_location_packed_near_its_base_reads_back_and_one_out_of_reach_does_not_pack() {
+        let at = |segment, offset| pack(RecordLoc { segment, offset });
+        let mut base = NO_BASE;
+        assert_eq!(pack_near(PENDING_LOC, &mut base, 5), Some((1 << 32) - 1));
+        assert_eq!(base, NO_BASE, "a pending entry sets no base");
+        let first = pack_near(at(70, 9), &mut base, 5).unwrap();
+        assert_eq!(base, 70, "the first location sets it");
+        assert_eq!(unpack_near(first, base, 5), at(70, 9));
+        let top = pack_near(at(70 + 30, (1 << 27) - 1), &mut base, 5).unwrap();
+        assert_eq!(unpack_near(top, base, 5), at(100, (1 << 27) - 1));
+        assert_ne!(top, (1 << 32) - 1, "never the pending code");
+        assert_eq!(unpack_near((1 << 32) - 1, base, 5), PENDING_LOC);
+        for out in [at(69, 0), at(70 + 31, 0), at(70, 1 << 27)] {
+            assert_eq!(pack_near(out, &mut base, 5), None, "{out:x}");
+        }
+        assert_eq!(
+            pack_near(at(70 + 31, 0), &mut base, 13).map(|c| unpack_near(c, base, 13)),
+            Some(at(101, 0))
+        );
+        assert_eq!(base, 70);
     }
 }

@@ -94,12 +94,8 @@ impl chunked::Pack for MsgMeta {
     const BASE: usize = 12 + 8 * PACKED_SENDERS;
 
     fn start_base(&self, base: &mut [u8]) {
-        let segment = if self.loc == PENDING_LOC {
-            NO_SEGMENT
-        } else {
-            unpack(self.loc).segment
-        };
-        base[..4].copy_from_slice(&segment.to_le_bytes());
+        // The first location packed sets the segment (`pack_near`).
+        base[..4].copy_from_slice(&loc::NO_BASE.to_le_bytes());
         base[4..12].copy_from_slice(&self.msg_id.0.to_le_bytes());
         base[12..].fill(0xff);
     }
@@ -115,25 +111,13 @@ impl chunked::Pack for MsgMeta {
         let Some(sender) = sender_slot(&mut base[12..], self.sender) else {
             return false;
         };
-        let loc = if self.loc == PENDING_LOC {
-            NARROW_PENDING
-        } else {
-            let at = unpack(self.loc);
-            let mut base_segment = u32::from_le_bytes(base[..4].try_into().expect("4 bytes"));
-            if base_segment == NO_SEGMENT {
-                // Every entry so far is pending: this one sets the base.
-                base_segment = at.segment;
-                base[..4].copy_from_slice(&base_segment.to_le_bytes());
-            }
-            let Some(delta) = at.segment.checked_sub(base_segment) else {
-                return false;
-            };
-            if delta >= NARROW_SEGMENTS || at.offset >= 1 << NARROW_OFFSET_BITS {
-                return false;
-            }
-            let in_evt = u64::from(body_at(self.loc).0 == BodyLog::Evt);
-            (in_evt << 39) | (u64::from(delta) << NARROW_OFFSET_BITS) | u64::from(at.offset)
+        let (log, plain) = body_at(self.loc);
+        let mut base_segment = u32::from_le_bytes(base[..4].try_into().expect("4 bytes"));
+        let Some(near) = loc::pack_near(plain, &mut base_segment, TAIL_SEGMENT_BITS) else {
+            return false;
         };
+        base[..4].copy_from_slice(&base_segment.to_le_bytes());
+        let loc = (u64::from(log == BodyLog::Evt) << 39) | near;
         out[..5].copy_from_slice(&loc.to_le_bytes()[..5]);
         out[5..9].copy_from_slice(&id.to_le_bytes());
         out[9] = crate::inbox::messaging::record::kind_code(self.kind)
@@ -148,17 +132,11 @@ impl chunked::Pack for MsgMeta {
         let mut word = [0u8; 8];
         word[..5].copy_from_slice(&b[..5]);
         let code = u64::from_le_bytes(word);
-        let loc = if code == NARROW_PENDING {
-            PENDING_LOC
+        let plain = loc::unpack_near(code & ((1 << 39) - 1), base_segment, TAIL_SEGMENT_BITS);
+        let loc = if code >> 39 == 1 {
+            body_in_evt(plain)
         } else {
-            let segment = base_segment + ((code >> NARROW_OFFSET_BITS) & 0xfff) as u32;
-            let offset = (code & ((1 << NARROW_OFFSET_BITS) - 1)) as u32;
-            let plain = pack(crate::log::RecordLoc { segment, offset });
-            if code >> 39 == 1 {
-                body_in_evt(plain)
-            } else {
-                plain
-            }
+            plain
         };
         let slot = 12 + 8 * usize::from(b[9] >> 6);
         MsgMeta {
@@ -221,15 +199,10 @@ fn sender_slot(slots: &mut [u8], sender: Uid) -> Option<u8> {
     None
 }
 
-/// A packed entry's base segment before any entry has a location.
-const NO_SEGMENT: u32 = u32::MAX;
-/// Offset bits of a packed location: a 128 MiB segment.
-const NARROW_OFFSET_BITS: u32 = 27;
-/// Segments a packed location reaches past its base (the 12-bit field's
-/// top value is the pending entry's).
-const NARROW_SEGMENTS: u32 = 0xfff;
-/// The packed location of a pending entry: 40 bits of ones.
-const NARROW_PENDING: u64 = (1 << 40) - 1;
+/// Bits of a packed tail entry's segment distance: 4,094 segments past
+/// the base at most (`loc::pack_near`), about 512 GiB of log at the
+/// default 128 MiB segment. With the log bit and the offset, 40 bits.
+const TAIL_SEGMENT_BITS: u32 = 12;
 
 impl MsgMeta {
     pub fn tombstone(self) -> bool {
@@ -958,9 +931,8 @@ impl State {
         if let Some(user) = self.users.get_mut(&uid).map(Arc::make_mut) {
             if seq > user.events_base {
                 let i = (seq.0 - user.events_base.0 - 1) as usize;
-                if let Some(old) = user.events.get(i) {
+                if let Some(old) = user.events.replace(i, loc) {
                     self.evt_refs.replace(old, loc);
-                    user.events.set(i, loc);
                 }
             }
         }
