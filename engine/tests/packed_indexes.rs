@@ -60,16 +60,6 @@ fn event_index_bytes(h: &Harness) -> u64 {
     h.ib().memory().get("event_index").unwrap().live
 }
 
-fn evt_segments(h: &Harness) -> usize {
-    std::fs::read_dir(h.dir.path().join("evt"))
-        .unwrap()
-        .filter(|e| {
-            let name = e.as_ref().unwrap().file_name();
-            name.to_string_lossy().ends_with(".seg")
-        })
-        .count()
-}
-
 #[test]
 fn events_spread_over_many_segments_widen_the_list_and_sync_back_in_order_through_restarts() {
     let mut h = Harness::with(small_segments);
@@ -82,7 +72,7 @@ fn events_spread_over_many_segments_widen_the_list_and_sync_back_in_order_throug
         h.send_many(BUSY_CONV, PEER, 1_000 + round * 500, 500);
     }
     h.send(QUIET_CONV, PEER, 2, "after the traffic");
-    let segments = evt_segments(&h);
+    let segments = h.evt_segment_files();
     assert!(
         segments > 40,
         "the traffic spans more than 31 segments: {segments}"

@@ -56,13 +56,7 @@ fn a_page_of_recent_records_is_built_in_place_and_an_old_page_may_read_the_disk(
     h.join(Uid(3), ConvId(1));
     let new_gen = h.register(Uid(3), PHONE).device.generation;
     h.send_many(ConvId(1), Uid(1), 10_000, 19);
-    let evt_segments = std::fs::read_dir(h.dir.path().join("evt"))
-        .unwrap()
-        .filter(|e| {
-            let name = e.as_ref().unwrap().file_name();
-            name.to_string_lossy().ends_with(".seg")
-        })
-        .count();
+    let evt_segments = h.evt_segment_files();
     assert!(evt_segments >= 4, "{evt_segments} evt segments");
     let req = |uid: Uid, generation: Generation| SyncRequest {
         uid,

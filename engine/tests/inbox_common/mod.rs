@@ -99,6 +99,18 @@ impl Harness {
         self.inbox = Some(Inbox::open(c).unwrap());
     }
 
+    /// Segment files in the `evt` log's directory (prepared spares
+    /// included).
+    pub fn evt_segment_files(&self) -> usize {
+        std::fs::read_dir(self.dir.path().join("evt"))
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy().ends_with(".seg")
+            })
+            .count()
+    }
+
     pub fn advance(&self, d: Duration) {
         self.clock.advance(d);
     }
