@@ -394,7 +394,7 @@ impl Collector for EngineCollector {
         gauge(
             e,
             "inboxd_index_bytes",
-            "Bytes of in-memory indexes",
+            "Bytes of in-memory indexes, each entry counted at its widest (an upper bound)",
             stats.index_bytes,
         )?;
         counter(

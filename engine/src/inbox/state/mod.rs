@@ -1008,10 +1008,10 @@ impl State {
 }
 
 /// Bytes of the event index and of the message index, estimated from the
-/// entry counts (lengths, not capacities): what `stats()` reports. An
-/// event counts 8 bytes, the widest entry of its list ([`event_locs`]), so
-/// the event part is an upper bound; the memory breakdown has the exact
-/// bytes.
+/// entry counts (lengths, not capacities): what `stats()` reports. Each
+/// entry counts at its widest: 8 bytes an event ([`event_locs`]) and 26 a
+/// message (a chunk's; a packed tail's are 10, [`chunked`]), so both parts
+/// are upper bounds; the memory breakdown has the exact bytes.
 pub(crate) fn index_bytes_estimate(totals: &Totals) -> (u64, u64) {
     (
         totals.events * 8,
