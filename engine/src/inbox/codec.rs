@@ -64,6 +64,10 @@ impl Writer {
             sink: None,
         }
     }
+    /// A writer that appends to `buf`.
+    pub fn appending(buf: Vec<u8>) -> Self {
+        Self { buf, sink: None }
+    }
     /// A writer that hands `sink` its bytes in chunks of about `chunk`.
     pub fn streaming(sink: Box<dyn Sink>, chunk: usize) -> Self {
         Self {

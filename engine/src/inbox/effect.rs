@@ -134,10 +134,18 @@ const _: () = assert!(kinds_are_distinct(KIND_SETS));
 impl Effect {
     /// The record's payload: the format byte, then the kind's body.
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::with_capacity(96);
+        let mut out = Vec::with_capacity(96);
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// [`Effect::encode`] appended to `out`: a round encodes each effect
+    /// straight into its batch's frame.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let mut w = Writer::appending(std::mem::take(out));
         w.u8(EFFECT_FORMAT_VERSION);
         self.encode_body(&mut w);
-        w.buf
+        *out = w.buf;
     }
 
     pub fn decode(record_kind: u8, buf: &[u8]) -> DecodeResult<Effect> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::batch::{AppendTicket, Appended, Batch, Waiter};
-use super::format::{self, BatchEncoder, SEGMENT_HEADER_LEN};
+use super::format::{self, SEGMENT_HEADER_LEN};
 use super::io::{LogIo, PwriteIo};
 use super::lock::lock_dir;
 use super::prepare::{self, Freed, Preparer};
@@ -179,7 +179,7 @@ impl Log {
         self.queue_batch(batch)
     }
 
-    fn queue_batch(&self, batch: Batch) -> Result<AppendTicket, LogError> {
+    fn queue_batch(&self, mut batch: Batch) -> Result<AppendTicket, LogError> {
         let frame_len = batch.encoded_len();
         let room = self.shared.segment_bytes - SEGMENT_HEADER_LEN as u64;
         if frame_len > room {
@@ -201,16 +201,15 @@ impl Log {
         let offset = active.write_offset;
         assert!(offset + frame_len <= active.capacity);
         let seg = Arc::clone(&active.seg);
-        let mut bytes = Vec::with_capacity(frame_len as usize);
         let offset32 = u32::try_from(offset).expect("segment_bytes is at most u32::MAX");
-        let locs = BatchEncoder::encode(seg.id, offset32, lsn, &batch.records, &mut bytes);
+        let locs = batch.seal(seg.id, offset32, lsn);
         active.write_offset += frame_len;
         st.next_lsn += 1;
         st.queue.push(Item::Batch {
             seg,
             offset,
             lsn,
-            bytes,
+            bytes: batch.into_frame(),
         });
         drop(st);
         Ok(AppendTicket {

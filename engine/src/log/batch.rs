@@ -6,12 +6,27 @@ use std::sync::Arc;
 
 use super::format::BatchEncoder;
 use super::shared::Shared;
-use super::{LogError, Lsn, RecordLoc};
+use super::{LogError, Lsn, RecordLoc, SegmentId};
 
-/// Records to append as one atomic, CRC-framed batch.
-#[derive(Debug, Default, Clone)]
+/// Records to append as one atomic, CRC-framed batch, held as the frame
+/// they will be written as: each record is encoded once, straight into
+/// place, and the log fills in only what the write position decides (the
+/// batch header and each record's CRC) when the batch is submitted
+/// ([`BatchEncoder::seal`]). Submitting moves the frame to the writer
+/// without a copy.
+#[derive(Debug, Clone)]
 pub struct Batch {
-    pub(super) records: Vec<(u8, Vec<u8>)>,
+    /// Room for the batch header, then each record's header and payload.
+    frame: Vec<u8>,
+    count: usize,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        let mut frame = Vec::new();
+        BatchEncoder::begin(&mut frame);
+        Self { frame, count: 0 }
+    }
 }
 
 impl Batch {
@@ -19,21 +34,43 @@ impl Batch {
         Self::default()
     }
     pub fn push(&mut self, kind: u8, payload: &[u8]) {
-        self.records.push((kind, payload.to_vec()));
+        self.push_with(kind, |out| out.extend_from_slice(payload));
     }
-    /// [`Batch::push`] for a payload the caller already owns: no copy.
-    pub fn push_owned(&mut self, kind: u8, payload: Vec<u8>) {
-        self.records.push((kind, payload));
+    /// Appends a record whose payload `write` appends to the buffer it is
+    /// given (and nothing else): an encoder writes it in place, with no
+    /// buffer of its own to copy from.
+    pub fn push_with(&mut self, kind: u8, write: impl FnOnce(&mut Vec<u8>)) {
+        BatchEncoder::push_record(&mut self.frame, 0, kind, write);
+        self.count += 1;
     }
     pub fn len(&self) -> usize {
-        self.records.len()
+        self.count
     }
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.count == 0
     }
-    /// Bytes the batch takes in a segment, frame header included.
+    /// Bytes the batch takes in a segment, frame header included
+    /// (`u64::MAX` past what a frame can count).
     pub fn encoded_len(&self) -> u64 {
-        BatchEncoder::frame_len(&self.records).unwrap_or(u64::MAX)
+        if self.count > u32::MAX as usize {
+            return u64::MAX;
+        }
+        self.frame.len() as u64
+    }
+    /// The records, in order: (kind, payload).
+    pub fn records(&self) -> impl Iterator<Item = (u8, &[u8])> + '_ {
+        BatchEncoder::records(&self.frame, self.count)
+    }
+    /// Fills in the frame for writing at `offset` of `segment` as `lsn`,
+    /// and returns the records' locations. The caller has checked that the
+    /// frame fits there.
+    pub(super) fn seal(&mut self, segment: SegmentId, offset: u32, lsn: Lsn) -> Vec<RecordLoc> {
+        let count = u32::try_from(self.count).expect("caller checked the frame length");
+        BatchEncoder::seal(segment, offset, lsn, &mut self.frame, count)
+    }
+    /// The sealed frame, as it is written.
+    pub(super) fn into_frame(self) -> Vec<u8> {
+        self.frame
     }
 }
 

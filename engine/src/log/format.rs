@@ -198,47 +198,97 @@ impl BatchEncoder {
         out: &mut Vec<u8>,
     ) -> Vec<RecordLoc> {
         let frame_len = Self::frame_len(records).expect("caller checked the frame length");
-        assert!(lsn >= 1);
-        assert!(u64::from(offset) + frame_len <= u64::from(u32::MAX));
-        let frame_len = frame_len as usize;
-        let start = out.len();
-        out.reserve(frame_len);
-        out.extend_from_slice(&(frame_len as u32).to_le_bytes());
-        out.push(FRAME_TYPE_BATCH);
-        out.push(0);
-        out.extend_from_slice(&[0, 0]);
-        out.extend_from_slice(&lsn.to_le_bytes());
-        out.extend_from_slice(&(records.len() as u32).to_le_bytes());
-        out.extend_from_slice(&[0; 4]); // batch crc, filled below
-        let mut locs = Vec::with_capacity(records.len());
+        out.reserve(frame_len as usize);
+        let start = Self::begin(out);
         for (kind, payload) in records {
-            let rel = (out.len() - start) as u32;
-            let rec_offset = offset + rel;
-            let h = out.len();
-            out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-            out.push(*kind);
-            out.extend_from_slice(&[0; 3]);
-            out.extend_from_slice(&rel.to_le_bytes());
-            let mut crc = crc32fast::Hasher::new();
-            crc.update(&segment.to_le_bytes());
-            crc.update(&rec_offset.to_le_bytes());
-            crc.update(&out[h..h + 12]);
-            crc.update(payload);
-            out.extend_from_slice(&crc.finalize().to_le_bytes());
-            out.extend_from_slice(payload);
+            Self::push_record(out, start, *kind, |o| o.extend_from_slice(payload));
+        }
+        Self::seal(segment, offset, lsn, &mut out[start..], records.len() as u32)
+    }
+
+    /// Begins a batch frame at the end of `out`: room for its header,
+    /// which [`BatchEncoder::seal`] fills in. Returns where it starts.
+    pub(crate) fn begin(out: &mut Vec<u8>) -> usize {
+        let start = out.len();
+        out.extend_from_slice(&[0; BATCH_HEADER_LEN]);
+        start
+    }
+
+    /// Appends one record to the frame begun at `start` of `out`: its
+    /// header, then the payload `write` appends. The record's CRC depends
+    /// on where the frame is written, so [`BatchEncoder::seal`] computes
+    /// it. A payload or frame past `u32` lengths makes a frame no segment
+    /// takes; the log refuses it by its length before sealing.
+    pub(crate) fn push_record(
+        out: &mut Vec<u8>,
+        start: usize,
+        kind: u8,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) {
+        let h = out.len();
+        out.extend_from_slice(&[0; RECORD_HEADER_LEN]);
+        write(out);
+        let len = (out.len() - h - RECORD_HEADER_LEN) as u32;
+        let rel = (h - start) as u32;
+        out[h..h + 4].copy_from_slice(&len.to_le_bytes());
+        out[h + 4] = kind;
+        out[h + 8..h + 12].copy_from_slice(&rel.to_le_bytes());
+    }
+
+    /// The `count` records of a frame built by [`BatchEncoder::begin`] and
+    /// [`BatchEncoder::push_record`]: (kind, payload).
+    pub(crate) fn records(frame: &[u8], count: usize) -> impl Iterator<Item = (u8, &[u8])> + '_ {
+        let mut pos = BATCH_HEADER_LEN;
+        (0..count).map(move |_| {
+            let h = decode_record_header(&frame[pos..pos + RECORD_HEADER_LEN]);
+            let payload = &frame[pos + RECORD_HEADER_LEN..pos + RECORD_HEADER_LEN + h.len as usize];
+            pos += RECORD_HEADER_LEN + h.len as usize;
+            (h.kind, payload)
+        })
+    }
+
+    /// Fills in a frame of `count` records built by [`BatchEncoder::begin`]
+    /// and [`BatchEncoder::push_record`], to be written at `offset` of
+    /// `segment` as `lsn`: the batch header, each record's CRC and the
+    /// batch CRC. Returns the record locations.
+    pub(crate) fn seal(
+        segment: SegmentId,
+        offset: u32,
+        lsn: Lsn,
+        frame: &mut [u8],
+        count: u32,
+    ) -> Vec<RecordLoc> {
+        let frame_len = frame.len();
+        assert!(lsn >= 1);
+        assert!(u64::from(offset) + frame_len as u64 <= u64::from(u32::MAX));
+        frame[0..4].copy_from_slice(&(frame_len as u32).to_le_bytes());
+        frame[4] = FRAME_TYPE_BATCH;
+        frame[5..8].fill(0);
+        frame[8..16].copy_from_slice(&lsn.to_le_bytes());
+        frame[16..20].copy_from_slice(&count.to_le_bytes());
+        let mut locs = Vec::with_capacity(count as usize);
+        let mut pos = BATCH_HEADER_LEN;
+        for _ in 0..count {
+            let h = decode_record_header(&frame[pos..pos + RECORD_HEADER_LEN]);
+            let end = pos + RECORD_HEADER_LEN + h.len as usize;
+            let rec_offset = offset + pos as u32;
+            let crc = record_crc(
+                segment,
+                rec_offset,
+                &frame[pos..pos + 12],
+                &frame[pos + RECORD_HEADER_LEN..end],
+            );
+            frame[pos + 12..pos + RECORD_HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
             locs.push(RecordLoc {
                 segment,
                 offset: rec_offset,
             });
+            pos = end;
         }
-        assert_eq!(out.len() - start, frame_len, "frame length drifted");
-        let crc = batch_crc(
-            segment,
-            &out[start..start + 20],
-            &out[start + BATCH_HEADER_LEN..],
-        );
-        out[start + 20..start + 24].copy_from_slice(&crc.to_le_bytes());
-        debug_assert!(decode_batch(segment, &out[start..], 0, offset as usize).is_ok());
+        assert_eq!(pos, frame_len, "frame length drifted");
+        let crc = batch_crc(segment, &frame[..20], &frame[BATCH_HEADER_LEN..]);
+        frame[20..24].copy_from_slice(&crc.to_le_bytes());
+        debug_assert!(decode_batch(segment, frame, 0, offset as usize).is_ok());
         locs
     }
 }

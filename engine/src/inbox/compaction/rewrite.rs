@@ -288,7 +288,7 @@ pub(crate) fn rewrite(
             if !batch.is_empty() && size + len > room {
                 break;
             }
-            batch.push_owned(kind | COPY_FLAG, payload);
+            batch.push(kind | COPY_FLAG, &payload);
             size += len;
             olds.push((*off, holders));
             entries.remove(0);

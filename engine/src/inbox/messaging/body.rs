@@ -188,7 +188,7 @@ mod tests {
                 sent_at_ms: 1_000,
             };
             let mut body = Batch::new();
-            body.push_owned(1, encode_msg_record(&header, &stored));
+            body.push(1, &encode_msg_record(&header, &stored));
             let at = msg.append(body).unwrap().locs[0];
             let effect = Effect::from(MsgEffect {
                 conv: ConvId(10),
@@ -204,7 +204,7 @@ mod tests {
                 summary: super::super::record::summary_for(kind, payload, MsgId(0), sender),
             });
             let mut batch = Batch::new();
-            batch.push_owned(effect.record_kind(), effect.encode());
+            batch.push_with(effect.record_kind(), |out| effect.encode_into(out));
             evt.append(batch).unwrap();
         }
     }

@@ -164,7 +164,7 @@ impl<'l, T> Appender<'l, T> {
         if !self.batch.is_empty() && self.bytes + size > self.max {
             self.flush()?;
         }
-        self.batch.push_owned(kind, payload);
+        self.batch.push(kind, &payload);
         self.tags.push(tag);
         self.bytes += size;
         Ok(())

@@ -79,9 +79,6 @@ use replica::Role;
 /// At most this many commands per round, to bound a round's latency.
 const ROUND_COMMANDS_MAX: usize = 4096;
 
-/// Bytes a record adds to a round besides its payload.
-const RECORD_HEADER_LEN: usize = Log::RECORD_OVERHEAD_BYTES as usize;
-
 /// Bytes of records a round may gather before it is closed: half of what
 /// one batch of the log may hold. Each round's `msg` batch and its `evt`
 /// batch go into one frame of their log, which must fit a segment; a round
@@ -125,9 +122,9 @@ impl<C> Command<C> {
 
 #[derive(Default)]
 struct RoundBuf {
-    /// The round's effects, encoded once as they are decided (kind,
-    /// bytes).
-    evt_records: Vec<(u8, Vec<u8>)>,
+    /// The round's `evt` batch: each effect encoded once, into the frame
+    /// the log writes, as it is decided.
+    evt: Batch,
     /// Index entries that point at a record of this round, patched with
     /// its location once the batch is placed: events, and messages whose
     /// body is in the record.
@@ -174,7 +171,7 @@ impl Sink for RoundSink<'_> {
             r.refused_effects = true;
             return;
         }
-        let idx = r.evt_records.len();
+        let idx = r.evt.len();
         let mut touched = Touched::default();
         if let Err(e) = effect.apply(st, PENDING_LOC, self.round_id, &mut touched) {
             // The decision was made on this very state, so this is a bug;
@@ -194,9 +191,10 @@ impl Sink for RoundSink<'_> {
         if let Some((conv, seq)) = touched.body {
             r.body_patches.push((conv, seq, idx));
         }
-        let record = effect.encode();
-        r.size += (RECORD_HEADER_LEN + record.len()) as u64;
-        r.evt_records.push((effect.record_kind(), record));
+        let before = r.evt.encoded_len();
+        r.evt
+            .push_with(effect.record_kind(), |out| effect.encode_into(out));
+        r.size += r.evt.encoded_len() - before;
     }
 
     fn reply(&mut self, reply: ReplyFn) {
@@ -514,21 +512,17 @@ impl<C: Exec> Sequencer<C> {
         {
             return Err(Fail::Poisoned(m));
         }
-        if r.evt_records.is_empty() {
+        if r.evt.is_empty() {
             return Ok(None);
         }
         let entry = match &self.role {
             Role::Leader(link) => self.mark_round(link, r),
             _ => None,
         };
-        let mut batch = Batch::new();
-        for (kind, record) in r.evt_records.drain(..) {
-            batch.push_owned(kind, record);
-        }
         let ticket = self
             .shared
             .evt_log
-            .submit_deferred(batch)
+            .submit_deferred(std::mem::take(&mut r.evt))
             .map_err(|e| Fail::from_log(&e))?;
         {
             let mut st = self.shared.state.write();

@@ -100,10 +100,10 @@ impl<C: Exec> Sequencer<C> {
     /// touched this node's files) is neither marked nor handed out.
     pub(super) fn mark_round(&self, link: &Arc<Link>, r: &mut RoundBuf) -> Option<Entry> {
         let records: Vec<(u8, Vec<u8>)> = r
-            .evt_records
-            .iter()
+            .evt
+            .records()
             .filter(|(kind, _)| is_replicated_kind(*kind))
-            .cloned()
+            .map(|(kind, payload)| (kind, payload.to_vec()))
             .collect();
         if records.is_empty() {
             return None;
@@ -117,7 +117,8 @@ impl<C: Exec> Sequencer<C> {
                 self.shared
                     .poison(format!("broken invariant: round mark: {}", e.0));
             }
-            r.evt_records.push((mark.record_kind(), mark.encode()));
+            r.evt
+                .push_with(mark.record_kind(), |out| mark.encode_into(out));
             st.replica_index
         };
         r.replica = Some((Arc::clone(link), index));
