@@ -203,7 +203,13 @@ impl BatchEncoder {
         for (kind, payload) in records {
             Self::push_record(out, start, *kind, |o| o.extend_from_slice(payload));
         }
-        Self::seal(segment, offset, lsn, &mut out[start..], records.len() as u32)
+        Self::seal(
+            segment,
+            offset,
+            lsn,
+            &mut out[start..],
+            records.len() as u32,
+        )
     }
 
     /// Begins a batch frame at the end of `out`: room for its header,
