@@ -245,6 +245,15 @@ pub struct SyncOptions {
     /// The events carry no message summaries (`summary` empty): a device
     /// that fetches bodies with `PULL` anyway saves the bytes.
     pub without_summaries: bool,
+    /// ACK through this `sync_seq` as [`crate::Inbox::ack`] would, with the
+    /// request's generation and batch token (so only on a page after the
+    /// first of a batch), without a request of its own: a device catching
+    /// up ACKs each page as it asks for the next one. The page does not
+    /// wait for the ACK: it is checked as the request arrives (an ACK
+    /// `ACK` would refuse fails the sync with that error) and written with
+    /// the next round, and the reply does not say it is durable. A device
+    /// that needs that sends its last ACK on its own.
+    pub ack_through: Option<SyncSeq>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

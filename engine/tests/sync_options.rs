@@ -132,3 +132,86 @@ fn events_without_summaries_carry_none_and_are_otherwise_the_same() {
         );
     }
 }
+
+/// The device's ACK as the engine holds it once every command queued
+/// before this call has run: a registration is a write of its own, queued
+/// behind whatever the sync submitted.
+fn acked_after_queue(h: &Harness, uid: Uid) -> SyncSeq {
+    h.register(uid, DeviceId(99));
+    let devices = h.ib().devices(uid).unwrap();
+    devices
+        .iter()
+        .find(|d| d.device == PHONE)
+        .unwrap()
+        .acked_sync_seq
+}
+
+#[test]
+fn an_ack_carried_by_the_next_sync_moves_the_device_forward_and_survives_a_restart() {
+    let (mut h, gen) = backlog(30);
+    let first = h.ib().sync(SyncRequest {
+        limit: 10,
+        ..req(Uid(2), gen, SyncSeq(0))
+    });
+    let first = first.wait().unwrap();
+    assert!(first.has_more);
+    let next = SyncRequest {
+        local_applied_seq: first.next_cursor,
+        limit: 10,
+        batch_token: Some(first.batch_token.clone()),
+        ..req(Uid(2), gen, SyncSeq(0))
+    };
+    let options = SyncOptions {
+        ack_through: Some(first.next_cursor),
+        ..SyncOptions::default()
+    };
+    let second = h.ib().sync_with(next, options).wait().unwrap();
+    assert_eq!(
+        second.events.first().map(|e| e.sync_seq),
+        Some(first.next_cursor.plus(1)),
+        "the page after the ACKed one"
+    );
+    assert_eq!(acked_after_queue(&h, Uid(2)), first.next_cursor);
+    h.restart(true, |_| {});
+    assert_eq!(acked_after_queue(&h, Uid(2)), first.next_cursor, "durable");
+}
+
+#[test]
+fn an_ack_carried_by_sync_that_ack_would_refuse_fails_the_sync_and_moves_nothing() {
+    let (h, gen) = backlog(30);
+    let first = h
+        .ib()
+        .sync(SyncRequest {
+            limit: 10,
+            ..req(Uid(2), gen, SyncSeq(0))
+        })
+        .wait()
+        .unwrap();
+    let next = SyncRequest {
+        local_applied_seq: first.next_cursor,
+        limit: 10,
+        batch_token: Some(first.batch_token.clone()),
+        ..req(Uid(2), gen, SyncSeq(0))
+    };
+    let beyond = SyncOptions {
+        ack_through: Some(first.batch_hwm.plus(1)),
+        ..SyncOptions::default()
+    };
+    let err = h.ib().sync_with(next.clone(), beyond).wait().unwrap_err();
+    assert!(
+        matches!(err, Error::AckBeyondHwm { .. }),
+        "beyond the batch's high-water mark: {err:?}"
+    );
+    // The first page of a batch has no token to ACK with.
+    let untokened = SyncOptions {
+        ack_through: Some(first.next_cursor),
+        ..SyncOptions::default()
+    };
+    let err = h
+        .ib()
+        .sync_with(req(Uid(2), gen, first.next_cursor), untokened)
+        .wait()
+        .unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{err:?}");
+    assert_eq!(acked_after_queue(&h, Uid(2)), SyncSeq(0), "nothing ACKed");
+}

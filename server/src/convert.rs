@@ -123,6 +123,7 @@ pub fn sync_options(req: &wire::SyncReq) -> engine::SyncOptions {
     engine::SyncOptions {
         max_replay: req.max_replay,
         without_summaries: req.without_summaries || req.ids_only,
+        ack_through: req.ack_through.map(engine::SyncSeq),
     }
 }
 

@@ -197,3 +197,77 @@ async fn inboxctl_sync_acks_at_the_cadence_it_is_given_and_refuses_a_cadence_of_
         json["batch_hwm"].as_u64()
     );
 }
+
+#[tokio::test]
+async fn a_catch_up_with_its_acks_in_sync_acks_every_page_in_one_request_and_ends_at_the_batch_end()
+{
+    let dir = inbox_tests::data_dir();
+    let daemon = Daemon::start(dir.path());
+    let client = daemon.client().await;
+    let sent = setup(&client).await;
+    let generation = register(&client, READER, 1).await;
+    let options = CatchUpOptions {
+        ack_in_sync: true,
+        ..small_pages()
+    };
+    let run = client
+        .catch_up(READER, 1, Some(generation), 0, true, options)
+        .await
+        .unwrap();
+    assert!(run.pages > 10, "many pages: {}", run.pages);
+    assert_contiguous(&run.events, 0, run.batch_hwm);
+    assert_eq!(msg_refs(&run.events), sent);
+    assert_eq!(run.acks, run.pages, "every page ACKed, the last on its own");
+    assert_eq!(run.acked_sync_seq, run.batch_hwm);
+
+    // Without the last ACK, what the SYNCs carried is what the device
+    // holds: every page but the last. A registration, a write queued
+    // behind those ACKs, has been answered before the devices are read.
+    let other = register(&client, READER, 2).await;
+    let partial = client
+        .catch_up(READER, 2, Some(other), 0, false, small_pages())
+        .await
+        .unwrap();
+    let first = client
+        .sync(SyncReq {
+            uid: READER,
+            device: 3,
+            generation: Some(register(&client, READER, 3).await),
+            local_applied_seq: 0,
+            limit: 7,
+            ..SyncReq::default()
+        })
+        .await
+        .unwrap();
+    let second = client
+        .sync(SyncReq {
+            uid: READER,
+            device: 3,
+            generation: Some(first.generation),
+            local_applied_seq: first.next_cursor,
+            limit: 7,
+            batch_token: Some(first.batch_token.clone()),
+            ack_through: Some(first.next_cursor),
+            ..SyncReq::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(second.events[0].sync_seq(), first.next_cursor + 1);
+    register(&client, READER, 4).await;
+    let devices = client.devices(UserReq { uid: READER }).await.unwrap();
+    let acked = |d: u64| {
+        devices
+            .devices
+            .iter()
+            .find(|x| x.device == d)
+            .unwrap()
+            .acked_sync_seq
+    };
+    assert_eq!(
+        acked(3),
+        first.next_cursor,
+        "the ACK the second SYNC carried"
+    );
+    assert_eq!(acked(2), 0, "a catch-up without ACKs moves nothing");
+    assert!(partial.pages > 10);
+}

@@ -214,12 +214,25 @@ pub struct SyncReq {
     /// summary field at all, a known kind's body being its four ids
     /// ([`Event::Bare`]). Implies `without_summaries`.
     pub ids_only: bool,
+    /// Optional field 4 (value: `u64`): ACK through this `sync_seq` with
+    /// this request's generation and batch token, as `ACK` would, before
+    /// the page is served; the page does not wait for it to be durable.
+    pub ack_through: Option<u64>,
 }
 
 /// Tags of `SYNC`'s optional fields.
 pub const SYNC_OPT_MAX_REPLAY: u8 = 1;
 pub const SYNC_OPT_WITHOUT_SUMMARIES: u8 = 2;
 pub const SYNC_OPT_IDS_ONLY: u8 = 3;
+pub const SYNC_OPT_ACK_THROUGH: u8 = 4;
+
+/// A `u64` optional field's value.
+fn opt_u64(name: &str, value: &Bytes) -> Result<u64, WireError> {
+    let bytes: [u8; 8] = value.as_ref().try_into().map_err(|_| {
+        WireError::Malformed(format!("SYNC {name} is {} bytes, not a u64", value.len()))
+    })?;
+    Ok(u64::from_le_bytes(bytes))
+}
 
 impl Field for SyncReq {
     const MIN_BYTES: usize = 8 + 8 + 1 + 8 + 4 + 1;
@@ -242,6 +255,10 @@ impl Field for SyncReq {
             out.put_u8(SYNC_OPT_IDS_ONLY);
             Bytes::new().put(out);
         }
+        if let Some(seq) = self.ack_through {
+            out.put_u8(SYNC_OPT_ACK_THROUGH);
+            Bytes::copy_from_slice(&seq.to_le_bytes()).put(out);
+        }
     }
     fn get(r: &mut Reader) -> Result<Self, WireError> {
         let mut req = SyncReq {
@@ -254,6 +271,7 @@ impl Field for SyncReq {
             max_replay: None,
             without_summaries: false,
             ids_only: false,
+            ack_through: None,
         };
         let mut last = 0u8;
         while r.remaining() > 0 {
@@ -266,15 +284,7 @@ impl Field for SyncReq {
             last = tag;
             let value = Bytes::get(r)?;
             match tag {
-                SYNC_OPT_MAX_REPLAY => {
-                    let bytes: [u8; 8] = value.as_ref().try_into().map_err(|_| {
-                        WireError::Malformed(format!(
-                            "SYNC max_replay is {} bytes, not a u64",
-                            value.len()
-                        ))
-                    })?;
-                    req.max_replay = Some(u64::from_le_bytes(bytes));
-                }
+                SYNC_OPT_MAX_REPLAY => req.max_replay = Some(opt_u64("max_replay", &value)?),
                 SYNC_OPT_WITHOUT_SUMMARIES if value.is_empty() => req.without_summaries = true,
                 SYNC_OPT_WITHOUT_SUMMARIES => {
                     return Err(WireError::Malformed(
@@ -287,6 +297,7 @@ impl Field for SyncReq {
                         "SYNC ids_only carries no value".into(),
                     ))
                 }
+                SYNC_OPT_ACK_THROUGH => req.ack_through = Some(opt_u64("ack_through", &value)?),
                 other => {
                     return Err(WireError::Malformed(format!(
                         "SYNC optional field {other} is unknown to this server"
@@ -312,6 +323,7 @@ impl crate::field::sample::Sample for SyncReq {
             max_replay: Sample::sample(g),
             without_summaries: Sample::sample(g),
             ids_only: Sample::sample(g),
+            ack_through: Sample::sample(g),
         }
     }
 }

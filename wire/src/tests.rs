@@ -708,6 +708,18 @@ fn sync_optional_fields_round_trip_and_follow_the_fixed_fields() {
     assert_eq!(hex(&body[fixed..]), "03 00 00 00 00");
     let back = Request::decode(Op::Sync as u8, body.freeze()).expect("decodes");
     assert_eq!(back, Request::Sync(ids));
+    let acking = SyncReq {
+        ids_only: true,
+        ack_through: Some(300),
+        ..base_sync()
+    };
+    let body = sync_body(&acking);
+    assert_eq!(
+        hex(&body[fixed..]),
+        "03 00 00 00 00 04 08 00 00 00 2c 01 00 00 00 00 00 00"
+    );
+    let back = Request::decode(Op::Sync as u8, body.freeze()).expect("decodes");
+    assert_eq!(back, Request::Sync(acking));
 }
 
 #[test]
@@ -730,6 +742,8 @@ fn sync_optional_fields_that_are_unknown_repeated_or_malformed_are_refused() {
     assert!(valued.to_string().contains("without_summaries"), "{valued}");
     let valued = with(&[3, 1, 0, 0, 0, 1]).expect_err("ids_only with a value");
     assert!(valued.to_string().contains("ids_only"), "{valued}");
+    let short = with(&[4, 2, 0, 0, 0, 1, 0]).expect_err("short ack_through");
+    assert!(short.to_string().contains("ack_through"), "{short}");
     assert!(with(&[1]).is_err(), "a tag without its value");
 }
 

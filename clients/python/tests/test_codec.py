@@ -150,6 +150,12 @@ class ProtocolDocExamples(unittest.TestCase):
         ids = c.SyncReq(7, 1, 3, 40, 100, None, ids_only=True)
         self.assertEqual(c.encode_body(ids)[len(c.encode_body(base)) :].hex(" "), "03 00 00 00 00")
         self.assertEqual(c.decode_body(c.SyncReq, c.encode_body(ids)), ids)
+        acking = c.SyncReq(7, 1, 3, 40, 100, None, ids_only=True, ack_through=300)
+        self.assertEqual(
+            c.encode_body(acking)[len(c.encode_body(base)) :].hex(" "),
+            "03 00 00 00 00 04 08 00 00 00 2c 01 00 00 00 00 00 00",
+        )
+        self.assertEqual(c.decode_body(c.SyncReq, c.encode_body(acking)), acking)
 
     def test_sync_page_with_one_event(self) -> None:
         page = c.SyncPage(

@@ -378,6 +378,11 @@ impl Inbox {
                 Err(e) => return Pending::ready(Err(e)),
             },
         };
+        if let Some(seq) = options.ack_through {
+            if let Err(e) = self.ack_with_sync(&req, seq, claims.as_ref(), now) {
+                return Pending::ready(Err(e));
+            }
+        }
         // After shutdown every sync gets the sequencer's "shut down" answer.
         if self.tx.lock().is_some() {
             match devices::read::sync_unchanged(&self.shared, now, &req, &options, claims.as_ref())
@@ -409,6 +414,47 @@ impl Inbox {
             tx,
         })
     }
+    /// A sync's [`SyncOptions::ack_through`]: checked now against the
+    /// state as [`Inbox::ack`] checks it, then logged on its own with
+    /// nobody waiting for it (the command decides it again in its round;
+    /// if the device changed meanwhile, the ACK is dropped there). An ACK
+    /// at or below the device's is no command at all.
+    fn ack_with_sync(
+        &self,
+        req: &SyncRequest,
+        seq: SyncSeq,
+        claims: Option<&token::TokenClaims>,
+        now: TimestampMs,
+    ) -> Result<()> {
+        let (Some(claims), Some(generation), Some(batch_token)) =
+            (claims, req.generation, req.batch_token.clone())
+        else {
+            return Err(Error::BadRequest(
+                "an ACK carried by SYNC needs the batch token and generation of a page after \
+                 the first of its batch"
+                    .into(),
+            ));
+        };
+        let ack = AckRequest {
+            uid: req.uid,
+            device: req.device,
+            generation,
+            seq,
+            batch_token,
+        };
+        let (effects, _) =
+            devices::decide::decide_ack(&self.shared.state.read(), now, &ack, claims)?;
+        if !effects.is_empty() {
+            let claims = *claims;
+            drop(self.submit(|tx| devices::Command::Ack {
+                req: ack,
+                claims,
+                tx,
+            }));
+        }
+        Ok(())
+    }
+
     pub fn ack(&self, req: AckRequest) -> Pending<AckReply> {
         let claims = match token::verify(
             &self.shared.config.token_key,

@@ -149,8 +149,8 @@ enum Command {
         /// The highest sync_seq the device applied [default: its ACK].
         #[arg(long)]
         local: Option<u64>,
-        /// ACK what was applied, each ACK in flight while the next page
-        /// is fetched (and finish a recovery lease).
+        /// ACK what was applied, each ACK carried by the next page's SYNC
+        /// and the last one on its own (and finish a recovery lease).
         #[arg(long)]
         ack: bool,
         /// With --ack: ACK after every this many pages and after the last
@@ -588,6 +588,8 @@ async fn run(cli: &Cli, dial: &Dial<'_>, client: &Client) -> Result<Value, Failu
                 max_replay: *max_replay,
                 without_summaries: *without_summaries,
                 ids_only: *ids_only,
+                // inboxctl ships with the daemon, which takes the field.
+                ack_in_sync: true,
             };
             let run = client
                 .catch_up(*uid, *device, generation, local, *ack, options)

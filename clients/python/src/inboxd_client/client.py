@@ -213,11 +213,14 @@ class Client:
         max_replay: int | None = None,
         without_summaries: bool = False,
         ids_only: bool = False,
+        ack_through: int | None = None,
     ) -> c.SyncPage:
         """One SYNC page. ``max_replay``: a batch with more events than this
         to replay answers RESET_REQUIRED instead (install a snapshot);
         ``without_summaries``: events without their summaries; ``ids_only``:
-        events as their ids, with no summary field on the wire."""
+        events as their ids, with no summary field on the wire;
+        ``ack_through``: the previous page's ACK, carried by this SYNC and
+        not waited for (needs ``batch_token``)."""
         req = c.SyncReq(
             uid,
             device,
@@ -228,6 +231,7 @@ class Client:
             max_replay,
             without_summaries,
             ids_only,
+            ack_through,
         )
         return self.call(c.Op.SYNC, req)
 

@@ -367,6 +367,7 @@ class DeviceList:
 SYNC_OPT_MAX_REPLAY = 1
 SYNC_OPT_WITHOUT_SUMMARIES = 2
 SYNC_OPT_IDS_ONLY = 3
+SYNC_OPT_ACK_THROUGH = 4
 
 
 @layout(
@@ -379,13 +380,16 @@ SYNC_OPT_IDS_ONLY = 3
     optional_field(SYNC_OPT_MAX_REPLAY, U64),
     optional_flag(SYNC_OPT_WITHOUT_SUMMARIES),
     optional_flag(SYNC_OPT_IDS_ONLY),
+    optional_field(SYNC_OPT_ACK_THROUGH, U64),
 )
 @dataclass(frozen=True)
 class SyncReq:
     """``max_replay``: when a batch starts with more events than this to
     replay, the server answers RESET_REQUIRED (at least 1; ``None`` = no
     limit). ``without_summaries``: events come with empty summaries.
-    ``ids_only``: events come without a summary field at all (``Event.bare``)."""
+    ``ids_only``: events come without a summary field at all (``Event.bare``).
+    ``ack_through``: ACK through this sync_seq with this request's generation
+    and batch token, not waited for (a page after the first of a batch)."""
 
     uid: int
     device: int
@@ -396,6 +400,7 @@ class SyncReq:
     max_replay: int | None = None
     without_summaries: bool = False
     ids_only: bool = False
+    ack_through: int | None = None
 
 
 @dataclass(frozen=True)
