@@ -519,6 +519,7 @@ impl Conn for InboxdConn {
                 limit,
                 ack_every: device.ack_every.max(1),
                 ids_only: device.ids_only,
+                ack_in_sync: true,
                 ..CatchUpOptions::default()
             };
             let run = client
@@ -559,6 +560,7 @@ impl Conn for InboxdConn {
                     max_replay: Some(1),
                     without_summaries: false,
                     ids_only: false,
+                    ack_through: None,
                 })
                 .await;
             match asked {
