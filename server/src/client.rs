@@ -429,8 +429,9 @@ pub struct CatchUpOptions {
     /// Page size; 0 asks for the server's default.
     pub limit: u32,
     /// With `ack`, `ACK` after every this many pages and after the last;
-    /// 0 means [`CATCH_UP_ACK_EVERY`], 1 every page. The `ACK` is
-    /// cumulative: it names the last `next_cursor` applied.
+    /// 0 means [`CATCH_UP_ACK_EVERY`] (every page with `ack_in_sync`), 1
+    /// every page. The `ACK` is cumulative: it names the last
+    /// `next_cursor` applied.
     pub ack_every: u32,
     /// `SYNC`'s `max_replay`: a longer backlog answers `RESET_REQUIRED`.
     pub max_replay: Option<u64>,
@@ -493,6 +494,8 @@ impl Client {
             .sync(request(generation, local_applied_seq, None, None))
             .await?;
         let ack_every = match options.ack_every {
+            // An ACK in the next SYNC costs no flush in between.
+            0 if options.ack_in_sync => 1,
             0 => CATCH_UP_ACK_EVERY,
             n => n,
         };

@@ -206,8 +206,10 @@ async fn a_catch_up_with_its_acks_in_sync_acks_every_page_in_one_request_and_end
     let client = daemon.client().await;
     let sent = setup(&client).await;
     let generation = register(&client, READER, 1).await;
+    // The default cadence: with the ACKs in SYNC, every page.
     let options = CatchUpOptions {
         ack_in_sync: true,
+        ack_every: 0,
         ..small_pages()
     };
     let run = client

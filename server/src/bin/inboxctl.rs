@@ -154,7 +154,7 @@ enum Command {
         #[arg(long)]
         ack: bool,
         /// With --ack: ACK after every this many pages and after the last
-        /// [default: 8; 1 is every page].
+        /// [default: 1, every page: each ACK rides on the next SYNC].
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         ack_every: Option<u32>,
         /// Ask for RESET_REQUIRED instead of replaying more than this many
