@@ -139,6 +139,34 @@ class AgainstTheDaemon(unittest.TestCase):
             self.assertEqual(seqs, sorted(seqs))
             self.assertEqual(len(set(seqs)), 200)
 
+    def test_an_ack_carried_by_sync_holds_the_device_s_place_before_the_last_ack(self) -> None:
+        with self.connect() as inbox:
+            reg = inbox.register_device(uid=41, device=1)
+            inbox.join(conv=41, uid=41)
+            for i in range(6):
+                inbox.send(41, 41, 4100 + i, f"t{i}".encode())
+            first = inbox.sync(41, 1, reg.device.generation, 0, limit=2)
+            self.assertTrue(first.has_more)
+            second = inbox.sync(
+                41,
+                1,
+                first.generation,
+                first.next_cursor,
+                2,
+                first.batch_token,
+                ack_through=first.next_cursor,
+            )
+            self.assertEqual(second.events[0].sync_seq, first.next_cursor + 1)
+            # A write queued behind the carried ACK: once it is answered,
+            # the ACK has been applied.
+            inbox.register_device(uid=41, device=2)
+            acked = {d.device: d.acked_sync_seq for d in inbox.devices(41)}
+            self.assertEqual(acked[1], first.next_cursor)
+            run = inbox.sync_to_end(
+                41, 1, second.generation, second.next_cursor, limit=2, ack_in_sync=True
+            )
+            self.assertEqual(run.acked_sync_seq, run.events[-1].sync_seq)
+
     def test_devices_sync_ack_and_explain(self) -> None:
         with self.connect() as inbox:
             reg = inbox.register_device(uid=40, device=1)

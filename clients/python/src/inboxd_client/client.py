@@ -345,9 +345,14 @@ class Client:
         generation: int | None,
         local_applied_seq: int,
         limit: int = 0,
+        *,
+        ack_in_sync: bool = False,
     ) -> SyncRun:
         """The sync loop of PROTOCOL.md 4.3: pages until ``has_more`` is
         false, ACK of the last cursor, then FINISH_LEASE if a lease came.
+        With ``ack_in_sync`` each page's ACK rides on the next page's SYNC
+        (PROTOCOL.md, "An ACK carried by the next SYNC"), so the server
+        holds the device's place while the loop runs.
         Raises :class:`ResetRequiredError` when a snapshot is needed."""
         run = SyncRun()
         page = self.sync(uid, device, generation, local_applied_seq, limit)
@@ -358,7 +363,15 @@ class Client:
             run.lease = page.lease or run.lease
             if not page.has_more:
                 break
-            page = self.sync(uid, device, page.generation, page.next_cursor, limit, page.batch_token)
+            page = self.sync(
+                uid,
+                device,
+                page.generation,
+                page.next_cursor,
+                limit,
+                page.batch_token,
+                ack_through=page.next_cursor if ack_in_sync else None,
+            )
         run.acked_sync_seq = self.ack(uid, device, page.generation, page.next_cursor, page.batch_token)
         if run.lease is not None:
             self.finish_lease(uid, device, run.lease.lease_id, run.generation)
