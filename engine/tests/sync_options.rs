@@ -146,14 +146,16 @@ fn acked_after_queue(h: &Harness, uid: Uid) -> SyncSeq {
         .acked_sync_seq
 }
 
-#[test]
-fn an_ack_carried_by_the_next_sync_moves_the_device_forward_and_survives_a_restart() {
-    let (mut h, gen) = backlog(30);
-    let first = h.ib().sync(SyncRequest {
-        limit: 10,
-        ..req(Uid(2), gen, SyncSeq(0))
-    });
-    let first = first.wait().unwrap();
+/// User 2's first page of 10, and the request for the page after it.
+fn first_page_and_next(h: &Harness, gen: Generation) -> (SyncPage, SyncRequest) {
+    let first = h
+        .ib()
+        .sync(SyncRequest {
+            limit: 10,
+            ..req(Uid(2), gen, SyncSeq(0))
+        })
+        .wait()
+        .unwrap();
     assert!(first.has_more);
     let next = SyncRequest {
         local_applied_seq: first.next_cursor,
@@ -161,6 +163,13 @@ fn an_ack_carried_by_the_next_sync_moves_the_device_forward_and_survives_a_resta
         batch_token: Some(first.batch_token.clone()),
         ..req(Uid(2), gen, SyncSeq(0))
     };
+    (first, next)
+}
+
+#[test]
+fn an_ack_carried_by_the_next_sync_moves_the_device_forward_and_survives_a_restart() {
+    let (mut h, gen) = backlog(30);
+    let (first, next) = first_page_and_next(&h, gen);
     let options = SyncOptions {
         ack_through: Some(first.next_cursor),
         ..SyncOptions::default()
@@ -179,20 +188,7 @@ fn an_ack_carried_by_the_next_sync_moves_the_device_forward_and_survives_a_resta
 #[test]
 fn an_ack_carried_by_sync_that_ack_would_refuse_fails_the_sync_and_moves_nothing() {
     let (h, gen) = backlog(30);
-    let first = h
-        .ib()
-        .sync(SyncRequest {
-            limit: 10,
-            ..req(Uid(2), gen, SyncSeq(0))
-        })
-        .wait()
-        .unwrap();
-    let next = SyncRequest {
-        local_applied_seq: first.next_cursor,
-        limit: 10,
-        batch_token: Some(first.batch_token.clone()),
-        ..req(Uid(2), gen, SyncSeq(0))
-    };
+    let (first, next) = first_page_and_next(&h, gen);
     let beyond = SyncOptions {
         ack_through: Some(first.batch_hwm.plus(1)),
         ..SyncOptions::default()
