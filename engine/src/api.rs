@@ -250,9 +250,11 @@ pub struct SyncOptions {
     /// first of a batch), without a request of its own: a device catching
     /// up ACKs each page as it asks for the next one. The page does not
     /// wait for the ACK: it is checked as the request arrives (an ACK
-    /// `ACK` would refuse fails the sync with that error) and written with
-    /// the next round, and the reply does not say it is durable. A device
-    /// that needs that sends its last ACK on its own.
+    /// `ACK` would refuse fails the sync with that error), made only if
+    /// the page is served (a sync refused for a reason of its own makes
+    /// none) and written with the next round, and the reply does not say
+    /// it is durable. A device that needs that sends its last ACK on its
+    /// own.
     pub ack_through: Option<SyncSeq>,
 }
 

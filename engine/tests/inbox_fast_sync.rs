@@ -357,3 +357,87 @@ fn fast_and_sequenced_syncs_give_identical_pages() {
     assert!(matches!(revoked, Err(Error::DeviceRevoked)), "{revoked:?}");
     assert_eq!(rounds(&h), before, "a revoked device's sync takes no round");
 }
+
+#[test]
+fn a_sync_decided_in_a_round_makes_the_ack_it_carries() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut cfg = config(dir.path(), &clock);
+    cfg.sync = SyncPolicy::Always;
+    let io = Arc::new(GatedIo::default());
+    let ib = Arc::new(Inbox::open_with_io(cfg, io.clone()).unwrap());
+    ib.join(Uid(3), ConvId(20)).wait().unwrap();
+    ib.join(Uid(4), ConvId(20)).wait().unwrap();
+    for i in 0..6 {
+        ib.send(send_req(ConvId(20), Uid(4), i, "for 3"))
+            .wait()
+            .unwrap();
+    }
+    let gen = ib
+        .register_device(Uid(3), PHONE)
+        .wait()
+        .unwrap()
+        .device
+        .generation;
+    let first = ib
+        .sync(sync_req(Uid(3), Some(gen), SyncSeq(0), 2, None))
+        .wait()
+        .unwrap();
+    let token = Some(first.batch_token.clone());
+    let second = ib
+        .sync(sync_req(
+            Uid(3),
+            Some(gen),
+            first.next_cursor,
+            2,
+            token.clone(),
+        ))
+        .wait()
+        .unwrap();
+    assert!(second.has_more);
+
+    // The phone's own ACK of the first page is held at its fsync, so its
+    // row is not durable when the next sync comes: that sync is decided in
+    // a round, not from the state as it stands.
+    io.shut();
+    let acker = {
+        let (ib, token) = (Arc::clone(&ib), first.batch_token.clone());
+        let seq = first.next_cursor;
+        std::thread::spawn(move || {
+            ib.ack(AckRequest {
+                uid: Uid(3),
+                device: PHONE,
+                generation: gen,
+                seq,
+                batch_token: token,
+            })
+            .wait()
+        })
+    };
+    io.wait_for_held_sync();
+    // Queued before the gate opens (`sync_with` returns once it has).
+    let carried = SyncOptions {
+        ack_through: Some(second.next_cursor),
+        ..SyncOptions::default()
+    };
+    let third = ib.sync_with(
+        sync_req(Uid(3), Some(gen), second.next_cursor, 2, token),
+        carried,
+    );
+    io.open();
+    acker.join().unwrap().unwrap();
+    let third = third.wait().unwrap();
+    assert_eq!(
+        third.events.first().map(|e| e.sync_seq),
+        Some(second.next_cursor.plus(1))
+    );
+    // A write queued behind everything above.
+    ib.register_device(Uid(3), DeviceId(9)).wait().unwrap();
+    let phone = ib
+        .devices(Uid(3))
+        .unwrap()
+        .into_iter()
+        .find(|d| d.device == PHONE)
+        .unwrap();
+    assert_eq!(phone.acked_sync_seq, second.next_cursor, "the carried ACK");
+}

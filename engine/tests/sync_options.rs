@@ -209,5 +209,41 @@ fn an_ack_carried_by_sync_that_ack_would_refuse_fails_the_sync_and_moves_nothing
         .wait()
         .unwrap_err();
     assert!(matches!(err, Error::BadRequest(_)), "{err:?}");
+    // A valid ACK on a sync refused for a reason of its own.
+    let carried = SyncOptions {
+        ack_through: Some(first.next_cursor),
+        ..SyncOptions::default()
+    };
+    let too_long = SyncRequest {
+        limit: 100_000,
+        ..next.clone()
+    };
+    let err = h.ib().sync_with(too_long, carried).wait().unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{err:?}");
     assert_eq!(acked_after_queue(&h, Uid(2)), SyncSeq(0), "nothing ACKed");
+}
+
+#[test]
+fn a_catch_up_that_carries_every_page_s_ack_ends_acked_at_its_last_carried_ack() {
+    let (h, gen) = backlog(60);
+    let (first, mut next) = first_page_and_next(&h, gen);
+    let mut acked = first.next_cursor;
+    let mut pages = 1;
+    loop {
+        let options = SyncOptions {
+            ack_through: Some(acked),
+            ..SyncOptions::default()
+        };
+        // Back to back: the ACK the last sync carried may still be in its
+        // round, and then this sync is decided in a round of its own.
+        let page = h.ib().sync_with(next.clone(), options).wait().unwrap();
+        pages += 1;
+        if !page.has_more {
+            break;
+        }
+        acked = page.next_cursor;
+        next.local_applied_seq = page.next_cursor;
+    }
+    assert!(pages >= 5, "pages: {pages}");
+    assert_eq!(acked_after_queue(&h, Uid(2)), acked);
 }

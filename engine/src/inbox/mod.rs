@@ -378,17 +378,23 @@ impl Inbox {
                 Err(e) => return Pending::ready(Err(e)),
             },
         };
-        if let Some(seq) = options.ack_through {
-            if let Err(e) = self.ack_with_sync(&req, seq, claims.as_ref(), now) {
-                return Pending::ready(Err(e));
-            }
-        }
+        // Checked now, as `ACK` checks it: an ACK that `ACK` would refuse
+        // fails the sync, and nothing changes. Queued only with a page the
+        // sync serves.
+        let ack = match self.carried_ack(&req, &options, claims.as_ref(), now) {
+            Ok(ack) => ack,
+            Err(e) => return Pending::ready(Err(e)),
+        };
         // After shutdown every sync gets the sequencer's "shut down" answer.
         if self.tx.lock().is_some() {
             match devices::read::sync_unchanged(&self.shared, now, &req, &options, claims.as_ref())
             {
                 Some(Err(e)) => return Pending::ready(Err(e)),
                 Some(Ok((plan, touch))) => {
+                    if let Some((req, claims)) = ack {
+                        // Nobody waits for it; its round decides it again.
+                        drop(self.submit(|tx| devices::Command::Ack { req, claims, tx }));
+                    }
                     if touch {
                         // Logged on its own; nobody waits for it, and a
                         // failure loses only a `last_seen` refresh.
@@ -414,45 +420,22 @@ impl Inbox {
             tx,
         })
     }
-    /// A sync's [`SyncOptions::ack_through`]: checked now against the
-    /// state as [`Inbox::ack`] checks it, then logged on its own with
-    /// nobody waiting for it (the command decides it again in its round;
-    /// if the device changed meanwhile, the ACK is dropped there). An ACK
-    /// at or below the device's is no command at all.
-    fn ack_with_sync(
+    /// The ACK a sync carries ([`SyncOptions::ack_through`]) with its
+    /// token's claims, checked against the state as [`Inbox::ack`] checks
+    /// it; `None` when there is none, or it is at or below the device's.
+    fn carried_ack(
         &self,
         req: &SyncRequest,
-        seq: SyncSeq,
+        options: &SyncOptions,
         claims: Option<&token::TokenClaims>,
         now: TimestampMs,
-    ) -> Result<()> {
-        let (Some(claims), Some(generation), Some(batch_token)) =
-            (claims, req.generation, req.batch_token.clone())
-        else {
-            return Err(Error::BadRequest(
-                "an ACK carried by SYNC needs the batch token and generation of a page after \
-                 the first of its batch"
-                    .into(),
-            ));
-        };
-        let ack = AckRequest {
-            uid: req.uid,
-            device: req.device,
-            generation,
-            seq,
-            batch_token,
+    ) -> Result<Option<(AckRequest, token::TokenClaims)>> {
+        let (Some(ack), Some(claims)) = (devices::carried_ack(req, options)?, claims) else {
+            return Ok(None);
         };
         let (effects, _) =
             devices::decide::decide_ack(&self.shared.state.read(), now, &ack, claims)?;
-        if !effects.is_empty() {
-            let claims = *claims;
-            drop(self.submit(|tx| devices::Command::Ack {
-                req: ack,
-                claims,
-                tx,
-            }));
-        }
-        Ok(())
+        Ok((!effects.is_empty()).then_some((ack, *claims)))
     }
 
     pub fn ack(&self, req: AckRequest) -> Pending<AckReply> {

@@ -58,6 +58,29 @@ pub(crate) enum Command {
     },
 }
 
+/// The `ACK` a later page's sync carries ([`SyncOptions::ack_through`]),
+/// as the request it stands for: this sync's generation and batch token.
+/// A sync without a token (the first page of a batch) cannot carry one.
+pub(crate) fn carried_ack(req: &SyncRequest, options: &SyncOptions) -> Result<Option<AckRequest>> {
+    let Some(seq) = options.ack_through else {
+        return Ok(None);
+    };
+    let (Some(generation), Some(batch_token)) = (req.generation, req.batch_token.clone()) else {
+        return Err(Error::BadRequest(
+            "an ACK carried by SYNC needs the batch token and generation of a page after the \
+             first of its batch"
+                .into(),
+        ));
+    };
+    Ok(Some(AckRequest {
+        uid: req.uid,
+        device: req.device,
+        generation,
+        seq,
+        batch_token,
+    }))
+}
+
 /// Answers a command with a failure without running it.
 pub(crate) fn fail(cmd: Command, f: &Fail) {
     match cmd {
@@ -115,6 +138,20 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
                             sink.reply(reply_with(tx, Err(Error::ResetRequired { generation })));
                         }
                         SyncOutcome::Page(plan) => {
+                            // The page is served, so its carried ACK is
+                            // made, decided again on the state as it is
+                            // now; a device that changed since the request
+                            // came drops it, as nobody waits for it.
+                            if let (Ok(Some(ack)), Some(claims)) =
+                                (carried_ack(&req, &options), claims.as_ref())
+                            {
+                                if let Ok((effects, _)) = decide::decide_ack(st, now, &ack, claims)
+                                {
+                                    for e in effects {
+                                        sink.effect(st, e);
+                                    }
+                                }
+                            }
                             let shared = Arc::clone(env.shared);
                             // Same generation: the sync wrote at most its
                             // last_seen refresh, whose loss is harmless, so
