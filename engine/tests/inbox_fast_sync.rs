@@ -131,19 +131,24 @@ fn sync_req(
     }
 }
 
-#[test]
-fn a_sync_that_changes_nothing_does_not_wait_for_a_pending_fsync() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = Arc::new(ManualClock::new(T0));
-    let mut cfg = config(dir.path(), &clock);
+/// An engine that syncs every round through a [`GatedIo`], with uid 3's
+/// phone registered after `messages` messages from uid 4 in conversation
+/// 20: (engine, its IO, the phone's generation). The clock stays with the
+/// caller.
+fn gated_phone(
+    dir: &Path,
+    clock: &Arc<ManualClock>,
+    messages: u128,
+) -> (Arc<Inbox>, Arc<GatedIo>, Generation) {
+    let mut cfg = config(dir, clock);
     cfg.sync = SyncPolicy::Always;
     let io = Arc::new(GatedIo::default());
     let ib = Arc::new(Inbox::open_with_io(cfg, io.clone()).unwrap());
-
-    // uid 3 has two durable messages and a registered phone.
     ib.join(Uid(3), ConvId(20)).wait().unwrap();
-    ib.join(Uid(4), ConvId(20)).wait().unwrap();
-    for i in 0..2 {
+    if messages > 0 {
+        ib.join(Uid(4), ConvId(20)).wait().unwrap();
+    }
+    for i in 0..messages {
         ib.send(send_req(ConvId(20), Uid(4), i, "for 3"))
             .wait()
             .unwrap();
@@ -154,6 +159,15 @@ fn a_sync_that_changes_nothing_does_not_wait_for_a_pending_fsync() {
         .unwrap()
         .device
         .generation;
+    (ib, io, gen)
+}
+
+#[test]
+fn a_sync_that_changes_nothing_does_not_wait_for_a_pending_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    // uid 3 has two durable messages and a registered phone.
+    let (ib, io, gen) = gated_phone(dir.path(), &clock, 2);
     ib.join(Uid(1), ConvId(10)).wait().unwrap();
     ib.join(Uid(2), ConvId(10)).wait().unwrap();
 
@@ -217,17 +231,7 @@ fn a_sync_that_changes_nothing_does_not_wait_for_a_pending_fsync() {
 fn a_sync_that_only_refreshes_last_seen_is_answered_while_the_refresh_waits_for_its_round() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
-    let mut cfg = config(dir.path(), &clock);
-    cfg.sync = SyncPolicy::Always;
-    let io = Arc::new(GatedIo::default());
-    let ib = Arc::new(Inbox::open_with_io(cfg, io.clone()).unwrap());
-    ib.join(Uid(3), ConvId(20)).wait().unwrap();
-    let gen = ib
-        .register_device(Uid(3), PHONE)
-        .wait()
-        .unwrap()
-        .device
-        .generation;
+    let (ib, io, gen) = gated_phone(dir.path(), &clock, 0);
 
     // A second later the sync must log `last_seen`: the page does not
     // reveal it, so the page is answered while the refresh, logged on its
@@ -362,23 +366,7 @@ fn fast_and_sequenced_syncs_give_identical_pages() {
 fn a_sync_decided_in_a_round_makes_the_ack_it_carries() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
-    let mut cfg = config(dir.path(), &clock);
-    cfg.sync = SyncPolicy::Always;
-    let io = Arc::new(GatedIo::default());
-    let ib = Arc::new(Inbox::open_with_io(cfg, io.clone()).unwrap());
-    ib.join(Uid(3), ConvId(20)).wait().unwrap();
-    ib.join(Uid(4), ConvId(20)).wait().unwrap();
-    for i in 0..6 {
-        ib.send(send_req(ConvId(20), Uid(4), i, "for 3"))
-            .wait()
-            .unwrap();
-    }
-    let gen = ib
-        .register_device(Uid(3), PHONE)
-        .wait()
-        .unwrap()
-        .device
-        .generation;
+    let (ib, io, gen) = gated_phone(dir.path(), &clock, 6);
     let first = ib
         .sync(sync_req(Uid(3), Some(gen), SyncSeq(0), 2, None))
         .wait()
