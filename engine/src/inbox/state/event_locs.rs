@@ -54,14 +54,14 @@ impl Form {
     }
 
     /// The entry of `loc` in this form; `None` when it does not fit. A
-    /// form without a base ([`NO_BASE`]) fits pending entries only.
-    fn encode(self, loc: PackedLoc) -> Option<u64> {
+    /// narrow form without a base ([`NO_BASE`]: its entries so far are
+    /// pending, which any base holds) takes `loc`'s segment as its base
+    /// ([`pack_near`]); the caller keeps the form only if `loc` fits.
+    fn encode(&mut self, loc: PackedLoc) -> Option<u64> {
         if self.width == Self::WIDE {
             return Some(loc);
         }
-        let mut base = self.base;
-        let code = pack_near(loc, &mut base, Self::segment_bits(self.width))?;
-        (base == self.base).then_some(code)
+        pack_near(loc, &mut self.base, Self::segment_bits(self.width))
     }
 
     fn decode(self, code: u64) -> PackedLoc {
@@ -81,7 +81,7 @@ impl Form {
             };
         };
         for width in [4, 5] {
-            let form = Form { width, base };
+            let mut form = Form { width, base };
             if real.clone().all(|l| form.encode(l).is_some()) {
                 return form;
             }
@@ -170,13 +170,14 @@ impl EventLocs {
     /// Appends, growing by a quarter of the list at a time into a block
     /// the allocator's size class fills (as the state's other lists do).
     pub fn push(&mut self, loc: PackedLoc) {
-        let form = self.with_base_for(loc);
+        let mut form = self.form();
         let Some(code) = form.encode(loc) else {
             let mut locs: Vec<PackedLoc> = self.iter().collect();
             locs.push(loc);
             self.rebuild(&locs);
             return;
         };
+        self.keep_form(form);
         let width = form.width;
         if self.bytes.len() + width > self.bytes.capacity() {
             let len = self.len();
@@ -187,19 +188,12 @@ impl EventLocs {
         self.bytes.extend_from_slice(&code.to_le_bytes()[..width]);
     }
 
-    /// The list's form, given a base first if it has none and `loc` is a
-    /// location: its entries so far are pending, which any base holds.
-    fn with_base_for(&mut self, loc: PackedLoc) -> Form {
-        let mut form = self.form();
-        if self.bytes.is_empty()
-            || (form.base == NO_BASE && form.width != Form::WIDE && loc != PENDING_LOC)
-        {
-            if loc != PENDING_LOC {
-                form.base = (loc >> 32) as u32;
-            }
+    /// Writes the header of `form` when the list has none yet or `form`
+    /// took a base ([`Form::encode`]).
+    fn keep_form(&mut self, form: Form) {
+        if self.bytes.is_empty() || form != self.form() {
             self.set_form(form);
         }
-        form
     }
 
     /// Replaces entry `i` (a pending location made known, or a record that
@@ -209,10 +203,13 @@ impl EventLocs {
         if i >= self.len() {
             return None;
         }
-        let form = self.with_base_for(loc);
+        let mut form = self.form();
         let old = form.decode(self.code_at(i, form.width));
         match form.encode(loc) {
-            Some(code) => self.put_code(i, form.width, code),
+            Some(code) => {
+                self.keep_form(form);
+                self.put_code(i, form.width, code);
+            }
             None => {
                 let mut locs: Vec<PackedLoc> = self.iter().collect();
                 locs[i] = loc;
@@ -293,7 +290,7 @@ impl EventLocs {
             self.bytes = Vec::new();
             return;
         }
-        let form = Form::fitting(locs.iter().copied());
+        let mut form = Form::fitting(locs.iter().copied());
         let len = locs.len();
         let used = HEADER + len * form.width;
         let mut bytes = std::mem::take(&mut self.bytes);
