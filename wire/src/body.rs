@@ -226,6 +226,12 @@ pub const SYNC_OPT_WITHOUT_SUMMARIES: u8 = 2;
 pub const SYNC_OPT_IDS_ONLY: u8 = 3;
 pub const SYNC_OPT_ACK_THROUGH: u8 = 4;
 
+/// Appends a `u64` optional field: its tag, then its value.
+fn put_opt_u64(out: &mut BytesMut, tag: u8, value: u64) {
+    out.put_u8(tag);
+    Bytes::copy_from_slice(&value.to_le_bytes()).put(out);
+}
+
 /// A `u64` optional field's value.
 fn opt_u64(name: &str, value: &Bytes) -> Result<u64, WireError> {
     let bytes: [u8; 8] = value.as_ref().try_into().map_err(|_| {
@@ -244,8 +250,7 @@ impl Field for SyncReq {
         self.limit.put(out);
         self.batch_token.put(out);
         if let Some(max) = self.max_replay {
-            out.put_u8(SYNC_OPT_MAX_REPLAY);
-            Bytes::copy_from_slice(&max.to_le_bytes()).put(out);
+            put_opt_u64(out, SYNC_OPT_MAX_REPLAY, max);
         }
         if self.without_summaries {
             out.put_u8(SYNC_OPT_WITHOUT_SUMMARIES);
@@ -256,8 +261,7 @@ impl Field for SyncReq {
             Bytes::new().put(out);
         }
         if let Some(seq) = self.ack_through {
-            out.put_u8(SYNC_OPT_ACK_THROUGH);
-            Bytes::copy_from_slice(&seq.to_le_bytes()).put(out);
+            put_opt_u64(out, SYNC_OPT_ACK_THROUGH, seq);
         }
     }
     fn get(r: &mut Reader) -> Result<Self, WireError> {
