@@ -234,8 +234,9 @@ fn a_catch_up_that_carries_every_page_s_ack_ends_acked_at_its_last_carried_ack()
             ack_through: Some(acked),
             ..SyncOptions::default()
         };
-        // Back to back: the ACK the last sync carried may still be in its
-        // round, and then this sync is decided in a round of its own.
+        // Back to back: whether a sync is answered from the state or, with
+        // the ACK the last one carried still in its round, in a round of
+        // its own, the device ends at the last ACK carried.
         let page = h.ib().sync_with(next.clone(), options).wait().unwrap();
         pages += 1;
         if !page.has_more {
