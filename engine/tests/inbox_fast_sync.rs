@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use inbox_common::*;
-use inbox_engine::inbox::ManualClock;
+use inbox_engine::inbox::{ManualClock, Pending};
 use inbox_engine::log::{LogIo, PwriteIo, SyncPolicy};
 use inbox_engine::*;
 use parking_lot::{Condvar, Mutex};
@@ -362,62 +362,194 @@ fn fast_and_sequenced_syncs_give_identical_pages() {
     assert_eq!(rounds(&h), before, "a revoked device's sync takes no round");
 }
 
-#[test]
-fn a_sync_decided_in_a_round_makes_the_ack_it_carries() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = Arc::new(ManualClock::new(T0));
-    let (ib, io, gen) = gated_phone(dir.path(), &clock, 6);
+/// The phone of [`gated_phone`] (six messages) has read two pages of two
+/// events with `limit` 2: (first page, second page).
+fn two_pages(ib: &Inbox, gen: Generation) -> (SyncPage, SyncPage) {
     let first = ib
         .sync(sync_req(Uid(3), Some(gen), SyncSeq(0), 2, None))
         .wait()
         .unwrap();
-    let token = Some(first.batch_token.clone());
     let second = ib
         .sync(sync_req(
             Uid(3),
             Some(gen),
             first.next_cursor,
             2,
-            token.clone(),
+            Some(first.batch_token.clone()),
         ))
         .wait()
         .unwrap();
     assert!(second.has_more);
+    (first, second)
+}
 
-    // The phone's own ACK of the first page is held at its fsync, so its
-    // row is not durable when the next sync comes: that sync is decided in
-    // a round, not from the state as it stands.
-    io.shut();
-    let acker = {
-        let (ib, token) = (Arc::clone(&ib), first.batch_token.clone());
-        let seq = first.next_cursor;
-        std::thread::spawn(move || {
-            ib.ack(AckRequest {
-                uid: Uid(3),
-                device: PHONE,
-                generation: gen,
-                seq,
-                batch_token: token,
-            })
-            .wait()
-        })
+/// The reply if it is there now, without waiting for it.
+fn ready_now<T>(pending: &mut Pending<T>) -> Option<Result<T>> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::future::Future::poll(std::pin::Pin::new(pending), &mut cx) {
+        std::task::Poll::Ready(reply) => Some(reply),
+        std::task::Poll::Pending => None,
+    }
+}
+
+/// Sends `ack` from a thread of its own: it waits for its round's fsync.
+fn ack_in_background(
+    ib: &Arc<Inbox>,
+    gen: Generation,
+    page: &SyncPage,
+) -> std::thread::JoinHandle<Result<AckReply>> {
+    let ib = Arc::clone(ib);
+    let req = AckRequest {
+        uid: Uid(3),
+        device: PHONE,
+        generation: gen,
+        seq: page.next_cursor,
+        batch_token: page.batch_token.clone(),
     };
+    std::thread::spawn(move || ib.ack(req).wait())
+}
+
+#[test]
+fn a_later_page_is_answered_while_the_ack_before_it_waits_for_its_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let (ib, io, gen) = gated_phone(dir.path(), &clock, 6);
+    let (first, second) = two_pages(&ib, gen);
+    let durable = ib.devices(Uid(3)).unwrap()[0].acked_sync_seq;
+
+    // The phone's ACK of the first page is held at its fsync: its row is
+    // not durable when the next page is asked for, but the ACK is all that
+    // is not.
+    io.shut();
+    let acker = ack_in_background(&ib, gen, &first);
     io.wait_for_held_sync();
-    // Queued before the gate opens (`sync_with` returns once it has).
     let carried = SyncOptions {
         ack_through: Some(second.next_cursor),
         ..SyncOptions::default()
     };
-    let third = ib.sync_with(
+    let token = Some(first.batch_token.clone());
+    let mut third = ib.sync_with(
         sync_req(Uid(3), Some(gen), second.next_cursor, 2, token),
         carried,
     );
+    let answered = ready_now(&mut third);
     io.open();
     acker.join().unwrap().unwrap();
-    let third = third.wait().unwrap();
+    let third = answered
+        .expect("the page waited for the fsync of the ACK before it")
+        .unwrap();
     assert_eq!(
         third.events.first().map(|e| e.sync_seq),
         Some(second.next_cursor.plus(1))
+    );
+    assert_eq!(
+        third.acked_sync_seq, durable,
+        "the page reports the ACK that was durable, not the one still in its round"
+    );
+    // The carried ACK is made all the same, after the one before it: a
+    // write queued behind both finds it.
+    ib.register_device(Uid(3), DeviceId(9)).wait().unwrap();
+    let phone = ib
+        .devices(Uid(3))
+        .unwrap()
+        .into_iter()
+        .find(|d| d.device == PHONE)
+        .unwrap();
+    assert_eq!(phone.acked_sync_seq, second.next_cursor, "the carried ACK");
+}
+
+#[test]
+fn a_first_page_waits_for_the_ack_it_would_start_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let (ib, io, gen) = gated_phone(dir.path(), &clock, 6);
+    let (_, second) = two_pages(&ib, gen);
+
+    // A new batch starts at the ACK: while the ACK is in its round, the
+    // first page would reveal it, so it waits.
+    io.shut();
+    let acker = ack_in_background(&ib, gen, &second);
+    io.wait_for_held_sync();
+    let mut page = ib.sync(sync_req(Uid(3), Some(gen), second.next_cursor, 2, None));
+    assert!(
+        ready_now(&mut page).is_none(),
+        "the first page was answered before the ACK it starts after was durable"
+    );
+    io.open();
+    acker.join().unwrap().unwrap();
+    let page = page.wait().unwrap();
+    assert_eq!(page.acked_sync_seq, second.next_cursor);
+    assert_eq!(
+        page.events.first().map(|e| e.sync_seq),
+        Some(second.next_cursor.plus(1))
+    );
+}
+
+#[test]
+fn a_sync_decided_in_a_round_makes_the_ack_it_carries() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let (ib, io, gen) = gated_phone(dir.path(), &clock, 6);
+    let (first, _) = two_pages(&ib, gen);
+    ib.ack(AckRequest {
+        uid: Uid(3),
+        device: PHONE,
+        generation: gen,
+        seq: first.next_cursor,
+        batch_token: first.batch_token.clone(),
+    })
+    .wait()
+    .unwrap();
+    // The phone restored a backup from before its ACK: a recovery lease
+    // up to the head, under a new generation, in pages of two.
+    let leased = ib
+        .sync(sync_req(
+            Uid(3),
+            Some(gen),
+            SyncSeq(first.next_cursor.0 - 1),
+            2,
+            None,
+        ))
+        .wait()
+        .unwrap();
+    let lease = leased.lease.expect("a recovery lease");
+    let gen = leased.generation;
+    assert!(leased.has_more);
+
+    // Finishing the lease changes the row's state, not only its ACK, and
+    // is held at its fsync: the next page of the lease's batch cannot be
+    // answered from the state as it stands, so it is decided in a round.
+    io.shut();
+    let finisher = {
+        let ib = Arc::clone(&ib);
+        std::thread::spawn(move || ib.finish_lease(Uid(3), PHONE, lease.lease_id, gen).wait())
+    };
+    io.wait_for_held_sync();
+    let carried = SyncOptions {
+        ack_through: Some(leased.next_cursor),
+        ..SyncOptions::default()
+    };
+    // Queued before the gate opens (`sync_with` returns once it has).
+    let mut next = ib.sync_with(
+        sync_req(
+            Uid(3),
+            Some(gen),
+            leased.next_cursor,
+            2,
+            Some(leased.batch_token.clone()),
+        ),
+        carried,
+    );
+    assert!(
+        ready_now(&mut next).is_none(),
+        "the page was answered from a row whose state change is not durable"
+    );
+    io.open();
+    finisher.join().unwrap().unwrap();
+    let next = next.wait().unwrap();
+    assert_eq!(
+        next.events.first().map(|e| e.sync_seq),
+        Some(leased.next_cursor.plus(1))
     );
     // A write queued behind everything above.
     ib.register_device(Uid(3), DeviceId(9)).wait().unwrap();
@@ -427,5 +559,6 @@ fn a_sync_decided_in_a_round_makes_the_ack_it_carries() {
         .into_iter()
         .find(|d| d.device == PHONE)
         .unwrap();
-    assert_eq!(phone.acked_sync_seq, second.next_cursor, "the carried ACK");
+    assert_eq!(phone.state, DeviceState::Active);
+    assert_eq!(phone.acked_sync_seq, leased.next_cursor, "the carried ACK");
 }

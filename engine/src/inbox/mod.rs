@@ -172,6 +172,7 @@ impl Inbox {
             compaction: compaction::runtime::Runtime::default(),
             checkpoint_hook: Mutex::new(None),
             checkpoints: Mutex::new(checkpoints),
+            ack_views: devices::ack_view::AckViews::default(),
         });
         let (tx, rx) = mpsc::channel();
         let (ckpt_tx, ckpt_rx) = mpsc::channel();

@@ -113,6 +113,10 @@ pub(crate) struct Shared {
     /// the directory fsynced), newest first: compaction counts coverage by
     /// these, never by a file that a crash could still take back.
     pub(crate) checkpoints: Mutex<Vec<u64>>,
+    /// The durable ACK of each device whose newest changes, not yet
+    /// durable, moved only its ACK: later pages of its batch need not wait
+    /// for them ([`super::devices::ack_view`]).
+    pub(crate) ack_views: super::devices::ack_view::AckViews,
 }
 
 impl Shared {

@@ -6,6 +6,7 @@
 //! - [`record`]: the device record (the row after the change) and `apply`;
 //! - [`read`]: sync pages and the device list, outside the sequencer.
 
+pub(crate) mod ack_view;
 pub(crate) mod decide;
 pub(crate) mod read;
 pub(crate) mod record;

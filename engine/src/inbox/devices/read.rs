@@ -31,6 +31,11 @@ use crate::inbox::token::TokenClaims;
 /// is then the one the sequencer would give, only earlier: no command of
 /// a later round can have been acknowledged to anyone yet.
 ///
+/// A later page of a batch is answered here too while its device's only
+/// changes not yet durable moved its ACK (a page's ACK carried by the next
+/// page's sync, [`super::ack_view`]): the page reports the ACK that is
+/// durable, and nothing else it shows depends on an ACK.
+///
 /// The one change such a sync may still want is a `last_seen` refresh
 /// (at most once a second per device): the page does not reveal it, so
 /// the sync is answered here all the same, and the answer says `true`: log
@@ -83,6 +88,18 @@ pub(crate) fn sync_unchanged(
     // durable.
     match shared.is_settled(stamp) {
         Ok(true) => Some(decided),
+        Ok(false) if claims.is_some() => {
+            let (durable_acked, base) =
+                shared.ack_views.durable_acked(req.uid, req.device, stamp)?;
+            if !shared.is_settled(base).ok()? {
+                return None;
+            }
+            // An error would come from the row as it is now; only a page
+            // is answered from a row that is not all durable.
+            let (mut plan, touch) = decided.ok()?;
+            plan.acked = plan.acked.min(durable_acked);
+            Some(Ok((plan, touch)))
+        }
         Ok(false) | Err(_) => None,
     }
 }

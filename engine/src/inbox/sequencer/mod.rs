@@ -59,6 +59,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
+use super::devices::ack_view::Before;
+use super::devices::record::Records as DeviceRecords;
 use super::effect::Effect;
 use super::recover;
 use super::round::{Env, Exec, Fail, ReplyFn, Sink};
@@ -163,6 +165,20 @@ struct RoundSink<'a> {
     round_id: u64,
 }
 
+/// The device row `effect` changes, as it is before the change: what
+/// [`super::devices::ack_view::AckViews::changed`] compares the change
+/// with.
+fn device_before(st: &State, effect: &Effect) -> Option<(Uid, DeviceId, Option<Before>)> {
+    let Effect::Devices(DeviceRecords::Device(change)) = effect else {
+        return None;
+    };
+    let device = change.row.device;
+    let before = (st.users.get(&change.uid))
+        .and_then(|u| u.device(device))
+        .map(|d| Before::of(&d.row, d.stamp, &change.row));
+    Some((change.uid, device, before))
+}
+
 impl Sink for RoundSink<'_> {
     fn effect(&mut self, st: &mut State, effect: Effect) {
         let r = &mut *self.round;
@@ -173,6 +189,7 @@ impl Sink for RoundSink<'_> {
         }
         let idx = r.evt.len();
         let mut touched = Touched::default();
+        let device_change = device_before(st, &effect);
         if let Err(e) = effect.apply(st, PENDING_LOC, self.round_id, &mut touched) {
             // The decision was made on this very state, so this is a bug;
             // stop writing rather than log something inconsistent.
@@ -180,6 +197,10 @@ impl Sink for RoundSink<'_> {
                 "broken invariant: decided effect does not apply: {}",
                 e.0
             ));
+        }
+        if let Some((uid, device, before)) = device_change {
+            let settled = self.shared.progress.lock().settled;
+            (self.shared.ack_views).changed(uid, device, before, self.round_id, settled);
         }
         for (uid, seq) in touched.events {
             r.event_patches.push((uid, seq, idx));
@@ -287,6 +308,8 @@ impl<C: Exec> Sequencer<C> {
                             self.finish_round(id, std::mem::take(&mut round));
                         }
                         self.replica(c);
+                        // The rows may now come from another node's rounds.
+                        self.shared.ack_views.clear();
                         id = self.next_round;
                     }
                 }
@@ -466,7 +489,10 @@ impl<C: Exec> Sequencer<C> {
                     .state_reloads_for_space
                     .fetch_add(1, Ordering::Relaxed);
                 match recover::load_state(&self.shared.config, &self.shared.evt_log) {
-                    Ok(state) => *self.shared.state.write() = state,
+                    Ok(state) => {
+                        *self.shared.state.write() = state;
+                        self.shared.ack_views.clear();
+                    }
                     Err(e) => self
                         .shared
                         .poison(format!("reload after ENOSPC failed: {e}")),

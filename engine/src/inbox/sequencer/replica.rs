@@ -248,6 +248,7 @@ impl<C: Exec> Sequencer<C> {
         match rebuilt {
             Ok(state) => {
                 *self.shared.state.write() = state;
+                self.shared.ack_views.clear();
                 tracing::warn!(
                     from,
                     lsn = keep,
