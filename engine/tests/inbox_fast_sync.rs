@@ -409,6 +409,32 @@ fn ack_in_background(
     std::thread::spawn(move || ib.ack(req).wait())
 }
 
+/// Checks that `pending` is not answered while `io` holds every fsync
+/// (`held_because`: what answering it now would reveal), then opens the
+/// gate, lets `holder` (the write held there) finish and waits for it.
+fn answered_once_the_gate_opens<T, U: std::fmt::Debug>(
+    io: &GatedIo,
+    mut pending: Pending<T>,
+    holder: std::thread::JoinHandle<Result<U>>,
+    held_because: &str,
+) -> T {
+    assert!(ready_now(&mut pending).is_none(), "{held_because}");
+    io.open();
+    holder.join().unwrap().unwrap();
+    pending.wait().unwrap()
+}
+
+/// The phone's row once a write queued after everything before has
+/// settled (a device of its own, so the phone's row is left as it is).
+fn phone_after_a_later_write(ib: &Inbox) -> DeviceInfo {
+    ib.register_device(Uid(3), DeviceId(9)).wait().unwrap();
+    ib.devices(Uid(3))
+        .unwrap()
+        .into_iter()
+        .find(|d| d.device == PHONE)
+        .unwrap()
+}
+
 #[test]
 fn a_later_page_is_answered_while_the_ack_before_it_waits_for_its_fsync() {
     let dir = tempfile::tempdir().unwrap();
@@ -446,15 +472,8 @@ fn a_later_page_is_answered_while_the_ack_before_it_waits_for_its_fsync() {
         third.acked_sync_seq, durable,
         "the page reports the ACK that was durable, not the one still in its round"
     );
-    // The carried ACK is made all the same, after the one before it: a
-    // write queued behind both finds it.
-    ib.register_device(Uid(3), DeviceId(9)).wait().unwrap();
-    let phone = ib
-        .devices(Uid(3))
-        .unwrap()
-        .into_iter()
-        .find(|d| d.device == PHONE)
-        .unwrap();
+    // The carried ACK is made all the same, after the one before it.
+    let phone = phone_after_a_later_write(&ib);
     assert_eq!(phone.acked_sync_seq, second.next_cursor, "the carried ACK");
 }
 
@@ -470,14 +489,12 @@ fn a_first_page_waits_for_the_ack_it_would_start_after() {
     io.shut();
     let acker = ack_in_background(&ib, gen, &second);
     io.wait_for_held_sync();
-    let mut page = ib.sync(sync_req(Uid(3), Some(gen), second.next_cursor, 2, None));
-    assert!(
-        ready_now(&mut page).is_none(),
-        "the first page was answered before the ACK it starts after was durable"
+    let page = answered_once_the_gate_opens(
+        &io,
+        ib.sync(sync_req(Uid(3), Some(gen), second.next_cursor, 2, None)),
+        acker,
+        "the first page was answered before the ACK it starts after was durable",
     );
-    io.open();
-    acker.join().unwrap().unwrap();
-    let page = page.wait().unwrap();
     assert_eq!(page.acked_sync_seq, second.next_cursor);
     assert_eq!(
         page.events.first().map(|e| e.sync_seq),
@@ -530,35 +547,21 @@ fn a_sync_decided_in_a_round_makes_the_ack_it_carries() {
         ..SyncOptions::default()
     };
     // Queued before the gate opens (`sync_with` returns once it has).
-    let mut next = ib.sync_with(
-        sync_req(
-            Uid(3),
-            Some(gen),
-            leased.next_cursor,
-            2,
-            Some(leased.batch_token.clone()),
+    let token = Some(leased.batch_token.clone());
+    let next = answered_once_the_gate_opens(
+        &io,
+        ib.sync_with(
+            sync_req(Uid(3), Some(gen), leased.next_cursor, 2, token),
+            carried,
         ),
-        carried,
+        finisher,
+        "the page was answered from a row whose state change is not durable",
     );
-    assert!(
-        ready_now(&mut next).is_none(),
-        "the page was answered from a row whose state change is not durable"
-    );
-    io.open();
-    finisher.join().unwrap().unwrap();
-    let next = next.wait().unwrap();
     assert_eq!(
         next.events.first().map(|e| e.sync_seq),
         Some(leased.next_cursor.plus(1))
     );
-    // A write queued behind everything above.
-    ib.register_device(Uid(3), DeviceId(9)).wait().unwrap();
-    let phone = ib
-        .devices(Uid(3))
-        .unwrap()
-        .into_iter()
-        .find(|d| d.device == PHONE)
-        .unwrap();
+    let phone = phone_after_a_later_write(&ib);
     assert_eq!(phone.state, DeviceState::Active);
     assert_eq!(phone.acked_sync_seq, leased.next_cursor, "the carried ACK");
 }
