@@ -152,6 +152,8 @@ pub struct Coverage {
     /// Sync batches of more than one page.
     pub multi_page_syncs: u64,
     pub acks: u64,
+    /// ACKs carried by the next page's `SYNC` (nobody waits for them).
+    pub carried_acks: u64,
     pub recalls: u64,
     pub retries_answered_duplicate: u64,
     pub injected_failures_fired: u64,
@@ -171,7 +173,8 @@ impl fmt::Display for Coverage {
             f,
             "cases {} operations {} sends {} restarts clean/kill/power-cut {}/{}/{} \
              replays-after-checkpoint {} segments sealed {} dropped {} rewritten {} \
-             events reclaimed {} multi-page syncs {} acks {} recalls {} duplicate retries {} \
+             events reclaimed {} multi-page syncs {} acks {} carried acks {} recalls {} \
+             duplicate retries {} \
              injected failures fired {} operations after a failure {} marker clears {} \
              submitted together {}",
             self.cases,
@@ -187,6 +190,7 @@ impl fmt::Display for Coverage {
             self.events_reclaimed,
             self.multi_page_syncs,
             self.acks,
+            self.carried_acks,
             self.recalls,
             self.retries_answered_duplicate,
             self.injected_failures_fired,
@@ -198,7 +202,7 @@ impl fmt::Display for Coverage {
 }
 
 impl Coverage {
-    fn fields(&self) -> [(&'static str, u64); 19] {
+    fn fields(&self) -> [(&'static str, u64); 20] {
         [
             ("cases", self.cases),
             ("operations", self.operations),
@@ -213,6 +217,7 @@ impl Coverage {
             ("events reclaimed", self.events_reclaimed),
             ("multi-page syncs", self.multi_page_syncs),
             ("acks", self.acks),
+            ("carried acks", self.carried_acks),
             ("recalls", self.recalls),
             (
                 "retries answered duplicate",
@@ -251,7 +256,7 @@ impl Coverage {
     }
 }
 
-static TOTALS: [AtomicU64; 19] = [const { AtomicU64::new(0) }; 19];
+static TOTALS: [AtomicU64; 20] = [const { AtomicU64::new(0) }; 20];
 
 /// The coverage summed over every case run in this process.
 pub fn coverage() -> Coverage {
@@ -270,12 +275,13 @@ pub fn coverage() -> Coverage {
         events_reclaimed: n[10],
         multi_page_syncs: n[11],
         acks: n[12],
-        recalls: n[13],
-        retries_answered_duplicate: n[14],
-        injected_failures_fired: n[15],
-        operations_after_failure: n[16],
-        marker_clears: n[17],
-        operations_submitted_together: n[18],
+        carried_acks: n[13],
+        recalls: n[14],
+        retries_answered_duplicate: n[15],
+        injected_failures_fired: n[16],
+        operations_after_failure: n[17],
+        marker_clears: n[18],
+        operations_submitted_together: n[19],
     }
 }
 
@@ -309,6 +315,9 @@ struct Ledger {
     /// Acknowledged marker clears of large groups.
     clears: HashMap<(Uid, ConvId), MsgSeq>,
     acks: HashMap<(Uid, DeviceId), SyncSeq>,
+    /// The highest ACK asked for, carried or awaited: no page may report
+    /// more.
+    asked: HashMap<(Uid, DeviceId), SyncSeq>,
     generations: HashMap<(Uid, DeviceId), Generation>,
     /// The body size each key was first sent with.
     body_size: HashMap<(Uid, ClientMsgId), usize>,
@@ -677,6 +686,10 @@ fn clear_dirty(run: &mut Run, uid: Uid, conv: ConvId) {
     run.coverage.marker_clears += 1;
 }
 
+/// Syncs `device` to the end of a batch in pages of `limit` and ACKs it.
+/// With an odd `limit` each later page's `SYNC` carries the ACK of the
+/// page before ([`SyncOptions::ack_through`]), which nobody waits for;
+/// the last page's ACK is awaited either way.
 fn sync_and_ack(run: &mut Run, uid: Uid, device: DeviceId, limit: u32) {
     let key = (uid, device);
     let Some(&generation) = run.ledger.generations.get(&key) else {
@@ -684,6 +697,7 @@ fn sync_and_ack(run: &mut Run, uid: Uid, device: DeviceId, limit: u32) {
     };
     let faults = run.faults();
     let acked = run.ledger.acks.get(&key).copied().unwrap_or(SyncSeq(0));
+    let carry = limit % 2 == 1;
     let mut request = SyncRequest {
         uid,
         device,
@@ -692,19 +706,33 @@ fn sync_and_ack(run: &mut Run, uid: Uid, device: DeviceId, limit: u32) {
         limit,
         batch_token: None,
     };
+    let mut carried = None;
     let mut pages = 0;
     loop {
-        let page = run.inbox().sync(request.clone()).wait();
+        let options = SyncOptions {
+            ack_through: carried,
+            ..SyncOptions::default()
+        };
+        let page = run.inbox().sync_with(request.clone(), options).wait();
         allowed(&page, faults, "sync");
         let Ok(page) = page else {
             return;
         };
+        if carried.is_some() {
+            run.coverage.carried_acks += 1;
+        }
+        check_reported_ack(&run.ledger, key, &page);
         pages += 1;
         run.ledger.generations.insert(key, page.generation);
         if page.has_more {
             request.generation = Some(page.generation);
             request.local_applied_seq = page.next_cursor;
             request.batch_token = Some(page.batch_token);
+            carried = carry.then_some(page.next_cursor);
+            if let Some(seq) = carried {
+                let asked = run.ledger.asked.entry(key).or_default();
+                *asked = (*asked).max(seq);
+            }
             continue;
         }
         if pages > 1 {
@@ -721,6 +749,8 @@ fn sync_and_ack(run: &mut Run, uid: Uid, device: DeviceId, limit: u32) {
                     batch_token: page.batch_token.clone(),
                 })
                 .wait();
+            let asked = run.ledger.asked.entry(key).or_default();
+            *asked = (*asked).max(page.next_cursor);
             allowed(&reply, faults, "ack");
             if let Ok(reply) = reply {
                 assert!(
@@ -744,6 +774,19 @@ fn sync_and_ack(run: &mut Run, uid: Uid, device: DeviceId, limit: u32) {
         }
         return;
     }
+}
+
+/// A page reports an ACK the device asked for and that is durable: never
+/// below one it was told is durable, never above the highest it asked
+/// for (an ACK still in its round may be reported as the one before it).
+fn check_reported_ack(ledger: &Ledger, key: (Uid, DeviceId), page: &SyncPage) {
+    let durable = ledger.acks.get(&key).copied().unwrap_or(SyncSeq(0));
+    let asked = ledger.asked.get(&key).copied().unwrap_or(SyncSeq(0));
+    assert!(
+        page.acked_sync_seq >= durable && page.acked_sync_seq <= asked.max(durable),
+        "device {key:?}: a page reports ACK {} with {durable} acknowledged and {asked} asked for",
+        page.acked_sync_seq
+    );
 }
 
 /// Every `msg_seq` of `conv` that `uid` may read (its membership periods),
