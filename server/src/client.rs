@@ -522,10 +522,10 @@ impl Client {
             } else {
                 None
             };
-            if in_sync {
+            if ack_due {
                 run.acks += 1;
-            } else if ack_due {
-                run.acks += 1;
+            }
+            if ack_due && !in_sync {
                 let acked = self
                     .queue(Request::Ack(AckReq {
                         uid,

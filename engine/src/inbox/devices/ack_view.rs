@@ -81,11 +81,21 @@ impl Before {
 }
 
 /// Whether `after` differs from `before` in its ACK and `last_seen` alone.
+/// Every other field is named, so a field added to the row is compared
+/// here (or the build fails) rather than taken for part of an ACK.
 fn only_ack_moved(before: &DeviceRow, after: &DeviceRow) -> bool {
-    before.device == after.device
-        && before.generation == after.generation
-        && before.state == after.state
-        && before.lease == after.lease
+    let DeviceRow {
+        device,
+        generation,
+        acked_sync_seq: _,
+        state,
+        last_seen_ms: _,
+        lease,
+    } = before;
+    *device == after.device
+        && *generation == after.generation
+        && *state == after.state
+        && *lease == after.lease
 }
 
 impl AckViews {
