@@ -16,6 +16,19 @@ pub fn file_backed(structure: &str) -> bool {
     )
 }
 
+/// True for an entry that measures the whole process, not a structure:
+/// `heap` (the bytes the daemon's allocations hold, as its allocator
+/// counts them) and `anonymous` (its RssAnon).
+pub fn process_total(structure: &str) -> bool {
+    matches!(structure, "heap" | "anonymous")
+}
+
+/// True for a structure on the heap: neither file-backed nor a process
+/// total.
+pub fn on_heap(structure: &str) -> bool {
+    !file_backed(structure) && !process_total(structure)
+}
+
 /// The last sample's memory breakdown, each structure's slope over
 /// messages retained (allocated bytes per million messages, least
 /// squares over the samples after the first message), and what the
@@ -54,7 +67,7 @@ pub fn memory_table(soak: &SoakReport) -> String {
             .collect();
         let slope = crate::fit::slope(&messages, &ys)
             .map_or_else(|| "-".into(), |b| format!("{:.0}", b * 1e6));
-        if !file_backed(&m.structure) {
+        if on_heap(&m.structure) {
             anon += m.allocated;
         }
         let _ = writeln!(
@@ -72,13 +85,32 @@ pub fn memory_table(soak: &SoakReport) -> String {
             "taking the breakdown: {walk} µs, longest hold of the state lock {hold} µs"
         );
     }
-    let _ = writeln!(
-        out,
-        "structures (file-backed ones left out) {:.1} MiB allocated of RssAnon {:.1} MiB; the rest \
-         is not in the breakdown (allocator, buffers, queues, checkpoint copies)",
-        mib(anon),
-        mib(last.rss_anon_bytes)
-    );
+    let heap = last.memory.iter().find(|m| m.structure == "heap");
+    match heap {
+        Some(heap) => {
+            let _ = writeln!(
+                out,
+                "structures (file-backed ones left out) {:.1} MiB allocated, heap in use {:.1} MiB, \
+                 RssAnon {:.1} MiB: {:.1} MiB of the heap outside the structures (buffers, queues, \
+                 checkpoint copies), {:.1} MiB of RssAnon outside the heap (size classes, free \
+                 pages, stacks)",
+                mib(anon),
+                mib(heap.live),
+                mib(last.rss_anon_bytes),
+                mib(heap.live.saturating_sub(anon)),
+                mib(last.rss_anon_bytes.saturating_sub(heap.live))
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "structures (file-backed ones left out) {:.1} MiB allocated of RssAnon {:.1} MiB; \
+                 the rest is not in the breakdown (allocator, buffers, queues, checkpoint copies)",
+                mib(anon),
+                mib(last.rss_anon_bytes)
+            );
+        }
+    }
     out
 }
 
@@ -139,6 +171,48 @@ mod tests {
             table.contains(
                 "structures (file-backed ones left out) 80.0 MiB allocated of RssAnon 64.0 MiB"
             ),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn soak_table_splits_rss_into_structures_heap_and_the_rest_when_the_heap_is_counted() {
+        let entry = |structure: &str, bytes: u64| StructureBytes {
+            structure: structure.into(),
+            live: bytes,
+            allocated: bytes,
+        };
+        let sample = SoakSample {
+            messages_sent: 1_000,
+            messages_retained: 1_000,
+            rss_anon_bytes: 50 << 20,
+            memory: vec![
+                entry("idempotency", 30 << 20),
+                entry("log_mmaps", 8 << 20),
+                entry("heap", 36 << 20),
+                entry("anonymous", 50 << 20),
+            ],
+            ..SoakSample::default()
+        };
+        let report = Report {
+            soak: vec![SoakReport {
+                system: "inboxd".into(),
+                samples: vec![sample],
+                ..SoakReport::default()
+            }],
+            ..Report::default()
+        };
+        let table = report.soak_table();
+        // The process totals are not summed as structures: 30 MiB is.
+        assert!(
+            table.contains(
+                "structures (file-backed ones left out) 30.0 MiB allocated, heap in use 36.0 MiB, \
+                 RssAnon 50.0 MiB: 6.0 MiB of the heap outside the structures"
+            ),
+            "{table}"
+        );
+        assert!(
+            table.contains("14.0 MiB of RssAnon outside the heap"),
             "{table}"
         );
     }

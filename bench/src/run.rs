@@ -939,7 +939,7 @@ fn soak_scenario(sp: &SoakPlan, system: &dyn System, seed: u64) -> Result<(SoakR
         let top: Vec<String> = s
             .memory
             .iter()
-            .filter(|m| !crate::memory_table::file_backed(&m.structure) && m.allocated >= 1 << 20)
+            .filter(|m| crate::memory_table::on_heap(&m.structure) && m.allocated >= 1 << 20)
             .map(|m| {
                 format!(
                     "{} {:.1}",
@@ -1324,17 +1324,26 @@ fn print_backlog_memory(name: &str, system: &dyn System, rss_before: Option<u64>
     };
     let events = holdings.events_live.max(1) as f64;
     let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
-    let structures: Vec<String> = system
-        .memory()
-        .map(|(rows, _, _)| rows)
-        .unwrap_or_default()
+    let rows = system.memory().map(|(rows, _, _)| rows).unwrap_or_default();
+    let structures: Vec<String> = rows
         .iter()
-        .filter(|m| !crate::memory_table::file_backed(&m.structure) && m.allocated > 0)
+        .filter(|m| crate::memory_table::on_heap(&m.structure) && m.allocated > 0)
         .map(|m| format!("{} {:.1}", m.structure, m.allocated as f64 / events))
         .collect();
+    // The whole heap, as the daemon's allocator counts it: what the
+    // structures above leave of it is buffers, queues and requests.
+    let heap = rows
+        .iter()
+        .find(|m| m.structure == "heap")
+        .map_or_else(String::new, |h| {
+            format!(
+                "; heap in use {:.1} B per live event",
+                h.live as f64 / events
+            )
+        });
     let per_event = |after: u64| after.saturating_sub(before) as f64 / events;
     println!(
-        "{name}: sync: RssAnon {:.1} -> {:.1} (lowest) .. {:.1} (highest of 20 samples) MiB over {} live events and {} messages: {:.1} .. {:.1} B per live event; allocated B per live event: {}",
+        "{name}: sync: RssAnon {:.1} -> {:.1} (lowest) .. {:.1} (highest of 20 samples) MiB over {} live events and {} messages: {:.1} .. {:.1} B per live event; allocated B per live event: {}{heap}",
         mib(before),
         mib(low),
         mib(high),

@@ -10,7 +10,9 @@
 //! - [`tls`]: rustls setup for every listener and for the client;
 //! - [`dump`]: the records of a data directory in readable form;
 //! - [`salvage`]: the report of `inboxd salvage`, readable or as JSON;
-//! - [`disk_space`]: a new store's segments sized to its disk.
+//! - [`disk_space`]: a new store's segments sized to its disk;
+//! - [`heap`]: the daemon's counting allocator, and the process's memory
+//!   beside the engine's structures.
 
 pub mod client;
 pub mod cluster;
@@ -19,6 +21,7 @@ pub mod conn;
 pub mod convert;
 pub mod disk_space;
 pub mod dump;
+pub mod heap;
 pub mod hints;
 pub mod metrics;
 pub mod page_cache;

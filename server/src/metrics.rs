@@ -667,7 +667,8 @@ pub async fn take_memory(metrics: &Metrics) {
     let Some(inbox) = metrics.engine.engine() else {
         return;
     };
-    if let Ok(memory) = tokio::task::spawn_blocking(move || inbox.memory()).await {
+    let take = move || crate::heap::with_process_memory(inbox.memory());
+    if let Ok(memory) = tokio::task::spawn_blocking(take).await {
         *metrics
             .engine
             .memory

@@ -335,7 +335,7 @@ fn call(
         // O(state) in chunks of the state lock: off the workers.
         Request::Memory(_) => blocking(
             inbox,
-            |inbox| Ok(inbox.memory()),
+            |inbox| Ok(crate::heap::with_process_memory(inbox.memory())),
             |m| Response::Memory(convert::memory(m)),
         ),
         Request::Hello(_)

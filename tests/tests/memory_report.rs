@@ -39,6 +39,49 @@ async fn sends_with_keys_grow_the_idempotency_bytes_the_memory_request_reports()
     assert!(after.longest_hold_us <= after.walk_us);
 }
 
+/// `heap` is the daemon's allocations as its allocator counts them, and
+/// `anonymous` its resident anonymous memory: process totals beside the
+/// structures, which live inside the heap.
+#[tokio::test]
+async fn the_memory_request_counts_the_whole_heap_beside_the_structures_in_it() {
+    let data = inbox_tests::data_dir();
+    let daemon = Daemon::start(data.path());
+    let client = daemon.client().await;
+    client.join(ConvMember { conv: 1, uid: 1 }).await.unwrap();
+    let before = live(&client.memory(Empty {}).await.unwrap(), "heap");
+    // 500 sends of 2 KiB bodies: each body passes through the heap (the
+    // request, the round's record) and stays only in the log.
+    let body = "x".repeat(2048);
+    for i in 0..500 {
+        inbox_tests::send_text(&client, 1, 1, &format!("{i} {body}")).await;
+    }
+    let r = client.memory(Empty {}).await.unwrap();
+    let (heap, anonymous) = (live(&r, "heap"), live(&r, "anonymous"));
+    // Frees are counted: what stayed is the sends' metadata, not the
+    // megabyte of bodies that went through.
+    assert!(
+        heap.saturating_sub(before) < 500 * 2048 / 2,
+        "the heap grew from {before} to {heap} B over 500 sends"
+    );
+    let in_structures: u64 = r
+        .structures
+        .iter()
+        .filter(|m| {
+            !matches!(
+                m.structure.as_str(),
+                "heap" | "anonymous" | "log_mmaps" | "message_metadata_file" | "idempotency_file"
+            )
+        })
+        .map(|m| m.live)
+        .sum();
+    assert!(in_structures > 0, "{r:?}");
+    assert!(
+        heap >= in_structures,
+        "the heap ({heap} B) holds the structures' entries ({in_structures} B)"
+    );
+    assert!(anonymous > 0, "{r:?}");
+}
+
 #[tokio::test]
 async fn the_memory_request_is_for_the_admin_token_only() {
     let data = inbox_tests::data_dir();
@@ -61,6 +104,8 @@ async fn the_memory_family_is_exported_by_structure_and_kind() {
         "inboxd_memory_bytes{structure=\"idempotency\",kind=\"live\"} ",
         "inboxd_memory_bytes{structure=\"message_metadata\",kind=\"allocated\"} ",
         "inboxd_memory_bytes{structure=\"log_mmaps\",kind=\"live\"} ",
+        "inboxd_memory_bytes{structure=\"heap\",kind=\"live\"} ",
+        "inboxd_memory_bytes{structure=\"anonymous\",kind=\"live\"} ",
     ] {
         assert!(text.contains(line), "{line:?} missing from {text}");
     }

@@ -14,8 +14,11 @@ use inbox_server::config::{Config, ServeArgs};
 /// (tokio's workers, the blocking pool, the engine's threads). glibc's
 /// malloc spent a fifth of a sync page's CPU in its arena locks and
 /// consolidation; `docs/OPERATIONS.md` ("The allocator") has the figures.
+/// mimalloc, counting what it hands out, so that the memory breakdown
+/// can say how much of the heap lies outside the engine's structures
+/// (`inbox_server::heap`).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: inbox_server::heap::Counting = inbox_server::heap::Counting;
 
 #[derive(Parser)]
 #[command(
