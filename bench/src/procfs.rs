@@ -93,18 +93,9 @@ pub fn cpu_us_per_op(ticks_start: u64, ticks_end: u64, ticks_per_s: u64, ops: u6
 }
 
 /// `RssAnon` of `/proc/<pid>/status`, in bytes: the process's private
-/// memory that is resident (heap, stacks), without mapped files.
-pub fn parse_status_rss_anon_bytes(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
-    let kib: u64 = line
-        .trim_start_matches("RssAnon:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
-}
+/// memory that is resident (heap, stacks), without mapped files. The
+/// daemon reads its own the same way.
+pub use inbox_server::heap::rss_anon_of_status as parse_status_rss_anon_bytes;
 
 pub fn rss_anon_bytes(pid: u32) -> Option<u64> {
     parse_status_rss_anon_bytes(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)

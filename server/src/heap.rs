@@ -151,10 +151,11 @@ pub fn heap_in_use() -> Option<u64> {
 /// `/proc/self/status`), where the system reports it.
 pub fn resident_anonymous() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    parse_rss_anon(&status)
+    rss_anon_of_status(&status)
 }
 
-fn parse_rss_anon(status: &str) -> Option<u64> {
+/// `RssAnon` of a `/proc/<pid>/status` text, in bytes.
+pub fn rss_anon_of_status(status: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
     let kib: u64 = line
         .trim_start_matches("RssAnon:")
@@ -201,9 +202,9 @@ mod tests {
     fn rss_anon_is_read_in_bytes_from_the_status_line() {
         let status =
             "Name:\tinboxd\nVmRSS:\t  52000 kB\nRssAnon:\t   45464 kB\nRssFile:\t 6000 kB\n";
-        assert_eq!(parse_rss_anon(status), Some(45464 * 1024));
-        assert_eq!(parse_rss_anon("Name:\tinboxd\n"), None);
-        assert_eq!(parse_rss_anon("RssAnon:\tmany kB\n"), None);
+        assert_eq!(rss_anon_of_status(status), Some(45464 * 1024));
+        assert_eq!(rss_anon_of_status("Name:\tinboxd\n"), None);
+        assert_eq!(rss_anon_of_status("RssAnon:\tmany kB\n"), None);
     }
 
     #[test]
