@@ -3,31 +3,9 @@
 
 use std::fmt::Write as _;
 
+use inbox_server::heap::on_heap;
+
 use crate::report::{SoakReport, SoakSample};
-
-/// True for a structure the daemon keeps in file pages, mapped (the log's
-/// sealed segments; the message index's and the idempotency table's pages
-/// in the scratch file): page cache that the kernel may drop, not part of
-/// RssAnon.
-pub fn file_backed(structure: &str) -> bool {
-    matches!(
-        structure,
-        "log_mmaps" | "message_metadata_file" | "idempotency_file"
-    )
-}
-
-/// True for an entry that measures the whole process, not a structure:
-/// `heap` (the bytes the daemon's allocations hold, as its allocator
-/// counts them) and `anonymous` (its RssAnon).
-pub fn process_total(structure: &str) -> bool {
-    matches!(structure, "heap" | "anonymous")
-}
-
-/// True for a structure on the heap: neither file-backed nor a process
-/// total.
-pub fn on_heap(structure: &str) -> bool {
-    !file_backed(structure) && !process_total(structure)
-}
 
 /// The last sample's memory breakdown, each structure's slope over
 /// messages retained (allocated bytes per million messages, least

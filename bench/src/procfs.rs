@@ -93,12 +93,11 @@ pub fn cpu_us_per_op(ticks_start: u64, ticks_end: u64, ticks_per_s: u64, ops: u6
 }
 
 /// `RssAnon` of `/proc/<pid>/status`, in bytes: the process's private
-/// memory that is resident (heap, stacks), without mapped files. The
-/// daemon reads its own the same way.
-pub use inbox_server::heap::rss_anon_of_status as parse_status_rss_anon_bytes;
-
+/// memory that is resident (heap, stacks), without mapped files, read as
+/// the daemon reads its own.
 pub fn rss_anon_bytes(pid: u32) -> Option<u64> {
-    parse_status_rss_anon_bytes(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    inbox_server::heap::rss_anon_of_status(&status)
 }
 
 /// TCP state `LISTEN` in `/proc/net/tcp`.
@@ -217,12 +216,9 @@ mod tests {
     }
 
     #[test]
-    fn rss_anon_is_read_in_bytes_from_the_status_file() {
-        let status =
-            "Name:\tinboxd\nVmRSS:\t  52000 kB\nRssAnon:\t   40960 kB\nRssFile:\t 11040 kB\n";
-        assert_eq!(parse_status_rss_anon_bytes(status), Some(40960 * 1024));
-        assert_eq!(parse_status_rss_anon_bytes("Name:\tx\n"), None);
+    fn rss_anon_of_another_process_is_read_from_its_status_file() {
         assert!(rss_anon_bytes(std::process::id()).expect("own status") > 0);
+        assert_eq!(rss_anon_bytes(u32::MAX), None, "no such process");
     }
 
     #[test]

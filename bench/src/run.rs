@@ -939,7 +939,7 @@ fn soak_scenario(sp: &SoakPlan, system: &dyn System, seed: u64) -> Result<(SoakR
         let top: Vec<String> = s
             .memory
             .iter()
-            .filter(|m| crate::memory_table::on_heap(&m.structure) && m.allocated >= 1 << 20)
+            .filter(|m| inbox_server::heap::on_heap(&m.structure) && m.allocated >= 1 << 20)
             .map(|m| {
                 format!(
                     "{} {:.1}",
@@ -1327,7 +1327,7 @@ fn print_backlog_memory(name: &str, system: &dyn System, rss_before: Option<u64>
     let rows = system.memory().map(|(rows, _, _)| rows).unwrap_or_default();
     let structures: Vec<String> = rows
         .iter()
-        .filter(|m| crate::memory_table::on_heap(&m.structure) && m.allocated > 0)
+        .filter(|m| inbox_server::heap::on_heap(&m.structure) && m.allocated > 0)
         .map(|m| format!("{} {:.1}", m.structure, m.allocated as f64 / events))
         .collect();
     // The whole heap, as the daemon's allocator counts it: what the

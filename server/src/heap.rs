@@ -29,7 +29,7 @@
 //! thread adds to a counter of its own, on a cache line of its own, with a
 //! plain load and store: no atomic read-modify-write and no line shared
 //! between threads on the allocation path. Summing the counters is
-//! [`heap_in_use`]'s job. A block freed by another thread than the one
+//! `counted`'s job. A block freed by another thread than the one
 //! that allocated it is subtracted from the freeing thread's counter;
 //! only the sum means anything.
 
@@ -137,19 +137,23 @@ unsafe impl GlobalAlloc for Counting {
     }
 }
 
+/// The sum of every thread's counter.
+fn counted() -> i64 {
+    OWN.iter().map(|c| c.0.load(Relaxed)).sum::<i64>() + SHARED.0.load(Relaxed)
+}
+
 /// Bytes the process's allocations hold now, if [`Counting`] is its
 /// allocator.
-pub fn heap_in_use() -> Option<u64> {
+fn heap_in_use() -> Option<u64> {
     if !INSTALLED.load(Relaxed) {
         return None;
     }
-    let own: i64 = OWN.iter().map(|c| c.0.load(Relaxed)).sum();
-    u64::try_from(own + SHARED.0.load(Relaxed)).ok()
+    u64::try_from(counted()).ok()
 }
 
 /// The process's resident anonymous memory (`RssAnon` of
 /// `/proc/self/status`), where the system reports it.
-pub fn resident_anonymous() -> Option<u64> {
+fn resident_anonymous() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     rss_anon_of_status(&status)
 }
@@ -173,9 +177,32 @@ pub fn with_process_memory(mut report: MemoryReport) -> MemoryReport {
     report
 }
 
+/// True for a row of the breakdown that measures the whole process
+/// rather than a structure: `heap` and `anonymous`.
+pub fn process_total(row: &str) -> bool {
+    matches!(row, "heap" | "anonymous")
+}
+
+/// True for a structure the daemon keeps in file pages, mapped (the log's
+/// sealed segments; the message index's and the idempotency table's pages
+/// in the scratch file): page cache the kernel may drop, not in RssAnon.
+pub fn file_backed(row: &str) -> bool {
+    matches!(
+        row,
+        "log_mmaps" | "message_metadata_file" | "idempotency_file"
+    )
+}
+
+/// True for a structure on the heap: neither file-backed nor a process
+/// total. These rows' `allocated` add up to the part of `heap` the
+/// structures hold.
+pub fn on_heap(row: &str) -> bool {
+    !file_backed(row) && !process_total(row)
+}
+
 /// The breakdown's measured entries: `heap` (when [`Counting`] is the
 /// allocator) and `anonymous` (where the system reports it).
-pub fn process_memory() -> Vec<MemoryUse> {
+fn process_memory() -> Vec<MemoryUse> {
     let mut entries = Vec::new();
     if let Some(live) = heap_in_use() {
         entries.push(MemoryUse {
@@ -205,14 +232,27 @@ mod tests {
         assert_eq!(rss_anon_of_status(status), Some(45464 * 1024));
         assert_eq!(rss_anon_of_status("Name:\tinboxd\n"), None);
         assert_eq!(rss_anon_of_status("RssAnon:\tmany kB\n"), None);
+        assert!(resident_anonymous().expect("own status") > 0);
+    }
+
+    #[test]
+    fn the_breakdown_rows_are_on_the_heap_in_files_or_process_totals() {
+        for row in ["idempotency", "users", "snapshot_cache"] {
+            assert!(on_heap(row), "{row}");
+        }
+        for row in ["log_mmaps", "message_metadata_file", "idempotency_file"] {
+            assert!(file_backed(row) && !on_heap(row), "{row}");
+        }
+        for row in ["heap", "anonymous"] {
+            assert!(process_total(row) && !on_heap(row), "{row}");
+        }
     }
 
     #[test]
     fn each_thread_counts_on_its_own_counter_and_the_sum_is_what_is_held() {
         // The test binary's allocator is the system's: count by hand, as
         // `Counting` would. Each thread takes a counter of its own.
-        let before: i64 =
-            OWN.iter().map(|c| c.0.load(Relaxed)).sum::<i64>() + SHARED.0.load(Relaxed);
+        let before = counted();
         let threads: Vec<_> = (0..4)
             .map(|_| {
                 std::thread::spawn(|| {
@@ -229,10 +269,8 @@ mod tests {
         // One thread frees what another allocated: only the sum is kept.
         let t = std::thread::spawn(|| count(-2400));
         t.join().unwrap();
-        let after: i64 =
-            OWN.iter().map(|c| c.0.load(Relaxed)).sum::<i64>() + SHARED.0.load(Relaxed);
         assert_eq!(
-            after - before,
+            counted() - before,
             0,
             "4 x 600 allocated, 2,400 freed elsewhere"
         );

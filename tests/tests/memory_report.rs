@@ -66,12 +66,7 @@ async fn the_memory_request_counts_the_whole_heap_beside_the_structures_in_it() 
     let in_structures: u64 = r
         .structures
         .iter()
-        .filter(|m| {
-            !matches!(
-                m.structure.as_str(),
-                "heap" | "anonymous" | "log_mmaps" | "message_metadata_file" | "idempotency_file"
-            )
-        })
+        .filter(|m| inbox_server::heap::on_heap(&m.structure))
         .map(|m| m.live)
         .sum();
     assert!(in_structures > 0, "{r:?}");
