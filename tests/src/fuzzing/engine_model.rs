@@ -324,6 +324,12 @@ struct Ledger {
 }
 
 impl Ledger {
+    /// Notes an ACK asked for, carried or awaited.
+    fn ask(&mut self, key: (Uid, DeviceId), seq: SyncSeq) {
+        let asked = self.asked.entry(key).or_default();
+        *asked = (*asked).max(seq);
+    }
+
     fn acknowledge_send(
         &mut self,
         conv: ConvId,
@@ -730,8 +736,7 @@ fn sync_and_ack(run: &mut Run, uid: Uid, device: DeviceId, limit: u32) {
             request.batch_token = Some(page.batch_token);
             carried = carry.then_some(page.next_cursor);
             if let Some(seq) = carried {
-                let asked = run.ledger.asked.entry(key).or_default();
-                *asked = (*asked).max(seq);
+                run.ledger.ask(key, seq);
             }
             continue;
         }
@@ -749,8 +754,7 @@ fn sync_and_ack(run: &mut Run, uid: Uid, device: DeviceId, limit: u32) {
                     batch_token: page.batch_token.clone(),
                 })
                 .wait();
-            let asked = run.ledger.asked.entry(key).or_default();
-            *asked = (*asked).max(page.next_cursor);
+            run.ledger.ask(key, page.next_cursor);
             allowed(&reply, faults, "ack");
             if let Ok(reply) = reply {
                 assert!(
