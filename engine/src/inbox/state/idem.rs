@@ -38,7 +38,7 @@
 //! keys, the insert merges the two into a new run. So even the newest
 //! bucket, which takes every insert and holds a sixteenth of the TTL's
 //! keys (10.5 hours of them at the default 7 days), keeps at most a ninth
-//! of them in tables, beyond a page of keys a shard; a closed bucket's
+//! of them in tables, beyond a quarter page of keys a shard; a closed bucket's
 //! tables are merged one shard per later insert. The copies of the state
 //! checkpoints take share the shards and their runs.
 //!
@@ -197,13 +197,17 @@ const FILED_SHARD_MIN: usize = super::spill::PAGE / 2 / std::mem::size_of::<Idem
 const MERGE_FRACTION: usize = 8;
 
 /// Keys a table takes before its first merge, and before any merge while
-/// an eighth of the run is fewer: a page of them. While a bucket is young
-/// every shard merges at this size, about once per `MERGE_MIN` sends in
-/// all, and each merge writes new pages and punches out the old ones.
-/// Half a page merges twice as often for half the heap; with tables grown
-/// a few slots at a time, it cost sends a tenth more CPU in a short ingest
-/// benchmark.
-const MERGE_MIN: usize = super::spill::PAGE / std::mem::size_of::<IdemSlot>();
+/// an eighth of the run is fewer: a quarter page of them (42), so a table
+/// is at most 64 slots, 1.5 KiB. While a bucket is young every shard
+/// merges at this size, about once per `MERGE_MIN` sends in all, and each
+/// merge writes new pages and punches out the old ones; a run passes
+/// `8 * MERGE_MIN` keys (344,000 in the bucket) before the eighth takes
+/// over. A page (170 keys, tables of 256 slots) held four times the
+/// tables' heap, and left holes of their size class each time a shard's
+/// table was freed at a merge: at 520,000 keys, about 4 MiB more of the
+/// daemon's resident memory for no CPU the ingest benchmark could tell
+/// apart (`docs/BENCHMARKS.md`, "Idempotency tables of a quarter page").
+const MERGE_MIN: usize = super::spill::PAGE / 4 / std::mem::size_of::<IdemSlot>();
 
 fn shard_of(fp: u64) -> usize {
     (fp >> (64 - SHARD_BITS)) as usize
@@ -1086,15 +1090,21 @@ mod tests {
         let in_tables: usize = b.shards.iter().map(|s| s.table_len).sum();
         let (in_runs, pages) = filed.in_file();
         assert_eq!(in_runs + in_tables as u64, n, "every run is in the file");
-        // About 293 keys a shard: each merged once, at a page of keys.
+        // About 293 keys a shard: each merged several times, at a quarter
+        // page of keys.
         assert!(
             in_runs > n / 2 && in_tables <= SHARDS * MERGE_MIN,
-            "merged at a page of keys a shard: {in_runs} in runs, {in_tables} in tables"
+            "merged at a quarter page of keys a shard: {in_runs} in runs, {in_tables} in tables"
         );
         assert!(b
             .shards
             .iter()
             .all(|s| s.table_len < MERGE_MIN.max(s.run.as_slice().len() / MERGE_FRACTION)));
+        let widest = b.shards.iter().map(|s| s.table.len()).max().unwrap();
+        assert!(
+            widest <= 64,
+            "a young bucket's tables stay at 64 slots (1.5 KiB) at most: one has {widest}"
+        );
         assert_eq!(
             filed.bytes().live,
             in_tables as u64 * SLOT_BYTES,
