@@ -38,9 +38,9 @@
 //! keys, the insert merges the two into a new run. So even the newest
 //! bucket, which takes every insert and holds a sixteenth of the TTL's
 //! keys (10.5 hours of them at the default 7 days), keeps at most a ninth
-//! of them in tables, beyond a quarter page of keys a shard; a closed bucket's
-//! tables are merged one shard per later insert. The copies of the state
-//! checkpoints take share the shards and their runs.
+//! of them in tables, beyond a quarter page of keys a shard; a closed
+//! bucket's tables are merged one shard per later insert. The copies of
+//! the state checkpoints take share the shards and their runs.
 //!
 //! A run never changes once written. Given the state's scratch file
 //! ([`super::spill`]), a run goes there, in pages mapped shared, instead
@@ -202,8 +202,8 @@ const MERGE_FRACTION: usize = 8;
 /// merges at this size, about once per `MERGE_MIN` sends in all, and each
 /// merge writes new pages and punches out the old ones; a run passes
 /// `8 * MERGE_MIN` keys (344,000 in the bucket) before the eighth takes
-/// over. A page (170 keys, tables of 256 slots) held four times the
-/// tables' heap, and left holes of their size class each time a shard's
+/// over. A page (170 keys, tables of up to 256 slots) held three times
+/// the tables' heap, and left holes of their size class each time a shard's
 /// table was freed at a merge: at 520,000 keys, about 4 MiB more of the
 /// daemon's resident memory for no CPU the ingest benchmark could tell
 /// apart (`docs/BENCHMARKS.md`, "Idempotency tables of a quarter page").
