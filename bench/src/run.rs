@@ -1299,14 +1299,14 @@ pub(crate) fn catch_up_scenario(
     Ok(())
 }
 
-/// What the preloaded backlog costs in memory, where the system says how
-/// many live events it holds: the growth of the server's RssAnon over the
-/// preload per live event, and its own structures' allocated bytes per
-/// live event. The messages behind the events are in it too.
-/// Prints what the preloaded backlog costs. RssAnon is sampled every
-/// 100 ms for two seconds after the preload: a checkpoint may be encoding
-/// a copy of the state then, and the highest sample counts it, the lowest
-/// is the backlog alone.
+/// Prints what the preloaded backlog costs in memory, where the system
+/// says how many live events it holds: the server's RssAnon per live
+/// event, all of it and its growth over the preload, and its own
+/// structures' allocated bytes per live event. The messages behind the
+/// events are in it too. RssAnon is sampled every 100 ms for two seconds
+/// after the preload: a checkpoint may be encoding a copy of the state
+/// then, and the highest sample counts it, the lowest is the backlog
+/// alone.
 fn print_backlog_memory(name: &str, system: &dyn System, rss_before: Option<u64>) {
     let rss = || system.measured().and_then(|m| m.rss_anon_bytes());
     let mut samples = Vec::new();
@@ -1341,9 +1341,9 @@ fn print_backlog_memory(name: &str, system: &dyn System, rss_before: Option<u64>
                 h.live as f64 / events
             )
         });
-    let per_event = |after: u64| after.saturating_sub(before) as f64 / events;
+    let per_event = |bytes: u64| bytes as f64 / events;
     println!(
-        "{name}: sync: RssAnon {:.1} -> {:.1} (lowest) .. {:.1} (highest of 20 samples) MiB over {} live events and {} messages: {:.1} .. {:.1} B per live event; allocated B per live event: {}{heap}",
+        "{name}: sync: RssAnon {:.1} -> {:.1} (lowest) .. {:.1} (highest of 20 samples) MiB over {} live events and {} messages: all of it {:.1} .. {:.1} B per live event, grown over the preload {:.1} .. {:.1}; allocated B per live event: {}{heap}",
         mib(before),
         mib(low),
         mib(high),
@@ -1351,6 +1351,8 @@ fn print_backlog_memory(name: &str, system: &dyn System, rss_before: Option<u64>
         holdings.messages,
         per_event(low),
         per_event(high),
+        per_event(low.saturating_sub(before)),
+        per_event(high.saturating_sub(before)),
         if structures.is_empty() { "-".into() } else { structures.join(", ") }
     );
 }
