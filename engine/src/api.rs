@@ -525,6 +525,18 @@ impl MemoryReport {
     }
 }
 
+/// The structures of a [`MemoryReport`] kept in file pages, mapped: the
+/// logs' sealed segments, and the message index's and the idempotency
+/// table's pages in the scratch file. Page cache that the kernel may
+/// drop, not anonymous memory: every other structure is on the heap.
+pub const FILE_BACKED_STRUCTURES: [&str; 3] =
+    ["log_mmaps", "message_metadata_file", "idempotency_file"];
+
+/// True for a structure of [`FILE_BACKED_STRUCTURES`].
+pub fn file_backed(structure: &str) -> bool {
+    FILE_BACKED_STRUCTURES.contains(&structure)
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CompactionReport {
     pub events_reclaimed: u64,

@@ -37,7 +37,7 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Relaxed};
 
-use inbox_engine::{MemoryReport, MemoryUse};
+use inbox_engine::{file_backed, MemoryReport, MemoryUse};
 
 /// Threads that get a counter of their own; the ones started after them
 /// share [`SHARED`]. Tokio's blocking pool starts and ends threads as
@@ -183,18 +183,8 @@ pub fn process_total(row: &str) -> bool {
     matches!(row, "heap" | "anonymous")
 }
 
-/// True for a structure the daemon keeps in file pages, mapped (the log's
-/// sealed segments; the message index's and the idempotency table's pages
-/// in the scratch file): page cache the kernel may drop, not in RssAnon.
-pub fn file_backed(row: &str) -> bool {
-    matches!(
-        row,
-        "log_mmaps" | "message_metadata_file" | "idempotency_file"
-    )
-}
-
-/// True for a structure on the heap: neither file-backed nor a process
-/// total. These rows' `allocated` add up to the part of `heap` the
+/// True for a structure on the heap: neither file-backed
+/// ([`inbox_engine::file_backed`]) nor a process total. These rows' `allocated` add up to the part of `heap` the
 /// structures hold.
 pub fn on_heap(row: &str) -> bool {
     !file_backed(row) && !process_total(row)

@@ -180,3 +180,22 @@ impl Tally {
             .map(|(name, (live, allocated))| (*name, *live, *allocated))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rows_tallied_from_file_pages_are_the_ones_named_file_backed() {
+        let in_files: Vec<&str> = STRUCTURES
+            .iter()
+            .copied()
+            .filter(|s| file_backed(s))
+            .collect();
+        assert_eq!(in_files, ["message_metadata_file", "idempotency_file"]);
+        // The sealed segments' row is added beside the tally
+        // (`Inbox::memory`).
+        assert!(file_backed("log_mmaps"));
+        assert!(!file_backed("message_metadata") && !file_backed("idempotency"));
+    }
+}
