@@ -63,32 +63,31 @@ pub fn memory_table(soak: &SoakReport) -> String {
             "taking the breakdown: {walk} µs, longest hold of the state lock {hold} µs"
         );
     }
-    let heap = last.memory.iter().find(|m| m.structure == "heap");
-    match heap {
-        Some(heap) => {
-            let _ = writeln!(
-                out,
-                "structures (file-backed ones left out) {:.1} MiB allocated, heap in use {:.1} MiB, \
-                 RssAnon {:.1} MiB: {:.1} MiB of the heap outside the structures (buffers, queues, \
-                 checkpoint copies), {:.1} MiB of RssAnon outside the heap (size classes, free \
-                 pages, stacks)",
-                mib(anon),
-                mib(heap.live),
-                mib(last.rss_anon_bytes),
-                mib(heap.live.saturating_sub(anon)),
-                mib(last.rss_anon_bytes.saturating_sub(heap.live))
-            );
-        }
-        None => {
-            let _ = writeln!(
-                out,
-                "structures (file-backed ones left out) {:.1} MiB allocated of RssAnon {:.1} MiB; \
-                 the rest is not in the breakdown (allocator, buffers, queues, checkpoint copies)",
-                mib(anon),
-                mib(last.rss_anon_bytes)
-            );
-        }
-    }
+    let _ = write!(
+        out,
+        "structures (file-backed ones left out) {:.1} MiB allocated",
+        mib(anon)
+    );
+    let rss = last.rss_anon_bytes;
+    let _ = match last.memory.iter().find(|m| m.structure == "heap") {
+        Some(heap) => writeln!(
+            out,
+            ", heap in use {:.1} MiB, RssAnon {:.1} MiB: {:.1} MiB of the heap outside the \
+             structures (buffers, queues, checkpoint copies), {:.1} MiB of RssAnon outside the \
+             heap (size classes, free pages, stacks)",
+            mib(heap.live),
+            mib(rss),
+            mib(heap.live.saturating_sub(anon)),
+            mib(rss.saturating_sub(heap.live))
+        ),
+        // A daemon whose allocator counts nothing.
+        None => writeln!(
+            out,
+            " of RssAnon {:.1} MiB; the rest is not in the breakdown (allocator, buffers, \
+             queues, checkpoint copies)",
+            mib(rss)
+        ),
+    };
     out
 }
 
