@@ -16,9 +16,19 @@
 //! - its space is reserved with `fallocate` a [`REGION_BYTES`] region at a
 //!   time before any page of it is written, so a full disk refuses a new
 //!   region (the data stays on the heap) instead of failing a page fault;
-//! - a block's pages are punched out of the file when its last user drops
-//!   it, which frees its disk space and its page cache at once, and a
-//!   region whose blocks are all gone is unmapped and its range reused.
+//! - a dropped block's pages are kept for the next block of the same size,
+//!   up to [`SPARE_BYTES_MAX`] of them, newest first; beyond that, and
+//!   once the arena is gone, a block's pages are punched out of the file
+//!   when its last user drops it, which frees its disk space and its page
+//!   cache at once; a region whose blocks are all gone is unmapped and its
+//!   range reused.
+//!
+//! Why keep some: the idempotency table merges a shard's keys into a new
+//! run and drops the old one many times a second, a run a little larger
+//! each time, and its 1,024 shards grow in step. Punching each old run
+//! cost a `fallocate` on the sequencer's thread, and writing the new one
+//! a page fault per fresh page; a kept run of the same size is written in
+//! place, its pages still mapped.
 //!
 //! A block is written in place while one list owns it. A list that shares
 //! it with a checkpoint's copy of the state copies it first (copy on
@@ -40,6 +50,10 @@ pub(crate) const PAGE: usize = 4096;
 
 /// Bytes of file reserved and mapped at a time.
 pub(crate) const REGION_BYTES: usize = 16 << 20;
+
+/// Bytes of dropped blocks' pages kept for reuse, at most: page cache and
+/// disk that no structure's row of the memory breakdown counts.
+pub(crate) const SPARE_BYTES_MAX: usize = 1 << 20;
 
 /// A type whose values may be kept as raw bytes in the file.
 ///
@@ -76,6 +90,18 @@ struct ScratchFile {
     free: Mutex<Vec<u64>>,
     /// Bytes of pages held by live blocks.
     block_bytes: AtomicU64,
+    /// Dropped blocks' pages kept for the next block of their size.
+    spare: Mutex<Spare>,
+}
+
+/// Page ranges of dropped blocks, oldest first. They hold their regions,
+/// so the arena empties this when it goes (`open` false): a range kept
+/// after that would hold the file open for good.
+struct Spare {
+    open: bool,
+    limit: usize,
+    ranges: std::collections::VecDeque<(Arc<Region>, usize, usize)>,
+    bytes: usize,
 }
 
 /// [`REGION_BYTES`] of the file, reserved and mapped.
@@ -121,9 +147,27 @@ impl Arena {
                 file,
                 free: Mutex::new(Vec::new()),
                 block_bytes: AtomicU64::new(0),
+                spare: Mutex::new(Spare {
+                    open: true,
+                    limit: SPARE_BYTES_MAX,
+                    ranges: Default::default(),
+                    bytes: 0,
+                }),
             }),
             inner: Mutex::new(Inner::default()),
         }))
+    }
+
+    /// Keeps at most `bytes` of dropped blocks' pages for reuse (the
+    /// tests of punching set none).
+    #[cfg(test)]
+    fn keep_spare(&self, bytes: usize) {
+        self.file.spare.lock().limit = bytes;
+    }
+
+    /// Bytes of dropped blocks' pages kept for reuse.
+    pub fn spare_bytes(&self) -> u64 {
+        self.file.spare.lock().bytes as u64
     }
 
     /// Bytes of pages live blocks hold.
@@ -147,7 +191,10 @@ impl Arena {
         if pages > REGION_BYTES {
             return None;
         }
-        let (region, at) = self.room(pages)?;
+        let (region, at) = match self.file.take_spare(pages) {
+            Some(kept) => kept,
+            None => self.room(pages)?,
+        };
         // SAFETY: `at..at + pages` of the region was just given to this
         // block alone, and `items` is `bytes` long.
         unsafe {
@@ -221,6 +268,42 @@ impl Arena {
 }
 
 impl ScratchFile {
+    /// The newest kept range of exactly `pages` bytes, taken.
+    fn take_spare(&self, pages: usize) -> Option<(Arc<Region>, usize)> {
+        let mut spare = self.spare.lock();
+        let i = spare.ranges.iter().rposition(|&(_, _, p)| p == pages)?;
+        let (region, at, _) = spare.ranges.remove(i)?;
+        spare.bytes -= pages;
+        Some((region, at))
+    }
+
+    /// Keeps a dropped block's `pages` bytes at `at` of `region` for reuse,
+    /// punching the oldest kept ranges out beyond the limit, or this one if
+    /// nothing may be kept.
+    fn give_back(&self, region: &Arc<Region>, at: usize, pages: usize) {
+        let mut spare = self.spare.lock();
+        if !spare.open || pages > spare.limit {
+            drop(spare);
+            self.punch(region.offset + at as u64, pages);
+            return;
+        }
+        spare.ranges.push_back((region.clone(), at, pages));
+        spare.bytes += pages;
+        let mut over = Vec::new();
+        while spare.bytes > spare.limit {
+            let Some(oldest) = spare.ranges.pop_front() else {
+                break;
+            };
+            spare.bytes -= oldest.2;
+            over.push(oldest);
+        }
+        drop(spare);
+        // Punched, and their regions released, without the lock.
+        for (region, at, pages) in over {
+            self.punch(region.offset + at as u64, pages);
+        }
+    }
+
     /// Gives `len` bytes at `offset` back to the file system.
     fn punch(&self, offset: u64, len: usize) {
         // SAFETY: plain syscall on a descriptor this arena owns.
@@ -299,9 +382,23 @@ impl<T: Plain> std::fmt::Debug for Block<T> {
 impl<T: Plain> Drop for Block<T> {
     fn drop(&mut self) {
         let file = &self.region.file;
-        file.punch(self.region.offset + self.at as u64, self.pages);
         file.block_bytes
             .fetch_sub(self.pages as u64, Ordering::Relaxed);
+        file.give_back(&self.region, self.at, self.pages);
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        let kept = {
+            let mut spare = self.file.spare.lock();
+            spare.open = false;
+            spare.bytes = 0;
+            std::mem::take(&mut spare.ranges)
+        };
+        for (region, at, pages) in kept {
+            self.file.punch(region.offset + at as u64, pages);
+        }
     }
 }
 
@@ -331,6 +428,7 @@ mod tests {
     fn a_dropped_block_gives_its_pages_back_and_an_emptied_region_is_reused() {
         let dir = tempfile::tempdir().unwrap();
         let arena = Arena::open(dir.path()).unwrap();
+        arena.keep_spare(0);
         let page = vec![1u64; PAGE / 8];
         let per_region = REGION_BYTES / PAGE;
         let mut first: Vec<Block<u64>> = (0..64).map(|_| arena.store(&page).unwrap()).collect();
@@ -378,6 +476,83 @@ mod tests {
         drop(fill);
         drop(in_second);
         assert_eq!(arena.block_bytes(), 0);
+    }
+
+    #[test]
+    fn a_dropped_block_is_written_again_in_place_by_the_next_of_its_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let arena = Arena::open(dir.path()).unwrap();
+        let two_pages: Vec<u64> = (0..1000).collect();
+        let first = arena.store(&two_pages).unwrap();
+        let (offset, at) = (first.region.offset, first.at);
+        let reserved = arena.disk_bytes();
+        drop(first);
+        assert_eq!(arena.block_bytes(), 0);
+        assert_eq!(arena.spare_bytes(), 8192, "its two pages are kept");
+        assert_eq!(arena.disk_bytes(), reserved, "and not punched out");
+        // A block of another size does not take them.
+        let one_page = arena.store(&[7u64; 10]).unwrap();
+        assert_ne!((one_page.region.offset, one_page.at), (offset, at));
+        let again: Vec<u64> = (5000..6000).collect();
+        let second = arena.store(&again).unwrap();
+        assert_eq!(
+            (second.region.offset, second.at),
+            (offset, at),
+            "the next two-page block is written where the dropped one was"
+        );
+        assert_eq!(second.as_slice(), &again[..]);
+        assert_eq!(arena.spare_bytes(), 0);
+        assert_eq!(arena.block_bytes(), 8192 + 4096);
+    }
+
+    #[test]
+    fn kept_pages_stay_under_their_limit_by_punching_the_oldest() {
+        let dir = tempfile::tempdir().unwrap();
+        let arena = Arena::open(dir.path()).unwrap();
+        let page = vec![1u64; PAGE / 8];
+        let n = SPARE_BYTES_MAX / PAGE + 40;
+        let blocks: Vec<Block<u64>> = (0..n).map(|_| arena.store(&page).unwrap()).collect();
+        let oldest = (blocks[0].region.offset, blocks[0].at);
+        let newest = (blocks[n - 1].region.offset, blocks[n - 1].at);
+        let reserved = arena.disk_bytes();
+        drop(blocks);
+        assert_eq!(arena.spare_bytes(), SPARE_BYTES_MAX as u64);
+        assert_eq!(
+            arena.disk_bytes(),
+            reserved - 40 * PAGE as u64,
+            "the 40 pages over the limit are punched out"
+        );
+        let taken = arena.store(&page).unwrap();
+        assert_eq!(
+            (taken.region.offset, taken.at),
+            newest,
+            "the newest kept page is reused first"
+        );
+        assert_ne!((taken.region.offset, taken.at), oldest);
+    }
+
+    #[test]
+    fn an_arena_that_goes_punches_what_it_kept_and_later_drops_are_punched() {
+        let dir = tempfile::tempdir().unwrap();
+        let arena = Arena::open(dir.path()).unwrap();
+        let page = vec![1u64; PAGE / 8];
+        let kept = arena.store(&page).unwrap();
+        let outliving = arena.store(&page).unwrap();
+        let file = Arc::clone(&arena.file);
+        drop(kept);
+        assert_eq!(arena.spare_bytes(), PAGE as u64);
+        drop(arena);
+        assert_eq!(
+            file.spare.lock().bytes,
+            0,
+            "nothing kept once the arena went"
+        );
+        assert!(file.spare.lock().ranges.is_empty());
+        drop(outliving);
+        assert!(
+            file.spare.lock().ranges.is_empty(),
+            "a block dropped after its arena is punched, not kept"
+        );
     }
 
     #[test]
