@@ -572,4 +572,7 @@ pub struct Stats {
     /// before each round keeps this at zero unless another writer of the
     /// log took the prepared segment first.
     pub state_reloads_for_space: u64,
+    /// Whether the write pipeline is held on one CPU now (light load;
+    /// `crate::placement`).
+    pub pipeline_on_one_cpu: bool,
 }

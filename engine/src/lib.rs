@@ -15,6 +15,7 @@ pub mod error;
 pub mod failpoints;
 pub mod inbox;
 pub mod log;
+pub mod placement;
 mod prefetch;
 pub mod threads;
 

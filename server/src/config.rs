@@ -179,6 +179,13 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_INDEX_IN_FILE", num_args = 0..=1, default_missing_value = "true")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub index_in_file: Option<bool>,
+    /// While rounds hold about one command and the daemon uses under
+    /// 0.6 of a CPU, hold the connection workers and the sequencer on one
+    /// CPU, so that a send's hand-offs do not wake another CPU; under
+    /// load they spread again [default: true].
+    #[arg(long, env = "INBOXD_COLOCATE_WHEN_LIGHT", num_args = 0..=1, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub colocate_when_light: Option<bool>,
     /// Messages older than this are reclaimed, seconds; unset keeps
     /// history forever [default: unset].
     #[arg(long, env = "INBOXD_HISTORY_RETENTION_S")]
@@ -383,6 +390,8 @@ pub struct Config {
     pub checkpoint_every_bytes: Option<u64>,
     /// `None` keeps the engine's default.
     pub index_in_file: Option<bool>,
+    /// Hold the write pipeline on one CPU while the load is light.
+    pub colocate_when_light: bool,
     /// `None` keeps history forever.
     pub history_retention: Option<Duration>,
     /// `None` keeps the engine's default.
@@ -423,6 +432,7 @@ impl Config {
         if let Some(on) = self.index_in_file {
             engine.index_in_file = on;
         }
+        engine.colocate_when_light = self.colocate_when_light;
         if let Some(bytes) = self.snapshot_cache_bytes {
             engine.snapshot_cache_bytes = bytes;
         }
@@ -647,6 +657,7 @@ impl Config {
             idempotency_ttl: s.idempotency_ttl_s.map(Duration::from_secs),
             checkpoint_every_bytes: s.checkpoint_every_bytes,
             index_in_file: s.index_in_file,
+            colocate_when_light: s.colocate_when_light.unwrap_or(true),
             history_retention: s.history_retention_s.map(Duration::from_secs),
             snapshot_cache_bytes: s.snapshot_cache_bytes,
             large_group_members: s.large_group_members,

@@ -416,6 +416,12 @@ impl Collector for EngineCollector {
             "State reloads after the log refused an applied round for space (compaction's rounds)",
             stats.state_reloads_for_space,
         )?;
+        gauge(
+            e,
+            "inboxd_pipeline_on_one_cpu",
+            "1 while the connection workers and the sequencer are held on one CPU (light load)",
+            u64::from(stats.pipeline_on_one_cpu),
+        )?;
         let c = &stats.compaction;
         counter(
             e,

@@ -118,3 +118,61 @@ async fn prints_what_a_scrape_costs_on_a_populated_store() {
         bytes / SCRAPES as usize
     );
 }
+
+/// Sends one at a time, each after the last was answered, until the
+/// gauge reads `want` or `sends` have gone; returns what it read last.
+async fn sends_one_by_one_until(daemon: &Daemon, sends: u32, want: u64) -> Option<u64> {
+    let client = daemon.client().await;
+    for uid in [1, 2] {
+        client
+            .join(inbox_wire::ConvMember { conv: 7, uid })
+            .await
+            .expect("join");
+    }
+    let mut seen = None;
+    for i in 0..sends {
+        inbox_tests::send_text(&client, 7, 1, &format!("m{i}")).await;
+        // Paced, so the daemon stays light whatever else the machine runs.
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        if i % 100 == 99 {
+            seen = daemon.metric("inboxd_pipeline_on_one_cpu").await;
+            if seen == Some(want) {
+                break;
+            }
+        }
+    }
+    seen
+}
+
+/// One connection sending one message at a time is the light load the
+/// daemon gathers its connection worker and its sequencer on one CPU
+/// for; with `--colocate-when-light false` it never does.
+#[tokio::test]
+async fn one_send_at_a_time_gathers_the_write_pipeline_on_one_cpu_unless_turned_off() {
+    if inbox_engine::placement::cpus_of(0) < 2 {
+        return; // One CPU: nothing to gather.
+    }
+    let data = inbox_tests::data_dir();
+    let daemon = Daemon::start(data.path());
+    assert_eq!(
+        daemon.metric("inboxd_pipeline_on_one_cpu").await,
+        Some(0),
+        "spread at the start"
+    );
+    assert_eq!(
+        sends_one_by_one_until(&daemon, 20_000, 1).await,
+        Some(1),
+        "20,000 sends one at a time never gathered the pipeline"
+    );
+    drop(daemon);
+
+    let data = inbox_tests::data_dir();
+    let daemon = Daemon::start_with(data.path(), &["--colocate-when-light", "false"]);
+    // 1,000 sends at about one a millisecond span ten of the sequencer's
+    // windows at the least.
+    assert_eq!(
+        sends_one_by_one_until(&daemon, 1_000, 1).await,
+        Some(0),
+        "turned off, the pipeline stays spread"
+    );
+}

@@ -103,6 +103,10 @@ pub struct InboxConfig {
     /// A conversation with more current members than this becomes a large
     /// group (R7): no per-member events from then on. 0 never switches.
     pub large_group_members: u32,
+    /// Hold the sequencer and the threads that joined the write pipeline
+    /// (`crate::placement::join`) on one CPU while rounds hold about one
+    /// command and the process uses little CPU (`crate::placement`).
+    pub colocate_when_light: bool,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -138,6 +142,7 @@ impl InboxConfig {
             idempotency_ttl: 7 * DAY,
             index_in_file: true,
             large_group_members: LARGE_GROUP_MEMBERS_DEFAULT,
+            colocate_when_light: false,
             clock: Arc::new(SystemClock),
         }
     }

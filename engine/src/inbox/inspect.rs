@@ -118,6 +118,7 @@ impl Inbox {
             compaction: self.shared.compaction.report(),
             rounds_refused_for_space: self.shared.rounds_refused_for_space.load(Ordering::Relaxed),
             state_reloads_for_space: self.shared.state_reloads_for_space.load(Ordering::Relaxed),
+            pipeline_on_one_cpu: self.shared.pipeline_on_one_cpu.load(Ordering::Relaxed),
         }
     }
 

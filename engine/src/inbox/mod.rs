@@ -165,6 +165,7 @@ impl Inbox {
             hints,
             large_group_hints,
             rounds_written: AtomicU64::new(0),
+            pipeline_on_one_cpu: std::sync::atomic::AtomicBool::new(false),
             rounds_refused_for_space: AtomicU64::new(0),
             state_reloads_for_space: AtomicU64::new(0),
             recovery,

@@ -101,6 +101,9 @@ pub(crate) struct Shared {
     pub(crate) hints: tokio::sync::broadcast::Sender<Vec<Hint>>,
     pub(crate) large_group_hints: tokio::sync::broadcast::Sender<Vec<LargeGroupHint>>,
     pub(crate) rounds_written: AtomicU64,
+    /// Whether the sequencer holds the write pipeline on one CPU now
+    /// (`crate::placement`).
+    pub(crate) pipeline_on_one_cpu: std::sync::atomic::AtomicBool,
     /// Rounds decided without applying because the disk had no room.
     pub(crate) rounds_refused_for_space: AtomicU64,
     /// State reloads after a submit refused for space (the fallback).

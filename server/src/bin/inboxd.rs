@@ -314,11 +314,16 @@ fn serve(args: &ServeArgs) -> ExitCode {
     };
     limit_malloc_arenas();
     tune_mimalloc();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(config.worker_threads)
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(config.worker_threads).enable_all();
+    if config.colocate_when_light {
+        // Only the connection workers park: the read pool's threads stay
+        // where the kernel puts them.
+        builder
+            .on_thread_park(inbox_engine::placement::join)
+            .on_thread_stop(inbox_engine::placement::leave);
+    }
+    let runtime = match builder.build() {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("inboxd: cannot start the runtime: {err}");

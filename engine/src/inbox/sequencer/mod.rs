@@ -59,6 +59,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
+use crate::placement::Placement;
+
 use super::devices::ack_view::Before;
 use super::devices::record::Records as DeviceRecords;
 use super::effect::Effect;
@@ -259,6 +261,8 @@ impl<C: Exec> Sequencer<C> {
     }
 
     pub fn run(mut self) {
+        // Made here: it places the thread it runs on.
+        let mut placement = Placement::new(self.shared.config.colocate_when_light);
         while let Ok(first) = self.rx.recv() {
             let mut cmds = vec![first];
             while cmds.len() < ROUND_COMMANDS_MAX {
@@ -266,6 +270,12 @@ impl<C: Exec> Sequencer<C> {
                     Ok(c) => cmds.push(c),
                     Err(_) => break,
                 }
+            }
+            if let Some(gathered) = placement.after_round(cmds.len()) {
+                self.shared
+                    .pipeline_on_one_cpu
+                    .store(gathered, Ordering::Relaxed);
+                tracing::debug!(gathered, "write pipeline placement changed");
             }
             let mut control = Vec::new();
             let mut round = RoundBuf::default();

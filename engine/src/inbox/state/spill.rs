@@ -166,6 +166,7 @@ impl Arena {
     }
 
     /// Bytes of dropped blocks' pages kept for reuse.
+    #[cfg(test)]
     pub fn spare_bytes(&self) -> u64 {
         self.file.spare.lock().bytes as u64
     }
