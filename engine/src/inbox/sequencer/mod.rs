@@ -271,12 +271,7 @@ impl<C: Exec> Sequencer<C> {
                     Err(_) => break,
                 }
             }
-            if let Some(gathered) = placement.after_round(cmds.len()) {
-                self.shared
-                    .pipeline_on_one_cpu
-                    .store(gathered, Ordering::Relaxed);
-                tracing::debug!(gathered, "write pipeline placement changed");
-            }
+            let commands = cmds.len();
             let mut control = Vec::new();
             let mut round = RoundBuf::default();
             let mut id = self.next_round;
@@ -329,6 +324,15 @@ impl<C: Exec> Sequencer<C> {
                 self.finish_round(id, round);
             }
             self.commit_submitted();
+            // Here, just after the round's fdatasync returned: the thread
+            // runs where the kernel woke it, near the disk's completions,
+            // which is where a gathered pipeline waits for them best.
+            if let Some(gathered) = placement.after_round(commands) {
+                self.shared
+                    .pipeline_on_one_cpu
+                    .store(gathered, Ordering::Relaxed);
+                tracing::debug!(gathered, "write pipeline placement changed");
+            }
             let mut stop = false;
             for c in control {
                 match c {
