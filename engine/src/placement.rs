@@ -17,7 +17,10 @@
 //! CPU it runs on only while its rounds hold about one command and the
 //! whole process uses little CPU, and gives them back every CPU they had
 //! as soon as either grows ([`Decision`]). It looks once per
-//! [`WINDOW`] of rounds; an idle pipeline stays where it is.
+//! [`WINDOW`] of rounds, just after a round's fdatasync returned: the
+//! CPU the kernel woke it on then is near the disk's completions, so a
+//! gathered pipeline's wait for the disk ends without an interrupt
+//! between CPUs either. An idle pipeline stays where it is.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
