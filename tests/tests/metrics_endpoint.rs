@@ -52,6 +52,15 @@ async fn engine_figures_and_the_memory_breakdown_are_exported_from_the_first_scr
     }
 }
 
+async fn users_1_and_2_join_conversation_7(client: &inbox_server::client::Client) {
+    for uid in [1, 2] {
+        client
+            .join(inbox_wire::ConvMember { conv: 7, uid })
+            .await
+            .expect("join");
+    }
+}
+
 /// A scrape answers with the engine's counts as they are, not as some
 /// refresh last saw them: every send acknowledged before the scrape is
 /// counted in it.
@@ -61,12 +70,7 @@ async fn engine_figures_count_every_send_acknowledged_before_the_scrape() {
     let data = inbox_tests::data_dir();
     let daemon = Daemon::start(data.path());
     let client = daemon.client().await;
-    for uid in [1, 2] {
-        client
-            .join(inbox_wire::ConvMember { conv: 7, uid })
-            .await
-            .expect("join");
-    }
+    users_1_and_2_join_conversation_7(&client).await;
     // The joins are counted at once too (each leaves a system message).
     let before = daemon.scrape().await;
     assert_eq!(inbox_tests::metric(&before, "inboxd_users"), Some(2));
@@ -123,12 +127,7 @@ async fn prints_what_a_scrape_costs_on_a_populated_store() {
 /// gauge reads `want` or `sends` have gone; returns what it read last.
 async fn sends_one_by_one_until(daemon: &Daemon, sends: u32, want: u64) -> Option<u64> {
     let client = daemon.client().await;
-    for uid in [1, 2] {
-        client
-            .join(inbox_wire::ConvMember { conv: 7, uid })
-            .await
-            .expect("join");
-    }
+    users_1_and_2_join_conversation_7(&client).await;
     let mut seen = None;
     for i in 0..sends {
         inbox_tests::send_text(&client, 7, 1, &format!("m{i}")).await;
