@@ -21,7 +21,17 @@
 //! CPU the kernel woke it on then is near the disk's completions, so a
 //! gathered pipeline's wait for the disk ends without an interrupt
 //! between CPUs either. An idle pipeline stays where it is.
+//!
+//! Only the sequencer and the joined threads are gathered. A thread that
+//! one of them starts while gathered inherits its one CPU (a read-pool
+//! thread spawned on demand by a worker, a new engine's threads when a
+//! group member swaps engines), so spreading gives every thread of the
+//! process the CPUs the process had at the first placement, and a new
+//! sequencer takes them back for itself at once. Of two engines in one
+//! process, the one that goes gives the joined threads back only if it
+//! gathered them last.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -30,6 +40,20 @@ pub const WINDOW: Duration = Duration::from_millis(100);
 
 /// Threads placed with the sequencer, by kernel thread id.
 static JOINED: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
+
+/// The placement that last gathered the joined threads (0: none holds
+/// them). A process may run two engines for a moment (a group member
+/// installing a snapshot swaps its engine): the one that goes gives the
+/// joined threads back only if it is still the one that holds them.
+static HOLDER: AtomicU64 = AtomicU64::new(0);
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The CPUs the process had when its first placement was made (an
+/// engine's open, before anything was gathered). Spreading gives every
+/// thread of the process these: a thread started by a gathered one (a
+/// read-pool thread spawned on demand, a new engine's threads) inherited
+/// the one CPU.
+static EVERY_CPU: std::sync::OnceLock<Option<libc::cpu_set_t>> = std::sync::OnceLock::new();
 
 thread_local! {
     static HAS_JOINED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -107,6 +131,7 @@ impl Decision {
 
 /// The sequencer's side: counts its rounds and moves the pipeline.
 pub(crate) struct Placement {
+    id: u64,
     /// Every CPU the sequencer may run on when it starts; `None` when
     /// there is nothing to choose (one CPU) or placement is off.
     all: Option<libc::cpu_set_t>,
@@ -119,8 +144,16 @@ pub(crate) struct Placement {
 
 impl Placement {
     pub fn new(on: bool) -> Self {
-        let all = on.then(own_cpus).flatten().filter(|set| count(set) > 1);
+        let all = on
+            .then(|| *EVERY_CPU.get_or_init(own_cpus))
+            .flatten()
+            .filter(|set| count(set) > 1);
+        if let Some(all) = &all {
+            // Started by a gathered thread, this one inherited its CPU.
+            place_self(all);
+        }
         Placement {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             all,
             gathered: false,
             started: Instant::now(),
@@ -167,27 +200,42 @@ impl Placement {
                 }
                 one_cpu(here as usize)
             }
-            Decision::Spread => all,
+            Decision::Spread => {
+                spread(&all);
+                self.gathered = false;
+                HOLDER.store(0, Ordering::Relaxed);
+                return Some(false);
+            }
         };
-        let gather = !self.gathered;
-        if !place(&set) {
+        if !gather(&set) {
             // The sequencer itself cannot move (a cpuset, a seccomp
             // filter): stop trying, and leave every thread where it may
             // run anywhere.
-            place(&all);
+            spread(&all);
             self.all = None;
             self.gathered = false;
             return None;
         }
-        self.gathered = gather;
-        Some(gather)
+        self.gathered = true;
+        HOLDER.store(self.id, Ordering::Relaxed);
+        Some(true)
     }
 }
 
 impl Drop for Placement {
+    /// Gives the sequencer's thread, which goes back to the engine's pool,
+    /// every CPU it had, and the joined threads too unless another
+    /// placement gathered them since.
     fn drop(&mut self) {
         if let (true, Some(all)) = (self.gathered, self.all) {
-            place(&all);
+            let holds = HOLDER
+                .compare_exchange(self.id, 0, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok();
+            if holds {
+                spread(&all);
+            } else {
+                place_self(&all);
+            }
         }
     }
 }
@@ -224,24 +272,48 @@ fn one_cpu(cpu: usize) -> libc::cpu_set_t {
     set
 }
 
+/// Gives every thread of the process `all`.
+fn spread(all: &libc::cpu_set_t) {
+    place_self(all);
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return;
+    };
+    for tid in tasks
+        .flatten()
+        .filter_map(|t| t.file_name().to_str()?.parse::<libc::pid_t>().ok())
+    {
+        // SAFETY: `all` is an initialised cpu_set_t of its own size; the
+        // thread is this process's (listed under /proc/self).
+        unsafe { libc::sched_setaffinity(tid, std::mem::size_of_val(all), all) };
+    }
+}
+
 /// Moves the calling thread and every joined thread to `set`. False if
 /// the calling thread could not be moved. A joined thread that is gone
 /// is dropped from the list.
-fn place(set: &libc::cpu_set_t) -> bool {
-    let size = std::mem::size_of_val(set);
-    // SAFETY: `set` is an initialised cpu_set_t of `size` bytes.
-    if unsafe { libc::sched_setaffinity(0, size, set) } != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "the sequencer cannot be placed");
+fn gather(set: &libc::cpu_set_t) -> bool {
+    if !place_self(set) {
         return false;
     }
+    let size = std::mem::size_of_val(set);
     let mut joined = JOINED.lock().unwrap_or_else(|p| p.into_inner());
     joined.retain(|&tid| {
         // A thread that ended without `leave` is dropped: its id may
         // name another process's thread by now.
         std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
-            // SAFETY: as above.
+            // SAFETY: `set` is an initialised cpu_set_t of `size` bytes.
             && unsafe { libc::sched_setaffinity(tid, size, set) == 0 }
     });
+    true
+}
+
+/// Moves the calling thread to `set`; false if it could not be moved.
+fn place_self(set: &libc::cpu_set_t) -> bool {
+    // SAFETY: `set` is an initialised cpu_set_t of its own size.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(set), set) } != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "the sequencer cannot be placed");
+        return false;
+    }
     true
 }
 
@@ -296,8 +368,117 @@ mod tests {
         assert_eq!(Decision::of(true, window(0, 0, 0.0)), Decision::Stay);
     }
 
+    /// The tests that move threads share the process's list of joined
+    /// threads: one at a time.
+    static MOVING: Mutex<()> = Mutex::new(());
+
+    /// A thread that joins the pipeline and waits; its kernel id, and the
+    /// sender that lets it leave and end.
+    fn joined_thread() -> (
+        libc::pid_t,
+        std::sync::mpsc::Sender<()>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let worker = std::thread::spawn(move || {
+            join();
+            // SAFETY: no arguments.
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            let _ = done_rx.recv();
+            leave();
+        });
+        (rx.recv().unwrap(), done_tx, worker)
+    }
+
+    /// Light rounds until `p` gathers.
+    fn gather(p: &mut Placement) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            assert!(Instant::now() < deadline, "never gathered");
+            if let Some(gathered) = p.after_round(1) {
+                assert!(gathered);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn an_engine_that_goes_leaves_the_joined_threads_to_the_one_that_gathered_them_last() {
+        let _one_at_a_time = MOVING.lock().unwrap_or_else(|p| p.into_inner());
+        if cpus_of(0) < 2 {
+            return; // Nothing to choose on one CPU.
+        }
+        let (tid, done, worker) = joined_thread();
+        let before = cpus_of(tid);
+        let mut old = Placement::new(true);
+        gather(&mut old);
+        // The new engine's sequencer, on a thread of its own.
+        let (gathered_tx, gathered_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let new = std::thread::spawn(move || {
+            let mut new = Placement::new(true);
+            gather(&mut new);
+            gathered_tx.send(()).unwrap();
+            let _ = go_rx.recv();
+            drop(new);
+        });
+        gathered_rx.recv().unwrap();
+        drop(old);
+        assert_eq!(
+            cpus_of(0),
+            before,
+            "the old sequencer's thread has its CPUs back"
+        );
+        assert_eq!(
+            cpus_of(tid),
+            1,
+            "the joined thread stays with the placement that gathered it last"
+        );
+        drop(go_tx);
+        new.join().unwrap();
+        assert_eq!(
+            cpus_of(tid),
+            before,
+            "and gets its CPUs back when that one goes"
+        );
+        drop(done);
+        worker.join().unwrap();
+    }
+
+    #[test]
+    fn a_thread_started_by_a_gathered_one_gets_every_cpu_when_the_pipeline_spreads() {
+        let _one_at_a_time = MOVING.lock().unwrap_or_else(|p| p.into_inner());
+        if cpus_of(0) < 2 {
+            return; // Nothing to choose on one CPU.
+        }
+        let before = cpus_of(0);
+        let mut p = Placement::new(true);
+        gather(&mut p);
+        // Started from the gathered thread, as the read pool's threads are
+        // from a gathered worker: it inherits the one CPU.
+        let (tid, done, started) = joined_thread();
+        leave_remotely(tid);
+        assert_eq!(cpus_of(tid), 1);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while p.after_round(8).is_none() {
+            assert!(Instant::now() < deadline, "never spread");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(cpus_of(tid), before, "the inherited CPU is undone");
+        drop(done);
+        started.join().unwrap();
+    }
+
+    /// Takes `tid` out of the joined list, as if it had never joined.
+    fn leave_remotely(tid: libc::pid_t) {
+        JOINED.lock().unwrap().retain(|&t| t != tid);
+    }
+
     #[test]
     fn light_rounds_gather_the_joined_threads_on_the_sequencers_cpu_and_heavy_ones_spread_them() {
+        let _one_at_a_time = MOVING.lock().unwrap_or_else(|p| p.into_inner());
         if cpus_of(0) < 2 {
             return; // Nothing to choose on one CPU.
         }
