@@ -404,6 +404,19 @@ mod tests {
         }
     }
 
+    /// Rounds of eight commands until `p` spreads.
+    fn spread_by_heavy_rounds(p: &mut Placement) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            assert!(Instant::now() < deadline, "never spread");
+            if let Some(gathered) = p.after_round(8) {
+                assert!(!gathered);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     #[test]
     fn an_engine_that_goes_leaves_the_joined_threads_to_the_one_that_gathered_them_last() {
         let _one_at_a_time = MOVING.lock().unwrap_or_else(|p| p.into_inner());
@@ -461,11 +474,7 @@ mod tests {
         let (tid, done, started) = joined_thread();
         leave_remotely(tid);
         assert_eq!(cpus_of(tid), 1);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while p.after_round(8).is_none() {
-            assert!(Instant::now() < deadline, "never spread");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        spread_by_heavy_rounds(&mut p);
         assert_eq!(cpus_of(tid), before, "the inherited CPU is undone");
         drop(done);
         started.join().unwrap();
@@ -482,36 +491,15 @@ mod tests {
         if cpus_of(0) < 2 {
             return; // Nothing to choose on one CPU.
         }
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-        let worker = std::thread::spawn(move || {
-            join();
-            // SAFETY: no arguments.
-            tx.send(unsafe { libc::gettid() }).unwrap();
-            let _ = done_rx.recv();
-            leave();
-        });
-        let tid = rx.recv().unwrap();
+        let (tid, done_tx, worker) = joined_thread();
         let before = cpus_of(tid);
         let mut p = Placement::new(true);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut changed = None;
-        while changed.is_none() {
-            assert!(Instant::now() < deadline, "never gathered");
-            changed = p.after_round(1);
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(changed, Some(true));
+        gather(&mut p);
         assert!(p.gathered());
         assert_eq!(cpus_of(0), 1, "the sequencer is on one CPU");
         assert_eq!(cpus_of(tid), 1, "and so is the joined thread");
-        let mut changed = None;
-        while changed.is_none() {
-            assert!(Instant::now() < deadline, "never spread");
-            changed = p.after_round(8);
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(changed, Some(false));
+        spread_by_heavy_rounds(&mut p);
+        assert!(!p.gathered());
         assert_eq!(cpus_of(tid), before, "the joined thread has its CPUs back");
         drop(done_tx);
         worker.join().unwrap();
