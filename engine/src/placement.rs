@@ -132,8 +132,8 @@ impl Decision {
 /// The sequencer's side: counts its rounds and moves the pipeline.
 pub(crate) struct Placement {
     id: u64,
-    /// Every CPU the sequencer may run on when it starts; `None` when
-    /// there is nothing to choose (one CPU) or placement is off.
+    /// The process's CPUs at its first placement ([`EVERY_CPU`]); `None`
+    /// when there is nothing to choose (one CPU) or placement is off.
     all: Option<libc::cpu_set_t>,
     gathered: bool,
     started: Instant,
@@ -224,7 +224,7 @@ impl Placement {
 
 impl Drop for Placement {
     /// Gives the sequencer's thread, which goes back to the engine's pool,
-    /// every CPU it had, and the joined threads too unless another
+    /// the process's CPUs, and every other thread too unless another
     /// placement gathered them since.
     fn drop(&mut self) {
         if let (true, Some(all)) = (self.gathered, self.all) {

@@ -317,8 +317,8 @@ fn serve(args: &ServeArgs) -> ExitCode {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.worker_threads(config.worker_threads).enable_all();
     if config.colocate_when_light {
-        // Only the connection workers park: the read pool's threads stay
-        // where the kernel puts them.
+        // Only the connection workers park: the read pool's threads are
+        // never gathered.
         builder
             .on_thread_park(inbox_engine::placement::join)
             .on_thread_stop(inbox_engine::placement::leave);

@@ -324,9 +324,11 @@ impl<C: Exec> Sequencer<C> {
                 self.finish_round(id, round);
             }
             self.commit_submitted();
-            // Here, just after the round's fdatasync returned: the thread
-            // runs where the kernel woke it, near the disk's completions,
-            // which is where a gathered pipeline waits for them best.
+            // Here, just after the round's fdatasync returned (when this
+            // thread wrote the round, as it does whenever the writer thread
+            // is idle, which light load means): the thread runs where the
+            // kernel woke it, near the disk's completions, which is where a
+            // gathered pipeline waits for them best.
             if let Some(gathered) = placement.after_round(commands) {
                 self.shared
                     .pipeline_on_one_cpu
