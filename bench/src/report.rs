@@ -502,6 +502,94 @@ impl Report {
     }
 }
 
+/// What the machine leaves a goal, from the same run's limit rows and CPU
+/// figures ([`Report::floors`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Floor {
+    pub what: String,
+    /// `None` when the run did not measure what it needs.
+    pub value: Option<f64>,
+    /// inboxd's own figure to set beside it, where there is one.
+    pub inboxd: Option<f64>,
+}
+
+impl Report {
+    /// The figures that bound the goals on this machine, each from rows
+    /// of this run:
+    /// - the one-connection send's floor: a loopback round trip to a
+    ///   server that does nothing but overwrite 4 KiB and fdatasync it
+    ///   before answering (`tcp-durable`), over one fdatasync, beside
+    ///   inboxd's ratio;
+    /// - what a bare loopback server spends on a request it only receives
+    ///   and answers (`tcp-round-trip`'s server thread CPU), beside
+    ///   inboxd's CPU per send;
+    /// - the server CPU per operation a throughput goal leaves: the
+    ///   machine's cores over the rate the goal asks for, less the
+    ///   harness's own CPU per operation at inboxd's row (its clients run
+    ///   on the same cores), beside what inboxd's server spent.
+    pub fn floors(&self) -> Vec<Floor> {
+        let p50 = |r: &ResultRow| r.p50_us;
+        let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).and_then(|(a, b)| divide(a, b));
+        let fsync = self.value("fdatasync-4k", "limit", 1, p50);
+        let mut floors = vec![
+            Floor {
+                what: "c=1 durable round trip / one fdatasync".into(),
+                value: ratio(self.value("tcp-durable", "limit", 1, p50), fsync),
+                inboxd: ratio(self.value("ingest", "inboxd", 1, p50), fsync),
+            },
+            Floor {
+                what: "bare server CPU per request, µs".into(),
+                value: self
+                    .row("tcp-round-trip", "limit", 1)
+                    .and_then(|r| r.server_cpu_us_per_op),
+                inboxd: self
+                    .row("ingest", "inboxd", 16)
+                    .and_then(|r| r.server_cpu_us_per_op),
+            },
+        ];
+        let cores = f64::from(self.machine.cores.max(1));
+        let left = |scenario: &str, baseline: &str, factor: f64| {
+            let rate = self.value(scenario, baseline, 16, |r| r.ops_per_s)? * factor;
+            let harness = self.row(scenario, "inboxd", 16)?.harness_cpu_us_per_op?;
+            Some(divide(cores * 1e6, rate)? - harness)
+        };
+        let spent = |scenario: &str| {
+            self.row(scenario, "inboxd", 16)
+                .and_then(|r| r.server_cpu_us_per_op)
+        };
+        floors.push(Floor {
+            what: "CPU per send left at 5x redis, µs".into(),
+            value: left("ingest", "redis", 5.0),
+            inboxd: spent("ingest"),
+        });
+        floors.push(Floor {
+            what: "CPU per page left at 2x rocksdb, µs".into(),
+            value: left("sync", "rocksdb", 2.0),
+            inboxd: spent("sync"),
+        });
+        floors
+    }
+
+    pub fn floor_table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<40} {:>12} {:>12}",
+            "what the machine leaves", "this run", "inboxd"
+        );
+        for f in self.floors() {
+            let _ = writeln!(
+                out,
+                "{:<40} {:>12} {:>12}",
+                f.what,
+                fmt_ratio(f.value),
+                fmt_ratio(f.inboxd)
+            );
+        }
+        out
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Ratio {
     pub scenario: String,
@@ -685,6 +773,72 @@ mod tests {
         assert_eq!(by("first screen, cold").met, None, "not run");
         assert_eq!(by("recovery").met, None);
         assert!(report.goal_table().contains("NO"));
+    }
+
+    #[test]
+    fn floors_divide_the_cores_among_the_rate_a_goal_asks_less_the_harness_share() {
+        let mut fsync = row("fdatasync-4k", "limit", 1, 2_000.0, 600.0);
+        fsync.p50_us = 100.0;
+        let mut durable = row("tcp-durable", "limit", 1, 6_000.0, 400.0);
+        durable.p50_us = 160.0;
+        let mut bare = row("tcp-round-trip", "limit", 1, 20_000.0, 100.0);
+        bare.server_cpu_us_per_op = Some(9.0);
+        let mut ingest = row("ingest", "inboxd", 16, 30_000.0, 1_400.0);
+        ingest.server_cpu_us_per_op = Some(24.0);
+        ingest.harness_cpu_us_per_op = Some(20.0);
+        let mut sync = row("sync", "inboxd", 16, 10_000.0, 1_400.0);
+        sync.server_cpu_us_per_op = Some(70.0);
+        sync.harness_cpu_us_per_op = Some(40.0);
+        let mut one = row("ingest", "inboxd", 1, 5_000.0, 400.0);
+        one.p50_us = 180.0;
+        let report = Report {
+            soak: Vec::new(),
+            machine: Machine {
+                cores: 2,
+                ..Machine::default()
+            },
+            results: vec![
+                fsync,
+                durable,
+                bare,
+                ingest,
+                sync,
+                one,
+                row("ingest", "redis", 16, 10_000.0, 3_000.0),
+                row("sync", "rocksdb", 16, 20_000.0, 900.0),
+            ],
+        };
+        let floors = report.floors();
+        let by = |what: &str| {
+            floors
+                .iter()
+                .find(|f| f.what.starts_with(what))
+                .expect(what)
+                .clone()
+        };
+        let c1 = by("c=1 durable round trip");
+        assert_eq!((c1.value, c1.inboxd), (Some(1.6), Some(1.8)));
+        let bare = by("bare server CPU");
+        assert_eq!((bare.value, bare.inboxd), (Some(9.0), Some(24.0)));
+        // 2 cores over 50,000 sends/s is 40 µs a send; the harness takes 20.
+        let redis = by("CPU per send left at 5x redis");
+        assert_eq!((redis.value, redis.inboxd), (Some(20.0), Some(24.0)));
+        // 2 cores over 40,000 pages/s is 50 µs a page; the harness takes 40.
+        let rocksdb = by("CPU per page left at 2x rocksdb");
+        assert_eq!((rocksdb.value, rocksdb.inboxd), (Some(10.0), Some(70.0)));
+        // Without the baseline's row there is nothing to divide.
+        let mut partial = report.clone();
+        partial.results.retain(|r| r.system != "redis");
+        assert_eq!(
+            partial
+                .floors()
+                .iter()
+                .find(|f| f.what.starts_with("CPU per send left"))
+                .expect("the row")
+                .value,
+            None
+        );
+        assert!(report.floor_table().contains("10.00"));
     }
 
     #[test]

@@ -400,6 +400,8 @@ pub fn run(args: &Args) -> Result<()> {
     {
         println!();
         print!("{}", report.goal_table());
+        println!();
+        print!("{}", report.floor_table());
     }
     if !report.soak.is_empty() {
         println!();
@@ -563,6 +565,39 @@ fn run_limit(plan: &Plan, base: &Path, report: &mut Report) -> Result<()> {
             &fsync.latency,
             fsync.bytes,
         ));
+    }
+    // A request about the size of a send of 200 payload bytes, and its
+    // reply.
+    for (scenario, durable, what) in [
+        ("tcp-round-trip", None, "answered at once"),
+        (
+            "tcp-durable",
+            Some(dir.path()),
+            "answered after a 4 KiB overwrite + fdatasync",
+        ),
+    ] {
+        let trips = limit::loopback_round_trips(durable, 256, 40, plan.limit_measure)?;
+        println!(
+            "limit: loopback TCP round trip, one client ({what}): {:.0}/s, p50 {} µs, p99 {} µs, server thread CPU {:.1} µs per request",
+            trips.ops_per_s(),
+            trips.latency.quantile_us(0.5),
+            trips.latency.quantile_us(0.99),
+            trips.server_cpu_us_per_op().unwrap_or(f64::NAN)
+        );
+        let cpu = trips
+            .server_cpu_us_per_op()
+            .map(|us| (us, Measured::Server(std::process::id())));
+        report.results.push(
+            ResultRow::new(
+                scenario,
+                "limit",
+                1,
+                trips.ops_per_s(),
+                &trips.latency,
+                trips.bytes,
+            )
+            .with_cpu(cpu),
+        );
     }
     let seq = limit::synced_writes(
         dir.path(),

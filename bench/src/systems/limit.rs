@@ -11,8 +11,20 @@
 //! what three members of a replicated group on one disk pay when each
 //! makes the same round durable. A disk that serializes its cache flushes
 //! shows it as a latency near three times the single file's.
+//!
+//! Two probes measure what a request over loopback TCP costs at the very
+//! least: one client thread and one server thread trading a request for a
+//! reply, closed loop (`tcp-round-trip`), and the same with the server
+//! making each request durable before it answers, one 4 KiB overwrite and
+//! fdatasync per request (`tcp-durable`). A server that does nothing else
+//! answers one client no sooner than the second; it is the floor under a
+//! durable store's one-connection send on this machine. Both report the
+//! server thread's CPU per request: what a server spends on a request
+//! that it only receives and answers.
 
 use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -28,6 +40,9 @@ pub struct LimitRun {
     pub elapsed: Duration,
     pub bytes: u64,
     pub latency: Latency,
+    /// CPU time (user + system) of the probe's server thread, for the
+    /// loopback probes.
+    pub server_cpu: Option<Duration>,
 }
 
 impl LimitRun {
@@ -36,6 +51,32 @@ impl LimitRun {
         let ops = self.ops as f64;
         ops / self.elapsed.as_secs_f64().max(1e-9)
     }
+
+    /// The server thread's CPU per operation, µs, where it was measured.
+    pub fn server_cpu_us_per_op(&self) -> Option<f64> {
+        #[expect(clippy::cast_precision_loss, reason = "op counts are far below 2^52")]
+        let ops = self.ops as f64;
+        self.server_cpu
+            .filter(|_| self.ops > 0)
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / ops)
+    }
+}
+
+/// The calling thread's CPU time so far, user and system.
+fn thread_cpu() -> std::io::Result<Duration> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `usage` is a valid, writable rusage for the call to fill.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: getrusage returned 0, so it filled the struct.
+    let usage = unsafe { usage.assume_init() };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    Ok(time(usage.ru_utime) + time(usage.ru_stime))
 }
 
 fn preallocated(path: &Path, bytes: u64) -> Result<File> {
@@ -138,6 +179,7 @@ pub fn synced_writes_parallel(
         elapsed: Duration::ZERO,
         bytes: 0,
         latency: Latency::new(),
+        server_cpu: None,
     };
     for run in runs {
         let run = run?;
@@ -182,6 +224,95 @@ fn synced_writes_to(
         elapsed,
         bytes: offset,
         latency,
+        server_cpu: None,
+    })
+}
+
+/// Round trips over loopback TCP: a request of `request_bytes`, answered
+/// with `reply_bytes`, one at a time, until `duration` passes. With
+/// `durable` set to a directory, the server overwrites 4 KiB of a file
+/// prepared there and fdatasyncs it before each answer, as a store that
+/// does nothing else would.
+pub fn loopback_round_trips(
+    durable: Option<&Path>,
+    request_bytes: usize,
+    reply_bytes: usize,
+    duration: Duration,
+) -> Result<LimitRun> {
+    const FILE_BYTES: u64 = 64 << 20;
+    let file = match durable {
+        Some(dir) => {
+            let path = dir.join("limit-tcp-durable.dat");
+            let file = prewritten(&path, FILE_BYTES)?;
+            std::fs::remove_file(&path)?;
+            Some(file)
+        }
+        None => None,
+    };
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let server = std::thread::Builder::new()
+        .name("limit-tcp-server".into())
+        .spawn(move || -> std::io::Result<Duration> {
+            let (mut conn, _) = listener.accept()?;
+            conn.set_nodelay(true)?;
+            let cpu_at_start = thread_cpu()?;
+            let mut request = vec![0u8; request_bytes];
+            let reply = vec![7u8; reply_bytes];
+            let block = vec![5u8; 4096];
+            let mut offset = 0u64;
+            loop {
+                match conn.read_exact(&mut request) {
+                    Ok(()) => {}
+                    // The client is done.
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        return Ok(thread_cpu()?.saturating_sub(cpu_at_start));
+                    }
+                    Err(e) => return Err(e),
+                }
+                if let Some(file) = &file {
+                    file.write_all_at(&block, offset)?;
+                    file.sync_data()?;
+                    offset = (offset + 4096) % FILE_BYTES;
+                }
+                conn.write_all(&reply)?;
+            }
+        })?;
+    let mut conn = TcpStream::connect(addr)?;
+    conn.set_nodelay(true)?;
+    let request: Vec<u8> = (0..request_bytes).map(|i| (i % 251) as u8).collect();
+    let mut reply = vec![0u8; reply_bytes];
+    let mut latency = Latency::new();
+    let mut ops = 0u64;
+    let start = Instant::now();
+    let traded = loop {
+        if start.elapsed() >= duration {
+            break Ok(());
+        }
+        let t = Instant::now();
+        if let Err(e) = conn
+            .write_all(&request)
+            .and_then(|()| conn.read_exact(&mut reply))
+        {
+            break Err(e);
+        }
+        latency.record(t.elapsed());
+        ops += 1;
+    };
+    let elapsed = start.elapsed();
+    // Ends the server's loop; its own error, if any, says more than ours.
+    let _ = conn.shutdown(Shutdown::Write);
+    let served = server
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the probe's server thread panicked")));
+    let server_cpu = served?;
+    traded?;
+    Ok(LimitRun {
+        ops,
+        elapsed,
+        bytes: ops * (request_bytes + reply_bytes) as u64,
+        latency,
+        server_cpu: Some(server_cpu),
     })
 }
 
@@ -233,6 +364,27 @@ mod tests {
             std::fs::read_dir(dir.path()).expect("read dir").count(),
             0,
             "files removed"
+        );
+    }
+
+    #[test]
+    fn loopback_round_trips_count_every_answer_with_and_without_a_durable_write() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for durable in [None, Some(dir.path())] {
+            let run =
+                loopback_round_trips(durable, 300, 40, Duration::from_millis(50)).expect("probe");
+            assert!(run.ops > 0, "at least one round trip in 50 ms");
+            assert_eq!(run.latency.count(), run.ops);
+            assert_eq!(run.bytes, run.ops * 340);
+            assert!(
+                run.server_cpu_us_per_op().is_some(),
+                "the server's CPU measured"
+            );
+        }
+        assert_eq!(
+            std::fs::read_dir(dir.path()).expect("read dir").count(),
+            0,
+            "the durable probe's file removed"
         );
     }
 }
