@@ -519,10 +519,10 @@ impl Report {
     /// - the one-connection send's floor: a loopback round trip to a
     ///   server that does nothing but overwrite 4 KiB and fdatasync it
     ///   before answering (`tcp-durable`), over one fdatasync, beside
-    ///   inboxd's ratio;
+    ///   inboxd's ratio, and that server thread's CPU per request beside
+    ///   inboxd's per send at one connection;
     /// - what a bare loopback server spends on a request it only receives
-    ///   and answers (`tcp-round-trip`'s server thread CPU), beside
-    ///   inboxd's CPU per send;
+    ///   and answers (`tcp-round-trip`'s server thread CPU);
     /// - the server CPU per operation a throughput goal leaves: the
     ///   machine's cores over the rate the goal asks for, less the
     ///   harness's own CPU per operation at inboxd's row (its clients run
@@ -538,13 +538,20 @@ impl Report {
                 inboxd: ratio(self.value("ingest", "inboxd", 1, p50), fsync),
             },
             Floor {
-                what: "bare server CPU per request, µs".into(),
+                what: "c=1 durable server CPU per request, µs".into(),
+                value: self
+                    .row("tcp-durable", "limit", 1)
+                    .and_then(|r| r.server_cpu_us_per_op),
+                inboxd: self
+                    .row("ingest", "inboxd", 1)
+                    .and_then(|r| r.server_cpu_us_per_op),
+            },
+            Floor {
+                what: "c=1 bare server CPU per request, µs".into(),
                 value: self
                     .row("tcp-round-trip", "limit", 1)
                     .and_then(|r| r.server_cpu_us_per_op),
-                inboxd: self
-                    .row("ingest", "inboxd", 16)
-                    .and_then(|r| r.server_cpu_us_per_op),
+                inboxd: None,
             },
         ];
         let cores = f64::from(self.machine.cores.max(1));
@@ -781,6 +788,7 @@ mod tests {
         fsync.p50_us = 100.0;
         let mut durable = row("tcp-durable", "limit", 1, 6_000.0, 400.0);
         durable.p50_us = 160.0;
+        durable.server_cpu_us_per_op = Some(45.0);
         let mut bare = row("tcp-round-trip", "limit", 1, 20_000.0, 100.0);
         bare.server_cpu_us_per_op = Some(9.0);
         let mut ingest = row("ingest", "inboxd", 16, 30_000.0, 1_400.0);
@@ -791,6 +799,7 @@ mod tests {
         sync.harness_cpu_us_per_op = Some(40.0);
         let mut one = row("ingest", "inboxd", 1, 5_000.0, 400.0);
         one.p50_us = 180.0;
+        one.server_cpu_us_per_op = Some(90.0);
         let report = Report {
             soak: Vec::new(),
             machine: Machine {
@@ -818,8 +827,10 @@ mod tests {
         };
         let c1 = by("c=1 durable round trip");
         assert_eq!((c1.value, c1.inboxd), (Some(1.6), Some(1.8)));
-        let bare = by("bare server CPU");
-        assert_eq!((bare.value, bare.inboxd), (Some(9.0), Some(24.0)));
+        let durable = by("c=1 durable server CPU");
+        assert_eq!((durable.value, durable.inboxd), (Some(45.0), Some(90.0)));
+        let bare = by("c=1 bare server CPU");
+        assert_eq!((bare.value, bare.inboxd), (Some(9.0), None));
         // 2 cores over 50,000 sends/s is 40 µs a send; the harness takes 20.
         let redis = by("CPU per send left at 5x redis");
         assert_eq!((redis.value, redis.inboxd), (Some(20.0), Some(24.0)));
