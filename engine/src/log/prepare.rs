@@ -274,8 +274,7 @@ impl Shared {
     /// Writes zeros over the whole (fallocated) file, so that later
     /// commits overwrite written blocks. Synced by the header write after.
     fn fill_zeros(&self, file: &File) -> std::io::Result<()> {
-        const CHUNK: usize = 1 << 20;
-        let zeros = vec![0u8; CHUNK.min(self.segment_bytes as usize)];
+        let zeros = &super::io::ZEROS;
         let mut at = 0u64;
         while at < self.segment_bytes {
             let n = (self.segment_bytes - at).min(zeros.len() as u64) as usize;
