@@ -372,6 +372,13 @@ mod tests {
     /// threads: one at a time.
     static MOVING: Mutex<()> = Mutex::new(());
 
+    /// The turn of a test that moves threads; `None` on one CPU, where
+    /// there is nothing to choose.
+    fn moving_turn() -> Option<std::sync::MutexGuard<'static, ()>> {
+        let turn = MOVING.lock().unwrap_or_else(|p| p.into_inner());
+        (cpus_of(0) >= 2).then_some(turn)
+    }
+
     /// A thread that joins the pipeline and waits; its kernel id, and the
     /// sender that lets it leave and end.
     fn joined_thread() -> (
@@ -419,10 +426,9 @@ mod tests {
 
     #[test]
     fn an_engine_that_goes_leaves_the_joined_threads_to_the_one_that_gathered_them_last() {
-        let _one_at_a_time = MOVING.lock().unwrap_or_else(|p| p.into_inner());
-        if cpus_of(0) < 2 {
-            return; // Nothing to choose on one CPU.
-        }
+        let Some(_turn) = moving_turn() else {
+            return;
+        };
         let (tid, done, worker) = joined_thread();
         let before = cpus_of(tid);
         let mut old = Placement::new(true);
@@ -462,10 +468,9 @@ mod tests {
 
     #[test]
     fn a_thread_started_by_a_gathered_one_gets_every_cpu_when_the_pipeline_spreads() {
-        let _one_at_a_time = MOVING.lock().unwrap_or_else(|p| p.into_inner());
-        if cpus_of(0) < 2 {
-            return; // Nothing to choose on one CPU.
-        }
+        let Some(_turn) = moving_turn() else {
+            return;
+        };
         let before = cpus_of(0);
         let mut p = Placement::new(true);
         gather(&mut p);
@@ -487,10 +492,9 @@ mod tests {
 
     #[test]
     fn light_rounds_gather_the_joined_threads_on_the_sequencers_cpu_and_heavy_ones_spread_them() {
-        let _one_at_a_time = MOVING.lock().unwrap_or_else(|p| p.into_inner());
-        if cpus_of(0) < 2 {
-            return; // Nothing to choose on one CPU.
-        }
+        let Some(_turn) = moving_turn() else {
+            return;
+        };
         let (tid, done_tx, worker) = joined_thread();
         let before = cpus_of(tid);
         let mut p = Placement::new(true);
