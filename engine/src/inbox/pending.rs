@@ -52,6 +52,13 @@ impl<T> Pending<T> {
         pending
     }
 
+    /// Whether the reply has been released and waits to be taken: one
+    /// that [`crate::Inbox::send_here`] committed on the calling thread
+    /// is, by the time that call returns.
+    pub fn is_released(&self) -> bool {
+        !self.0.is_empty()
+    }
+
     /// Blocks until the reply is ready. Must not be called from inside an
     /// async runtime; await the `Pending` there instead.
     pub fn wait(self) -> Result<T> {

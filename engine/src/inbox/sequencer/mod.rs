@@ -55,9 +55,11 @@
 //!   reloads the state from the checkpoint and the log, so the failed round
 //!   leaves no trace in memory.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::placement::Placement;
 
@@ -109,6 +111,10 @@ pub(crate) enum Command<C> {
     /// Replication: change role, apply an entry, discard rounds. Runs in
     /// order with the commands around it, each round closed first.
     Replica(replica::Control),
+    /// Nothing to run: the sequencer's thread looks at what is due (a
+    /// periodic checkpoint) after a round that ran on a caller's thread
+    /// ([`Core::run_here`]) found one due.
+    Tick,
 }
 
 impl<C> Command<C> {
@@ -120,6 +126,7 @@ impl<C> Command<C> {
             Command::Checkpoint { tx } => Command::Checkpoint { tx },
             Command::Shutdown { tx } => Command::Shutdown { tx },
             Command::Replica(c) => Command::Replica(c),
+            Command::Tick => Command::Tick,
         }
     }
 }
@@ -227,7 +234,6 @@ impl Sink for RoundSink<'_> {
 
 pub(crate) struct Sequencer<C: Exec> {
     shared: Arc<Shared>,
-    rx: mpsc::Receiver<Command<C>>,
     /// The checkpoint writer's queue; dropped when the sequencer stops, which
     /// lets the writer finish the final checkpoint and exit.
     checkpoints: mpsc::Sender<checkpoints::Job>,
@@ -244,13 +250,11 @@ pub(crate) struct Sequencer<C: Exec> {
 impl<C: Exec> Sequencer<C> {
     pub fn new(
         shared: Arc<Shared>,
-        rx: mpsc::Receiver<Command<C>>,
         checkpoints: mpsc::Sender<checkpoints::Job>,
         services: C::Services,
     ) -> Self {
         Self {
             shared,
-            rx,
             checkpoints,
             periodic_busy: Arc::new(AtomicBool::new(false)),
             services,
@@ -260,119 +264,121 @@ impl<C: Exec> Sequencer<C> {
         }
     }
 
-    pub fn run(mut self) {
-        // Made here: it places the thread it runs on.
-        let mut placement = Placement::new(self.shared.config.colocate_when_light);
-        while let Ok(first) = self.rx.recv() {
-            let mut cmds = vec![first];
-            while cmds.len() < ROUND_COMMANDS_MAX {
-                match self.rx.try_recv() {
-                    Ok(c) => cmds.push(c),
-                    Err(_) => break,
-                }
-            }
-            let commands = cmds.len();
-            let mut control = Vec::new();
-            let mut round = RoundBuf::default();
-            let mut id = self.next_round;
-            let bytes_max = round_bytes_max(self.shared.config.segment_bytes);
-            for cmd in cmds {
-                match cmd {
-                    c @ (Command::Checkpoint { .. } | Command::Shutdown { .. }) => control.push(c),
-                    Command::Run(c) => {
-                        // A client's command joins a round that has room
-                        // for it; compaction's commands (no bound) run in
-                        // rounds of their own, as before the room check.
-                        let need = c
-                            .record_bytes_max(&self.shared.config)
-                            .map(|bound| bound.min(bytes_max) + ROUND_SLACK_BYTES);
-                        let fits = match need {
-                            Some(need) => round
-                                .room
-                                .is_some_and(|room| round.refused || round.size + need <= room),
-                            None => round.room.is_none(),
-                        };
-                        if !fits && (!round.replies.is_empty() || round.room.is_some()) {
-                            self.next_round += 1;
-                            self.finish_round(id, std::mem::take(&mut round));
-                            id = self.next_round;
-                        }
-                        if let (Some(need), None) = (need, round.room) {
-                            self.open_round(&mut round, need);
-                        }
-                        self.exec(c, id, &mut round);
-                        if round.size >= bytes_max && !round.replies.is_empty() {
-                            self.next_round += 1;
-                            self.finish_round(id, std::mem::take(&mut round));
-                            id = self.next_round;
-                        }
+    /// Runs `cmds` (what the queue held, in order) as one round or more:
+    /// decides and applies each, writes and commits the rounds, then runs
+    /// the control commands among them. Returns whether a `Shutdown` was
+    /// among them. The periodic checkpoint is the caller's
+    /// ([`Sequencer::checkpoint_if_due`]).
+    fn run_commands(&mut self, cmds: Vec<Command<C>>, placement: Option<&mut Placement>) -> bool {
+        let commands = cmds.len();
+        let mut control = Vec::new();
+        let mut round = RoundBuf::default();
+        let mut id = self.next_round;
+        let bytes_max = round_bytes_max(self.shared.config.segment_bytes);
+        for cmd in cmds {
+            match cmd {
+                c @ (Command::Checkpoint { .. } | Command::Shutdown { .. }) => control.push(c),
+                Command::Run(c) => {
+                    // A client's command joins a round that has room
+                    // for it; compaction's commands (no bound) run in
+                    // rounds of their own, as before the room check.
+                    let need = c
+                        .record_bytes_max(&self.shared.config)
+                        .map(|bound| bound.min(bytes_max) + ROUND_SLACK_BYTES);
+                    let fits = match need {
+                        Some(need) => round
+                            .room
+                            .is_some_and(|room| round.refused || round.size + need <= room),
+                        None => round.room.is_none(),
+                    };
+                    if !fits && (!round.replies.is_empty() || round.room.is_some()) {
+                        self.next_round += 1;
+                        self.finish_round(id, std::mem::take(&mut round));
+                        id = self.next_round;
                     }
-                    Command::Replica(c) => {
-                        if !round.replies.is_empty() {
-                            self.next_round += 1;
-                            self.finish_round(id, std::mem::take(&mut round));
-                        }
-                        self.replica(c);
-                        // The rows may now come from another node's rounds.
-                        self.shared.ack_views.clear();
+                    if let (Some(need), None) = (need, round.room) {
+                        self.open_round(&mut round, need);
+                    }
+                    self.exec(c, id, &mut round);
+                    if round.size >= bytes_max && !round.replies.is_empty() {
+                        self.next_round += 1;
+                        self.finish_round(id, std::mem::take(&mut round));
                         id = self.next_round;
                     }
                 }
-            }
-            if !round.replies.is_empty() {
-                self.next_round += 1;
-                self.finish_round(id, round);
-            }
-            self.commit_submitted();
-            // Here, just after the round's fdatasync returned (when this
-            // thread wrote the round, as it does whenever the writer thread
-            // is idle, which light load means): the thread runs where the
-            // kernel woke it, near the disk's completions, which is where a
-            // gathered pipeline waits for them best.
-            if let Some(gathered) = placement.after_round(commands) {
-                self.shared
-                    .pipeline_on_one_cpu
-                    .store(gathered, Ordering::Relaxed);
-                tracing::debug!(gathered, "write pipeline placement changed");
-            }
-            let mut stop = false;
-            for c in control {
-                match c {
-                    Command::Checkpoint { tx } => {
-                        self.checkpoint(checkpoints::Done::Caller(tx));
+                Command::Tick => {}
+                Command::Replica(c) => {
+                    if !round.replies.is_empty() {
+                        self.next_round += 1;
+                        self.finish_round(id, std::mem::take(&mut round));
                     }
-                    Command::Shutdown { tx } => {
-                        // Rounds the consensus layer has not committed
-                        // will not be now.
-                        self.end_leadership("the engine is shutting down");
-                        let flushed = self.drain().and_then(|()| {
-                            self.shared.msg_log.flush()?;
-                            self.shared.evt_log.flush()?;
-                            Ok(())
-                        });
-                        // The final checkpoint queues behind any earlier
-                        // one; the caller hears back once it is durable.
-                        match flushed {
-                            Ok(()) => self.checkpoint(checkpoints::Done::Caller(tx)),
-                            Err(e) => drop(tx.send(Err(e))),
-                        }
-                        stop = true;
-                    }
-                    _ => {}
+                    self.replica(c);
+                    // The rows may now come from another node's rounds.
+                    self.shared.ack_views.clear();
+                    id = self.next_round;
                 }
             }
-            if stop {
-                break;
+        }
+        if !round.replies.is_empty() {
+            self.next_round += 1;
+            self.finish_round(id, round);
+        }
+        self.commit_submitted();
+        // Here, just after the round's fdatasync returned (when this
+        // thread wrote the round, as it does whenever the writer thread
+        // is idle, which light load means): the thread runs where the
+        // kernel woke it, near the disk's completions, which is where a
+        // gathered pipeline waits for them best.
+        if let Some(gathered) = placement.and_then(|p| p.after_round(commands)) {
+            self.shared
+                .pipeline_on_one_cpu
+                .store(gathered, Ordering::Relaxed);
+            tracing::debug!(gathered, "write pipeline placement changed");
+        }
+        let mut stop = false;
+        for c in control {
+            match c {
+                Command::Checkpoint { tx } => {
+                    self.checkpoint(checkpoints::Done::Caller(tx));
+                }
+                Command::Shutdown { tx } => {
+                    // Rounds the consensus layer has not committed
+                    // will not be now.
+                    self.end_leadership("the engine is shutting down");
+                    let flushed = self.drain().and_then(|()| {
+                        self.shared.msg_log.flush()?;
+                        self.shared.evt_log.flush()?;
+                        Ok(())
+                    });
+                    // The final checkpoint queues behind any earlier
+                    // one; the caller hears back once it is durable.
+                    match flushed {
+                        Ok(()) => self.checkpoint(checkpoints::Done::Caller(tx)),
+                        Err(e) => drop(tx.send(Err(e))),
+                    }
+                    stop = true;
+                }
+                _ => {}
             }
-            if self.bytes_since_checkpoint >= self.shared.config.checkpoint_every_bytes
-                && !self.periodic_busy.load(Ordering::Acquire)
-            {
-                // Skipped while one is still in flight: its bytes count
-                // towards the next, and no second image piles up in memory.
-                self.periodic_busy.store(true, Ordering::Release);
-                let busy = Arc::clone(&self.periodic_busy);
-                self.checkpoint(checkpoints::Done::Periodic(busy));
-            }
+        }
+        stop
+    }
+
+    /// Whether enough has been written since the last checkpoint for a
+    /// periodic one, and none is queued or in flight.
+    fn checkpoint_due(&self) -> bool {
+        self.bytes_since_checkpoint >= self.shared.config.checkpoint_every_bytes
+            && !self.periodic_busy.load(Ordering::Acquire)
+    }
+
+    /// Starts a periodic checkpoint if one is due. Skipped while one is
+    /// still in flight: its bytes count towards the next, and no second
+    /// image piles up in memory.
+    fn checkpoint_if_due(&mut self) {
+        if self.checkpoint_due() {
+            self.periodic_busy.store(true, Ordering::Release);
+            let busy = Arc::clone(&self.periodic_busy);
+            self.checkpoint(checkpoints::Done::Periodic(busy));
         }
     }
 
@@ -582,5 +588,130 @@ impl<C: Exec> Sequencer<C> {
             link.hand_off(entry);
         }
         Ok(Some(ticket))
+    }
+}
+
+/// The sequencer's queue: a sender that counts what it queued and the
+/// sequencer has not yet run, so that a caller may run a command on its
+/// own thread ([`Core::run_here`]) only when nothing waits ahead of it.
+pub(crate) struct Queue<C> {
+    tx: mpsc::Sender<Command<C>>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl<C> Clone for Queue<C> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+            queued: Arc::clone(&self.queued),
+        }
+    }
+}
+
+impl<C> Queue<C> {
+    /// Queues `cmd` for the sequencer's thread; fails once it has stopped.
+    pub fn send(&self, cmd: Command<C>) -> std::result::Result<(), mpsc::SendError<Command<C>>> {
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        self.tx.send(cmd).inspect_err(|_| {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        })
+    }
+}
+
+/// The sequencer, shared by its thread and by callers that run a command
+/// on their own thread. Whoever holds the lock runs rounds; the sequencer
+/// is taken out when its thread stops, which drops the checkpoint
+/// writer's queue and the commands' services and so lets those threads
+/// end.
+pub(crate) struct Core<C: Exec> {
+    seq: Mutex<Option<Sequencer<C>>>,
+    /// Commands queued and not yet run (see [`Queue`]).
+    queued: Arc<AtomicUsize>,
+}
+
+/// How long [`Core::run_here`] waits for the sequencer's thread to
+/// finish a round in hand before it queues its command instead.
+const HERE_WAIT_MAX: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Makes the sequencer's queue, the core callers share, and what its
+/// thread runs.
+pub(crate) fn start<C: Exec>(
+    seq: Sequencer<C>,
+) -> (Queue<C>, Arc<Core<C>>, impl FnOnce() + Send + 'static) {
+    let (tx, rx) = mpsc::channel();
+    let queued = Arc::new(AtomicUsize::new(0));
+    let colocate = seq.shared.config.colocate_when_light;
+    let core = Arc::new(Core {
+        seq: Mutex::new(Some(seq)),
+        queued: Arc::clone(&queued),
+    });
+    let thread_core = Arc::clone(&core);
+    (Queue { tx, queued }, core, move || {
+        thread_core.run(rx, colocate)
+    })
+}
+
+impl<C: Exec> Core<C> {
+    /// The sequencer's thread: takes whatever commands are queued as the
+    /// next round, until a `Shutdown` or until every sender is gone.
+    fn run(&self, rx: mpsc::Receiver<Command<C>>, colocate: bool) {
+        // Made here: it places the thread it runs on.
+        let mut placement = Placement::new(colocate);
+        while let Ok(first) = rx.recv() {
+            let mut cmds = vec![first];
+            while cmds.len() < ROUND_COMMANDS_MAX {
+                match rx.try_recv() {
+                    Ok(c) => cmds.push(c),
+                    Err(_) => break,
+                }
+            }
+            let taken = cmds.len();
+            let mut guard = self.seq.lock();
+            // Taken, and run before the lock is let go: a caller that
+            // finds nothing queued and then takes the lock runs after
+            // them.
+            self.queued.fetch_sub(taken, Ordering::SeqCst);
+            let Some(seq) = guard.as_mut() else { break };
+            if seq.run_commands(cmds, Some(&mut placement)) {
+                // Stopped for good: nothing runs after the shutdown's
+                // final checkpoint.
+                drop(guard.take());
+                return;
+            }
+            seq.checkpoint_if_due();
+        }
+        drop(self.seq.lock().take());
+    }
+
+    /// Runs `cmd` as a round of its own on the calling thread, which waits
+    /// for its write and fdatasync (unless the log's writer thread is
+    /// busy and commits it): no hand-off to the sequencer's thread and
+    /// back. Only when that changes no order: nothing is queued ahead
+    /// (a round the sequencer's thread has in hand is waited for, up to
+    /// [`HERE_WAIT_MAX`]), and this node commits alone (a leader's rounds
+    /// go through the consensus layer, a follower refuses). Otherwise
+    /// gives `cmd` back, to be queued.
+    pub fn run_here(&self, cmd: C, queue: &Queue<C>) -> Option<C> {
+        // The sequencer's thread may be finishing a round it took before
+        // (its commands no longer count as queued): wait for it as a
+        // queued command would, but not for long.
+        let Some(mut guard) = self.seq.try_lock_for(HERE_WAIT_MAX) else {
+            return Some(cmd);
+        };
+        let Some(seq) = guard.as_mut() else {
+            return Some(cmd);
+        };
+        if self.queued.load(Ordering::SeqCst) != 0 || !matches!(seq.role, Role::Local) {
+            return Some(cmd);
+        }
+        seq.run_commands(vec![Command::Run(cmd)], None);
+        // A periodic checkpoint drains the pipeline and copies the state:
+        // the sequencer's thread does that, not a caller.
+        let due = seq.checkpoint_due();
+        drop(guard);
+        if due {
+            let _ = queue.send(Command::Tick);
+        }
+        None
     }
 }
