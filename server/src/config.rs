@@ -186,6 +186,14 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_COLOCATE_WHEN_LIGHT", num_args = 0..=1, default_missing_value = "true")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub colocate_when_light: Option<bool>,
+    /// While one connection alone makes requests, decide and commit its
+    /// sends on the worker that reads them, which then waits for the
+    /// disk, instead of handing each to the sequencer's thread and back;
+    /// a request from any other connection stops it for 20 ms
+    /// [default: true].
+    #[arg(long, env = "INBOXD_SEND_INLINE_WHEN_ALONE", num_args = 0..=1, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub send_inline_when_alone: Option<bool>,
     /// Messages older than this are reclaimed, seconds; unset keeps
     /// history forever [default: unset].
     #[arg(long, env = "INBOXD_HISTORY_RETENTION_S")]
@@ -392,6 +400,8 @@ pub struct Config {
     pub index_in_file: Option<bool>,
     /// Hold the write pipeline on one CPU while the load is light.
     pub colocate_when_light: bool,
+    /// Commit a lone connection's sends on its worker.
+    pub send_inline_when_alone: bool,
     /// `None` keeps history forever.
     pub history_retention: Option<Duration>,
     /// `None` keeps the engine's default.
@@ -658,6 +668,7 @@ impl Config {
             checkpoint_every_bytes: s.checkpoint_every_bytes,
             index_in_file: s.index_in_file,
             colocate_when_light: s.colocate_when_light.unwrap_or(true),
+            send_inline_when_alone: s.send_inline_when_alone.unwrap_or(true),
             history_retention: s.history_retention_s.map(Duration::from_secs),
             snapshot_cache_bytes: s.snapshot_cache_bytes,
             large_group_members: s.large_group_members,

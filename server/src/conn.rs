@@ -94,7 +94,13 @@ pub struct Shared {
     /// them.
     pub(crate) hint_routes: Arc<hints::Routes<inbox_wire::Hint>>,
     pub(crate) dirty_routes: Arc<hints::Routes<inbox_wire::DirtyHint>>,
+    /// Whether one connection alone is making requests: its sends are
+    /// then committed on its worker ([`crate::alone`]).
+    pub alone: crate::alone::Alone,
 }
+
+/// Numbers connections for [`crate::alone::Alone`]; 0 is nobody.
+static NEXT_CONNECTION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Shared {
     /// The engine requests go to: a group's current one (a snapshot
@@ -269,6 +275,7 @@ pub async fn serve<R, W>(
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let in_flight_max = shared.limits.in_flight_max as usize;
+    let connection = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::channel::<Frame>(in_flight_max + 64);
     let writer_task = tokio::spawn(write_loop(writer, rx));
     let in_flight = Arc::new(Semaphore::new(in_flight_max));
@@ -586,6 +593,7 @@ pub async fn serve<R, W>(
                     break Close::Quietly;
                 };
                 let op = request.op();
+                let alone = shared.alone.note(connection);
                 let order = service::order_of(&request);
                 let reads_when_awaited = service::reads_when_awaited(&request);
                 let earlier = writes_done.clone();
@@ -629,11 +637,17 @@ pub async fn serve<R, W>(
                         // Queued on the sequencer right here, in arrival
                         // order, once every earlier read has been answered.
                         let _no_reads = reads.write().await;
+                        let here = if alone {
+                            service::Here::IfIdle
+                        } else {
+                            service::Here::Never
+                        };
                         service::start(
                             &shared.engine(),
                             &shared.metrics,
                             &shared.read_pool,
                             request,
+                            here,
                         )
                     }
                     (None, service::Order::Read | service::Order::ReadWrite) => {
@@ -655,6 +669,7 @@ pub async fn serve<R, W>(
                                 &shared.metrics,
                                 &shared.read_pool,
                                 request,
+                                service::Here::Never,
                             );
                             // Most reads run when awaited: they must have
                             // read before a later write of this connection

@@ -14,6 +14,7 @@
 //! - [`heap`]: the daemon's counting allocator, and the process's memory
 //!   beside the engine's structures.
 
+pub mod alone;
 pub mod client;
 pub mod cluster;
 pub mod config;

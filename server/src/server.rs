@@ -187,6 +187,7 @@ pub async fn run(
         group: cluster.as_ref().map(crate::cluster::Cluster::handle),
         hint_routes: Arc::default(),
         dirty_routes: Arc::default(),
+        alone: crate::alone::Alone::new(config.send_inline_when_alone),
     });
     let hints_tasks = {
         let current = Arc::clone(&shared);

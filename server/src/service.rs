@@ -111,8 +111,9 @@ pub fn start(
     metrics: &Arc<Metrics>,
     pool: &ReadPool,
     request: Request,
+    here: Here,
 ) -> Started {
-    match call(inbox, metrics, pool, request) {
+    match call(inbox, metrics, pool, request, here) {
         Ok(Call::Ready(response)) => Box::pin(std::future::ready(response)),
         Ok(Call::Later(later)) => Box::pin(async move {
             later
@@ -123,6 +124,17 @@ pub fn start(
             &err,
         )))),
     }
+}
+
+/// Where a send is decided and committed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Here {
+    /// Queued for the sequencer's thread.
+    Never,
+    /// On the calling thread if the sequencer is idle
+    /// ([`Inbox::send_here`]): the caller is the only connection making
+    /// requests ([`crate::alone`]).
+    IfIdle,
 }
 
 type Later = Pin<Box<dyn Future<Output = Result<Response, Error>> + Send>>;
@@ -171,6 +183,7 @@ fn call(
     metrics: &Arc<Metrics>,
     pool: &ReadPool,
     request: Request,
+    here: Here,
 ) -> Result<Call, Error> {
     Ok(match request {
         Request::Join(r) => later(inbox.join(Uid(r.uid), ConvId(r.conv)), |m| {
@@ -179,9 +192,14 @@ fn call(
         Request::Leave(r) => later(inbox.leave(Uid(r.uid), ConvId(r.conv)), |m| {
             Response::Leave(convert::membership(m))
         }),
-        Request::Send(r) => later(inbox.send(convert::send_req(r)), |s| {
-            Response::Send(convert::send_reply(s))
-        }),
+        Request::Send(r) => {
+            let req = convert::send_req(r);
+            let pending = match here {
+                Here::Never => inbox.send(req),
+                Here::IfIdle => inbox.send_here(req),
+            };
+            later(pending, |s| Response::Send(convert::send_reply(s)))
+        }
         Request::Recall(r) => later(inbox.recall(convert::recall_req(r)), |s| {
             Response::Recall(convert::send_reply(s))
         }),
