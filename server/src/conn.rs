@@ -593,7 +593,12 @@ pub async fn serve<R, W>(
                     break Close::Quietly;
                 };
                 let op = request.op();
-                let alone = shared.alone.note(connection);
+                // A send runs on this worker only for a connection alone
+                // with nothing else on the way: a client with more requests
+                // buffered or in flight has them decided in one round.
+                let alone = shared.alone.note(connection)
+                    && buf.is_empty()
+                    && in_flight.available_permits() + 1 == in_flight_max;
                 let order = service::order_of(&request);
                 let reads_when_awaited = service::reads_when_awaited(&request);
                 let earlier = writes_done.clone();

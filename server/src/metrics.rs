@@ -89,6 +89,9 @@ pub struct Metrics {
     /// records the page cache holds) and on the read pool.
     pub reads_in_place: Counter,
     pub reads_pooled: Counter,
+    /// Sends decided and committed on their connection's worker
+    /// ([`crate::alone`]).
+    pub sends_on_worker: Counter,
     /// Looks at the kernel's page-cache counters that found pages
     /// reclaimed since the look before (`page_cache.rs`).
     pub page_cache_reclaims_seen: Counter,
@@ -201,6 +204,12 @@ impl Default for Metrics {
                 &mut registry,
                 "inboxd_reads_pooled",
                 "Read attempts run on the read pool because they may read the disk",
+            ),
+            sends_on_worker: counter(
+                &mut registry,
+                "inboxd_sends_on_worker",
+                "Sends decided and committed on their connection's worker, while \
+                 that connection alone made requests, rather than on the sequencer",
             ),
             page_cache_reclaims_seen: counter(
                 &mut registry,

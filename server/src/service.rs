@@ -196,7 +196,13 @@ fn call(
             let req = convert::send_req(r);
             let pending = match here {
                 Here::Never => inbox.send(req),
-                Here::IfIdle => inbox.send_here(req),
+                Here::IfIdle => {
+                    let pending = inbox.send_here(req);
+                    if pending.is_released() {
+                        metrics.sends_on_worker.inc();
+                    }
+                    pending
+                }
             };
             later(pending, |s| Response::Send(convert::send_reply(s)))
         }

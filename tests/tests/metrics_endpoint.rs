@@ -123,6 +123,46 @@ async fn prints_what_a_scrape_costs_on_a_populated_store() {
     );
 }
 
+/// A connection alone has its sends committed on its worker
+/// (`inboxd_sends_on_worker`) once no other has made a request for 20 ms;
+/// two connections taking turns never do, nor one alone with
+/// `--send-inline-when-alone false`.
+#[tokio::test]
+async fn a_lone_connections_sends_run_on_its_worker_unless_another_interleaves_or_turned_off() {
+    const SENT: &str = "inboxd_sends_on_worker_total";
+    let data = inbox_tests::data_dir();
+    let daemon = Daemon::start(data.path());
+    let client = daemon.client().await;
+    users_1_and_2_join_conversation_7(&client).await;
+    for i in 0..200 {
+        inbox_tests::send_text(&client, 7, 1, &format!("alone {i}")).await;
+    }
+    let alone = daemon.metric(SENT).await.expect("the counter is exposed");
+    // Only the sends of the first 20 ms went to the sequencer.
+    assert!(alone >= 100, "{alone} of 200 lone sends ran on the worker");
+
+    let other = daemon.client().await;
+    for i in 0..100 {
+        inbox_tests::send_text(&other, 7, 2, &format!("turns {i}")).await;
+        inbox_tests::send_text(&client, 7, 1, &format!("turns {i}")).await;
+    }
+    assert_eq!(
+        daemon.metric(SENT).await,
+        Some(alone),
+        "a send of two connections taking turns ran on the worker"
+    );
+    drop(daemon);
+
+    let data = inbox_tests::data_dir();
+    let daemon = Daemon::start_with(data.path(), &["--send-inline-when-alone", "false"]);
+    let client = daemon.client().await;
+    users_1_and_2_join_conversation_7(&client).await;
+    for i in 0..200 {
+        inbox_tests::send_text(&client, 7, 1, &format!("off {i}")).await;
+    }
+    assert_eq!(daemon.metric(SENT).await, Some(0), "turned off");
+}
+
 /// Sends one at a time, each after the last was answered, until the
 /// gauge reads `want` or `sends` have gone; returns what it read last.
 async fn sends_one_by_one_until(daemon: &Daemon, sends: u32, want: u64) -> Option<u64> {
@@ -145,14 +185,16 @@ async fn sends_one_by_one_until(daemon: &Daemon, sends: u32, want: u64) -> Optio
 
 /// One connection sending one message at a time is the light load the
 /// daemon gathers its connection worker and its sequencer on one CPU
-/// for; with `--colocate-when-light false` it never does.
+/// for; with `--colocate-when-light false` it never does. (Its sends go
+/// through the sequencer: a connection alone would have them committed on
+/// its worker, which leaves the sequencer no rounds to count.)
 #[tokio::test]
 async fn one_send_at_a_time_gathers_the_write_pipeline_on_one_cpu_unless_turned_off() {
     if inbox_engine::placement::cpus_of(0) < 2 {
         return; // One CPU: nothing to gather.
     }
     let data = inbox_tests::data_dir();
-    let daemon = Daemon::start(data.path());
+    let daemon = Daemon::start_with(data.path(), &["--send-inline-when-alone", "false"]);
     assert_eq!(
         daemon.metric("inboxd_pipeline_on_one_cpu").await,
         Some(0),
@@ -166,7 +208,15 @@ async fn one_send_at_a_time_gathers_the_write_pipeline_on_one_cpu_unless_turned_
     drop(daemon);
 
     let data = inbox_tests::data_dir();
-    let daemon = Daemon::start_with(data.path(), &["--colocate-when-light", "false"]);
+    let daemon = Daemon::start_with(
+        data.path(),
+        &[
+            "--colocate-when-light",
+            "false",
+            "--send-inline-when-alone",
+            "false",
+        ],
+    );
     // 1,000 sends at about one a millisecond span ten of the sequencer's
     // windows at the least.
     assert_eq!(

@@ -3,7 +3,9 @@
 //! a ledger of everything the engine acknowledged.
 //!
 //! The input is read 4 bytes per operation: join, leave, send (with small
-//! idempotency keys, so retries happen), recall, mark-read, a large
+//! idempotency keys, so retries happen; with an odd size byte through
+//! `Inbox::send_here`, which decides and commits it on this thread when
+//! nothing is queued ahead), recall, mark-read, a large
 //! group's marker clear (three of the four users make a large group), register,
 //! sync-and-ACK (pages of 1 to 8 events), restart, an fsync failure after a
 //! countdown, compaction (with no safety window, so it reclaims whatever
@@ -165,6 +167,10 @@ pub struct Coverage {
     /// Operations submitted beside others before any was answered, so
     /// that the engine decided them in shared rounds.
     pub operations_submitted_together: u64,
+    /// Sends decided and committed on the caller's thread
+    /// (`Inbox::send_here`, asked for by an odd size byte): released
+    /// when the call returned.
+    pub sends_run_here: u64,
 }
 
 impl fmt::Display for Coverage {
@@ -176,7 +182,7 @@ impl fmt::Display for Coverage {
              events reclaimed {} multi-page syncs {} acks {} carried acks {} recalls {} \
              duplicate retries {} \
              injected failures fired {} operations after a failure {} marker clears {} \
-             submitted together {}",
+             submitted together {} sends run here {}",
             self.cases,
             self.operations,
             self.acknowledged_sends,
@@ -197,12 +203,13 @@ impl fmt::Display for Coverage {
             self.operations_after_failure,
             self.marker_clears,
             self.operations_submitted_together,
+            self.sends_run_here,
         )
     }
 }
 
 impl Coverage {
-    fn fields(&self) -> [(&'static str, u64); 20] {
+    fn fields(&self) -> [(&'static str, u64); 21] {
         [
             ("cases", self.cases),
             ("operations", self.operations),
@@ -230,6 +237,7 @@ impl Coverage {
                 "operations submitted together",
                 self.operations_submitted_together,
             ),
+            ("sends run here", self.sends_run_here),
         ]
     }
 
@@ -256,7 +264,7 @@ impl Coverage {
     }
 }
 
-static TOTALS: [AtomicU64; 20] = [const { AtomicU64::new(0) }; 20];
+static TOTALS: [AtomicU64; 21] = [const { AtomicU64::new(0) }; 21];
 
 /// The coverage summed over every case run in this process.
 pub fn coverage() -> Coverage {
@@ -282,6 +290,7 @@ pub fn coverage() -> Coverage {
         operations_after_failure: n[17],
         marker_clears: n[18],
         operations_submitted_together: n[19],
+        sends_run_here: n[20],
     }
 }
 
@@ -956,6 +965,10 @@ fn submit(run: &mut Run, i: usize, op: Op) -> Option<InFlight> {
             },
         },
         Op::Send(conv, sender, client_msg_id, size) => {
+            // Run on this thread when nothing is queued ahead (else
+            // queued all the same): the path a daemon takes for a
+            // connection alone.
+            let here = size % 2 == 1;
             // Bodies of 12 to 400 bytes: enough to seal 4 KiB segments
             // within a few dozen operations. The first send of a key fixes
             // its body, so that a retry is the same request (a different
@@ -966,19 +979,28 @@ fn submit(run: &mut Run, i: usize, op: Op) -> Option<InFlight> {
                 .entry((sender, client_msg_id))
                 .or_insert(size);
             let payload = Bytes::from(format!("m-{sender}-{client_msg_id}-").repeat(1 + size % 32));
+            let request = SendRequest {
+                conv,
+                sender,
+                client_msg_id,
+                msg_type: 1,
+                payload: payload.clone(),
+            };
+            let reply = if here {
+                inbox.send_here(request)
+            } else {
+                inbox.send(request)
+            };
+            if here && reply.is_released() {
+                run.coverage.sends_run_here += 1;
+            }
             InFlight::Send {
                 conv,
                 sender,
                 client_msg_id,
-                payload: payload.clone(),
+                payload,
                 faults,
-                reply: inbox.send(SendRequest {
-                    conv,
-                    sender,
-                    client_msg_id,
-                    msg_type: 1,
-                    payload,
-                }),
+                reply,
             }
         }
         Op::Recall(conv, sender, pick) => {
