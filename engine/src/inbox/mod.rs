@@ -346,28 +346,21 @@ impl Inbox {
     }
 
     pub fn send(&self, req: SendRequest) -> Pending<SendReply> {
-        self.send_kind(
-            req.sender,
-            req.conv,
-            MessageKind::Normal,
-            req.client_msg_id,
-            req.msg_type,
-            MsgId(0),
-            &req.payload,
-            false,
-        )
+        self.send_normal(req, false)
     }
     /// [`Inbox::send`], decided and committed on the calling thread when
     /// the sequencer is between rounds and nothing is queued ahead: the
     /// caller then blocks for the round's write and fdatasync, and the
     /// returned reply is ready (unless the log's writer thread was busy
     /// and commits it). That saves the two hand-offs of a queued send
-    /// (to the sequencer's thread and back), which is most of what a send
-    /// costs beyond its fdatasync when nothing else is running. Otherwise
-    /// it is queued as by `send`. Meant for a caller that is the only one
-    /// writing at the moment: whatever else its thread serves waits for
-    /// the disk meanwhile.
+    /// (to the sequencer's thread and back), each a wake-up of a sleeping
+    /// thread. Otherwise it is queued as by `send`. Meant for a caller
+    /// that is the only one writing at the moment: whatever else its
+    /// thread serves waits for the disk meanwhile.
     pub fn send_here(&self, req: SendRequest) -> Pending<SendReply> {
+        self.send_normal(req, true)
+    }
+    fn send_normal(&self, req: SendRequest, here: bool) -> Pending<SendReply> {
         self.send_kind(
             req.sender,
             req.conv,
@@ -376,7 +369,7 @@ impl Inbox {
             req.msg_type,
             MsgId(0),
             &req.payload,
-            true,
+            here,
         )
     }
     pub fn recall(&self, req: RecallRequest) -> Pending<SendReply> {
