@@ -591,9 +591,11 @@ impl<C: Exec> Sequencer<C> {
     }
 }
 
-/// The sequencer's queue: a sender that counts what it queued and the
-/// sequencer has not yet run, so that a caller may run a command on its
-/// own thread ([`Core::run_here`]) only when nothing waits ahead of it.
+/// The sequencer's queue: a sender that counts the commands queued and
+/// not yet taken by the sequencer's thread (which takes them under the
+/// lock and runs them before it lets go), so that a caller may run a
+/// command on its own thread ([`Core::run_here`]) only when nothing waits
+/// ahead of it.
 pub(crate) struct Queue<C> {
     tx: mpsc::Sender<Command<C>>,
     queued: Arc<AtomicUsize>,
@@ -625,7 +627,7 @@ impl<C> Queue<C> {
 /// end.
 pub(crate) struct Core<C: Exec> {
     seq: Mutex<Option<Sequencer<C>>>,
-    /// Commands queued and not yet run (see [`Queue`]).
+    /// Commands queued and not yet taken (see [`Queue`]).
     queued: Arc<AtomicUsize>,
 }
 
