@@ -240,28 +240,31 @@ impl Inbox {
         })
     }
 
-    /// As [`Inbox::submit`], but runs the command on the calling thread
-    /// when the sequencer is idle and nothing is queued ahead of it
-    /// ([`sequencer::Core::run_here`]).
-    fn submit_here<T, C: Into<Command>>(&self, make: impl FnOnce(Tx<T>) -> C) -> Pending<T> {
-        let (tx, pending) = Pending::channel();
-        let Some(queue) = self.tx.lock().clone() else {
-            return Pending::ready(Err(Error::ShuttingDown));
-        };
-        let cmd = make(tx).into();
-        match self.core.run_here(cmd, &queue) {
-            None => pending,
-            Some(cmd) => match queue.send(sequencer::Command::Run(cmd)) {
-                Ok(()) => pending,
-                Err(_) => Pending::ready(Err(Error::ShuttingDown)),
-            },
-        }
+    fn submit<T, C: Into<Command>>(&self, make: impl FnOnce(Tx<T>) -> C) -> Pending<T> {
+        self.submit_or_run_here(make, false)
     }
 
-    fn submit<T, C: Into<Command>>(&self, make: impl FnOnce(Tx<T>) -> C) -> Pending<T> {
+    /// Queues the command for the sequencer; with `here`, runs it on the
+    /// calling thread instead when nothing is queued ahead of it
+    /// ([`sequencer::Core::run_here`]).
+    fn submit_or_run_here<T, C: Into<Command>>(
+        &self,
+        make: impl FnOnce(Tx<T>) -> C,
+        here: bool,
+    ) -> Pending<T> {
         let (tx, pending) = Pending::channel();
+        let mut cmd = make(tx).into();
+        if here {
+            let Some(queue) = self.tx.lock().clone() else {
+                return Pending::ready(Err(Error::ShuttingDown));
+            };
+            match self.core.run_here(cmd, &queue) {
+                None => return pending,
+                Some(given_back) => cmd = given_back,
+            }
+        }
         let sent = match &*self.tx.lock() {
-            Some(s) => s.send(sequencer::Command::Run(make(tx).into())).is_ok(),
+            Some(s) => s.send(sequencer::Command::Run(cmd)).is_ok(),
             None => false,
         };
         if sent {
@@ -338,11 +341,7 @@ impl Inbox {
             summary,
             tx,
         };
-        if here {
-            self.submit_here(make)
-        } else {
-            self.submit(make)
-        }
+        self.submit_or_run_here(make, here)
     }
 
     pub fn send(&self, req: SendRequest) -> Pending<SendReply> {
