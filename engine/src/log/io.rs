@@ -176,15 +176,25 @@ pub(crate) fn fallocate(file: &File, len: u64) -> io::Result<()> {
 /// costs neither heap nor resident memory. (A buffer allocated per fill
 /// held a mebibyte of the daemon's heap for as long as a segment took to
 /// prepare, which made the heap a request reports jump by that much.)
-pub(crate) static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
 
-fn write_zeros(file: &File, len: u64) -> io::Result<()> {
-    let cur = file.metadata()?.len();
-    let mut at = cur;
-    while at < len {
-        let n = (len - at).min(ZEROS.len() as u64) as usize;
-        file.write_all_at(&ZEROS[..n], at)?;
+/// Writes zeros over `from..to`, a mebibyte at a time, through `write`
+/// (given an offset and the zeros to write there).
+pub(crate) fn fill_with_zeros(
+    from: u64,
+    to: u64,
+    mut write: impl FnMut(u64, &[u8]) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(ZEROS.len() as u64) as usize;
+        write(at, &ZEROS[..n])?;
         at += n as u64;
     }
     Ok(())
+}
+
+fn write_zeros(file: &File, len: u64) -> io::Result<()> {
+    let cur = file.metadata()?.len();
+    fill_with_zeros(cur, len, |at, zeros| file.write_all_at(zeros, at))
 }

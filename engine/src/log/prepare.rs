@@ -274,14 +274,9 @@ impl Shared {
     /// Writes zeros over the whole (fallocated) file, so that later
     /// commits overwrite written blocks. Synced by the header write after.
     fn fill_zeros(&self, file: &File) -> std::io::Result<()> {
-        let zeros = &super::io::ZEROS;
-        let mut at = 0u64;
-        while at < self.segment_bytes {
-            let n = (self.segment_bytes - at).min(zeros.len() as u64) as usize;
-            self.io.write_prepared(file, at, &zeros[..n], false)?;
-            at += n as u64;
-        }
-        Ok(())
+        super::io::fill_with_zeros(0, self.segment_bytes, |at, zeros| {
+            self.io.write_prepared(file, at, zeros, false)
+        })
     }
 
     /// Prepared spares ready now.
