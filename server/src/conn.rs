@@ -596,9 +596,14 @@ pub async fn serve<R, W>(
                 // A send runs on this worker only for a connection alone
                 // with nothing else on the way: a client with more requests
                 // buffered or in flight has them decided in one round.
-                let alone = shared.alone.note(connection)
+                let here = if shared.alone.note(connection)
                     && buf.is_empty()
-                    && in_flight.available_permits() + 1 == in_flight_max;
+                    && in_flight.available_permits() + 1 == in_flight_max
+                {
+                    service::Here::IfIdle
+                } else {
+                    service::Here::Never
+                };
                 let order = service::order_of(&request);
                 let reads_when_awaited = service::reads_when_awaited(&request);
                 let earlier = writes_done.clone();
@@ -642,11 +647,6 @@ pub async fn serve<R, W>(
                         // Queued on the sequencer right here, in arrival
                         // order, once every earlier read has been answered.
                         let _no_reads = reads.write().await;
-                        let here = if alone {
-                            service::Here::IfIdle
-                        } else {
-                            service::Here::Never
-                        };
                         service::start(
                             &shared.engine(),
                             &shared.metrics,
