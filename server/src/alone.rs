@@ -2,9 +2,10 @@
 //!
 //! A send is normally queued for the engine's sequencer thread, and its
 //! reply comes back once the round is durable: a hand-off to that thread
-//! and one back, each the wake-up of a sleeping thread. Next to a send's
-//! fdatasync they are most of what one client waiting for each reply
-//! pays. A worker could instead decide and commit the send itself
+//! and one back, each the wake-up of a sleeping thread. For one client
+//! waiting for each reply they are about a sixth of a send's latency
+//! (`docs/BENCHMARKS.md`, "A lone connection's sends on its worker"). A
+//! worker could instead decide and commit the send itself
 //! ([`inbox_engine::Inbox::send_here`]), but it then waits for the disk,
 //! and every other connection it serves waits with it.
 //!
