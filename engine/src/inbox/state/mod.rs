@@ -873,14 +873,17 @@ impl State {
         let mut evt = SegRefs::rebuild(self.users.values().flat_map(|u| u.events.iter()));
         let mut body = SegRefs::default();
         let mut msg = SegRefs::default();
-        for m in self.convs.values().flat_map(|c| c.msgs.iter()) {
-            match body_at(m.loc) {
-                (BodyLog::Evt, at) => {
-                    evt.add(at, 1);
-                    body.add(at, 1);
-                }
-                (BodyLog::Msg, at) => msg.add(at, 1),
-            }
+        for c in self.convs.values() {
+            let in_log = |log| {
+                c.msgs.iter().filter_map(move |m| match body_at(m.loc) {
+                    (l, at) if l == log => Some(at),
+                    _ => None,
+                })
+            };
+            // A body in `evt` is an entry of both `evt` and `body`.
+            evt.add_each(in_log(BodyLog::Evt));
+            body.add_each(in_log(BodyLog::Evt));
+            msg.add_each(in_log(BodyLog::Msg));
         }
         evt.mark_all_dirty();
         body.mark_all_dirty();

@@ -49,11 +49,34 @@ impl SegRefs {
     /// segment starts dirty.
     pub fn rebuild(locs: impl IntoIterator<Item = PackedLoc>) -> Self {
         let mut r = Self::default();
-        for loc in locs {
-            r.add(loc, 1);
-        }
+        r.add_each(locs);
         r.mark_all_dirty();
         r
+    }
+
+    /// One new entry at each location of `locs`. A run of locations in
+    /// one segment (a user's events, a conversation's messages: both in
+    /// log order) costs one update of the counts, not one per entry: a
+    /// recount after a checkpoint load goes over every retained event.
+    pub fn add_each(&mut self, locs: impl IntoIterator<Item = PackedLoc>) {
+        let mut run: Option<(SegmentId, u64)> = None;
+        for loc in locs {
+            if loc == PENDING_LOC {
+                continue;
+            }
+            let seg = unpack(loc).segment;
+            match &mut run {
+                Some((s, n)) if *s == seg => *n += 1,
+                _ => {
+                    if let Some((s, n)) = run.replace((seg, 1)) {
+                        *self.counts.entry(s).or_default() += n;
+                    }
+                }
+            }
+        }
+        if let Some((s, n)) = run {
+            *self.counts.entry(s).or_default() += n;
+        }
     }
 
     /// `n` new entries at `loc`.
@@ -114,6 +137,33 @@ mod tests {
 
     fn at(segment: SegmentId, offset: u32) -> PackedLoc {
         pack(RecordLoc { segment, offset })
+    }
+
+    #[test]
+    fn counting_a_list_by_runs_equals_counting_each_location() {
+        let locs = [
+            at(4, 0),
+            at(4, 9),
+            PENDING_LOC,
+            at(4, 20),
+            at(5, 0),
+            at(4, 30),
+            at(7, 1),
+            at(7, 2),
+            PENDING_LOC,
+        ];
+        let mut by_runs = SegRefs::default();
+        by_runs.add_each(locs);
+        by_runs.add_each([at(7, 3)]);
+        by_runs.add_each([]);
+        let mut each = SegRefs::default();
+        for loc in locs.into_iter().chain([at(7, 3)]) {
+            each.add(loc, 1);
+        }
+        assert_eq!(by_runs, each);
+        assert_eq!((by_runs.count(4), by_runs.count(5), by_runs.count(7)), (4, 1, 3));
+        assert_eq!(by_runs.counts.len(), 3, "no segment counted without an entry");
+        assert!(by_runs.take_dirty().is_empty(), "adding marks nothing dirty");
     }
 
     #[test]
