@@ -42,6 +42,7 @@ fn tune(c: &mut InboxConfig) {
     c.rewrite_live_fraction = 0.7;
     c.compaction_interval = None;
     c.checkpoint_every_bytes = 8 << 10;
+    c.checkpoint_every_state_percent = 0;
 }
 
 /// What the cases reached, summed over the run.

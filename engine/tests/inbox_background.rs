@@ -168,7 +168,10 @@ fn shutdown_leaves_a_checkpoint_covering_everything() {
 #[test]
 fn periodic_checkpoints_do_not_pile_up_while_one_is_being_written() {
     // Every round crosses the threshold.
-    let h = Harness::with(|c| c.checkpoint_every_bytes = 1);
+    let h = Harness::with(|c| {
+        c.checkpoint_every_bytes = 1;
+        c.checkpoint_every_state_percent = 0;
+    });
     h.join(Uid(1), ConvId(1));
     h.join(Uid(2), ConvId(1));
     let held = hold_first_checkpoint(h.ib());
@@ -187,6 +190,71 @@ fn periodic_checkpoints_do_not_pile_up_while_one_is_being_written() {
         held.started.load(Ordering::SeqCst),
         2,
         "the held periodic checkpoint and the command's; none queued meanwhile"
+    );
+}
+
+/// Counts the checkpoints the writer starts, from now on.
+fn count_checkpoints(ib: &Inbox) -> Arc<AtomicU64> {
+    let started = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&started);
+    ib.set_checkpoint_hook(Some(Arc::new(move |_| {
+        count.fetch_add(1, Ordering::SeqCst);
+    })));
+    started
+}
+
+#[test]
+fn a_periodic_checkpoint_waits_for_its_share_of_the_newest_checkpoint_in_log() {
+    // Every round would cross the byte threshold alone; the share decides.
+    let h = Harness::with(|c| {
+        c.checkpoint_every_bytes = 1;
+        c.checkpoint_every_state_percent = 100;
+    });
+    // A state whose checkpoint is larger than a few sends' log.
+    for uid in 1..=200u64 {
+        h.join(Uid(uid), ConvId(1 + uid % 20));
+    }
+    h.ib().checkpoint().unwrap();
+    let (_, newest) = &checkpoints(h.dir.path())[0];
+    let state_bytes = std::fs::metadata(newest).unwrap().len();
+    assert!(state_bytes > 8 << 10, "a checkpoint of {state_bytes} bytes");
+    let started = count_checkpoints(h.ib());
+
+    // Three short sends: far less log than the checkpoint's size. The
+    // command's checkpoint queues behind any periodic one handed off
+    // before it, so once it is answered the count is complete.
+    for i in 0..3u128 {
+        h.send(ConvId(2), Uid(1), i, "short");
+    }
+    h.ib().checkpoint().unwrap();
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        1,
+        "only the command's checkpoint: no periodic one before the share"
+    );
+
+    // More payload than the newest checkpoint's size: at least that much
+    // log (letters from a generator, so that compression does not shrink
+    // it much).
+    let (_, newest) = &checkpoints(h.dir.path())[0];
+    let state_bytes = std::fs::metadata(newest).unwrap().len();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..u128::from(state_bytes / 1000 + 1) {
+        let payload: String = (0..2000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                char::from(b'a' + (x % 26) as u8)
+            })
+            .collect();
+        h.send(ConvId(2), Uid(1), 100 + i, &payload);
+    }
+    h.ib().checkpoint().unwrap();
+    assert!(
+        started.load(Ordering::SeqCst) >= 3,
+        "a periodic checkpoint once the share of log was written ({} started)",
+        started.load(Ordering::SeqCst)
     );
 }
 

@@ -79,6 +79,7 @@ fn reached(what: usize) {
 
 fn tune(c: &mut InboxConfig) {
     c.checkpoint_every_bytes = 4 << 10;
+    c.checkpoint_every_state_percent = 0;
     c.large_group_members = LARGE_ABOVE;
 }
 

@@ -167,12 +167,16 @@ fn a_checkpoint_bounds_replay_to_the_log_written_after_it() {
 
 #[test]
 fn a_corrupt_checkpoint_falls_back_to_an_older_one_or_a_full_replay_without_loss() {
-    let mut h = Harness::with(|c| c.checkpoint_every_bytes = 4096);
+    let every_4_kib = |c: &mut InboxConfig| {
+        c.checkpoint_every_bytes = 4096;
+        c.checkpoint_every_state_percent = 0;
+    };
+    let mut h = Harness::with(every_4_kib);
     workload(&h, 1);
     workload(&h, 2);
     let digest = h.ib().state_digest();
     let before = answers(&h);
-    h.restart(true, |c| c.checkpoint_every_bytes = 4096);
+    h.restart(true, every_4_kib);
     let ckpt_dir = h.dir.path().join("checkpoint");
     let mut files: Vec<_> = std::fs::read_dir(&ckpt_dir)
         .unwrap()

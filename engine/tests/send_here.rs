@@ -92,7 +92,10 @@ fn a_send_run_here_never_overtakes_commands_queued_before_it() {
 
 #[test]
 fn periodic_checkpoints_go_on_when_every_send_runs_here() {
-    let mut h = Harness::with(|c| c.checkpoint_every_bytes = 16 << 10);
+    let mut h = Harness::with(|c| {
+        c.checkpoint_every_bytes = 16 << 10;
+        c.checkpoint_every_state_percent = 0;
+    });
     h.join(Uid(1), ConvId(10));
     h.join(Uid(2), ConvId(10));
     let checkpoints = |h: &Harness| {

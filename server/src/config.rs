@@ -166,13 +166,24 @@ pub struct ServeArgs {
     #[arg(long, env = "INBOXD_IDEMPOTENCY_TTL_S")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_ttl_s: Option<u64>,
-    /// Write an index checkpoint after this many bytes of `evt` log: a
-    /// restart after a crash or a kill replays at most about this much,
-    /// and a smaller value makes the checkpoint writer work more often
-    /// [default: the engine's, 256 MiB; at least 1 MiB].
+    /// Write an index checkpoint after this many bytes of `evt` log (or
+    /// after `checkpoint_every_state_percent` of the newest checkpoint's
+    /// size, if that is more): a restart after a crash or a kill replays
+    /// at most about this much, and a smaller value makes the checkpoint
+    /// writer work more often [default: the engine's, 64 MiB; at least 1
+    /// MiB].
     #[arg(long, env = "INBOXD_CHECKPOINT_EVERY_BYTES")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint_every_bytes: Option<u64>,
+    /// Also wait for this percent of the newest checkpoint's size in `evt`
+    /// log between periodic checkpoints, so that a large state is not
+    /// rewritten every `checkpoint_every_bytes`: checkpoints then write at
+    /// most 100 / percent bytes per byte of log, and a crash's replay
+    /// stays in proportion to loading the checkpoint. 0 turns it off
+    /// [default: the engine's, 25; at most 10000].
+    #[arg(long, env = "INBOXD_CHECKPOINT_EVERY_STATE_PERCENT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every_state_percent: Option<u32>,
     /// Keep the message index's full pages and the idempotency table's
     /// sorted runs in an unnamed scratch file in the data directory,
     /// mapped, rather than on the heap [default: true].
@@ -397,6 +408,8 @@ pub struct Config {
     /// `None` keeps the engine's default.
     pub checkpoint_every_bytes: Option<u64>,
     /// `None` keeps the engine's default.
+    pub checkpoint_every_state_percent: Option<u32>,
+    /// `None` keeps the engine's default.
     pub index_in_file: Option<bool>,
     /// Hold the write pipeline on one CPU while the load is light.
     pub colocate_when_light: bool,
@@ -438,6 +451,9 @@ impl Config {
         }
         if let Some(bytes) = self.checkpoint_every_bytes {
             engine.checkpoint_every_bytes = bytes;
+        }
+        if let Some(percent) = self.checkpoint_every_state_percent {
+            engine.checkpoint_every_state_percent = percent;
         }
         if let Some(on) = self.index_in_file {
             engine.index_in_file = on;
@@ -632,6 +648,14 @@ impl Config {
                 reason: format!("must be at least {CHECKPOINT_EVERY_BYTES_MIN} (1 MiB)"),
             });
         }
+        if s.checkpoint_every_state_percent
+            .is_some_and(|p| p > CHECKPOINT_EVERY_STATE_PERCENT_MAX)
+        {
+            return Err(ConfigError::Invalid {
+                key: "checkpoint_every_state_percent",
+                reason: format!("must be at most {CHECKPOINT_EVERY_STATE_PERCENT_MAX}"),
+            });
+        }
         let worker_threads = match s.worker_threads {
             Some(0) => {
                 return Err(ConfigError::Invalid {
@@ -666,6 +690,7 @@ impl Config {
             compaction_interval: s.compaction_interval_s.map(Duration::from_secs),
             idempotency_ttl: s.idempotency_ttl_s.map(Duration::from_secs),
             checkpoint_every_bytes: s.checkpoint_every_bytes,
+            checkpoint_every_state_percent: s.checkpoint_every_state_percent,
             index_in_file: s.index_in_file,
             colocate_when_light: s.colocate_when_light.unwrap_or(true),
             send_inline_when_alone: s.send_inline_when_alone.unwrap_or(true),
@@ -680,6 +705,11 @@ impl Config {
 /// The smallest `checkpoint_every_bytes` taken: below it the writer would
 /// encode the whole state after every few rounds.
 const CHECKPOINT_EVERY_BYTES_MIN: u64 = 1 << 20;
+
+/// The largest `checkpoint_every_state_percent` taken: 100 times the
+/// state's size in log between checkpoints already makes the replay after
+/// a crash a hundred loads of the checkpoint.
+const CHECKPOINT_EVERY_STATE_PERCENT_MAX: u32 = 10_000;
 
 /// The connection-serving threads a daemon with `cores` cores starts: one
 /// per core but one, which the sequencer and the log writers use (at
@@ -851,7 +881,7 @@ mod tests {
         let path = dir.path().join("inboxd.toml");
         std::fs::write(
             &path,
-            "rate_burst = 5\nin_flight_max = 7\nhistory_retention_s = 3600\nidempotency_ttl_s = 600\ncheckpoint_every_bytes = 67108864\nindex_in_file = false\nsnapshot_cache_bytes = 1048576\ntoken = \"from-file\"\n",
+            "rate_burst = 5\nin_flight_max = 7\nhistory_retention_s = 3600\nidempotency_ttl_s = 600\ncheckpoint_every_bytes = 33554432\ncheckpoint_every_state_percent = 40\nindex_in_file = false\nsnapshot_cache_bytes = 1048576\ntoken = \"from-file\"\n",
         )
         .unwrap();
         // Only this test reads INBOXD_RATE_BURST.
@@ -883,7 +913,8 @@ mod tests {
         let engine = config.engine_config([0; 32]);
         assert_eq!(engine.history_retention, Some(Duration::from_secs(3600)));
         assert_eq!(engine.idempotency_ttl, Duration::from_secs(600));
-        assert_eq!(engine.checkpoint_every_bytes, 64 << 20);
+        assert_eq!(engine.checkpoint_every_bytes, 32 << 20);
+        assert_eq!(engine.checkpoint_every_state_percent, 40);
         assert!(!engine.index_in_file);
         assert_eq!(engine.snapshot_cache_bytes, 1 << 20);
     }
@@ -927,6 +958,14 @@ mod tests {
             Config::resolve(&args),
             Err(ConfigError::Invalid {
                 key: "checkpoint_every_bytes",
+                ..
+            })
+        ));
+        std::fs::write(&path, "checkpoint_every_state_percent = 10001\n").unwrap();
+        assert!(matches!(
+            Config::resolve(&args),
+            Err(ConfigError::Invalid {
+                key: "checkpoint_every_state_percent",
                 ..
             })
         ));

@@ -380,6 +380,15 @@ pub(crate) fn durable_lsns(data_dir: &Path) -> Result<Vec<u64>> {
     Ok(list(data_dir)?.into_iter().map(|(lsn, _)| lsn).collect())
 }
 
+/// Bytes of the newest checkpoint file (0 when there is none, or it
+/// cannot be read): the state's size as a checkpoint last wrote it.
+pub(crate) fn newest_bytes(data_dir: &Path) -> u64 {
+    list(data_dir)
+        .ok()
+        .and_then(|files| files.first().and_then(|(_, path)| fs::metadata(path).ok()))
+        .map_or(0, |m| m.len())
+}
+
 fn fsync_dir(d: &Path) -> Result<()> {
     fs::File::open(d).and_then(|f| f.sync_all()).map_err(io_err)
 }

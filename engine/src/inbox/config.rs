@@ -93,8 +93,18 @@ pub struct InboxConfig {
     /// How often the background compaction pass runs; `None` runs none
     /// (then only [`Inbox::compact`] compacts).
     pub compaction_interval: Option<Duration>,
-    /// Write an index checkpoint after this many log bytes (R22).
+    /// Write an index checkpoint after this many log bytes (R22), or
+    /// after [`InboxConfig::checkpoint_every_state_percent`] of the newest
+    /// checkpoint's size if that is more.
     pub checkpoint_every_bytes: u64,
+    /// A periodic checkpoint also waits for this percent of the newest
+    /// checkpoint's size in log written since the last one (0: only
+    /// `checkpoint_every_bytes`). Writing a checkpoint costs in
+    /// proportion to the state, and so does loading it after a crash;
+    /// with this, checkpoints write at most `100 / percent` bytes per byte
+    /// of log, and the replay after a crash stays in proportion to the
+    /// load, whatever the state's size.
+    pub checkpoint_every_state_percent: u32,
     pub idempotency_ttl: Duration,
     /// Keep the message index's full pages and the idempotency table's
     /// sorted runs in a scratch file, mapped (`state/spill.rs`), not on
@@ -138,7 +148,8 @@ impl InboxConfig {
             rewrite_live_fraction: 0.7,
             compaction_bytes_per_s: 64 << 20,
             compaction_interval: Some(Duration::from_secs(60)),
-            checkpoint_every_bytes: 256 << 20,
+            checkpoint_every_bytes: 64 << 20,
+            checkpoint_every_state_percent: 25,
             idempotency_ttl: 7 * DAY,
             index_in_file: true,
             large_group_members: LARGE_GROUP_MEMBERS_DEFAULT,

@@ -153,6 +153,7 @@ impl Inbox {
             "inbox store opened"
         );
         let checkpoints = checkpoint::durable_lsns(data)?;
+        let newest_checkpoint_bytes = AtomicU64::new(checkpoint::newest_bytes(data));
         let (hints, _) = tokio::sync::broadcast::channel(1024);
         let (large_group_hints, _) = tokio::sync::broadcast::channel(1024);
         let snapshots = snapshots::store::Store::new(config.snapshot_cache_bytes);
@@ -176,6 +177,7 @@ impl Inbox {
             compaction: compaction::runtime::Runtime::default(),
             checkpoint_hook: Mutex::new(None),
             checkpoints: Mutex::new(checkpoints),
+            newest_checkpoint_bytes,
             ack_views: devices::ack_view::AckViews::default(),
         });
         let (ckpt_tx, ckpt_rx) = mpsc::channel();

@@ -116,6 +116,10 @@ pub(crate) struct Shared {
     /// the directory fsynced), newest first: compaction counts coverage by
     /// these, never by a file that a crash could still take back.
     pub(crate) checkpoints: Mutex<Vec<u64>>,
+    /// Bytes of the newest durable checkpoint (0: none yet): what the next
+    /// periodic checkpoint waits for a share of
+    /// (`checkpoint_every_state_percent`).
+    pub(crate) newest_checkpoint_bytes: AtomicU64,
     /// The durable ACK of each device whose newest changes, not yet
     /// durable, moved only its ACK: later pages of its batch need not wait
     /// for them ([`super::devices::ack_view`]).

@@ -387,6 +387,7 @@ fn config(dir: &Path) -> InboxConfig {
     let mut config = InboxConfig::new(dir);
     config.segment_bytes = SEGMENT_BYTES;
     config.checkpoint_every_bytes = CHECKPOINT_EVERY_BYTES;
+    config.checkpoint_every_state_percent = 0;
     // Events go as soon as every fence allows, so compaction trims, drops
     // and rewrites segments within a short input; compaction runs only
     // when an operation asks, so each case is reproducible.

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
 use crate::error::Result;
-use crate::inbox::checkpoint::{encode_to_file, finish, list};
+use crate::inbox::checkpoint::{encode_to_file, finish, list, newest_bytes};
 use crate::inbox::shared::Shared;
 use crate::inbox::state::State;
 
@@ -72,6 +72,9 @@ pub(crate) fn run_writer(shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
             if let Ok(files) = list(&shared.config.data_dir) {
                 *shared.checkpoints.lock() = files.iter().map(|(lsn, _)| *lsn).collect();
             }
+            shared
+                .newest_checkpoint_bytes
+                .store(newest_bytes(&shared.config.data_dir), Ordering::Relaxed);
         }
         done.finish(lsn, result);
     }

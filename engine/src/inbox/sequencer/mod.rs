@@ -367,8 +367,18 @@ impl<C: Exec> Sequencer<C> {
     /// Whether enough has been written since the last checkpoint for a
     /// periodic one, and none is queued or in flight.
     fn checkpoint_due(&self) -> bool {
-        self.bytes_since_checkpoint >= self.shared.config.checkpoint_every_bytes
+        self.bytes_since_checkpoint >= self.checkpoint_every()
             && !self.periodic_busy.load(Ordering::Acquire)
+    }
+
+    /// Log bytes between periodic checkpoints: `checkpoint_every_bytes`,
+    /// or `checkpoint_every_state_percent` of the newest checkpoint's size
+    /// if that is more.
+    fn checkpoint_every(&self) -> u64 {
+        let config = &self.shared.config;
+        let newest = self.shared.newest_checkpoint_bytes.load(Ordering::Relaxed);
+        let share = newest.saturating_mul(u64::from(config.checkpoint_every_state_percent)) / 100;
+        config.checkpoint_every_bytes.max(share)
     }
 
     /// Starts a periodic checkpoint if one is due. Skipped while one is
