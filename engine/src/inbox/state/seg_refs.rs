@@ -161,9 +161,19 @@ mod tests {
             each.add(loc, 1);
         }
         assert_eq!(by_runs, each);
-        assert_eq!((by_runs.count(4), by_runs.count(5), by_runs.count(7)), (4, 1, 3));
-        assert_eq!(by_runs.counts.len(), 3, "no segment counted without an entry");
-        assert!(by_runs.take_dirty().is_empty(), "adding marks nothing dirty");
+        assert_eq!(
+            (by_runs.count(4), by_runs.count(5), by_runs.count(7)),
+            (4, 1, 3)
+        );
+        assert_eq!(
+            by_runs.counts.len(),
+            3,
+            "no segment counted without an entry"
+        );
+        assert!(
+            by_runs.take_dirty().is_empty(),
+            "adding marks nothing dirty"
+        );
     }
 
     #[test]
