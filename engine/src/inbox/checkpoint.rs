@@ -369,23 +369,24 @@ fn io_err(e: std::io::Error) -> Error {
     Error::Log(crate::log::LogError::Io(e))
 }
 
-/// The LSNs of the checkpoints on disk, newest first, made durable first
-/// (a rename a crash left unsynced is synced here), for
-/// [`Shared::checkpoints`] at open.
-pub(crate) fn durable_lsns(data_dir: &Path) -> Result<Vec<u64>> {
+/// The checkpoints on disk as [`list`] gives them, made durable first (a
+/// rename a crash left unsynced is synced here), for
+/// [`Shared::know_checkpoints`] at open.
+pub(crate) fn durable_list(data_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let d = dir(data_dir);
     if d.is_dir() {
         fsync_dir(&d)?;
     }
-    Ok(list(data_dir)?.into_iter().map(|(lsn, _)| lsn).collect())
+    list(data_dir)
 }
 
-/// Bytes of the newest checkpoint file (0 when there is none, or it
-/// cannot be read): the state's size as a checkpoint last wrote it.
-pub(crate) fn newest_bytes(data_dir: &Path) -> u64 {
-    list(data_dir)
-        .ok()
-        .and_then(|files| files.first().and_then(|(_, path)| fs::metadata(path).ok()))
+/// Bytes of the newest of `files` (as [`list`] gives them; 0 when there is
+/// none, or it cannot be read): the state's size as a checkpoint last
+/// wrote it.
+pub(crate) fn newest_bytes(files: &[(u64, PathBuf)]) -> u64 {
+    files
+        .first()
+        .and_then(|(_, path)| fs::metadata(path).ok())
         .map_or(0, |m| m.len())
 }
 

@@ -152,8 +152,7 @@ impl Inbox {
             checks_ms = (started.elapsed() - state_loaded).as_millis() as u64,
             "inbox store opened"
         );
-        let checkpoints = checkpoint::durable_lsns(data)?;
-        let newest_checkpoint_bytes = AtomicU64::new(checkpoint::newest_bytes(data));
+        let checkpoints = checkpoint::durable_list(data)?;
         let (hints, _) = tokio::sync::broadcast::channel(1024);
         let (large_group_hints, _) = tokio::sync::broadcast::channel(1024);
         let snapshots = snapshots::store::Store::new(config.snapshot_cache_bytes);
@@ -176,10 +175,11 @@ impl Inbox {
             snapshots,
             compaction: compaction::runtime::Runtime::default(),
             checkpoint_hook: Mutex::new(None),
-            checkpoints: Mutex::new(checkpoints),
-            newest_checkpoint_bytes,
+            checkpoints: Mutex::default(),
+            newest_checkpoint_bytes: AtomicU64::new(0),
             ack_views: devices::ack_view::AckViews::default(),
         });
+        shared.know_checkpoints(&checkpoints);
         let (ckpt_tx, ckpt_rx) = mpsc::channel();
         let (snap_tx, snap_rx) = mpsc::channel();
         let services = command::Services {

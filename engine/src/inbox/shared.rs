@@ -127,6 +127,17 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Takes `files`, the checkpoints on disk as `checkpoint::list` gives
+    /// them, all durable, as what is known of them: their LSNs (for
+    /// compaction) and the newest one's size (for the next periodic one).
+    pub(crate) fn know_checkpoints(&self, files: &[(u64, std::path::PathBuf)]) {
+        *self.checkpoints.lock() = files.iter().map(|(lsn, _)| *lsn).collect();
+        self.newest_checkpoint_bytes.store(
+            super::checkpoint::newest_bytes(files),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
     pub(crate) fn settle(&self, round: u64) {
         let mut p = self.progress.lock();
         p.settled = p.settled.max(round);

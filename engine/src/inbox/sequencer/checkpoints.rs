@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
 use crate::error::Result;
-use crate::inbox::checkpoint::{encode_to_file, finish, list, newest_bytes};
+use crate::inbox::checkpoint::{encode_to_file, finish, list};
 use crate::inbox::shared::Shared;
 use crate::inbox::state::State;
 
@@ -59,6 +59,7 @@ pub(crate) fn run_writer(shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
             h(state.evt_lsn);
         }
         let lsn = state.evt_lsn;
+        let started = std::time::Instant::now();
         let io = shared.evt_log.io();
         let encoded = encode_to_file(io, &shared.config.data_dir, &state);
         // The copy shares entries with the live state: drop it before the
@@ -70,11 +71,15 @@ pub(crate) fn run_writer(shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
             // Every file listed now is durable: the new one's rename was
             // fsynced, and the others were before.
             if let Ok(files) = list(&shared.config.data_dir) {
-                *shared.checkpoints.lock() = files.iter().map(|(lsn, _)| *lsn).collect();
+                shared.know_checkpoints(&files);
             }
-            shared
-                .newest_checkpoint_bytes
-                .store(newest_bytes(&shared.config.data_dir), Ordering::Relaxed);
+            tracing::info!(
+                lsn,
+                bytes = shared.newest_checkpoint_bytes.load(Ordering::Relaxed),
+                ms = started.elapsed().as_millis() as u64,
+                periodic = matches!(done, Done::Periodic(_)),
+                "checkpoint written"
+            );
         }
         done.finish(lsn, result);
     }

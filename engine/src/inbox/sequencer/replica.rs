@@ -298,7 +298,8 @@ impl<C: Exec> Sequencer<C> {
         }
         if removed {
             io.sync_dir(&checkpoint::dir(data)).map_err(LogError::Io)?;
-            *self.shared.checkpoints.lock() = checkpoint::durable_lsns(data)?;
+            self.shared
+                .know_checkpoints(&checkpoint::durable_list(data)?);
         }
         Ok(())
     }
