@@ -165,6 +165,9 @@ pub(crate) struct Link {
     /// [`Leader::next_entries`]: an entry was handed off, or the
     /// leadership ended (one waiter; a wake with none waiting is kept).
     ready: tokio::sync::Notify,
+    /// Wakes every async waiter of [`Leader::settled`]: a commit, or the
+    /// end of the leadership.
+    decided: tokio::sync::Notify,
     /// The engine whose completion stage finishes the rounds this link
     /// decides (weak: a link must not keep a closed engine open).
     engine: std::sync::Weak<super::shared::Shared>,
@@ -189,6 +192,7 @@ impl Link {
             }),
             cv: Condvar::new(),
             ready: tokio::sync::Notify::new(),
+            decided: tokio::sync::Notify::new(),
             engine,
         })
     }
@@ -250,6 +254,7 @@ impl Link {
             st.ended.get_or_insert(why);
             self.cv.notify_all();
             self.ready.notify_one();
+            self.decided.notify_waiters();
         }
         self.finish_decided();
     }
@@ -301,6 +306,7 @@ impl Leader {
             let mut st = self.link.st.lock();
             st.committed = st.committed.max(index);
             self.link.cv.notify_all();
+            self.link.decided.notify_waiters();
         }
         self.link.finish_decided();
     }
@@ -318,6 +324,37 @@ impl Leader {
     /// The highest index committed so far.
     pub fn committed(&self) -> u64 {
         self.link.committed()
+    }
+
+    /// Waits until every round this engine has applied so far is
+    /// committed, or fails with [`Error::NotLeader`] once this leadership
+    /// ends first. A leader applies its rounds before they commit, so a
+    /// read of its state may see a round the group later discards: the
+    /// read's answer goes out only after this returns `Ok` (the rounds it
+    /// can have seen were all applied before the call).
+    pub async fn settled(&self) -> Result<()> {
+        let shared = self.shared.upgrade().ok_or(Error::ShuttingDown)?;
+        let applied = shared.state.read().replica_index;
+        drop(shared);
+        loop {
+            let decided = self.link.decided.notified();
+            let mut decided = std::pin::pin!(decided);
+            // Registered before the check, so a commit between the check
+            // and the wait is not missed.
+            decided.as_mut().enable();
+            {
+                let st = self.link.st.lock();
+                if st.committed >= applied {
+                    return Ok(());
+                }
+                if let Some(why) = &st.ended {
+                    return Err(Error::NotLeader(format!(
+                        "a read saw round {applied}, not committed: {why}"
+                    )));
+                }
+            }
+            decided.await;
+        }
     }
 
     /// Whether this leadership has ended (the engine follows, discarded
@@ -351,9 +388,19 @@ impl Inbox {
 
     /// Makes this engine the leader: from the next round on, rounds are
     /// handed out as entries and answered once committed. Rounds already
-    /// in the log count as committed.
+    /// in the log count as committed (see [`Inbox::lead_after`] for a
+    /// leader whose log has a tail not yet committed).
     pub fn lead(&self) -> Result<Leader> {
-        let link = self.control(|tx| Control::Lead { tx })?;
+        self.lead_after(u64::MAX)
+    }
+
+    /// [`Inbox::lead`] for a node whose log may end in rounds it appended
+    /// as a follower that are not committed yet: only rounds up to
+    /// `committed` count as committed, and an answer resting on a later
+    /// one waits for the consensus layer to commit it
+    /// ([`Leader::commit`]), as for the leader's own rounds.
+    pub fn lead_after(&self, committed: u64) -> Result<Leader> {
+        let link = self.control(|tx| Control::Lead { committed, tx })?;
         Ok(Leader {
             link,
             shared: Arc::downgrade(&self.shared),

@@ -40,7 +40,9 @@ pub(crate) struct RoundDone {
     pub id: u64,
     pub outcome: Outcome,
     pub replies: Vec<ReplyFn>,
-    /// A leader's round: released once its consensus layer commits it.
+    /// A leader's round: released once its consensus layer commits this
+    /// index (the round's own, or for a round without an entry of its
+    /// own, the last round applied before it was decided).
     pub replica: Option<(Arc<crate::inbox::replica::Link>, u64)>,
     /// What the round appended, per change: see [`highest_per_key`].
     pub user_marks: Vec<(Uid, SyncSeq)>,
@@ -67,16 +69,19 @@ fn highest_per_key<K: Ord + Copy, V: Ord + Copy>(marks: &mut Vec<(K, V)>) {
 impl RoundDone {
     /// Whether the round's outcome is known now (never blocks).
     fn is_ready(&self) -> bool {
+        let decided = || {
+            self.replica
+                .as_ref()
+                .is_none_or(|(link, index)| link.is_decided(*index))
+        };
         match &self.outcome {
             Outcome::Ticket(t) => match t.poll() {
                 None => false,
                 Some(Err(_)) => true,
-                Some(Ok(())) => self
-                    .replica
-                    .as_ref()
-                    .is_none_or(|(link, index)| link.is_decided(*index)),
+                Some(Ok(())) => decided(),
             },
-            Outcome::Nothing | Outcome::Failed(_) => true,
+            Outcome::Nothing => decided(),
+            Outcome::Failed(_) => true,
         }
     }
 }
@@ -165,7 +170,11 @@ fn finish(
                 Some((link, index)) => link.wait_committed(*index),
                 None => Ok(()),
             }),
-        (None, Outcome::Nothing) => Ok(()),
+        (None, Outcome::Nothing) => match &done.replica {
+            // Decided already (see `is_ready`): does not block.
+            Some((link, index)) => link.wait_committed(*index),
+            None => Ok(()),
+        },
         (None, Outcome::Failed(f)) => Err(f),
     };
     let mut hints = Vec::new();

@@ -505,6 +505,7 @@ impl<C: Exec> Sequencer<C> {
             };
             // A refused round applied nothing, so it marks nothing.
             debug_assert!(r.user_marks.is_empty() && r.conv_marks.is_empty());
+            self.hold_behind_uncommitted(&outcome, &mut r);
             self.queue_for_completion(id, outcome, &mut r);
             return;
         }
@@ -540,7 +541,26 @@ impl<C: Exec> Sequencer<C> {
             }
         };
         self.bytes_since_checkpoint += r.size;
+        self.hold_behind_uncommitted(&outcome, &mut r);
         self.queue_for_completion(id, outcome, &mut r);
+    }
+
+    /// A leader's round that hands out no entry of its own (an idempotent
+    /// retry answered from the table, a refusal decided against the
+    /// state, a round of this node's own files) still answers from a
+    /// state that holds every round applied before it, committed or not.
+    /// Its replies wait for the last of those rounds to commit, and fail
+    /// with `NotLeader` if the leadership ends first: an answer never
+    /// rests on a round the group may discard.
+    fn hold_behind_uncommitted(&self, outcome: &Outcome, r: &mut RoundBuf) {
+        let Role::Leader(link) = &self.role else {
+            return;
+        };
+        if r.replica.is_some() || matches!(outcome, Outcome::Failed(_)) {
+            return;
+        }
+        let applied = self.shared.state.read().replica_index;
+        r.replica = Some((Arc::clone(link), applied));
     }
 
     /// Hands round `id` with its outcome, replies and marks to the

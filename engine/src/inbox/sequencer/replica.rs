@@ -37,6 +37,9 @@ pub(crate) enum Role {
 /// Replication commands for the sequencer, run in order with the rounds.
 pub(crate) enum Control {
     Lead {
+        /// Rounds up to this index count as committed (capped at the
+        /// rounds applied).
+        committed: u64,
         tx: mpsc::Sender<Result<Arc<Link>>>,
     },
     Follow {
@@ -61,8 +64,8 @@ pub(crate) enum Control {
 impl<C: Exec> Sequencer<C> {
     pub(super) fn replica(&mut self, c: Control) {
         match c {
-            Control::Lead { tx } => {
-                let committed = self.shared.state.read().replica_index;
+            Control::Lead { committed, tx } => {
+                let committed = committed.min(self.shared.state.read().replica_index);
                 let link = Link::new(committed, Arc::downgrade(&self.shared));
                 self.end_leadership("a new term began");
                 self.role = Role::Leader(Arc::clone(&link));
