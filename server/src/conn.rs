@@ -663,10 +663,20 @@ pub async fn serve<R, W>(
                             if let Some(earlier) = earlier {
                                 wait_done(earlier).await;
                             }
-                            // A group's leader confirms it still leads.
+                            // A group's leader confirms it still leads,
+                            // and notes the leadership its read runs in.
+                            let mut leadership = None;
                             if let Some(g) = &shared.group {
                                 if let Err(refusal) = g.read_index().await {
                                     return Response::Error(refusal);
+                                }
+                                if reads_replicated_state(&request) {
+                                    match g.leadership() {
+                                        Some(l) => leadership = Some(l),
+                                        None => {
+                                            return Response::Error(g.not_leader("not the leader"))
+                                        }
+                                    }
                                 }
                             }
                             let reply = service::start(
@@ -681,12 +691,20 @@ pub async fn serve<R, W>(
                             // is queued. A sync has decided (or been
                             // queued) inside `start` already, and so have
                             // compaction and checkpoint requests.
-                            if !reads_when_awaited {
+                            let response = if reads_when_awaited {
+                                let response = reply.await;
                                 drop(reading);
-                                return reply.await;
+                                response
+                            } else {
+                                drop(reading);
+                                reply.await
+                            };
+                            // Answered only once what it read is committed.
+                            if let (Some(g), Some(l)) = (&shared.group, leadership) {
+                                if let Err(refusal) = g.settle_read(&l).await {
+                                    return Response::Error(refusal);
+                                }
                             }
-                            let response = reply.await;
-                            drop(reading);
                             response
                         })
                     }
@@ -748,6 +766,27 @@ pub async fn serve<R, W>(
     }
     drop(tx);
     let _ = writer_task.await;
+}
+
+/// Whether `request` answers from the replicated state, which a group's
+/// leader applies before it commits (see [`GroupHandle::settle_read`]).
+/// The operator's requests about this node's own files and figures do
+/// not.
+///
+/// [`GroupHandle::settle_read`]: crate::cluster::GroupHandle::settle_read
+fn reads_replicated_state(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Sync(_)
+            | Request::Devices(_)
+            | Request::Pull(_)
+            | Request::History(_)
+            | Request::ConvList(_)
+            | Request::Dirty(_)
+            | Request::ConvMode(_)
+            | Request::SnapshotInfo(_)
+            | Request::SnapshotPage(_)
+    )
 }
 
 /// `CLUSTER_ADD_NODE` or `CLUSTER_REMOVE_NODE`, run by the group (a

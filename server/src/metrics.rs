@@ -487,16 +487,19 @@ impl Collector for EngineCollector {
 /// acknowledged it and each follower's lag in entries.
 fn encode_raft(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::Result {
     let group = figures.group.lock().unwrap_or_else(|p| p.into_inner());
-    let Some((status, snapshots, bounds, read_rounds, cache, path)) = group.as_ref().map(|g| {
-        (
-            g.status(),
-            g.snapshot_counts(),
-            g.log_bounds(),
-            g.read_rounds(),
-            g.entry_cache(),
-            g.commit_path(),
-        )
-    }) else {
+    let Some((status, snapshots, bounds, read_rounds, discarded, cache, path)) =
+        group.as_ref().map(|g| {
+            (
+                g.status(),
+                g.snapshot_counts(),
+                g.log_bounds(),
+                g.read_rounds(),
+                g.rounds_discarded(),
+                g.entry_cache(),
+                g.commit_path(),
+            )
+        })
+    else {
         return Ok(());
     };
     drop(group);
@@ -517,6 +520,12 @@ fn encode_raft(e: &mut DescriptorEncoder, figures: &EngineFigures) -> std::fmt::
         "inboxd_raft_read_rounds",
         "Read-index rounds this node ran as the leader since it started; reads that arrive together share one",
         read_rounds,
+    )?;
+    counter(
+        e,
+        "inboxd_raft_rounds_discarded",
+        "Rounds this node applied and then discarded since it started: a deposed leader's uncommitted tail, or a follower's tail the leader's log replaced",
+        discarded,
     )?;
     encode_commit_path(e, &path)?;
     gauge(

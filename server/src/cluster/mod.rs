@@ -143,6 +143,9 @@ pub(crate) struct Glue {
     /// Bumped whenever rounds are discarded or the engine is replaced: a
     /// snapshot build that saw it change takes a new copy.
     epoch: AtomicU64,
+    /// Rounds this node applied and then discarded (a deposed leader's
+    /// tail, a follower's conflicting one), since start.
+    discarded: AtomicU64,
     snapshots: Mutex<snapshot::Snapshots>,
     /// Rounds below this index were found deleted by the engine's own
     /// compaction (0: none found); raft was asked to purge past them.
@@ -194,7 +197,12 @@ impl Glue {
     /// Discards the engine's rounds from `from` on.
     fn discard_from(&self, from: u64) -> inbox_engine::Result<()> {
         self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        self.inbox().discard_from(from)
+        let inbox = self.inbox();
+        let rounds = (inbox.replica_index() + 1).saturating_sub(from);
+        inbox.discard_from(from)?;
+        self.discarded
+            .fetch_add(rounds, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// Ends this node's leadership in the engine, if it leads: replies of
@@ -230,7 +238,12 @@ impl Glue {
         leader_id: CommittedLeaderId<u64>,
         after: u64,
     ) {
-        let handle = match self.inbox().lead() {
+        // The engine's log may end in rounds this node appended as a
+        // follower that raft has not committed yet (raft commits them with
+        // this term's first entry): only what raft applied counts as
+        // committed, so that no answer rests on the rest before then.
+        let committed = self.applied().map_or(0, |id| id.index);
+        let handle = match self.inbox().lead_after(committed) {
             Ok(l) => Arc::new(l),
             Err(e) => {
                 tracing::error!(error = %e, "the engine cannot lead");
@@ -358,6 +371,7 @@ impl Cluster {
             }),
             applied: Mutex::new(applied),
             epoch: AtomicU64::new(0),
+            discarded: AtomicU64::new(0),
             snapshots: Mutex::new(snapshots),
             gone_below: AtomicU64::new(0),
             changing: Arc::new(tokio::sync::Mutex::new(())),
@@ -545,6 +559,28 @@ impl GroupHandle {
         Some((id, peer))
     }
 
+    /// The engine's current leadership, if this node leads: a read takes
+    /// it before it reads, and [`GroupHandle::settle_read`] after.
+    pub fn leadership(&self) -> Option<Arc<Leader>> {
+        let role = self.glue.role();
+        role.leading
+            .as_ref()
+            .filter(|_| !role.paused)
+            .map(|l| Arc::clone(&l.handle))
+    }
+
+    /// Waits until every round the engine had applied when a read ended is
+    /// committed, under the leadership the read began in: a leader applies
+    /// its rounds before they commit, so without this wait a read could
+    /// answer with a round the group then discards. `NOT_LEADER` if that
+    /// leadership ends first.
+    pub async fn settle_read(&self, leadership: &Leader) -> Result<(), inbox_wire::ErrorReply> {
+        leadership
+            .settled()
+            .await
+            .map_err(|e| self.not_leader(&e.to_string()))
+    }
+
     /// Read-index: confirms with a heartbeat round to a quorum that this
     /// node still leads and waits until it has applied what was committed
     /// when the read arrived, so the read that follows is linearizable. A
@@ -570,6 +606,13 @@ impl GroupHandle {
     /// leader, its rounds from proposal to commit, since start.
     pub fn commit_path(&self) -> CommitPathFigures {
         self.glue.commit_path.figures()
+    }
+
+    /// Rounds this node applied and then discarded since start.
+    pub fn rounds_discarded(&self) -> u64 {
+        self.glue
+            .discarded
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Read-index rounds run since start (each served every read that
