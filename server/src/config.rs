@@ -796,6 +796,21 @@ pub fn read_token(path: &Path) -> std::io::Result<Bytes> {
     Ok(Bytes::from(token.to_string().into_bytes()))
 }
 
+/// The key for `batch_token` HMACs on a member of a group: the same on
+/// every member, so that a token any member issued is honoured by the
+/// next leader after a fail-over. It is derived from the group's shared
+/// token (which every member is given, and which authenticates the raft
+/// port), never stored: SHA-256 of a label and the token. A change of
+/// the group's token voids the batch tokens outstanding, which a client
+/// meets as `BAD_TOKEN` and answers with a sync from its ACK.
+pub fn group_batch_token_key(group_token: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(b"inboxd group batch-token key v1\0");
+    h.update(group_token);
+    h.finalize().into()
+}
+
 /// The server key for `batch_token` HMACs: `DATA_DIR/batch_token.key`,
 /// 32 random bytes created once (mode 0600) so tokens survive restarts.
 pub fn load_batch_token_key(data_dir: &Path) -> std::io::Result<[u8; 32]> {
@@ -1005,6 +1020,13 @@ mod tests {
         assert_eq!(first, second);
         assert_eq!(generated, None);
         assert_eq!(first.len(), 64);
+    }
+
+    #[test]
+    fn a_groups_batch_token_key_is_the_same_on_every_member_and_follows_the_token() {
+        let one = group_batch_token_key(b"group secret");
+        assert_eq!(one, group_batch_token_key(b"group secret"));
+        assert_ne!(one, group_batch_token_key(b"another secret"));
     }
 
     #[test]

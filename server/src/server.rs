@@ -105,11 +105,18 @@ pub async fn run(
         return Err(ServeError::SameTokens);
     }
     let tls = config.tls.as_ref().map(ServerTls::acceptor).transpose()?;
-    let token_key =
-        config::load_batch_token_key(&config.data_dir).map_err(|source| ServeError::DataDir {
-            path: config.data_dir.clone(),
-            source,
-        })?;
+    // A group's members share the key (a token issued by one leader is
+    // honoured by the next); a single node keeps its own in its data
+    // directory.
+    let token_key = match &config.cluster {
+        Some(_) => config::group_batch_token_key(&token),
+        None => config::load_batch_token_key(&config.data_dir).map_err(|source| {
+            ServeError::DataDir {
+                path: config.data_dir.clone(),
+                source,
+            }
+        })?,
+    };
 
     if config.io_backend == inbox_engine::log::IoBackend::IoUring {
         // Asked for explicitly: fail here, naming the option, rather than
