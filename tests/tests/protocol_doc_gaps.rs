@@ -80,6 +80,28 @@ async fn retried_writes_answer_as_the_doc_says_and_change_nothing_more() {
     assert_eq!(d2.device.acked_sync_seq, d1.device.acked_sync_seq);
     assert_eq!(d2.evicted, None);
 
+    // SET_CONV_FLAGS with the flags already set sends no second event.
+    let generation = d2.device.generation;
+    let (_, at) = sync_from(&client, 2, generation, 0).await;
+    let flags = ConvFlagsReq {
+        uid: 2,
+        conv: 7,
+        muted: true,
+        pinned: false,
+    };
+    client.set_conv_flags(flags.clone()).await.unwrap();
+    client.set_conv_flags(flags).await.unwrap();
+    let (events, _) = sync_from(&client, 2, generation, at).await;
+    assert_eq!(kinds(&events), vec![EventKind::Conv]);
+
+    // REVOKE_DEVICE of a revoked device answers its row, unchanged.
+    let revoke = UserDevice { uid: 2, device: 2 };
+    client.register_device(revoke.clone()).await.unwrap();
+    let r1 = client.revoke_device(revoke.clone()).await.unwrap();
+    let r2 = client.revoke_device(revoke).await.unwrap();
+    assert_eq!(r2, r1);
+    assert_eq!(r2.state, DeviceState::Revoked);
+
     // LEAVE of a member that already left is NOT_FOUND, and writes nothing.
     client.leave(member(7, 2)).await.unwrap();
     assert_eq!(code(client.leave(member(7, 2)).await), ErrorCode::NotFound);
