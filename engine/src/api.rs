@@ -455,6 +455,9 @@ pub struct SnapshotPage {
     /// The last N messages of the conversations on this page (tombstones
     /// included, bodies of recalled messages never).
     pub messages: Vec<Message>,
+    /// Messages of `messages` too large for any reply on their own
+    /// (`conv`, `msg_seq`): their payload is cut to its summary.
+    pub elided: Vec<(ConvId, MsgSeq)>,
 }
 
 /// What holds a user's events back from compaction (R19).

@@ -12,7 +12,6 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// [`Error::ResetRequired`] from `sync`, which has bumped the device's
 /// generation as R10 requires (the new generation is carried).
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
 pub enum Error {
     #[error("bad request: {0}")]
     BadRequest(String),

@@ -32,6 +32,9 @@ pub enum ClientError {
         code: ErrorCode,
         detail: u64,
         message: String,
+        /// `NOT_LEADER`: the leader's client address, when the server knows
+        /// it.
+        leader_addr: Option<String>,
     },
     #[error("io: {0}")]
     Io(String),
@@ -59,6 +62,7 @@ impl From<ErrorReply> for ClientError {
             code: reply.code,
             detail: reply.detail,
             message: reply.message,
+            leader_addr: reply.leader_addr,
         }
     }
 }
@@ -576,15 +580,15 @@ fn acked_seq(response: Response) -> Result<u64, ClientError> {
 /// follows before its error is returned.
 pub const LEADER_HOPS_MAX: usize = 3;
 
-/// The leader's client address a `NOT_LEADER` error names
-/// (`...; leader_addr=HOST:PORT`), if it names one.
+/// The leader's client address a `NOT_LEADER` error names in its
+/// `leader_addr` field, if it names one.
 pub fn leader_addr(err: &ClientError) -> Option<SocketAddr> {
     match err {
         ClientError::Server {
             code: ErrorCode::NotLeader,
-            message,
+            leader_addr: Some(addr),
             ..
-        } => message.rsplit_once("leader_addr=")?.1.trim().parse().ok(),
+        } => addr.parse().ok(),
         _ => None,
     }
 }
@@ -767,27 +771,20 @@ mod group_tests {
 
     #[test]
     fn a_not_leader_error_names_the_leaders_address() {
-        let err = |code, message: &str| ClientError::Server {
+        let err = |code, addr: Option<&str>| ClientError::Server {
             code,
             detail: 0,
-            message: message.into(),
+            message: "not the leader; leader node 2; leader_addr=127.0.0.1:9".into(),
+            leader_addr: addr.map(str::to_owned),
         };
         assert_eq!(
-            leader_addr(&err(
-                ErrorCode::NotLeader,
-                "not the leader; leader node 2; leader_addr=127.0.0.1:7072"
-            )),
+            leader_addr(&err(ErrorCode::NotLeader, Some("127.0.0.1:7072"))),
             Some("127.0.0.1:7072".parse().unwrap())
         );
+        // The message is for humans: only the field counts.
+        assert_eq!(leader_addr(&err(ErrorCode::NotLeader, None)), None);
         assert_eq!(
-            leader_addr(&err(
-                ErrorCode::NotLeader,
-                "not the leader; no leader known yet"
-            )),
-            None
-        );
-        assert_eq!(
-            leader_addr(&err(ErrorCode::Unavailable, "leader_addr=127.0.0.1:7072")),
+            leader_addr(&err(ErrorCode::Unavailable, Some("127.0.0.1:7072"))),
             None
         );
     }

@@ -459,6 +459,8 @@ impl Config {
             engine.index_in_file = on;
         }
         engine.colocate_when_light = self.colocate_when_light;
+        // Snapshot pages are cut to fit one reply frame.
+        engine.snapshot_page_bytes_max = self.limits.reply_frame_bytes_max;
         if let Some(bytes) = self.snapshot_cache_bytes {
             engine.snapshot_cache_bytes = bytes;
         }

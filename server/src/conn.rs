@@ -223,12 +223,7 @@ fn token_matches(expected: &[u8], presented: &[u8]) -> bool {
 }
 
 fn error_frame(request_id: u64, code: ErrorCode, detail: u64, message: impl Into<String>) -> Frame {
-    Response::Error(ErrorReply {
-        code,
-        detail,
-        message: message.into(),
-    })
-    .to_frame(request_id)
+    Response::Error(ErrorReply::new(code, detail, message)).to_frame(request_id)
 }
 
 /// Writes queued frames, batching whatever is ready into one write.
@@ -715,8 +710,7 @@ pub async fn serve<R, W>(
                     let mut response = reply.await;
                     // A round that lost its leadership names the leader.
                     if let (Response::Error(err), Some(g)) = (&mut response, &shared.group) {
-                        if err.code == inbox_wire::ErrorCode::NotLeader
-                            && !err.message.contains("leader_addr=")
+                        if err.code == inbox_wire::ErrorCode::NotLeader && err.leader_addr.is_none()
                         {
                             *err = g.not_leader(&err.message);
                         }
@@ -804,11 +798,11 @@ async fn change_membership(
             .remove_node(req)
             .await
             .map(Response::ClusterRemoveNode),
-        other => Err(ErrorReply {
-            code: ErrorCode::Internal,
-            detail: 0,
-            message: format!("{} is not a membership change", other.op().name()),
-        }),
+        other => Err(ErrorReply::new(
+            ErrorCode::Internal,
+            0,
+            format!("{} is not a membership change", other.op().name()),
+        )),
     };
     done.unwrap_or_else(Response::Error)
 }
@@ -831,14 +825,14 @@ fn subscribe(
     let per_connection = u64::from(shared.limits.subscribe_uids_max);
     let wanted = fresh.len() as u64;
     if set.len() as u64 + wanted > per_connection {
-        return Err(ErrorReply {
-            code: ErrorCode::TooLarge,
-            detail: per_connection,
-            message: format!(
+        return Err(ErrorReply::new(
+            ErrorCode::TooLarge,
+            per_connection,
+            format!(
                 "a connection may subscribe to at most {per_connection} uids ({} held, {wanted} new)",
                 set.len()
             ),
-        });
+        ));
     }
     let total_max = shared.limits.subscriptions_max;
     let reserved = shared.metrics.subscriptions.inner().fetch_update(
@@ -847,13 +841,11 @@ fn subscribe(
         |held| held.checked_add(wanted).filter(|total| *total <= total_max),
     );
     if reserved.is_err() {
-        return Err(ErrorReply {
-            code: ErrorCode::RateLimited,
-            detail: SUBSCRIBE_RETRY_MS,
-            message: format!(
-                "the server holds its maximum of {total_max} subscriptions; retry later"
-            ),
-        });
+        return Err(ErrorReply::new(
+            ErrorCode::RateLimited,
+            SUBSCRIBE_RETRY_MS,
+            format!("the server holds its maximum of {total_max} subscriptions; retry later"),
+        ));
     }
     set.extend(fresh.iter().copied());
     Ok(fresh)
@@ -943,16 +935,17 @@ fn hello_ok(shared: &Shared) -> HelloOk {
         batch_token_ttl_ms: ms(engine.batch_token_ttl),
         recovery_lease_ttl_ms: ms(engine.recovery_lease_ttl),
         snapshot_ttl_ms: ms(engine.snapshot_ttl),
+        max_connections: shared.limits.max_connections,
+        subscribe_uids_max: shared.limits.subscribe_uids_max,
+        subscriptions_max: shared.limits.subscriptions_max,
+        large_group_members: engine.large_group_members,
+        idempotency_ttl_ms: ms(engine.idempotency_ttl),
     }
 }
 
 /// `response` as a frame in the layout of protocol `version`.
 fn reply_frame(version: u16, response: &Response, request_id: u64) -> Frame {
-    if version == inbox_wire::v1::VERSION {
-        inbox_wire::v1::reply_frame(response, request_id)
-    } else {
-        response.to_frame(request_id)
-    }
+    inbox_wire::v2::reply_frame_for(version, response, request_id)
 }
 
 /// Waits until a write (and so every write before it) has completed. A

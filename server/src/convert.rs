@@ -8,8 +8,11 @@ use inbox_wire as wire;
 use inbox_wire::ErrorCode;
 
 /// The protocol error an engine error is answered with. `detail` carries
-/// the one number a client needs to act (see `docs/PROTOCOL.md`).
+/// the one number a client needs to act (see `docs/PROTOCOL.md`). Every
+/// variant is named, with no catch-all arm: an engine error added later
+/// does not compile until it is given its protocol code here.
 pub fn error_reply(err: &Error) -> wire::ErrorReply {
+    use engine::log::LogError;
     let (code, detail) = match err {
         Error::BadRequest(_) => (ErrorCode::BadRequest, 0),
         Error::Forbidden(_) => (ErrorCode::Forbidden, 0),
@@ -23,18 +26,21 @@ pub fn error_reply(err: &Error) -> wire::ErrorReply {
         Error::AckBeyondHwm { batch_hwm, .. } => (ErrorCode::AckBeyondHwm, batch_hwm.get()),
         Error::Conflict(_) => (ErrorCode::Conflict, 0),
         Error::MarkerMoved { version } => (ErrorCode::MarkerMoved, *version),
-        Error::NoSpace(_) => (ErrorCode::NoSpace, 0),
-        Error::Log(engine::log::LogError::NoSpace(_)) => (ErrorCode::NoSpace, 0),
-        Error::Log(engine::log::LogError::Poisoned(_)) => (ErrorCode::Unavailable, 0),
-        Error::ShuttingDown => (ErrorCode::Unavailable, 0),
+        Error::NoSpace(_) | Error::Log(LogError::NoSpace(_)) => (ErrorCode::NoSpace, 0),
+        Error::Log(LogError::Poisoned(_)) | Error::ShuttingDown => (ErrorCode::Unavailable, 0),
         Error::NotLeader(_) => (ErrorCode::NotLeader, 0),
-        _ => (ErrorCode::Internal, 0),
+        Error::Corruption { .. }
+        | Error::Invariant(_)
+        | Error::Internal(_)
+        | Error::Log(
+            LogError::Io(_)
+            | LogError::Corruption { .. }
+            | LogError::TooLarge(_)
+            | LogError::BadLocation { .. }
+            | LogError::InvalidArgument(_),
+        ) => (ErrorCode::Internal, 0),
     };
-    wire::ErrorReply {
-        code,
-        detail,
-        message: err.to_string(),
-    }
+    wire::ErrorReply::new(code, detail, err.to_string())
 }
 
 pub fn membership(reply: engine::MembershipReply) -> wire::MembershipReply {
@@ -328,6 +334,14 @@ pub fn snapshot_page(page: engine::SnapshotPage) -> wire::SnapshotPage {
         pages: page.pages,
         convs: page.convs.into_iter().map(conv_summary).collect(),
         messages: page.messages.into_iter().map(message).collect(),
+        elided: page
+            .elided
+            .into_iter()
+            .map(|(conv, seq)| wire::MsgRef {
+                conv: conv.0,
+                msg_seq: seq.get(),
+            })
+            .collect(),
     }
 }
 
@@ -422,5 +436,78 @@ pub fn segment_explain(explain: engine::SegmentExplain) -> wire::SegmentExplain 
         live_bytes: explain.live_bytes,
         live_records: explain.live_records,
         held_by: explain.held_by,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use engine::inbox::snapshot_paging as paging;
+    use engine::{MessageKind, MsgSeq, SnapshotPage};
+    use inbox_wire::Response;
+
+    fn reply_frame_len(page: SnapshotPage) -> u64 {
+        let frame = Response::SnapshotPage(snapshot_page(page)).to_frame(1);
+        u64::from(frame.frame_len().expect("fits a u32"))
+    }
+
+    fn engine_message(target: Option<MsgId>, payload: &'static [u8]) -> engine::Message {
+        engine::Message {
+            conv: ConvId(3),
+            msg_seq: MsgSeq(4),
+            msg_id: MsgId(5),
+            sender: Uid(6),
+            kind: MessageKind::Normal,
+            msg_type: 1,
+            target,
+            sent_at_ms: 7,
+            tombstone: false,
+            payload: Bytes::from_static(payload),
+        }
+    }
+
+    #[test]
+    fn the_engines_snapshot_page_sizes_match_the_codec() {
+        let empty = SnapshotPage {
+            snapshot_id: 1,
+            page: 0,
+            pages: 1,
+            convs: vec![],
+            messages: vec![],
+            elided: vec![],
+        };
+        assert_eq!(
+            reply_frame_len(empty.clone()),
+            paging::PAGE_REPLY_FIXED_BYTES
+        );
+
+        let conv = engine::ConvSummary {
+            conv: ConvId(3),
+            last_msg_seq: MsgSeq(4),
+            last_msg_id: MsgId(5),
+            last_sender: Uid(6),
+            last_summary: Bytes::from_static(b"hello"),
+            unread: 1,
+            read_seq: MsgSeq(2),
+            last_activity_ms: 9,
+            muted: false,
+            pinned: true,
+        };
+        let messages = [
+            engine_message(None, b"hello"),
+            engine_message(Some(MsgId(2)), b"an edit"),
+        ];
+        let page = SnapshotPage {
+            convs: vec![conv.clone()],
+            messages: messages.to_vec(),
+            elided: vec![(ConvId(3), MsgSeq(4))],
+            ..empty
+        };
+        let expected = paging::PAGE_REPLY_FIXED_BYTES
+            + paging::conv_wire_bytes(&conv)
+            + messages.iter().map(paging::message_wire_bytes).sum::<u64>()
+            + paging::ELIDED_ENTRY_BYTES;
+        assert_eq!(reply_frame_len(page), expected);
     }
 }

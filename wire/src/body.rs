@@ -11,9 +11,11 @@ use crate::field::{put_prefixed, wire_enum, wire_struct, Field, Reader};
 use crate::{ErrorCode, WireError};
 
 /// The protocol version this build speaks. Version 2 added the limits to
-/// `HELLO_OK` and a length to each `Fence`; a server still serves version
-/// 1 clients in the version 1 layouts (see [`crate::v1`]).
-pub const PROTOCOL_VERSION: u16 = 2;
+/// `HELLO_OK` and a length to each `Fence`; version 3 added the remaining
+/// limits to `HELLO_OK`, the leader's address to `ERROR` and the elided
+/// messages to `SNAPSHOT_PAGE`. A server still serves older clients in
+/// their layouts (see [`crate::v2`] and [`crate::v1`]).
+pub const PROTOCOL_VERSION: u16 = 3;
 /// The oldest protocol version a server of this build still serves.
 pub const PROTOCOL_VERSION_MIN: u16 = 1;
 
@@ -72,6 +74,19 @@ wire_struct! {
         pub batch_token_ttl_ms: u64,
         pub recovery_lease_ttl_ms: u64,
         pub snapshot_ttl_ms: u64,
+        /// Connections the server holds at once; one more is refused with
+        /// `UNAVAILABLE` on accept.
+        pub max_connections: u32,
+        /// Uids one connection may be subscribed to (`TOO_LARGE` past it),
+        /// and subscriptions of all connections together (`RATE_LIMITED`
+        /// past it).
+        pub subscribe_uids_max: u32,
+        pub subscriptions_max: u64,
+        /// A conversation with more current members becomes a large group
+        /// (0: never).
+        pub large_group_members: u32,
+        /// How long `(sender, client_msg_id)` names one request.
+        pub idempotency_ttl_ms: u64,
     }
 }
 
@@ -788,12 +803,24 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// `SNAPSHOT_PAGE` reply: always fits `reply_frame_bytes_max`.
     pub struct SnapshotPage {
         pub snapshot_id: u64,
         pub page: u32,
         pub pages: u32,
         pub convs: Vec<ConvSummary>,
         pub messages: Vec<Message>,
+        /// Messages of `messages` too large for any reply: their payload is
+        /// cut to its summary (version 3).
+        pub elided: Vec<MsgRef>,
+    }
+}
+
+wire_struct! {
+    /// A message named by its conversation and position.
+    pub struct MsgRef {
+        pub conv: u64,
+        pub msg_seq: u64,
     }
 }
 
@@ -1075,6 +1102,21 @@ wire_struct! {
         pub detail: u64,
         /// For humans; never parse it.
         pub message: String,
+        /// `NOT_LEADER`: the leader's client address (`HOST:PORT`) when it
+        /// is known; absent for every other code (version 3).
+        pub leader_addr: Option<String>,
+    }
+}
+
+impl ErrorReply {
+    /// An error without a leader address.
+    pub fn new(code: ErrorCode, detail: u64, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            detail,
+            message: message.into(),
+            leader_addr: None,
+        }
     }
 }
 

@@ -80,7 +80,8 @@ codes! {
     /// This node of a replicated group does not lead, or lost the
     /// leadership before the request's round committed (it may or may not
     /// be kept: retry at the leader with the same idempotency key). The
-    /// message ends with `leader_addr=HOST:PORT` when the leader is known.
+    /// error's `leader_addr` names the leader when it is known (version 3;
+    /// older clients find it at the end of the message).
     NotLeader = 19, "NOT_LEADER";
 }
 

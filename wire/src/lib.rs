@@ -17,6 +17,7 @@ pub mod field;
 pub mod frame;
 pub mod op;
 pub mod v1;
+pub mod v2;
 
 pub use body::*;
 pub use error_code::ErrorCode;

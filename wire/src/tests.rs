@@ -267,11 +267,11 @@ fn known_event_kind_with_a_short_body_is_malformed() {
 
 #[test]
 fn unknown_error_code_round_trips_unchanged() {
-    let reply = Response::Error(ErrorReply {
-        code: ErrorCode::Other(4242),
-        detail: 1,
-        message: "from the future".into(),
-    });
+    let reply = Response::Error(ErrorReply::new(
+        ErrorCode::Other(4242),
+        1,
+        "from the future",
+    ));
     let body = reply.encode_body();
     assert_eq!(Response::decode(OP_ERROR, body.clone()).unwrap(), reply);
     assert_eq!(reply.encode_body(), body);
@@ -355,7 +355,7 @@ fn assert_doc_response(name: &str, response: &Response, request_id: u64) {
 #[test]
 fn protocol_doc_example_hello() {
     let hello = Request::Hello(Hello {
-        version: 2,
+        version: 3,
         client_name: "ctl".into(),
         token: Bytes::from_static(b"s3cr3t"),
     });
@@ -365,7 +365,7 @@ fn protocol_doc_example_hello() {
 /// The limits of a server started with the defaults.
 fn default_hello_ok() -> HelloOk {
     HelloOk {
-        version: 2,
+        version: 3,
         server_name: "inboxd".into(),
         frame_bytes_max: 1 << 20,
         in_flight_max: 256,
@@ -385,6 +385,11 @@ fn default_hello_ok() -> HelloOk {
         batch_token_ttl_ms: 600_000,
         recovery_lease_ttl_ms: 600_000,
         snapshot_ttl_ms: 3_600_000,
+        max_connections: 1024,
+        subscribe_uids_max: 100_000,
+        subscriptions_max: 1_000_000,
+        large_group_members: 500,
+        idempotency_ttl_ms: 7 * 24 * 3600 * 1000,
     }
 }
 
@@ -400,6 +405,68 @@ fn protocol_doc_example_hello_ok_for_a_version_1_client_stops_after_in_flight_ma
     let ok = v1::decode_hello_ok(frame.body).unwrap();
     assert_eq!(ok.version, 1);
     assert_eq!(ok.in_flight_max, 256);
+}
+
+#[test]
+fn protocol_doc_example_hello_ok_for_a_version_2_client_stops_after_snapshot_ttl() {
+    let frame = v2::reply_frame(&Response::Hello(default_hello_ok()), 1);
+    assert_doc_frame("hello-ok-v2", &frame);
+    let ok = v2::decode_hello_ok(frame.body).unwrap();
+    assert_eq!(ok.version, 2);
+    assert_eq!(ok.snapshot_ttl_ms, 3_600_000);
+}
+
+#[test]
+fn protocol_doc_example_not_leader_names_the_leader_in_a_field() {
+    let refusal = Response::Error(ErrorReply {
+        code: ErrorCode::NotLeader,
+        detail: 0,
+        message: "not the leader".into(),
+        leader_addr: Some("10.0.0.2:7070".into()),
+    });
+    assert_doc_response("not-leader", &refusal, 7);
+}
+
+#[test]
+fn an_error_for_an_older_client_has_no_leader_field() {
+    let refusal = Response::Error(ErrorReply {
+        code: ErrorCode::NotLeader,
+        detail: 0,
+        message: "not the leader; leader_addr=10.0.0.2:7070".into(),
+        leader_addr: Some("10.0.0.2:7070".into()),
+    });
+    for version in [1, 2] {
+        let frame = v2::reply_frame_for(version, &refusal, 7);
+        let old = v2::decode_error(frame.body.clone()).unwrap();
+        assert_eq!(old.code, ErrorCode::NotLeader);
+        assert!(old.message.ends_with("leader_addr=10.0.0.2:7070"));
+        // A version 3 reader sees bytes missing: the layouts differ.
+        assert!(Response::decode(frame.opcode, frame.body).is_err());
+    }
+    let frame = v2::reply_frame_for(3, &refusal, 7);
+    assert_eq!(Response::decode(frame.opcode, frame.body).unwrap(), refusal);
+}
+
+#[test]
+fn a_snapshot_page_for_an_older_client_has_no_elided_list() {
+    let page = SnapshotPage {
+        snapshot_id: 4,
+        page: 0,
+        pages: 1,
+        convs: vec![],
+        messages: vec![],
+        elided: vec![MsgRef {
+            conv: 1,
+            msg_seq: 2,
+        }],
+    };
+    let reply = Response::SnapshotPage(page.clone());
+    let old = v2::decode_snapshot_page(v2::reply_frame_for(2, &reply, 1).body).unwrap();
+    assert_eq!((old.snapshot_id, old.pages), (4, 1));
+    let old = v2::decode_snapshot_page(v2::reply_frame_for(1, &reply, 1).body).unwrap();
+    assert_eq!(old.snapshot_id, 4);
+    let new = v2::reply_frame_for(3, &reply, 1);
+    assert_eq!(Response::decode(new.opcode, new.body).unwrap(), reply);
 }
 
 #[test]
@@ -422,11 +489,7 @@ fn protocol_doc_example_send_and_reply() {
 
 #[test]
 fn protocol_doc_example_rate_limited_error() {
-    let reply = Response::Error(ErrorReply {
-        code: ErrorCode::RateLimited,
-        detail: 250,
-        message: "slow down".into(),
-    });
+    let reply = Response::Error(ErrorReply::new(ErrorCode::RateLimited, 250, "slow down"));
     assert_doc_response("rate-limited", &reply, 9);
 }
 
@@ -627,11 +690,7 @@ fn protocol_doc_example_clear_dirty() {
 
 #[test]
 fn protocol_doc_example_marker_moved_carries_the_current_version() {
-    let moved = Response::Error(ErrorReply {
-        code: ErrorCode::MarkerMoved,
-        detail: 10,
-        message: "marker moved".into(),
-    });
+    let moved = Response::Error(ErrorReply::new(ErrorCode::MarkerMoved, 10, "marker moved"));
     assert_doc_response("marker-moved", &moved, 3);
 }
 

@@ -1,9 +1,10 @@
 //! Protocol version 1 layouts that version 2 changed, so that a server can
 //! still answer a version 1 client and a test can speak version 1.
 //!
-//! Only two bodies differ: `HELLO_OK` had no limits after `in_flight_max`,
-//! and a `Fence` in `EXPLAIN` was its tag then its fields, with no length.
-//! Everything else is the same in both versions.
+//! Two bodies differ from version 2: `HELLO_OK` had no limits after
+//! `in_flight_max`, and a `Fence` in `EXPLAIN` was its tag then its fields,
+//! with no length. The bodies version 3 changed besides (`ERROR`,
+//! `SNAPSHOT_PAGE`) are as in version 2 ([`crate::v2`]).
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -93,12 +94,15 @@ fn body_of<T: Field>(value: &T) -> Bytes {
 }
 
 /// The frame a version 1 client gets for `response`: the version 1 layout
-/// where one exists, else the same frame as version 2.
+/// where one exists, else the version 2 one.
 pub fn reply_frame(response: &Response, request_id: u64) -> Frame {
     let body = match response {
         Response::Hello(ok) => body_of(&HelloOk1::from(ok)),
         Response::Explain(explain) => body_of(&UserExplain1::from(explain)),
-        other => return other.to_frame(request_id),
+        other => match crate::v2::older_layout(other) {
+            Some(body) => body,
+            None => return other.to_frame(request_id),
+        },
     };
     Frame {
         opcode: response.opcode(),

@@ -36,7 +36,7 @@ def one_frame(data: bytes) -> c.Frame:
 
 
 DEFAULT_HELLO_OK = c.HelloOk(
-    version=2,
+    version=3,
     server_name="inboxd",
     frame_bytes_max=1 << 20,
     in_flight_max=256,
@@ -56,6 +56,11 @@ DEFAULT_HELLO_OK = c.HelloOk(
     batch_token_ttl_ms=600_000,
     recovery_lease_ttl_ms=600_000,
     snapshot_ttl_ms=3_600_000,
+    max_connections=1024,
+    subscribe_uids_max=100_000,
+    subscriptions_max=1_000_000,
+    large_group_members=500,
+    idempotency_ttl_ms=7 * 24 * 3600 * 1000,
 )
 
 
@@ -72,7 +77,7 @@ class ProtocolDocExamples(unittest.TestCase):
         self.assertEqual(c.decode_reply(one_frame(doc_example(name))), body)
 
     def test_hello(self) -> None:
-        self.check_request("hello", c.Op.HELLO, 1, c.Hello(2, "ctl", b"s3cr3t"))
+        self.check_request("hello", c.Op.HELLO, 1, c.Hello(3, "ctl", b"s3cr3t"))
 
     def test_hello_ok_announces_every_limit(self) -> None:
         self.check_reply("hello-ok", c.reply_frame(c.Op.HELLO, 1, DEFAULT_HELLO_OK), DEFAULT_HELLO_OK)
@@ -84,6 +89,16 @@ class ProtocolDocExamples(unittest.TestCase):
         self.assertEqual(c.STRING.get(r), "inboxd")
         self.assertEqual((r.unpack("I"), r.unpack("I")), (1 << 20, 256))
         r.finish()
+
+    def test_hello_ok_for_a_version_2_client_stops_after_snapshot_ttl(self) -> None:
+        v2 = one_frame(doc_example("hello-ok-v2"))
+        self.assertEqual(v2.body, c.encode_body(DEFAULT_HELLO_OK)[: len(v2.body)].replace(b"\x03\x00", b"\x02\x00", 1))
+        r = c.Reader(v2.body)
+        self.assertEqual(r.unpack("H"), 2)
+
+    def test_not_leader_names_the_leader_in_a_field(self) -> None:
+        err = c.ErrorReply(19, 0, "not the leader", "10.0.0.2:7070")
+        self.check_reply("not-leader", c.Frame(c.OP_ERROR, 7, c.encode_body(err)), err)
 
     def test_send_and_reply(self) -> None:
         self.check_request("send", c.Op.SEND, 2, c.SendReq(100, 1, 0x1122, 1, b"hi"))

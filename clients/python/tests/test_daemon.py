@@ -59,7 +59,7 @@ class AgainstTheDaemon(unittest.TestCase):
     def test_hello_ok_announces_the_limits_that_are_enforced(self) -> None:
         with self.connect() as inbox:
             limits = inbox.server
-            self.assertEqual(limits.version, 2)
+            self.assertEqual(limits.version, c.PROTOCOL_VERSION)
             self.assertEqual(limits.payload_bytes_max, 65536)
             inbox.join(conv=10, uid=1)
             inbox.send(10, 1, 1, b"x" * limits.payload_bytes_max)
@@ -72,10 +72,19 @@ class AgainstTheDaemon(unittest.TestCase):
             with self.assertRaises(BadRequestError):
                 inbox.sync(1, 1, None, 0, limit=limits.sync_page_max + 1)
 
+    def test_hello_ok_announces_the_subscription_and_group_limits(self) -> None:
+        with self.connect() as inbox:
+            limits = inbox.server
+            self.assertEqual(limits.max_connections, 1024)
+            self.assertEqual(limits.subscribe_uids_max, 100_000)
+            self.assertEqual(limits.subscriptions_max, 1_000_000)
+            self.assertEqual(limits.large_group_members, 500)
+            self.assertEqual(limits.idempotency_ttl_ms, 7 * 24 * 3600 * 1000)
+
     def test_an_unsupported_version_is_refused_with_the_newest_spoken(self) -> None:
         with self.assertRaises(UnsupportedError) as caught:
             self.connect(version=99)
-        self.assertEqual(caught.exception.detail, 2)
+        self.assertEqual(caught.exception.detail, c.PROTOCOL_VERSION)
 
     def test_messages_recall_and_edit(self) -> None:
         with self.connect() as inbox:

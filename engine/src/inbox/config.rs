@@ -76,6 +76,10 @@ pub struct InboxConfig {
     pub pull_per_conv_max: u32,
     pub snapshot_messages_per_conv: u32,
     pub snapshot_ttl: Duration,
+    /// Largest reply frame (`frame_len`) a `SNAPSHOT_PAGE` may take: pages
+    /// are cut to fit it when a snapshot is built (`snapshots::paging`).
+    /// The server sets it to its `reply_frame_bytes_max`.
+    pub snapshot_page_bytes_max: u32,
     /// Bytes of built snapshot pages kept in memory; beyond it the least
     /// recently used snapshots are dropped from memory (their files stay,
     /// and the next page read loads them again).
@@ -141,6 +145,7 @@ impl InboxConfig {
             pull_per_conv_max: 500,
             snapshot_messages_per_conv: 20,
             snapshot_ttl: Duration::from_secs(3600),
+            snapshot_page_bytes_max: 64 << 20,
             snapshot_cache_bytes: 64 << 20,
             safety_window: 7 * DAY,
             hard_ttl: 30 * DAY,

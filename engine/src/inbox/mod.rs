@@ -65,6 +65,9 @@ mod salvage;
 mod sequencer;
 mod shared;
 mod snapshots;
+/// How snapshot pages are cut to fit a reply frame (sizes in the wire
+/// layout, checked against the codec by the server's tests).
+pub use snapshots::paging as snapshot_paging;
 mod state;
 mod token;
 
@@ -178,6 +181,7 @@ impl Inbox {
             checkpoints: Mutex::default(),
             newest_checkpoint_bytes: AtomicU64::new(0),
             ack_views: devices::ack_view::AckViews::default(),
+            touches: Arc::default(),
         });
         shared.know_checkpoints(&checkpoints);
         let (ckpt_tx, ckpt_rx) = mpsc::channel();
@@ -447,11 +451,13 @@ impl Inbox {
                     if touch {
                         // Logged on its own; nobody waits for it, and a
                         // failure loses only a `last_seen` refresh.
+                        let pending = self.shared.touches.begin(req.uid);
                         drop(self.submit(|tx| devices::Command::Touch {
                             uid: req.uid,
                             device: req.device,
                             generation: plan.generation,
                             tx,
+                            pending,
                         }));
                     }
                     let (tx, pending) = Pending::channel();

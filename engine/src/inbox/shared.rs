@@ -124,6 +124,9 @@ pub(crate) struct Shared {
     /// durable, moved only its ACK: later pages of its batch need not wait
     /// for them ([`super::devices::ack_view`]).
     pub(crate) ack_views: super::devices::ack_view::AckViews,
+    /// `last_seen` refreshes queued by syncs and not yet decided: a device
+    /// list waits for them ([`super::devices::touches`]).
+    pub(crate) touches: std::sync::Arc<super::devices::touches::PendingTouches>,
 }
 
 impl Shared {
@@ -164,6 +167,12 @@ impl Shared {
         } else {
             Err(Miss::Unsettled(round))
         }
+    }
+
+    /// The round after the newest settled one: what a reader waits for
+    /// when it waits for "the next round".
+    pub(crate) fn next_round(&self) -> u64 {
+        self.progress.lock().settled + 1
     }
 
     pub(crate) fn wait_settled(&self, round: u64) {

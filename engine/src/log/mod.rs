@@ -164,7 +164,6 @@ pub const SEGMENT_BYTES_MIN: u64 = 4096;
 pub const SEGMENT_BYTES_MAX: u64 = u32::MAX as u64;
 
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
 pub enum LogError {
     #[error("io error: {0}")]
     Io(#[from] std::io::Error),

@@ -885,13 +885,18 @@ fn main() -> ExitCode {
         }
         Err(Failure::Client(err)) => {
             if cli.json {
-                let (code, detail) = match &err {
-                    ClientError::Server { code, detail, .. } => (code.to_string(), *detail),
-                    _ => ("CLIENT".to_string(), 0),
+                let (code, detail, leader_addr) = match &err {
+                    ClientError::Server {
+                        code,
+                        detail,
+                        leader_addr,
+                        ..
+                    } => (code.to_string(), *detail, leader_addr.clone()),
+                    _ => ("CLIENT".to_string(), 0, None),
                 };
                 println!(
                     "{}",
-                    json!({ "error": code, "detail": detail, "message": err.to_string() })
+                    json!({ "error": code, "detail": detail, "message": err.to_string(), "leader_addr": leader_addr })
                 );
             } else {
                 eprintln!("inboxctl: {err}");

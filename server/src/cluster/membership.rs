@@ -66,11 +66,7 @@ type RaftChangeError = RaftError<u64, ClientWriteError<u64, Peer>>;
 type Change = Result<ClientWriteResponse<TypeConfig>, RaftChangeError>;
 
 fn refusal(code: ErrorCode, message: String) -> ErrorReply {
-    ErrorReply {
-        code,
-        detail: 0,
-        message,
-    }
+    ErrorReply::new(code, 0, message)
 }
 
 fn bad_request(message: String) -> ErrorReply {

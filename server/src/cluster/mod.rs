@@ -621,26 +621,30 @@ impl GroupHandle {
         self.glue.reads.rounds()
     }
 
-    /// The `NOT_LEADER` reply: `message` followed by the leader's client
-    /// address when it is known (`; leader_addr=HOST:PORT`).
+    /// The `NOT_LEADER` reply: the leader's client address, when it is
+    /// known, in `leader_addr` (version 3), and for older clients at the
+    /// end of the message too (`; leader_addr=HOST:PORT`, their only way to
+    /// learn it).
     pub fn not_leader(&self, message: &str) -> inbox_wire::ErrorReply {
         let paused = self.glue.role().paused;
-        let message = match self.leader() {
-            _ if paused => format!(
-                "{message}; this leader pauses its writes while the group's membership changes; retry shortly"
-            ),
-            Some((id, peer)) if id != self.glue.id => {
+        let (message, leader_addr) = match self.leader() {
+            _ if paused => (
                 format!(
-                    "{message}; leader node {id}; leader_addr={}",
-                    peer.client_addr
-                )
-            }
-            _ => format!("{message}; no leader known yet"),
+                    "{message}; this leader pauses its writes while the group's membership changes; retry shortly"
+                ),
+                None,
+            ),
+            Some((id, peer)) if id != self.glue.id => (
+                format!("{message}; leader node {id}; leader_addr={}", peer.client_addr),
+                Some(peer.client_addr.clone()),
+            ),
+            _ => (format!("{message}; no leader known yet"), None),
         };
         inbox_wire::ErrorReply {
             code: inbox_wire::ErrorCode::NotLeader,
             detail: 0,
             message,
+            leader_addr,
         }
     }
 }

@@ -113,7 +113,7 @@ class Client:
         frame = self._replies.pop(request_id)
         body = c.decode_reply(frame)
         if isinstance(body, c.ErrorReply):
-            raise error_for(body.code, body.detail, body.message)
+            raise error_for(body.code, body.detail, body.message, body.leader_addr)
         return body
 
     def call(self, op: c.Op, body: Any) -> Any:
@@ -161,7 +161,7 @@ class Client:
                 self._dirty_hints.extend(body.hints)
             elif isinstance(body, c.ErrorReply):
                 # A connection-level error: the server closes next.
-                self._closed_by = error_for(body.code, body.detail, body.message)
+                self._closed_by = error_for(body.code, body.detail, body.message, body.leader_addr)
                 raise self._closed_by
             else:
                 raise ProtocolError(f"unexpected frame with request id 0: {frame}")

@@ -17,7 +17,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 from .errors import ProtocolError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 HEADER_BYTES = 9  # opcode + request_id, counted in frame_len
 REPLY_BIT = 0x80
 OP_ERROR = 0xFF
@@ -246,7 +246,10 @@ class Hello:
     token: bytes
 
 
-@layout(U16, STRING, U32, U32, U32, U32, U32, U32, U32, U32, U32, U32, U32, U32, U32, U32, U64, U64, U64, U64)
+@layout(
+    U16, STRING, U32, U32, U32, U32, U32, U32, U32, U32, U32, U32, U32, U32, U32, U32,
+    U64, U64, U64, U64, U32, U32, U64, U32, U64,
+)
 @dataclass(frozen=True)
 class HelloOk:
     version: int
@@ -269,6 +272,11 @@ class HelloOk:
     batch_token_ttl_ms: int
     recovery_lease_ttl_ms: int
     snapshot_ttl_ms: int
+    max_connections: int
+    subscribe_uids_max: int
+    subscriptions_max: int
+    large_group_members: int
+    idempotency_ttl_ms: int
 
 
 @layout()
@@ -700,14 +708,27 @@ class SnapshotPageReq:
     page: int
 
 
-@layout(U64, U32, U32, list_of(struct_of(ConvSummary)), list_of(struct_of(Message)))
+@layout(U64, U64)
+@dataclass(frozen=True)
+class MsgRef:
+    conv: int
+    msg_seq: int
+
+
+@layout(
+    U64, U32, U32, list_of(struct_of(ConvSummary)), list_of(struct_of(Message)), list_of(struct_of(MsgRef))
+)
 @dataclass(frozen=True)
 class SnapshotPage:
+    """A snapshot page; ``elided`` names the messages too large for any
+    reply, carried with their payload cut to the summary."""
+
     snapshot_id: int
     page: int
     pages: int
     convs: list[ConvSummary]
     messages: list[Message]
+    elided: list[MsgRef]
 
 
 @layout(U64, U64, U64, U64)
@@ -897,12 +918,13 @@ class RemoveNodeReq:
     node_id: int
 
 
-@layout(U16, U64, STRING)
+@layout(U16, U64, STRING, option(STRING))
 @dataclass(frozen=True)
 class ErrorReply:
     code: int
     detail: int
     message: str
+    leader_addr: str | None = None
 
 
 @layout(U64, U64)

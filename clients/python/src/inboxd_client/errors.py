@@ -14,11 +14,12 @@ class InboxdError(Exception):
     code: int = 0
     name: str = "OTHER"
 
-    def __init__(self, code: int, detail: int, message: str) -> None:
+    def __init__(self, code: int, detail: int, message: str, leader_addr: str | None = None) -> None:
         super().__init__(f"{_NAMES.get(code, 'OTHER')} ({code}): {message} [detail {detail}]")
         self.code = code
         self.detail = detail
         self.message = message
+        self._leader_addr = leader_addr
 
 
 class ConnectionClosed(Exception):
@@ -119,16 +120,16 @@ class MarkerMovedError(InboxdError):
 
 class NotLeaderError(InboxdError):
     """This node of a replicated group does not lead (or lost the
-    leadership before the request committed). The message ends with
-    ``leader_addr=HOST:PORT`` when the leader is known: retry there with the
+    leadership before the request committed). ``leader_addr`` is the
+    leader's client address when the node knows it: retry there with the
     same idempotency key."""
 
     code, name = 19, "NOT_LEADER"
 
     @property
     def leader_addr(self) -> str | None:
-        _, sep, addr = self.message.rpartition("leader_addr=")
-        return (addr.strip() or None) if sep else None
+        """The ``leader_addr`` field of the error (protocol version 3)."""
+        return self._leader_addr
 
 
 _BY_CODE: dict[int, type[InboxdError]] = {
@@ -158,6 +159,6 @@ _BY_CODE: dict[int, type[InboxdError]] = {
 _NAMES = {code: cls.name for code, cls in _BY_CODE.items()}
 
 
-def error_for(code: int, detail: int, message: str) -> InboxdError:
+def error_for(code: int, detail: int, message: str, leader_addr: str | None = None) -> InboxdError:
     """The exception for an ``ERROR`` reply."""
-    return _BY_CODE.get(code, InboxdError)(code, detail, message)
+    return _BY_CODE.get(code, InboxdError)(code, detail, message, leader_addr)

@@ -10,6 +10,7 @@ pub(crate) mod ack_view;
 pub(crate) mod decide;
 pub(crate) mod read;
 pub(crate) mod record;
+pub(crate) mod touches;
 
 use std::sync::Arc;
 
@@ -56,6 +57,8 @@ pub(crate) enum Command {
         device: DeviceId,
         generation: Generation,
         tx: Tx<()>,
+        /// Makes the user's device list wait until this refresh is decided.
+        pending: touches::TouchGuard,
     },
 }
 
@@ -179,9 +182,13 @@ pub(crate) fn exec(cmd: Command, st: &mut State, env: &Env<'_>, sink: &mut dyn S
             device,
             generation,
             tx,
+            pending,
         } => {
             let decided = decide::decide_touch(st, now, uid, device, generation);
             finish(st, sink, tx, decided);
+            // The refresh is in the state now, stamped with this round: a
+            // device list waits for the round through the row's stamp.
+            drop(pending);
         }
         Command::Ack { req, claims, tx } => {
             let decided = decide::decide_ack(st, now, &req, &claims);

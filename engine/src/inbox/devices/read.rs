@@ -255,6 +255,10 @@ pub(crate) fn devices_once(
     shared: &Shared,
     uid: Uid,
 ) -> std::result::Result<Vec<DeviceInfo>, Miss> {
+    // A sync that came before queued its `last_seen` refresh: show it.
+    if shared.touches.pending(uid) {
+        return Err(Miss::Unsettled(shared.next_round()));
+    }
     let st = shared.state.read();
     let Some(user) = st.users.get(&uid) else {
         return Ok(Vec::new());

@@ -5,6 +5,7 @@
 //! (reading message bodies, which never change), encodes it in pages,
 //! takes the SHA-256 of the pages (the manifest digest), and writes it to
 //! `snap/<uid>-<snapshot_id>.snap` (tmp, fsync, rename, fsync dir).
+//! Pages are cut so that each fits one reply frame ([`super::paging`]).
 
 use std::fs;
 
@@ -12,6 +13,7 @@ use bytes::Bytes;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 
+use super::paging::{elide, must_elide, Pager};
 use super::store::*;
 use crate::api::*;
 use crate::error::{Error, Result};
@@ -64,23 +66,21 @@ pub(crate) fn run_builder(shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
 /// Builds the snapshot content from the plan (builder thread, after the
 /// begin step is durable), writes it durably and returns its info.
 pub(crate) fn build(shared: &Shared, plan: &Plan) -> Result<SnapshotInfo> {
-    let mut pages = Vec::new();
-    let mut i = 0;
-    loop {
-        let end = (i + CONVS_PER_PAGE).min(plan.convs.len());
-        let mut messages = Vec::new();
-        for (c, metas) in plan.convs[i..end].iter().zip(&plan.messages[i..end]) {
-            for (seq, meta) in metas {
-                messages.push(read_message(shared, c.conv, *seq, meta)?);
-            }
-        }
-        let conv_slice = &plan.convs[i..end];
-        pages.push(encode_page(conv_slice, &messages));
-        i = end;
-        if i >= plan.convs.len() {
-            break;
+    let mut pager = Pager::new(
+        u64::from(shared.config.snapshot_page_bytes_max),
+        CONVS_PER_PAGE,
+    );
+    for (c, metas) in plan.convs.iter().zip(&plan.messages) {
+        pager.push_conv(c.clone());
+        for (seq, meta) in metas {
+            pager.push_message(read_message(shared, c.conv, *seq, meta)?);
         }
     }
+    let pages: Vec<Vec<u8>> = pager
+        .finish()
+        .iter()
+        .map(|p| encode_page(&p.convs, &p.messages))
+        .collect();
     let content = Content {
         digest: digest_of(&pages),
         pages,
@@ -235,12 +235,19 @@ pub(crate) fn page_once(
         reason: e.0.to_string(),
     })?;
     hide_recalled(shared, &mut convs, &mut messages);
+    let limit = u64::from(shared.config.snapshot_page_bytes_max);
+    let mut elided = Vec::new();
+    for m in messages.iter_mut().filter(|m| must_elide(m, limit)) {
+        elide(m);
+        elided.push((m.conv, m.msg_seq));
+    }
     Ok(SnapshotPage {
         snapshot_id: id,
         page,
         pages,
         convs,
         messages,
+        elided,
     })
 }
 

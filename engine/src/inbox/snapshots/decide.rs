@@ -142,12 +142,19 @@ pub(crate) fn decide_ack(
             "device {device} is not resetting; nothing to acknowledge"
         )));
     }
-    let snap = st
-        .users
-        .get(&uid)
-        .and_then(|u| u.snapshots().get(&id))
-        .map(|s| s.row)
-        .ok_or_else(|| Error::NotFound(format!("snapshot {id} of uid {uid}")))?;
+    let user = st.users.get(&uid);
+    let snap = match user.and_then(|u| u.snapshots().get(&id)) {
+        Some(slot) => slot.row,
+        // Issued, then superseded by a later BEGIN_SNAPSHOT of its device
+        // or dropped after it expired: a lost compare-and-set, like a
+        // snapshot of another generation.
+        None if id != 0 && user.is_some_and(|u| id < u.next_snapshot_id()) => {
+            return Err(Error::Conflict(format!(
+                "snapshot {id} was superseded or has expired; begin a new one"
+            )))
+        }
+        None => return Err(Error::NotFound(format!("snapshot {id} of uid {uid}"))),
+    };
     if snap.device != device || snap.generation != generation {
         return Err(Error::Conflict(format!(
             "snapshot {id} belongs to another device or generation"

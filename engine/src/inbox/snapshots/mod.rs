@@ -37,6 +37,7 @@
 
 pub(crate) mod build;
 pub(crate) mod decide;
+pub mod paging;
 pub(crate) mod record;
 pub(crate) mod store;
 
