@@ -182,7 +182,12 @@ impl Inbox {
             newest_checkpoint_bytes: AtomicU64::new(0),
             ack_views: devices::ack_view::AckViews::default(),
             touches: Arc::default(),
+            round_bases: Mutex::default(),
         });
+        shared.note_round_base(
+            shared.recovery.checkpoint_replica_index,
+            shared.recovery.checkpoint_lsn,
+        );
         shared.know_checkpoints(&checkpoints);
         let (ckpt_tx, ckpt_rx) = mpsc::channel();
         let (snap_tx, snap_rx) = mpsc::channel();

@@ -42,6 +42,8 @@ impl EvtSource for Log {
 pub struct RecoveryReport {
     /// The evt LSN of the checkpoint used (0 = none: full replay).
     pub checkpoint_lsn: u64,
+    /// The replication index of the checkpoint used (0 = none).
+    pub checkpoint_replica_index: u64,
     /// Effect records replayed after it.
     pub records_replayed: u64,
 }
@@ -88,6 +90,7 @@ pub(crate) fn load_state_reporting(
     state.idem_ttl_ms = ttl_ms;
     state.totals = state.recount_totals();
     let after = state.evt_lsn;
+    let base_index = state.replica_index;
     let loaded = started.elapsed();
     // Compaction deletes whole segments once checkpoints cover them; a log
     // that starts after the state's LSN has lost records this replay needs.
@@ -139,6 +142,7 @@ pub(crate) fn load_state_reporting(
         state,
         RecoveryReport {
             checkpoint_lsn: after,
+            checkpoint_replica_index: base_index,
             records_replayed: replayed,
         },
     ))

@@ -116,6 +116,12 @@ pub(crate) struct Shared {
     /// the directory fsynced), newest first: compaction counts coverage by
     /// these, never by a file that a crash could still take back.
     pub(crate) checkpoints: Mutex<Vec<u64>>,
+    /// Where replicated rounds start in the `evt` log: `index -> lsn`
+    /// means every round after replication index `index` is in a batch
+    /// after LSN `lsn` (a consistent state's pair: a checkpoint's, taken
+    /// at open and at each checkpoint). Reading rounds back starts at the
+    /// nearest pair below, not at the log's start.
+    pub(crate) round_bases: Mutex<std::collections::BTreeMap<u64, u64>>,
     /// Bytes of the newest durable checkpoint (0: none yet): what the next
     /// periodic checkpoint waits for a share of
     /// (`checkpoint_every_state_percent`).
@@ -130,6 +136,30 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Notes that every round after replication index `index` is in a
+    /// batch after `evt` LSN `lsn` (see `round_bases`). Keeps the newest
+    /// few: an older range is read from the log's start.
+    pub(crate) fn note_round_base(&self, index: u64, lsn: u64) {
+        const KEPT: usize = 16;
+        let mut bases = self.round_bases.lock();
+        bases.insert(index, lsn);
+        while bases.len() > KEPT {
+            bases.pop_first();
+        }
+    }
+
+    /// The `evt` LSN to read round `index` back from: every round from
+    /// `index` on is in a batch after it.
+    pub(crate) fn round_base_below(&self, index: u64) -> u64 {
+        let bases = self.round_bases.lock();
+        bases.range(..index).next_back().map_or(0, |(_, lsn)| *lsn)
+    }
+
+    /// Forgets the bases past `lsn`, after the log was cut there.
+    pub(crate) fn forget_round_bases_after(&self, lsn: u64) {
+        self.round_bases.lock().retain(|_, l| *l <= lsn);
+    }
+
     /// Takes `files`, the checkpoints on disk as `checkpoint::list` gives
     /// them, all durable, as what is known of them: their LSNs (for
     /// compaction) and the newest one's size (for the next periodic one).

@@ -460,16 +460,18 @@ impl Inbox {
     /// each batch closed by a round mark. Entries whose batches are no
     /// longer in the log (compacted away) are missing from the answer; the
     /// consensus layer sends such a follower a snapshot instead. It reads
-    /// the log from its start: callers keep recent entries in memory.
+    /// the log from the newest checkpoint (of this process) that precedes
+    /// `from`, or from its start: callers keep recent entries in memory.
     pub fn read_entries(&self, from: u64, to: u64) -> Result<Vec<Entry>> {
         let mut out = Vec::new();
         if from > to {
             return Ok(out);
         }
+        let base = self.shared.round_base_below(from);
         let mut batch: (u64, Vec<(u8, Vec<u8>)>) = (0, Vec::new());
         self.shared
             .evt_log
-            .replay(0, &mut |lsn, _, kind, payload| {
+            .replay(base, &mut |lsn, _, kind, payload| {
                 if lsn != batch.0 {
                     batch = (lsn, Vec::new());
                 }

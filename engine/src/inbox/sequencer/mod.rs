@@ -435,6 +435,7 @@ impl<C: Exec> Sequencer<C> {
         let state = Box::new(self.shared.state.read().clone());
         self.bytes_since_checkpoint = 0;
         let lsn = state.evt_lsn;
+        self.shared.note_round_base(state.replica_index, lsn);
         let job = checkpoints::Job::Write { state, done };
         if let Err(mpsc::SendError(checkpoints::Job::Write { done, .. })) =
             self.checkpoints.send(job)

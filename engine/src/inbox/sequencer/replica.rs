@@ -252,6 +252,7 @@ impl<C: Exec> Sequencer<C> {
             Ok(state) => {
                 *self.shared.state.write() = state;
                 self.shared.ack_views.clear();
+                self.shared.forget_round_bases_after(keep);
                 tracing::warn!(
                     from,
                     lsn = keep,
