@@ -36,7 +36,19 @@ pub(crate) struct Meta {
     pub memberships: BTreeMap<u64, Membership<u64, Peer>>,
     /// The last log id purged.
     pub purged: Option<LogId<u64>>,
+    /// A log id raft had applied (so committed) when this file was last
+    /// written: raft's applied point at the next start, so that raft's
+    /// own start reads only the log after it (for the last membership),
+    /// not the log since the last snapshot. Written every
+    /// [`APPLIED_SAVE_EVERY`] indexes, never per round; absent in files
+    /// of earlier releases.
+    #[serde(default)]
+    pub applied: Option<LogId<u64>>,
 }
+
+/// Indexes raft applies between two writes of [`Meta::applied`]: what a
+/// restart may read back from the log for raft's start, at most.
+pub(crate) const APPLIED_SAVE_EVERY: u64 = 1024;
 
 impl Meta {
     fn path(dir: &Path) -> PathBuf {

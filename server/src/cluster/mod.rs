@@ -302,6 +302,41 @@ impl Glue {
     }
 }
 
+/// Reads the entries raft's start reads (the log after its applied
+/// point, newest first, for the last membership) into the cache, in one
+/// pass over the engine's log from its checkpoint, instead of one pass
+/// per 64 entries. At most the cache's bound, the newest.
+fn warm(inbox: &Inbox, meta: &meta::Meta, cache: &mut cache::EntryCache, from: u64, last: u64) {
+    let from = from
+        .max(last.saturating_sub(cache::ENTRIES_MAX as u64 - 1))
+        .max(1);
+    if from > last {
+        return;
+    }
+    let started = std::time::Instant::now();
+    let rounds = match inbox.read_entries(from, last) {
+        Ok(rounds) => rounds,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the log's tail for raft's start");
+            return;
+        }
+    };
+    // Every index the log holds comes back (an empty round as an empty
+    // entry); one that does not was compacted away and is left to a
+    // read that reports it.
+    for round in rounds {
+        if let Some(e) = store::raft_entry_of(meta, round.index(), Some(&round)) {
+            cache.push(round.index(), e);
+        }
+    }
+    tracing::info!(
+        from,
+        last,
+        ms = started.elapsed().as_millis() as u64,
+        "raft log after the applied point read for start"
+    );
+}
+
 /// Polls raft's `client_write_ff` for `entry` once: whether it was ready
 /// and accepted (see [`Glue::hand_off`]).
 fn propose_now(raft: &InboxRaft, entry: &inbox_engine::inbox::Entry) -> bool {
@@ -355,7 +390,18 @@ impl Cluster {
         // committed, so its index is committed. raft refuses to start with
         // a snapshot past its applied point.
         let snapshots = snapshot::Snapshots::load(dir);
-        let applied = meta.purged.max(snapshots.last_log_id());
+        // Or the applied point last saved, which is committed: raft's
+        // start then reads the log only after it. It is never past the
+        // engine's log, whose rounds were durable before raft applied
+        // them.
+        let saved = meta
+            .applied
+            .filter(|id| raft_last.is_some_and(|last| id.index <= last));
+        let applied = meta.purged.max(snapshots.last_log_id()).max(saved);
+        let mut cache = cache::EntryCache::default();
+        if let (Some(from), Some(last)) = (applied.map(|id| id.index + 1), raft_last) {
+            warm(&inbox, &meta, &mut cache, from, last);
+        }
         let glue = Arc::new(Glue {
             id,
             inbox: RwLock::new(inbox),
@@ -364,7 +410,7 @@ impl Cluster {
                 leading: None,
                 raft_last,
                 meta,
-                cache: cache::EntryCache::default(),
+                cache,
                 raft: None,
                 proposed: 0,
                 paused: false,

@@ -108,16 +108,25 @@ impl LogStore {
 /// index 0) and the metadata.
 #[allow(clippy::result_large_err, reason = "openraft's storage error type")]
 fn raft_entry(role: &Role, index: u64, round: Option<&Entry>) -> StorageResult<RaftEntry> {
-    let log_id = LogId::new(role.meta.leader_at(index), index);
+    raft_entry_of(&role.meta, index, round).ok_or_else(|| read_err("raft entry 0 is not stored"))
+}
+
+/// [`raft_entry`] from the metadata alone; `None` for index 0.
+pub(crate) fn raft_entry_of(
+    meta: &super::meta::Meta,
+    index: u64,
+    round: Option<&Entry>,
+) -> Option<RaftEntry> {
+    let log_id = LogId::new(meta.leader_at(index), index);
     let payload = match round {
         Some(r) if !r.is_empty() => EntryPayload::Normal(Round(r.encode())),
-        _ => match role.meta.memberships.get(&index) {
+        _ => match meta.memberships.get(&index) {
             Some(m) => EntryPayload::Membership(m.clone()),
-            None if index == 0 => return Err(read_err("raft entry 0 is not stored")),
+            None if index == 0 => return None,
             None => EntryPayload::Blank,
         },
     };
-    Ok(RaftEntry { log_id, payload })
+    Some(RaftEntry { log_id, payload })
 }
 
 impl LogStore {
@@ -429,9 +438,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         self.glue.set_applied(self.applied);
         if let Some(applied) = self.applied {
-            if let Some(l) = &self.glue.role().leading {
+            let mut role = self.glue.role();
+            if let Some(l) = &role.leading {
                 l.handle.commit(applied.index);
                 self.glue.commit_path.committed(applied.index);
+            }
+            let saved = role.meta.applied.map_or(0, |id| id.index);
+            if applied.index >= saved + super::meta::APPLIED_SAVE_EVERY {
+                role.meta.applied = Some(applied);
+                // Only a hint for the next start: a failed write leaves
+                // the older one, which is still applied.
+                if let Err(e) = role.meta.store(&self.glue.dir) {
+                    tracing::warn!(error = %e, "saving raft's applied point");
+                }
             }
         }
         Ok(replies)
