@@ -633,8 +633,9 @@ pub async fn serve<R, W>(
                         }
                     }
                 };
+                let local = about_this_node(&request);
                 let refusal = (shared.group.as_ref())
-                    .filter(|g| !g.is_leading())
+                    .filter(|g| !g.is_leading() && !local)
                     .map(|g| g.not_leader("not the leader"));
                 let reply: service::Started = match (refusal, order) {
                     (Some(refusal), _) => Box::pin(std::future::ready(Response::Error(refusal))),
@@ -661,7 +662,7 @@ pub async fn serve<R, W>(
                             // A group's leader confirms it still leads,
                             // and notes the leadership its read runs in.
                             let mut leadership = None;
-                            if let Some(g) = &shared.group {
+                            if let Some(g) = shared.group.as_ref().filter(|_| !local) {
                                 if let Err(refusal) = g.read_index().await {
                                     return Response::Error(refusal);
                                 }
@@ -760,6 +761,17 @@ pub async fn serve<R, W>(
     }
     drop(tx);
     let _ = writer_task.await;
+}
+
+/// Whether `request` is about this node's own store and files, which every
+/// member of a group answers for itself, followers included, with no
+/// read-index: `STATS` (so that members can be compared live), `MEMORY`
+/// and `EXPLAIN_SEGMENT`.
+fn about_this_node(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Stats(_) | Request::Memory(_) | Request::ExplainSegment(_)
+    )
 }
 
 /// Whether `request` answers from the replicated state, which a group's

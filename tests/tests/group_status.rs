@@ -5,7 +5,8 @@
 //! carries the same figures (`inboxd_raft_*`), and the commit path's
 //! counters show the leader timed its rounds and each follower its
 //! appends. A single daemon answers role "single" and exports no raft
-//! metrics. Admin only.
+//! metrics. Admin only. Every member answers `STATS` for its own store,
+//! and once idle the members' counts are equal.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -169,6 +170,41 @@ async fn every_member_reports_the_same_leader_and_term_and_the_leader_reports_ea
     let forbidden = run(leader_addr, TOKEN);
     assert!(!forbidden.status.success());
     assert!(String::from_utf8_lossy(&forbidden.stdout).contains("FORBIDDEN"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_member_answers_stats_and_idle_members_count_the_same() {
+    let group = Group::start(3);
+    let leader = group.leader().await;
+    let client = group.daemon(leader).client().await;
+    for uid in 1..=4 {
+        client
+            .join(ConvMember { conv: 5, uid })
+            .await
+            .expect("join");
+    }
+    let start = Instant::now();
+    loop {
+        let mut counts = Vec::new();
+        for n in 1..=3 {
+            let s = group
+                .daemon(n)
+                .client()
+                .await
+                .stats(Empty {})
+                .await
+                .unwrap_or_else(|e| panic!("STATS on member {n}: {e}"));
+            counts.push((s.users, s.conversations, s.devices, s.messages));
+        }
+        if counts.iter().all(|c| *c == counts[0]) && counts[0].0 == 4 {
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "members' STATS did not agree within {DEADLINE:?}: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]
