@@ -69,7 +69,20 @@ func startDaemon(t testing.TB, dataDir string, extra ...string) *daemon {
 	}
 	cmd := exec.Command(inboxdBinary(t), append(args, extra...)...)
 	cmd.Env = append(os.Environ(), "INBOXD_LOG=warn")
-	cmd.Stderr = os.Stderr
+	// The daemon's log is shown when the test fails.
+	logFile, err := os.Create(filepath.Join(dir, "inboxd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = logFile
+	t.Cleanup(func() {
+		logFile.Close()
+		if t.Failed() {
+			if b, err := os.ReadFile(logFile.Name()); err == nil && len(b) > 0 {
+				t.Logf("inboxd on %s logged:\n%s", dataDir, b)
+			}
+		}
+	})
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
