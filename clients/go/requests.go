@@ -158,14 +158,7 @@ func (r requests) ConvList(ctx context.Context, uid uint64, limit uint32, cursor
 
 // Dirty lists uid's dirty large groups.
 func (r requests) Dirty(ctx context.Context, uid uint64) ([]DirtyMarker, error) {
-	return do(ctx, r, opDirty, func(e *encoder) { e.u64(uid) }, func(d *decoder) []DirtyMarker {
-		n := d.count(24)
-		out := make([]DirtyMarker, 0, n)
-		for i := 0; i < n && d.err == nil; i++ {
-			out = append(out, DirtyMarker{Conv: d.u64(), TargetMsgSeq: d.u64(), Version: d.u64()})
-		}
-		return out
-	})
+	return do(ctx, r, opDirty, func(e *encoder) { e.u64(uid) }, decodeDirtyMarkers)
 }
 
 // ClearDirty clears uid's marker of a large group at the version Dirty
@@ -303,14 +296,7 @@ func (r requests) Stats(ctx context.Context) (Stats, error) {
 
 // Explain says what holds uid's events back from compaction (admin token).
 func (r requests) Explain(ctx context.Context, uid uint64) (UserExplain, error) {
-	return do(ctx, r, opExplain, func(e *encoder) { e.u64(uid) }, func(d *decoder) UserExplain {
-		x := UserExplain{UID: d.u64(), OldestRetained: d.u64(), CommittedSyncSeq: d.u64(), Floor: d.u64()}
-		n := d.count(5)
-		for i := 0; i < n && d.err == nil; i++ {
-			x.Fences = append(x.Fences, decodeFence(d))
-		}
-		return x
-	})
+	return do(ctx, r, opExplain, func(e *encoder) { e.u64(uid) }, decodeUserExplain)
 }
 
 // ExplainSegment says what a log segment holds (admin token).
@@ -336,14 +322,7 @@ func (r requests) Checkpoint(ctx context.Context) error { return doEmpty(ctx, r,
 
 // Memory reports the daemon's memory by structure (admin token).
 func (r requests) Memory(ctx context.Context) (MemoryReport, error) {
-	return do(ctx, r, opMemory, nil, func(d *decoder) MemoryReport {
-		m := MemoryReport{WalkUS: d.u64(), LongestHoldUS: d.u64()}
-		n := d.count(20)
-		for i := 0; i < n && d.err == nil; i++ {
-			m.Structures = append(m.Structures, MemoryUse{Structure: d.str(), Live: d.u64(), Allocated: d.u64()})
-		}
-		return m
-	})
+	return do(ctx, r, opMemory, nil, decodeMemoryReport)
 }
 
 // ClusterStatus is this node's view of its group (admin token).

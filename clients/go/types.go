@@ -305,6 +305,15 @@ type DirtyMarker struct {
 	Version      uint64
 }
 
+func decodeDirtyMarkers(d *decoder) []DirtyMarker {
+	n := d.count(24)
+	out := make([]DirtyMarker, 0, n)
+	for i := 0; i < n && d.err == nil; i++ {
+		out = append(out, DirtyMarker{Conv: d.u64(), TargetMsgSeq: d.u64(), Version: d.u64()})
+	}
+	return out
+}
+
 // ConvMode says whether a conversation is a large group, and the
 // member's marker when CONV_MODE named a member with state in it.
 type ConvMode struct {
@@ -648,6 +657,15 @@ type UserExplain struct {
 	Fences           []Fence
 }
 
+func decodeUserExplain(d *decoder) UserExplain {
+	x := UserExplain{UID: d.u64(), OldestRetained: d.u64(), CommittedSyncSeq: d.u64(), Floor: d.u64()}
+	n := d.count(5)
+	for i := 0; i < n && d.err == nil; i++ {
+		x.Fences = append(x.Fences, decodeFence(d))
+	}
+	return x
+}
+
 // SegmentExplain says what a log segment holds and who keeps it.
 type SegmentExplain struct {
 	Stream      string
@@ -670,6 +688,15 @@ type MemoryReport struct {
 	WalkUS        uint64
 	LongestHoldUS uint64
 	Structures    []MemoryUse
+}
+
+func decodeMemoryReport(d *decoder) MemoryReport {
+	m := MemoryReport{WalkUS: d.u64(), LongestHoldUS: d.u64()}
+	n := d.count(20)
+	for i := 0; i < n && d.err == nil; i++ {
+		m.Structures = append(m.Structures, MemoryUse{Structure: d.str(), Live: d.u64(), Allocated: d.u64()})
+	}
+	return m
 }
 
 // ClusterMember is one member of a replicated group; MatchedIndex is set
