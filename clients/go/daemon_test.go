@@ -9,6 +9,7 @@ package inboxd
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand"
 	"net"
@@ -30,18 +31,24 @@ const (
 )
 
 func inboxdBinary(t testing.TB) string {
+	bin, err := findInboxd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+func findInboxd() (string, error) {
 	if bin := os.Getenv("INBOXD_BIN"); bin != "" {
-		return bin
+		return bin, nil
 	}
 	for _, profile := range []string{"debug", "release"} {
 		bin := filepath.Join("..", "..", "target", profile, "inboxd")
 		if _, err := os.Stat(bin); err == nil {
-			abs, _ := filepath.Abs(bin)
-			return abs
+			return filepath.Abs(bin)
 		}
 	}
-	t.Fatal("no inboxd binary: set INBOXD_BIN or build it with `cargo build -p inbox-server --bin inboxd`")
-	return ""
+	return "", errors.New("no inboxd binary: set INBOXD_BIN or build it with `cargo build -p inbox-server --bin inboxd`")
 }
 
 type daemon struct {
@@ -51,15 +58,32 @@ type daemon struct {
 }
 
 // startDaemon starts inboxd with extra flags (a --listen among them
-// replaces the default 127.0.0.1:0) on dataDir, and waits until it
-// listens.
+// replaces the default 127.0.0.1:0) on dataDir, waits until it listens,
+// and stops it when the test ends. Its log is shown if the test fails.
 func startDaemon(t testing.TB, dataDir string, extra ...string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
+	d, err := spawnDaemon(inboxdBinary(t), dataDir, dir, extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.stop()
+		if t.Failed() {
+			if b, err := os.ReadFile(filepath.Join(dir, "inboxd.log")); err == nil && len(b) > 0 {
+				t.Logf("inboxd on %s logged:\n%s", dataDir, b)
+			}
+		}
+	})
+	return d
+}
+
+// spawnDaemon starts inboxd with its token files and log in dir.
+func spawnDaemon(bin, dataDir, dir string, extra ...string) (*daemon, error) {
 	tokens := map[string]string{"token": testToken + "\n", "admin_token": testAdminToken + "\n"}
 	for name, text := range tokens {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 	}
 	args := []string{"serve", "--data-dir", dataDir, "--metrics-listen", "127.0.0.1:0",
@@ -67,39 +91,31 @@ func startDaemon(t testing.TB, dataDir string, extra ...string) *daemon {
 	if !contains(extra, "--listen") {
 		args = append(args, "--listen", "127.0.0.1:0")
 	}
-	cmd := exec.Command(inboxdBinary(t), append(args, extra...)...)
+	cmd := exec.Command(bin, append(args, extra...)...)
 	cmd.Env = append(os.Environ(), "INBOXD_LOG=warn")
-	// The daemon's log is shown when the test fails.
 	logFile, err := os.Create(filepath.Join(dir, "inboxd.log"))
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
+	defer logFile.Close() // the child holds its own descriptor
 	cmd.Stderr = logFile
-	t.Cleanup(func() {
-		logFile.Close()
-		if t.Failed() {
-			if b, err := os.ReadFile(logFile.Name()); err == nil && len(b) > 0 {
-				t.Logf("inboxd on %s logged:\n%s", dataDir, b)
-			}
-		}
-	})
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start inboxd: %v", err)
+		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
 	d := &daemon{cmd: cmd, dir: dataDir}
-	t.Cleanup(d.stop)
 	line, _ := bufio.NewReader(out).ReadString('\n')
 	// "listening on ADDR metrics on ADDR"
 	words := strings.Fields(line)
 	if len(words) != 6 || words[0] != "listening" {
-		t.Fatalf("inboxd did not start: %q", line)
+		d.kill()
+		return nil, fmt.Errorf("inboxd did not start: %q", line)
 	}
 	d.addr = words[2]
-	return d
+	return d, nil
 }
 
 func contains(list []string, s string) bool {
