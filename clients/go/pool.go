@@ -47,7 +47,8 @@ const (
 //
 // Requests of different goroutines may go over different connections,
 // so only the requests of one goroutine, one after another, keep their
-// order. Hint subscriptions live on one connection: use a Client.
+// order. Hint subscriptions live on one connection: use a Client for
+// them.
 type Pool struct {
 	requests
 	opts Options

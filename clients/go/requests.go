@@ -271,19 +271,21 @@ func (r requests) AckSnapshot(ctx context.Context, uid, device, snapshotID, gene
 	}, decodeDeviceInfo)
 }
 
-// Subscribe asks for HINT pushes of uids on this connection.
-func (r requests) Subscribe(ctx context.Context, uids ...uint64) error {
-	return doEmpty(ctx, r, opSubscribe, func(e *encoder) { e.u64s(uids) })
+// Subscribe asks for HINT pushes of uids on this connection (Hints).
+// Subscriptions belong to a connection, so they are Client's only.
+func (cl *Client) Subscribe(ctx context.Context, uids ...uint64) error {
+	return doEmpty(ctx, cl.requests, opSubscribe, func(e *encoder) { e.u64s(uids) })
 }
 
 // Unsubscribe stops the pushes of uids.
-func (r requests) Unsubscribe(ctx context.Context, uids ...uint64) error {
-	return doEmpty(ctx, r, opUnsubscribe, func(e *encoder) { e.u64s(uids) })
+func (cl *Client) Unsubscribe(ctx context.Context, uids ...uint64) error {
+	return doEmpty(ctx, cl.requests, opUnsubscribe, func(e *encoder) { e.u64s(uids) })
 }
 
-// SubscribeDirty asks for HINT and DIRTY_HINT pushes of uids.
-func (r requests) SubscribeDirty(ctx context.Context, uids ...uint64) error {
-	return doEmpty(ctx, r, opSubscribeDirty, func(e *encoder) { e.u64s(uids) })
+// SubscribeDirty asks for HINT and DIRTY_HINT pushes of uids (Hints,
+// DirtyHints).
+func (cl *Client) SubscribeDirty(ctx context.Context, uids ...uint64) error {
+	return doEmpty(ctx, cl.requests, opSubscribeDirty, func(e *encoder) { e.u64s(uids) })
 }
 
 // Stats is the daemon's counters (admin token).
