@@ -1,11 +1,11 @@
 package inboxd
 
-// One connection: the handshake, and the two goroutines that make it
-// pipelined. Callers take a request id and queue their frame under one
-// lock, so the order on the wire is the order of the calls; a writer
-// goroutine flushes whatever is queued in one write; a reader goroutine
-// hands each reply to the call waiting on its request id, and pushes
-// hints (request id 0) to channels.
+// One connection: the handshake, and what makes it pipelined. A caller
+// takes a request id and writes its frame under one lock, so the order
+// on the wire is the order of the calls; the last of the callers queued
+// on that lock flushes for all of them, so that many goroutines share
+// one write. A reader goroutine hands each reply to the call waiting on
+// its request id, and pushes hints (request id 0) to channels.
 
 import (
 	"bufio"
@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -56,7 +57,6 @@ const (
 	// server's limit.
 	defaultReplyFrameBytesMax = 64 << 20
 	ioBufferBytes             = 64 << 10
-	writeQueueFrames          = 1024
 )
 
 // ReadTokenFile reads a token file, without surrounding whitespace (a
@@ -98,10 +98,13 @@ type conn struct {
 	addr   string
 	server ServerInfo
 
-	// orderMu makes taking a request id and queueing the frame one step.
+	// orderMu makes taking a request id and writing the frame one step.
 	orderMu sync.Mutex
 	nextID  uint64
-	writeq  chan []byte
+	w       *bufio.Writer
+	// writers counts the callers holding or waiting for orderMu: the one
+	// that brings it to zero flushes.
+	writers atomic.Int32
 
 	// mu guards pending and err. The reader takes only this lock, so it
 	// never waits behind a writer stuck on a full socket.
@@ -148,7 +151,7 @@ func dialConn(ctx context.Context, addr string, opts *Options) (*conn, error) {
 		_ = tcp.SetNoDelay(true)
 	}
 	c := &conn{
-		nc: nc, addr: addr, nextID: 2, writeq: make(chan []byte, writeQueueFrames),
+		nc: nc, addr: addr, nextID: 2, w: bufio.NewWriterSize(nc, ioBufferBytes),
 		pending: make(map[uint64]chan reply), done: make(chan struct{}),
 		hints: make(chan Hint, hintBuffer), dirty: make(chan DirtyHint, hintBuffer),
 	}
@@ -157,7 +160,6 @@ func dialConn(ctx context.Context, addr string, opts *Options) (*conn, error) {
 		nc.Close()
 		return nil, err
 	}
-	go c.writeLoop()
 	go c.readLoop(r)
 	return c, nil
 }
@@ -249,34 +251,6 @@ func (c *conn) closed() bool {
 	}
 }
 
-func (c *conn) writeLoop() {
-	w := bufio.NewWriterSize(c.nc, ioBufferBytes)
-	for {
-		select {
-		case f := <-c.writeq:
-			_, err := w.Write(f)
-			// Everything queued meanwhile goes out in the same flush.
-			for more := true; more && err == nil; {
-				select {
-				case f := <-c.writeq:
-					_, err = w.Write(f)
-				default:
-					more = false
-				}
-			}
-			if err == nil {
-				err = w.Flush()
-			}
-			if err != nil {
-				c.fail(err)
-				return
-			}
-		case <-c.done:
-			return
-		}
-	}
-}
-
 func (c *conn) readLoop(r *bufio.Reader) {
 	limit := c.server.ReplyFrameBytesMax
 	if limit == 0 {
@@ -342,6 +316,9 @@ type call struct {
 // start writes a request without waiting for its reply. Requests started
 // one after another by one goroutine reach the server in that order.
 func (c *conn) start(ctx context.Context, op byte, encode func(*encoder)) (*call, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	e := newFrame(op, 64)
 	if encode != nil {
 		encode(e)
@@ -352,8 +329,10 @@ func (c *conn) start(ctx context.Context, op byte, encode func(*encoder)) (*call
 			Message: fmt.Sprintf("request frame of %d bytes is over the server's frame_bytes_max; not sent", n)}
 	}
 	cl := &call{c: c, op: op, ch: make(chan reply, 1)}
+	c.writers.Add(1)
 	c.orderMu.Lock()
 	defer c.orderMu.Unlock()
+	last := c.writers.Add(-1) == 0
 	cl.id = c.nextID
 	c.nextID++
 	c.mu.Lock()
@@ -364,15 +343,16 @@ func (c *conn) start(ctx context.Context, op byte, encode func(*encoder)) (*call
 	}
 	c.pending[cl.id] = cl.ch
 	c.mu.Unlock()
-	select {
-	case c.writeq <- e.finish(cl.id):
-		return cl, nil
-	case <-c.done:
-		return nil, c.closedErr()
-	case <-ctx.Done():
-		c.forget(cl.id)
-		return nil, ctx.Err()
+	_, err := c.w.Write(e.finish(cl.id))
+	if last && err == nil {
+		// Nobody is queued behind this call to flush it.
+		err = c.w.Flush()
 	}
+	if err != nil {
+		c.fail(err)
+		return nil, c.closedErr()
+	}
+	return cl, nil
 }
 
 func (c *conn) closedErr() error {
