@@ -111,6 +111,9 @@ type conn struct {
 	mu      sync.Mutex
 	pending map[uint64]chan reply
 	err     error
+	// inFlight is len(pending), read without the lock by a Pool choosing
+	// the least busy connection.
+	inFlight atomic.Int32
 
 	done      chan struct{}
 	closeOnce sync.Once
@@ -236,6 +239,7 @@ func (c *conn) fail(cause error) {
 			ch <- reply{err: c.err}
 			delete(c.pending, id)
 		}
+		c.inFlight.Store(0)
 		c.mu.Unlock()
 		close(c.done)
 		c.nc.Close()
@@ -268,7 +272,10 @@ func (c *conn) readLoop(r *bufio.Reader) {
 		}
 		c.mu.Lock()
 		ch, ok := c.pending[id]
-		delete(c.pending, id)
+		if ok {
+			delete(c.pending, id)
+			c.inFlight.Add(-1)
+		}
 		c.mu.Unlock()
 		if ok { // not ok: its caller gave up (ctx), the reply is dropped
 			ch <- reply{op: op, body: body}
@@ -342,6 +349,7 @@ func (c *conn) start(ctx context.Context, op byte, encode func(*encoder)) (*call
 		return nil, err
 	}
 	c.pending[cl.id] = cl.ch
+	c.inFlight.Add(1)
 	c.mu.Unlock()
 	_, err := c.w.Write(e.finish(cl.id))
 	if last && err == nil {
@@ -363,7 +371,10 @@ func (c *conn) closedErr() error {
 
 func (c *conn) forget(id uint64) {
 	c.mu.Lock()
-	delete(c.pending, id)
+	if _, ok := c.pending[id]; ok {
+		delete(c.pending, id)
+		c.inFlight.Add(-1)
+	}
 	c.mu.Unlock()
 }
 

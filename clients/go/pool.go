@@ -26,8 +26,9 @@ const (
 )
 
 // Pool is a client of a replicated group (or of one daemon) that
-// survives a member's death. It keeps PoolSize pipelined connections to
-// the member it talks to and spreads requests over them.
+// survives a member's death. It keeps up to PoolSize pipelined
+// connections to the member it talks to, opened as they are needed, and
+// sends each request on the least busy one.
 //
 //   - A request answered NOT_LEADER that names the leader is sent again
 //     to that leader, which then serves the later requests (at most three
@@ -114,20 +115,37 @@ func (p *Pool) dial(ctx context.Context, addr string) (*conn, error) {
 	return dialConn(ctx, addr, &o)
 }
 
-// pick is a live connection to the current member, dialling the slot if
-// it is empty or broken.
+// pick is the least busy live connection to the current member: an
+// idle one if there is one, else a new one while the pool has room, else
+// the one with the fewest requests in flight. Starting the scan at a
+// rotating slot spreads ties.
 func (p *Pool) pick(ctx context.Context) (*conn, string, error) {
-	i := int(p.next.Add(1)) % len(p.conns)
+	start := int(p.next.Add(1))
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if c := p.conns[i]; c != nil && !c.closed() {
-		return c, p.at, nil
+	best, empty := -1, -1
+	for k := range p.conns {
+		i := (start + k) % len(p.conns)
+		c := p.conns[i]
+		switch {
+		case c == nil || c.closed():
+			if empty < 0 {
+				empty = i
+			}
+		case c.inFlight.Load() == 0:
+			return c, p.at, nil
+		case best < 0 || c.inFlight.Load() < p.conns[best].inFlight.Load():
+			best = i
+		}
+	}
+	if empty < 0 {
+		return p.conns[best], p.at, nil
 	}
 	c, err := p.dial(ctx, p.at)
 	if err != nil {
 		return nil, p.at, err
 	}
-	p.conns[i] = c
+	p.conns[empty] = c
 	return c, p.at, nil
 }
 
