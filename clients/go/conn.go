@@ -38,8 +38,8 @@ type Options struct {
 	// earlier deadline; default 5 s.
 	DialTimeout time.Duration
 
-	// PoolSize is a Pool's connections to the member it talks to;
-	// default 4.
+	// PoolSize is the most connections a Pool opens to the member it
+	// talks to; default 4.
 	PoolSize int
 	// Patience is how long a Pool keeps retrying a request on other
 	// members while none serves (a leader died, an election runs);
