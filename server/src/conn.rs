@@ -420,7 +420,10 @@ pub async fn serve<R, W>(
             shared
                 .metrics
                 .observe_refused(op.name(), ErrorCode::RateLimited);
-            let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+            // Rounded up: a client that waits exactly this long finds a token.
+            let wait_ms = u64::try_from(wait.as_micros().div_ceil(1000))
+                .unwrap_or(u64::MAX)
+                .max(1);
             let _ = tx
                 .send(error_frame(
                     request_id,

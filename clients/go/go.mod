@@ -1,0 +1,3 @@
+module github.com/inboxd/inboxd/clients/go
+
+go 1.19
