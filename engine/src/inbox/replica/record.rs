@@ -32,6 +32,8 @@ pub(crate) struct RoundMark {
 
 impl Record for RoundMark {
     const KIND: u8 = 14;
+    const NAME: &'static str = "round-mark";
+    const MAY_APPEND_EVENTS: bool = false;
 
     fn encode_body(&self, w: &mut Writer) {
         w.u64(self.index);
@@ -39,6 +41,10 @@ impl Record for RoundMark {
 
     fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
         Ok(RoundMark { index: r.u64()? })
+    }
+
+    fn describe(&self) -> String {
+        format!("index {}", self.index)
     }
 
     fn apply(&self, st: &mut State, _at: ApplyAt<'_>) -> Result<(), ApplyError> {
