@@ -9,9 +9,8 @@
 //! ```
 //!
 //! ## Checkpoint
-//! `State::replica_index`, in the optional last section (written only
-//! when it is not 0, so a store that never replicated writes the same
-//! checkpoint as before).
+//! `State::replica_index`, in the checkpoint section of tag
+//! `REPLICA_INDEX` (0 on a store that never replicated).
 
 use crate::inbox::codec::{DecodeResult, Reader, Writer};
 use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
