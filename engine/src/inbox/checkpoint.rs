@@ -859,7 +859,8 @@ mod tests {
     }
 
     #[test]
-    fn a_checkpoint_without_the_optional_sections_decodes_with_them_empty() {
+    fn edits_large_groups_and_marker_clears_round_trip_and_a_checkpoint_without_their_sections_has_none(
+    ) {
         use crate::inbox::state::{LargeMode, LastEntry};
         let mut st = State::new(0);
         let conv = Arc::make_mut(st.convs.entry(ConvId(7)).or_default());
@@ -875,6 +876,13 @@ mod tests {
             },
             stamp: 0,
         }));
+        let user = Arc::make_mut(st.users.entry(Uid(3)).or_default());
+        let uc = crate::inbox::state::UserConv {
+            cleared_seq: MsgSeq(8),
+            ..Default::default()
+        };
+        user.order.insert(uc.key(ConvId(7)));
+        user.convs.insert(ConvId(7), uc);
         st.replica_index = 3;
         let body = encode_state(&st);
         assert_eq!(
@@ -889,6 +897,8 @@ mod tests {
         let conv = Arc::make_mut(plain.convs.get_mut(&ConvId(7)).unwrap());
         conv.edits = Default::default();
         conv.large = None;
+        let user = Arc::make_mut(plain.users.get_mut(&Uid(3)).unwrap());
+        user.convs.get_mut(&ConvId(7)).unwrap().cleared_seq = MsgSeq(0);
         plain.replica_index = 0;
         assert_eq!(decode_state(&bare).unwrap(), plain);
     }
