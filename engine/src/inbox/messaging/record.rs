@@ -467,7 +467,12 @@ impl Record for MsgEffect {
         MsgEffect::decode_fields(r, true)
     }
 
+    /// A copy made by a segment rewrite has no location of its own (the
+    /// index says where the body went): it says so.
     fn describe(&self) -> String {
+        if self.msg_loc == crate::inbox::state::PENDING_LOC {
+            return format!("{} body where the index says", self.describe_fields());
+        }
         let loc = crate::inbox::state::unpack(self.msg_loc);
         format!(
             "{} body at msg {}:{}",
