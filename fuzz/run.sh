@@ -2,7 +2,8 @@
 # Runs one fuzz target for a number of seconds on the stable toolchain.
 #   fuzz/run.sh TARGET SECONDS
 #   fuzz/run.sh TARGET cmin     minimize the corpus before committing it
-#   fuzz/run.sh build           build every target (CI)
+#   fuzz/run.sh build           build every target (CI), with fuzz/Cargo.lock
+#                               as committed (--locked)
 # Installs cargo-fuzz when it is missing. New corpus entries land in
 # fuzz/corpus/TARGET; crashes in fuzz/artifacts/TARGET. engine_model prints
 # its coverage counts (restarts, replays, seals, drops, rewrites) to stderr
@@ -33,6 +34,10 @@ fi
 
 export RUSTC_BOOTSTRAP=1
 if [ "$target" = build ]; then
+    # `cargo fuzz build` takes no --locked: this fails, naming what is
+    # missing, when fuzz/Cargo.lock is not current, instead of letting the
+    # build rewrite it.
+    cargo metadata --locked --format-version 1 >/dev/null
     exec cargo fuzz build
 fi
 seconds=${2:?$usage}

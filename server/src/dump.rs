@@ -3,12 +3,14 @@
 //! bad (what is there, where it stops, what a damaged segment held).
 //!
 //! The framing (segment header, batch frames, record headers, checksums)
-//! is checked by the engine's own decoder, [`inbox_engine::log::format`].
-//! Record payloads are decoded here from the layouts in `docs/FORMAT.md`
-//! (format version 1): the fields that locate a record (conversation and
-//! `msg_seq`, user and `sync_seq`, device) are printed; a message body
-//! never is, only its length. A payload this code does not know is printed
-//! as its kind, its length and its first bytes in hex.
+//! is checked by the engine's own decoder, [`inbox_engine::log::format`],
+//! and each record is decoded and described by the engine too
+//! ([`inbox_engine::inbox::kinds`]): the text comes from the record kind's
+//! own definition, so a new kind is described here without a change. The
+//! fields that locate a record (conversation and `msg_seq`, user and
+//! `sync_seq`, device) are printed; a message body never is, only its
+//! length. A payload that does not decode is printed as its kind, its
+//! length, its first bytes in hex and why.
 //!
 //! Read-only: the caller holds the directory's lock so no daemon writes
 //! while it reads.
@@ -17,6 +19,7 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::path::Path;
 
+use inbox_engine::inbox::kinds;
 use inbox_engine::log::format::{self, FrameError, SEGMENT_HEADER_LEN};
 
 /// Which log.
@@ -142,34 +145,7 @@ pub fn dump_stream(
     Ok(summary)
 }
 
-/// A little-endian reader that gives `None` past the end.
-struct Fields<'a>(&'a [u8]);
-
-impl Fields<'_> {
-    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let (head, rest) = self.0.split_first_chunk::<N>()?;
-        self.0 = rest;
-        Some(*head)
-    }
-    fn u8(&mut self) -> Option<u8> {
-        self.take::<1>().map(|b| b[0])
-    }
-    fn u16(&mut self) -> Option<u16> {
-        self.take().map(u16::from_le_bytes)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.take().map(u32::from_le_bytes)
-    }
-    fn u64(&mut self) -> Option<u64> {
-        self.take().map(u64::from_le_bytes)
-    }
-    fn skip(&mut self, n: usize) -> Option<()> {
-        self.0 = self.0.get(n..)?;
-        Some(())
-    }
-}
-
-fn raw(kind: u8, payload: &[u8]) -> String {
+fn raw(kind: u8, payload: &[u8], why: &str) -> String {
     let mut text = format!("kind {kind} bytes {} ", payload.len());
     for b in payload.iter().take(16) {
         let _ = write!(text, "{b:02x}");
@@ -177,132 +153,17 @@ fn raw(kind: u8, payload: &[u8]) -> String {
     if payload.len() > 16 {
         text.push('…');
     }
+    let _ = write!(text, " ({why})");
     text
 }
 
-fn message_kind(kind: u8) -> &'static str {
-    match kind {
-        0 => "normal",
-        1 => "join",
-        2 => "leave",
-        3 => "recall",
-        4 => "edit",
-        _ => "unknown",
-    }
-}
-
-/// One record, in words.
+/// One record, in words: as the engine describes its kind, or raw.
 pub fn describe(stream: Stream, kind: u8, payload: &[u8]) -> String {
     let decoded = match stream {
-        Stream::Msg => describe_msg(kind, payload),
-        Stream::Evt if kind & 0x80 != 0 => {
-            describe_evt(kind & 0x7f, payload).map(|text| format!("copy of {text}"))
-        }
-        Stream::Evt => describe_evt(kind, payload),
+        Stream::Msg => kinds::describe_msg(kind, payload),
+        Stream::Evt => kinds::describe_evt(kind, payload),
     };
-    decoded.unwrap_or_else(|| raw(kind, payload))
-}
-
-fn describe_msg(kind: u8, payload: &[u8]) -> Option<String> {
-    let mut f = Fields(payload);
-    if kind != 1 || f.u8()? != 1 {
-        return None;
-    }
-    let flags = f.u8()?;
-    let msg_kind = message_kind(f.u8()?);
-    let msg_type = f.u16()?;
-    let (conv, msg_seq, msg_id, sender, target, at_ms) =
-        (f.u64()?, f.u64()?, f.u64()?, f.u64()?, f.u64()?, f.u64()?);
-    let (raw_len, stored_len) = (f.u32()?, f.u32()?);
-    let zstd = if flags & 1 != 0 { " zstd" } else { "" };
-    Some(format!(
-        "message conv {conv} msg_seq {msg_seq} msg_id {msg_id} sender {sender} {msg_kind} type {msg_type} target {target} at_ms {at_ms} body {raw_len} bytes (stored {stored_len}{zstd})"
-    ))
-}
-
-fn describe_evt(kind: u8, payload: &[u8]) -> Option<String> {
-    let mut f = Fields(payload);
-    if f.u8()? != 1 {
-        return None;
-    }
-    Some(match kind {
-        1 => {
-            let (conv, msg_seq, msg_id, sender) = (f.u64()?, f.u64()?, f.u64()?, f.u64()?);
-            let msg_kind = message_kind(f.u8()?);
-            let msg_type = f.u16()?;
-            let (target_seq, at_ms, loc) = (f.u64()?, f.u64()?, f.u64()?);
-            format!(
-                "effect message conv {conv} msg_seq {msg_seq} msg_id {msg_id} sender {sender} {msg_kind} type {msg_type} target_seq {target_seq} at_ms {at_ms} at msg {}:{}",
-                loc >> 32,
-                loc & 0xffff_ffff
-            )
-        }
-        // A message with its body inside: the header fields, then the
-        // body described like a `msg` record (never its bytes).
-        9 => {
-            let (conv, msg_seq, msg_id, sender) = (f.u64()?, f.u64()?, f.u64()?, f.u64()?);
-            let msg_kind = message_kind(f.u8()?);
-            let msg_type = f.u16()?;
-            let (target_seq, at_ms) = (f.u64()?, f.u64()?);
-            f.skip(16)?; // client_msg_id
-            let summary = usize::from(f.u8()?);
-            f.skip(summary)?;
-            let len = f.u32()? as usize;
-            let body = f.0.get(..len)?;
-            format!(
-                "effect message conv {conv} msg_seq {msg_seq} msg_id {msg_id} sender {sender} {msg_kind} type {msg_type} target_seq {target_seq} at_ms {at_ms} with its body: {}",
-                describe_msg(1, body)?
-            )
-        }
-        10 => format!("effect move-bodies {} messages to msg", f.u32()?),
-        2 => format!(
-            "effect read uid {} conv {} read_seq {} at_ms {}",
-            f.u64()?,
-            f.u64()?,
-            f.u64()?,
-            f.u64()?
-        ),
-        3 => format!(
-            "effect flags uid {} conv {} muted {} pinned {} at_ms {}",
-            f.u64()?,
-            f.u64()?,
-            f.u8()?,
-            f.u8()?,
-            f.u64()?
-        ),
-        4 => format!(
-            "effect device uid {} (row {} bytes)",
-            f.u64()?,
-            f.0.len()
-        ),
-        5 => format!(
-            "effect snapshot uid {} snapshot_id {} device {} generation {} base_sync_seq {} created_at_ms {} expires_at_ms {} phase {}",
-            f.u64()?,
-            f.u64()?,
-            f.u64()?,
-            f.u64()?,
-            f.u64()?,
-            f.u64()?,
-            f.u64()?,
-            match f.u8()? {
-                0 => "live",
-                1 => "installed",
-                2 => "dropped",
-                _ => "unknown",
-            }
-        ),
-        6 => format!("effect trim uid {} events_base {}", f.u64()?, f.u64()?),
-        7 => format!("effect relocate {} events", f.u32()?),
-        8 => format!("effect trim-messages conv {} msgs_base {}", f.u64()?, f.u64()?),
-        12 => format!("effect large-group conv {} switch_seq {}", f.u64()?, f.u64()?),
-        13 => format!(
-            "effect clear-marker uid {} conv {} cleared_seq {}",
-            f.u64()?,
-            f.u64()?,
-            f.u64()?
-        ),
-        _ => return None,
-    })
+    decoded.unwrap_or_else(|why| raw(kind, payload, why))
 }
 
 #[cfg(test)]
@@ -310,12 +171,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_short_or_unknown_payload_is_shown_raw() {
+    fn a_short_or_unknown_payload_is_shown_raw_with_the_reason() {
         assert_eq!(
             describe(Stream::Evt, 2, &[1, 2, 3]),
-            "kind 2 bytes 3 010203"
+            "kind 2 bytes 3 010203 (truncated)"
         );
-        assert_eq!(describe(Stream::Evt, 99, &[1]), "kind 99 bytes 1 01");
+        assert_eq!(
+            describe(Stream::Evt, 99, &[1]),
+            "kind 99 bytes 1 01 (unknown effect record kind)"
+        );
         let trim = [&[1u8][..], &7u64.to_le_bytes(), &40u64.to_le_bytes()].concat();
         assert_eq!(
             describe(Stream::Evt, 6, &trim),
@@ -323,12 +187,17 @@ mod tests {
         );
         assert_eq!(
             describe(Stream::Evt, 6 | 0x80, &trim),
-            "copy of effect trim uid 7 events_base 40"
+            "effect copy of trim uid 7 events_base 40"
         );
         let switch = [&[1u8][..], &9u64.to_le_bytes(), &501u64.to_le_bytes()].concat();
         assert_eq!(
             describe(Stream::Evt, 12, &switch),
             "effect large-group conv 9 switch_seq 501"
+        );
+        let mark = [&[1u8][..], &3u64.to_le_bytes()].concat();
+        assert_eq!(
+            describe(Stream::Evt, 14, &mark),
+            "effect round-mark index 3"
         );
     }
 }

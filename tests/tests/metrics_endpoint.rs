@@ -1,9 +1,6 @@
 //! The metrics port: OpenMetrics text from `prometheus-client` over HTTP,
 //! `/healthz` and `/readyz`, and scrapes that do not walk the store.
 
-use std::sync::Arc;
-use std::time::Instant;
-
 use inbox_tests::Daemon;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -93,33 +90,6 @@ async fn engine_figures_count_every_send_acknowledged_before_the_scrape() {
         rounds - batches >= SENDS,
         "{SENDS} sends one at a time took {} rounds",
         rounds - batches
-    );
-}
-
-/// Prints what a scrape costs on a store with many users and devices; the
-/// figure belongs in docs/OPERATIONS.md, not in an assertion.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prints_what_a_scrape_costs_on_a_populated_store() {
-    const USERS: u64 = 2_000;
-    const SCRAPES: u32 = 200;
-    let data = inbox_tests::data_dir();
-    let daemon = Daemon::start_with(data.path(), &["--sync", "none"]);
-    let client = Arc::new(daemon.client().await);
-    let mut tasks = tokio::task::JoinSet::new();
-    for uid in 1..=USERS {
-        let client = Arc::clone(&client);
-        tasks.spawn(async move { inbox_tests::register(&client, uid, 1).await });
-    }
-    while tasks.join_next().await.is_some() {}
-    let started = Instant::now();
-    let mut bytes = 0;
-    for _ in 0..SCRAPES {
-        bytes += get(&daemon, "/metrics").await.1.len();
-    }
-    let per_scrape = started.elapsed() / SCRAPES;
-    eprintln!(
-        "scrape: {USERS} users, {SCRAPES} scrapes, {per_scrape:?} each (connect included), {} bytes each",
-        bytes / SCRAPES as usize
     );
 }
 

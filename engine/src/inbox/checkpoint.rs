@@ -5,13 +5,32 @@
 //! second checkpoint at the same LSN, so that two retained files can both
 //! cover it):
 //! ```text
-//! 0   [8]  magic "INBXCKP2" ("INBXCKP1": written before message
-//!          locations could point into `evt`; read the same way)
+//! 0   [8]  magic "INBXCKP3" (older: "INBXCKP2", "INBXCKP1", still read)
 //! 8   u64  evt LSN the state covers (everything up to it is applied)
 //! 16  u64  body length N
 //! 24  [N]  body: the canonical state encoding (see `encode_state`)
 //! 24+N u32 CRC32 of bytes 0..24+N
 //! ```
+//!
+//! ## The body: tagged sections
+//! The body is a run of sections, then their table, so that a section can
+//! be added without breaking an older reader:
+//! ```text
+//! section bytes, back to back, in ascending tag order
+//! table: per section, in the same order: tag u32, length u64
+//! count u32   the number of sections (the body's last four bytes)
+//! ```
+//! A reader finds the table from the end, decodes each section it knows
+//! from its own bytes (which it must consume exactly) and skips a tag it
+//! does not know. The table is written last because a section's length is
+//! known only once it is written, and the body is streamed to the file a
+//! chunk at a time: the lengths are counted as the bytes go by, nothing is
+//! encoded twice, and reading takes each section as a slice of the mapped
+//! file. Tags are in [`tag`]; a new section takes the next free tag.
+//!
+//! A format 1 or 2 body is the same sections with no tags nor table, the
+//! later ones optional at the end ([`decode_untagged`]).
+//!
 //! Writing: tmp file, fsync, rename, fsync the directory; only then are
 //! older checkpoints deleted, keeping the newest two, so a corrupt newest
 //! one can fall back to the previous one (or to a full replay). A tmp file
@@ -55,11 +74,14 @@ use crate::api::Uid;
 use crate::error::{Error, Result};
 use crate::log::LogIo;
 
+/// Version 3: the body is tagged sections. An older binary skips the
+/// file as unknown and replays the log instead.
+const MAGIC: &[u8; 8] = b"INBXCKP3";
 /// Version 2: a message location may carry the `evt` mark (`state::loc`);
 /// an older binary, which would take it for a `msg` location, skips the
 /// file as unknown and replays instead (and then refuses the new record
-/// kinds rather than misread them).
-const MAGIC: &[u8; 8] = b"INBXCKP2";
+/// kinds rather than misread them). Read, never written.
+const MAGIC_V2: &[u8; 8] = b"INBXCKP2";
 /// Written by older versions: every message location is in `msg`, which
 /// is what an unmarked location means here too.
 const MAGIC_V1: &[u8; 8] = b"INBXCKP1";
@@ -72,10 +94,37 @@ pub(crate) fn dir(data_dir: &Path) -> PathBuf {
     data_dir.join("checkpoint")
 }
 
+/// The tags of the body's sections, in the order they are written. A tag
+/// is never reused for another content.
+pub(crate) mod tag {
+    /// `idem_ttl_ms` u64, `next_msg_counter` u64, `evt_lsn` u64; first.
+    pub const HEAD: u32 = 1;
+    /// Conversations and their message indexes (messaging).
+    pub const CONVS: u32 = 2;
+    /// Users: event index, device rows (devices), conversation rows
+    /// (messaging).
+    pub const USERS: u32 = 3;
+    /// Snapshot rows (snapshots).
+    pub const SNAPSHOTS: u32 = 4;
+    /// Message bases below which history is reclaimed (compaction).
+    pub const MSG_BASES: u32 = 5;
+    /// Links of edits to their targets (messaging).
+    pub const EDIT_LINKS: u32 = 6;
+    /// Large groups and marker clears (messaging).
+    pub const LARGE_GROUPS: u32 = 7;
+    /// The idempotency table (messaging).
+    pub const IDEMPOTENCY: u32 = 8;
+    /// The replication index of the last round applied: u64.
+    pub const REPLICA_INDEX: u32 = 9;
+}
+
+/// Bytes of one entry of the section table: tag u32, length u64.
+const TABLE_ENTRY: usize = 12;
+
 /// The canonical state encoding alone (the checkpoint body).
 pub(crate) fn encode_state(st: &State) -> Vec<u8> {
     let mut w = Writer::with_capacity(1 << 16);
-    encode_body(&mut w, st);
+    encode_body(&mut w, st, &|w: &Writer| w.buf.len() as u64);
     w.buf
 }
 
@@ -155,7 +204,10 @@ pub(crate) fn encode_to_file(io: &Arc<dyn LogIo>, data_dir: &Path, st: &State) -
             error: None,
         }));
         let mut w = Writer::streaming(Box::new(ToFile(out.clone())), WRITE_CHUNK);
-        encode_body(&mut w, st);
+        // Where the body has reached: what the file holds past its
+        // header, plus what the writer holds.
+        let at = |w: &Writer| out.borrow().end - HEADER as u64 + w.buf.len() as u64;
+        encode_body(&mut w, st, &at);
         w.finish();
         let out = std::rc::Rc::into_inner(out)
             .expect("the writer that shared it is gone")
@@ -229,19 +281,50 @@ pub(crate) fn write_state(io: &Arc<dyn LogIo>, data_dir: &Path, st: &State) -> R
     finish(io.as_ref(), data_dir, encoded)
 }
 
-/// The body, section by section in a fixed order; each subsystem encodes
-/// the tables it owns (layout in `docs/FORMAT.md`, "Checkpoint file").
-fn encode_body(w: &mut Writer, st: &State) {
-    w.u64(st.idem_ttl_ms);
-    w.u64(st.next_msg_counter);
-    w.u64(st.evt_lsn);
-    messaging::put_convs(w, st);
+/// The body: each section in tag order, each subsystem encoding the
+/// tables it owns (layouts in `docs/FORMAT.md`, "Checkpoint file"), then
+/// the section table. `at` tells how many body bytes `w` has taken so far.
+fn encode_body(w: &mut Writer, st: &State, at: &dyn Fn(&Writer) -> u64) {
+    let mut table: Vec<(u32, u64)> = Vec::with_capacity(16);
+    let mut section = |w: &mut Writer, tag: u32, put: &dyn Fn(&mut Writer)| {
+        let start = at(w);
+        put(w);
+        table.push((tag, at(w) - start));
+    };
+    section(w, tag::HEAD, &|w| {
+        w.u64(st.idem_ttl_ms);
+        w.u64(st.next_msg_counter);
+        w.u64(st.evt_lsn);
+    });
+    section(w, tag::CONVS, &|w| messaging::put_convs(w, st));
+    section(w, tag::USERS, &|w| put_users(w, st));
+    section(w, tag::SNAPSHOTS, &|w| {
+        snapshots::encode_checkpoint_section(w, st)
+    });
+    section(w, tag::MSG_BASES, &|w| compaction::put_msg_bases(w, st));
+    section(w, tag::EDIT_LINKS, &|w| messaging::put_edit_links(w, st));
+    section(w, tag::LARGE_GROUPS, &|w| {
+        messaging::put_large_groups(w, st)
+    });
+    section(w, tag::IDEMPOTENCY, &|w| {
+        messaging::put_idempotency_table(w, st)
+    });
+    section(w, tag::REPLICA_INDEX, &|w| w.u64(st.replica_index));
+    for (tag, len) in &table {
+        w.u32(*tag);
+        w.u64(*len);
+    }
+    w.u32(table.len() as u32);
+}
+
+/// The users section: per user, its event index (shared by every
+/// subsystem that appends events, so it stays here), its device rows and
+/// its conversation rows.
+fn put_users(w: &mut Writer, st: &State) {
     let users = sorted(&st.users);
     w.u64(users.len() as u64);
     for (uid, u) in users {
         w.u64(uid);
-        // The user's event index: shared by every subsystem that appends
-        // events, so it stays here.
         w.u64(u.events_base);
         w.u64(u.events.len() as u64);
         for loc in u.events.iter() {
@@ -250,38 +333,10 @@ fn encode_body(w: &mut Writer, st: &State) {
         devices::put_user_devices(w, u);
         messaging::put_user_convs(w, u);
     }
-    messaging::put_idempotency(w, st);
-    snapshots::encode_checkpoint_section(w, st);
-    // Last and optional, so that a checkpoint written before history
-    // retention existed still decodes.
-    compaction::put_msg_bases(w, st);
-    // Optional too, after the bases: links of edits to their targets.
-    messaging::put_edit_links(w, st);
-    // Optional too, after the links: large groups and marker clears.
-    messaging::put_large_groups(w, st);
-    // Optional too, after the large groups: the idempotency table (the
-    // old section above is written empty).
-    messaging::put_idempotency_table(w, st);
-    // Optional too, after the idempotency table, and only on a store that
-    // replicates: the replication index of the last round applied.
-    if st.replica_index != 0 {
-        w.u64(st.replica_index);
-    }
 }
 
-#[cfg(test)]
-pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
-    decode_state_in(body, Scratch::default())
-}
-
-/// Decodes a state whose message index goes straight to `scratch`.
-pub(crate) fn decode_state_in(body: &[u8], scratch: Scratch) -> DecodeResult<State> {
-    let mut r = Reader::new(body);
-    let mut st = State::new(r.u64()?);
-    st.use_scratch(scratch);
-    st.next_msg_counter = r.u64()?;
-    st.evt_lsn = r.u64()?;
-    messaging::get_convs(&mut r, &mut st)?;
+/// Reads the users section (or the users of an untagged body).
+fn get_users(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
     for _ in 0..r.count(40)? {
         let uid: Uid = r.id()?;
         let mut u = User {
@@ -291,10 +346,103 @@ pub(crate) fn decode_state_in(body: &[u8], scratch: Scratch) -> DecodeResult<Sta
         let n = r.count(8)?;
         let locs = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
         u.events = locs.into_iter().collect();
-        devices::get_user_devices(&mut r, &mut u)?;
-        messaging::get_user_convs(&mut r, &mut u)?;
+        devices::get_user_devices(r, &mut u)?;
+        messaging::get_user_convs(r, &mut u)?;
         st.users.insert(uid, Arc::new(u));
     }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) fn decode_state(body: &[u8]) -> DecodeResult<State> {
+    decode_state_in(body, Scratch::default())
+}
+
+/// Decodes a format 3 body whose message index goes straight to
+/// `scratch`.
+pub(crate) fn decode_state_in(body: &[u8], scratch: Scratch) -> DecodeResult<State> {
+    let sections = section_table(body)?;
+    let Some(&(tag::HEAD, head)) = sections.first() else {
+        return Err(DecodeError(
+            "checkpoint does not begin with its head section",
+        ));
+    };
+    let mut r = Reader::new(head);
+    let mut st = State::new(r.u64()?);
+    st.use_scratch(scratch);
+    st.next_msg_counter = r.u64()?;
+    st.evt_lsn = r.u64()?;
+    if !r.is_empty() {
+        return Err(DecodeError("trailing bytes in a checkpoint section"));
+    }
+    let mut last = tag::HEAD;
+    for &(tag, bytes) in &sections[1..] {
+        if tag <= last {
+            return Err(DecodeError("checkpoint sections repeated or out of order"));
+        }
+        last = tag;
+        let mut r = Reader::new(bytes);
+        match tag {
+            tag::CONVS => messaging::get_convs(&mut r, &mut st)?,
+            tag::USERS => get_users(&mut r, &mut st)?,
+            tag::SNAPSHOTS => snapshots::decode_checkpoint_section(&mut r, &mut st)?,
+            tag::MSG_BASES => compaction::get_msg_bases(&mut r, &mut st)?,
+            tag::EDIT_LINKS => messaging::get_edit_links(&mut r, &mut st)?,
+            tag::LARGE_GROUPS => messaging::get_large_groups(&mut r, &mut st)?,
+            tag::IDEMPOTENCY => messaging::get_idempotency_table(&mut r, &mut st)?,
+            tag::REPLICA_INDEX => st.replica_index = r.u64()?,
+            // A section of a later version: what it holds is not this
+            // version's to know.
+            _ => continue,
+        }
+        if !r.is_empty() {
+            return Err(DecodeError("trailing bytes in a checkpoint section"));
+        }
+    }
+    Ok(finish_decode(st))
+}
+
+/// A format 3 body's sections, as (tag, bytes) in body order, from the
+/// table at its end.
+fn section_table(body: &[u8]) -> DecodeResult<Vec<(u32, &[u8])>> {
+    let count_at = body
+        .len()
+        .checked_sub(4)
+        .ok_or(DecodeError("checkpoint body too short"))?;
+    let count = Reader::new(&body[count_at..]).u32()? as usize;
+    let table_at = count
+        .checked_mul(TABLE_ENTRY)
+        .and_then(|len| count_at.checked_sub(len))
+        .ok_or(DecodeError("checkpoint section table longer than the body"))?;
+    let mut r = Reader::new(&body[table_at..count_at]);
+    let mut sections = Vec::with_capacity(count);
+    let mut start = 0usize;
+    for _ in 0..count {
+        let tag = r.u32()?;
+        let end = usize::try_from(r.u64()?)
+            .ok()
+            .and_then(|len| start.checked_add(len))
+            .filter(|&end| end <= table_at)
+            .ok_or(DecodeError("checkpoint section runs past its table"))?;
+        sections.push((tag, &body[start..end]));
+        start = end;
+    }
+    if start != table_at {
+        return Err(DecodeError("checkpoint bytes outside every section"));
+    }
+    Ok(sections)
+}
+
+/// Decodes a format 1 or 2 body: the sections in a fixed order, untagged,
+/// the later ones optional at the end.
+fn decode_untagged(body: &[u8], scratch: Scratch) -> DecodeResult<State> {
+    let mut r = Reader::new(body);
+    let mut st = State::new(r.u64()?);
+    st.use_scratch(scratch);
+    st.next_msg_counter = r.u64()?;
+    st.evt_lsn = r.u64()?;
+    messaging::get_convs(&mut r, &mut st)?;
+    get_users(&mut r, &mut st)?;
     messaging::get_idempotency(&mut r, &mut st)?;
     snapshots::decode_checkpoint_section(&mut r, &mut st)?;
     if !r.is_empty() {
@@ -315,12 +463,18 @@ pub(crate) fn decode_state_in(body: &[u8], scratch: Scratch) -> DecodeResult<Sta
     if !r.is_empty() {
         return Err(DecodeError("trailing bytes in checkpoint"));
     }
+    Ok(finish_decode(st))
+}
+
+/// What a decoded state derives rather than stores: segment reference
+/// counts, totals, each conversation's body hint.
+fn finish_decode(mut st: State) -> State {
     (st.evt_refs, st.body_refs, st.msg_refs) = st.recount_seg_refs();
     st.totals = st.recount_totals();
     for c in st.convs.values_mut() {
         Arc::make_mut(c).advance_bodies_hint();
     }
-    Ok(st)
+    st
 }
 
 fn file_name(lsn: u64, copy: bool) -> String {
@@ -427,7 +581,12 @@ pub(crate) fn read_in(path: &Path, scratch: Scratch) -> std::result::Result<(u64
     // checkpoint while the process runs.
     let buf =
         unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("map {}: {e}", path.display()))?;
-    if buf.len() < 28 || (&buf[..8] != MAGIC && &buf[..8] != MAGIC_V1) {
+    let tagged = match buf.get(..8) {
+        Some(m) if m == MAGIC => true,
+        Some(m) if m == MAGIC_V2 || m == MAGIC_V1 => false,
+        _ => return Err("bad magic or too short".into()),
+    };
+    if buf.len() < 28 {
         return Err("bad magic or too short".into());
     }
     let (data, crc) = buf.split_at(buf.len() - 4);
@@ -443,7 +602,12 @@ pub(crate) fn read_in(path: &Path, scratch: Scratch) -> std::result::Result<(u64
     if body.len() as u64 != len {
         return Err("body length mismatch".into());
     }
-    let st = decode_state_in(body, scratch).map_err(|e| e.0.to_string())?;
+    let st = if tagged {
+        decode_state_in(body, scratch)
+    } else {
+        decode_untagged(body, scratch)
+    }
+    .map_err(|e| e.0.to_string())?;
     if st.evt_lsn != lsn {
         return Err("header and body LSN differ".into());
     }
@@ -455,6 +619,7 @@ mod tests {
     use super::*;
     use crate::api::{ConvId, MsgSeq};
     use crate::log::PwriteIo;
+    use std::path::Path;
 
     /// A state whose encoding takes several [`WRITE_CHUNK`]s: one
     /// conversation of 100,000 messages (26 bytes each in the body).
@@ -564,28 +729,142 @@ mod tests {
         assert_eq!(lsns, [7, 5], "the newest two are kept");
     }
 
-    #[test]
-    fn a_checkpoint_written_before_edit_links_decodes_with_none() {
-        let mut st = State::new(0);
-        let conv = Arc::make_mut(st.convs.entry(ConvId(7)).or_default());
-        conv.edits.make_mut().insert(MsgSeq(1), vec![MsgSeq(2)]);
-        let body = encode_state(&st);
-        assert_eq!(decode_state(&body).unwrap(), st, "links round-trip");
-        // The same state as an older writer encoded it: no links section.
-        let mut old = st.clone();
-        Arc::make_mut(old.convs.get_mut(&ConvId(7)).unwrap()).edits = Default::default();
-        let mut older = encode_state(&old);
-        // No idempotency table (one zero count), no large-group section
-        // (two) and no links (one).
-        older.truncate(older.len() - 8 - 16 - 8);
-        assert_eq!(decode_state(&older).unwrap(), old);
+    /// `body` (format 3) with its sections changed by `edit`, and its
+    /// table made again to match.
+    fn with_sections(body: &[u8], edit: impl FnOnce(&mut Vec<(u32, Vec<u8>)>)) -> Vec<u8> {
+        let mut sections: Vec<(u32, Vec<u8>)> = section_table(body)
+            .unwrap()
+            .into_iter()
+            .map(|(tag, bytes)| (tag, bytes.to_vec()))
+            .collect();
+        edit(&mut sections);
+        let mut out: Vec<u8> = sections.iter().flat_map(|(_, b)| b.clone()).collect();
+        for (tag, bytes) in &sections {
+            out.extend_from_slice(&tag.to_le_bytes());
+            out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        }
+        out.extend_from_slice(&(sections.len() as u32).to_le_bytes());
+        out
     }
 
     #[test]
-    fn large_groups_and_marker_clears_round_trip_and_an_older_checkpoint_has_none() {
-        use crate::inbox::state::{LargeMode, LastEntry, UserConv};
+    fn every_section_is_written_once_in_tag_order_and_the_table_accounts_for_every_byte() {
+        let body = encode_state(&large_state());
+        let tags: Vec<u32> = section_table(&body).unwrap().iter().map(|s| s.0).collect();
+        assert_eq!(
+            tags,
+            [
+                tag::HEAD,
+                tag::CONVS,
+                tag::USERS,
+                tag::SNAPSHOTS,
+                tag::MSG_BASES,
+                tag::EDIT_LINKS,
+                tag::LARGE_GROUPS,
+                tag::IDEMPOTENCY,
+                tag::REPLICA_INDEX
+            ]
+        );
+        let head = section_table(&body).unwrap()[0].1;
+        assert_eq!(head.len(), 24);
+        assert_eq!(head[16..], 9u64.to_le_bytes(), "evt_lsn");
+    }
+
+    #[test]
+    fn a_section_of_an_unknown_tag_is_skipped_and_the_state_round_trips_through_a_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut st = State::new(0);
+        st.evt_lsn = 9;
+        st.replica_index = 4;
+        Arc::make_mut(st.convs.entry(ConvId(7)).or_default())
+            .edits
+            .make_mut()
+            .insert(MsgSeq(1), vec![MsgSeq(2)]);
+        let body = encode_state(&st);
+        // What a later version may add: sections under tags this version
+        // does not know, after its own.
+        let grown = with_sections(&body, |s| {
+            s.push((
+                tag::REPLICA_INDEX + 1,
+                b"a section from the future".to_vec(),
+            ));
+            s.push((u32::MAX, vec![0xff; 1000]));
+        });
+        assert_eq!(decode_state(&grown).unwrap(), st);
+        // Through a file: header, CRC and mapping, as recovery reads it.
+        let mut file = Vec::new();
+        file.extend_from_slice(MAGIC);
+        file.extend_from_slice(&st.evt_lsn.to_le_bytes());
+        file.extend_from_slice(&(grown.len() as u64).to_le_bytes());
+        file.extend_from_slice(&grown);
+        file.extend_from_slice(&crc32fast::hash(&file).to_le_bytes());
+        fs::create_dir(dir(tmp.path())).unwrap();
+        let path = dir(tmp.path()).join(file_name(st.evt_lsn, false));
+        fs::write(&path, &file).unwrap();
+        let (lsn, back) = read(&path).unwrap();
+        assert_eq!(lsn, 9);
+        assert_eq!(back, st);
+        // Written again, the unknown sections are gone: this version
+        // writes what it knows.
+        assert_eq!(encode_state(&back), body);
+    }
+
+    #[test]
+    fn a_body_with_a_bad_table_or_misordered_sections_is_refused() {
+        let body = encode_state(&large_state());
+        let refused = |body: &[u8], why: &str| {
+            assert_eq!(
+                decode_state(body).err(),
+                Some(DecodeError(leak(why))),
+                "{why}"
+            );
+        };
+        fn leak(s: &str) -> &'static str {
+            Box::leak(s.to_owned().into_boxed_str())
+        }
+        refused(&body[..2], "checkpoint body too short");
+        let mut huge = body.clone();
+        let n = huge.len();
+        huge[n - 4..].copy_from_slice(&u32::MAX.to_le_bytes());
+        refused(&huge, "checkpoint section table longer than the body");
+        let mut long = body.clone();
+        let first_len_at = n - 4 - 9 * TABLE_ENTRY + 4;
+        long[first_len_at..first_len_at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        refused(&long, "checkpoint section runs past its table");
+        let twice = with_sections(&body, |s| {
+            let users = s[2].clone();
+            s.insert(3, users);
+        });
+        refused(&twice, "checkpoint sections repeated or out of order");
+        let headless = with_sections(&body, |s| {
+            s.remove(0);
+        });
+        refused(&headless, "checkpoint does not begin with its head section");
+        let padded = with_sections(&body, |s| s[1].1.push(0));
+        refused(&padded, "trailing bytes in a checkpoint section");
+    }
+
+    /// A section ends where its bytes do: a count checked against the
+    /// bytes left must not expect more per item than the smallest item.
+    #[test]
+    fn a_user_whose_last_conversation_row_is_the_smallest_one_decodes() {
+        use crate::inbox::state::UserConv;
+        let mut st = State::new(0);
+        let user = Arc::make_mut(st.users.entry(Uid(3)).or_default());
+        let uc = UserConv::default();
+        user.order.insert(uc.key(ConvId(7)));
+        user.convs.insert(ConvId(7), uc);
+        let body = encode_state(&st);
+        assert_eq!(decode_state(&body).unwrap(), st);
+    }
+
+    #[test]
+    fn edits_large_groups_and_marker_clears_round_trip_and_a_checkpoint_without_their_sections_has_none(
+    ) {
+        use crate::inbox::state::{LargeMode, LastEntry};
         let mut st = State::new(0);
         let conv = Arc::make_mut(st.convs.entry(ConvId(7)).or_default());
+        conv.edits.make_mut().insert(MsgSeq(1), vec![MsgSeq(2)]);
         conv.large = Some(Box::new(LargeMode {
             switch_seq: MsgSeq(4),
             last: LastEntry {
@@ -597,22 +876,59 @@ mod tests {
             },
             stamp: 0,
         }));
-        let user = Arc::make_mut(st.users.entry(crate::api::Uid(3)).or_default());
-        let uc = UserConv {
+        let user = Arc::make_mut(st.users.entry(Uid(3)).or_default());
+        let uc = crate::inbox::state::UserConv {
             cleared_seq: MsgSeq(8),
-            ..UserConv::default()
+            ..Default::default()
         };
         user.order.insert(uc.key(ConvId(7)));
         user.convs.insert(ConvId(7), uc);
+        st.replica_index = 3;
         let body = encode_state(&st);
-        assert_eq!(decode_state(&body).unwrap(), st, "large groups round-trip");
-        let mut plain = State::new(0);
-        plain.convs.entry(ConvId(7)).or_default();
-        let mut older = encode_state(&plain);
-        // No idempotency table (its mark and a zero count), no large
-        // groups (two zero counts).
-        older.truncate(older.len() - 16 - 16);
-        assert_eq!(decode_state(&older).unwrap(), plain);
+        assert_eq!(
+            decode_state(&body).unwrap(),
+            st,
+            "every section round-trips"
+        );
+        let bare = with_sections(&body, |s| {
+            s.retain(|(t, _)| [tag::HEAD, tag::CONVS, tag::USERS].contains(t))
+        });
+        let mut plain = st.clone();
+        let conv = Arc::make_mut(plain.convs.get_mut(&ConvId(7)).unwrap());
+        conv.edits = Default::default();
+        conv.large = None;
+        let user = Arc::make_mut(plain.users.get_mut(&Uid(3)).unwrap());
+        user.convs.get_mut(&ConvId(7)).unwrap().cleared_seq = MsgSeq(0);
+        plain.replica_index = 0;
+        assert_eq!(decode_state(&bare).unwrap(), plain);
+    }
+
+    /// A checkpoint as format 2 wrote it (`INBXCKP2`, untagged), committed
+    /// as a fixture: written by the engine of that format after two users
+    /// joined conversation 10 and five joined 20 (a large group from its
+    /// fourth member), user 2 registered device 7, three messages and an
+    /// edit were sent, user 2 read up to `msg_seq` 3 and pinned 10, and one
+    /// round was replicated (a message in 10) at LSN 15.
+    #[test]
+    fn a_format_2_checkpoint_still_loads_and_is_written_again_as_format_3() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/checkpoint-v2.bin");
+        assert_eq!(&fs::read(&path).unwrap()[..8], MAGIC_V2);
+        let (lsn, st) = read(&path).unwrap();
+        assert_eq!((lsn, st.evt_lsn, st.replica_index), (15, 15, 1));
+        assert_eq!(st.users.len(), 5);
+        let small = &st.convs[&ConvId(10)];
+        assert_eq!(small.head(), MsgSeq(6), "2 joins, 2 sends, an edit, 1 more");
+        assert!(small.large.is_none());
+        assert!(!small.edits.is_empty(), "the edit is linked to its target");
+        assert!(st.convs[&ConvId(20)].large.is_some());
+        let user = &st.users[&Uid(2)];
+        assert_eq!(user.devices.len(), 1);
+        assert_eq!(user.devices[0].row.device, crate::api::DeviceId(7));
+        let row = user.convs.get(&ConvId(10)).unwrap();
+        assert_eq!((row.read_seq, row.pinned), (MsgSeq(3), true));
+        assert!(st.idem.len() >= 4, "the sends' idempotency keys");
+        let body = encode_state(&st);
+        assert_eq!(decode_state(&body).unwrap(), st);
     }
 
     #[test]

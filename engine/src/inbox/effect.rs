@@ -27,7 +27,7 @@ use super::snapshots::record::Records as SnapshotsRecords;
 #[cfg(doc)]
 use super::state::record::Record;
 use super::state::record::{
-    kinds_are_distinct, ApplyAt, ApplyError, RecordSet, Touched, EFFECT_FORMAT_VERSION,
+    kinds_are_distinct, ApplyAt, ApplyError, RecordKind, RecordSet, Touched, EFFECT_FORMAT_VERSION,
 };
 use super::state::{PackedLoc, State};
 use crate::api::{SyncEvent, SyncSeq, TimestampMs};
@@ -50,6 +50,8 @@ macro_rules! subsystems {
 
         /// Each subsystem's kind codes.
         pub(crate) const KIND_SETS: &[&[u8]] = &[$(<$set as RecordSet>::KINDS),+];
+        /// Each subsystem's kinds, as their [`Record`] impls define them.
+        pub(crate) const KIND_TABLES: &[&[RecordKind]] = &[$(<$set as RecordSet>::TABLE),+];
 
         impl Effect {
             /// The `evt` log record kind.
@@ -57,6 +59,24 @@ macro_rules! subsystems {
                 match self {
                     $(Effect::$variant(r) => r.kind(),)+
                     Effect::Copied(inner) => inner.record_kind() | COPY_FLAG,
+                }
+            }
+
+            /// The record in one line for `inboxd dump`: its kind's name,
+            /// then its fields.
+            pub fn describe(&self) -> String {
+                match self {
+                    $(Effect::$variant(r) => r.describe(),)+
+                    Effect::Copied(inner) => format!("copy of {}", inner.describe()),
+                }
+            }
+
+            /// Whether the record may append events or change whom later
+            /// messages reach (a copy: what it copies).
+            pub fn may_append_events(&self) -> bool {
+                match self {
+                    $(Effect::$variant(r) => r.may_append_events(),)+
+                    Effect::Copied(inner) => inner.may_append_events(),
                 }
             }
 

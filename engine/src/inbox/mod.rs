@@ -54,6 +54,7 @@ mod consistency;
 mod devices;
 mod effect;
 mod inspect;
+pub mod kinds;
 mod messaging;
 mod pending;
 mod read;

@@ -57,6 +57,8 @@ pub(crate) struct BodyMove {
 
 impl Record for MoveBodiesEffect {
     const KIND: u8 = 10;
+    const NAME: &'static str = "move-bodies";
+    const MAY_APPEND_EVENTS: bool = false;
 
     fn encode_body(&self, w: &mut Writer) {
         w.u32(u32::try_from(self.0.len()).unwrap_or(u32::MAX));
@@ -83,6 +85,10 @@ impl Record for MoveBodiesEffect {
             });
         }
         Ok(MoveBodiesEffect(moves))
+    }
+
+    fn describe(&self) -> String {
+        format!("{} messages to msg", self.0.len())
     }
 
     fn apply(&self, st: &mut State, _at: ApplyAt<'_>) -> Result<(), ApplyError> {
@@ -125,6 +131,8 @@ pub(crate) const RELOCATIONS_PER_RECORD_MAX: usize = 4096;
 
 impl Record for TrimEffect {
     const KIND: u8 = 6;
+    const NAME: &'static str = "trim";
+    const MAY_APPEND_EVENTS: bool = false;
 
     fn encode_body(&self, w: &mut Writer) {
         w.u64(self.uid);
@@ -138,6 +146,10 @@ impl Record for TrimEffect {
         })
     }
 
+    fn describe(&self) -> String {
+        format!("uid {} events_base {}", self.uid, self.events_base)
+    }
+
     fn apply(&self, st: &mut State, _at: ApplyAt<'_>) -> Result<(), ApplyError> {
         st.apply_trim(self.uid, self.events_base)
     }
@@ -145,6 +157,8 @@ impl Record for TrimEffect {
 
 impl Record for RelocateEffect {
     const KIND: u8 = 7;
+    const NAME: &'static str = "relocate";
+    const MAY_APPEND_EVENTS: bool = false;
 
     fn encode_body(&self, w: &mut Writer) {
         w.u32(u32::try_from(self.0.len()).unwrap_or(u32::MAX));
@@ -173,6 +187,10 @@ impl Record for RelocateEffect {
         Ok(RelocateEffect(moves))
     }
 
+    fn describe(&self) -> String {
+        format!("{} events", self.0.len())
+    }
+
     fn apply(&self, st: &mut State, _at: ApplyAt<'_>) -> Result<(), ApplyError> {
         st.apply_relocate(&self.0);
         Ok(())
@@ -181,6 +199,8 @@ impl Record for RelocateEffect {
 
 impl Record for TrimMsgsEffect {
     const KIND: u8 = 8;
+    const NAME: &'static str = "trim-messages";
+    const MAY_APPEND_EVENTS: bool = false;
 
     fn encode_body(&self, w: &mut Writer) {
         w.u64(self.conv);
@@ -192,6 +212,10 @@ impl Record for TrimMsgsEffect {
             conv: r.id()?,
             msgs_base: r.id()?,
         })
+    }
+
+    fn describe(&self) -> String {
+        format!("conv {} msgs_base {}", self.conv, self.msgs_base)
     }
 
     fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {

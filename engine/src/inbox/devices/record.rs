@@ -37,6 +37,8 @@ pub(crate) struct DeviceEffect {
 
 impl Record for DeviceEffect {
     const KIND: u8 = 4;
+    const NAME: &'static str = "device";
+    const MAY_APPEND_EVENTS: bool = false;
 
     fn encode_body(&self, w: &mut Writer) {
         w.u64(self.uid);
@@ -48,6 +50,23 @@ impl Record for DeviceEffect {
             uid: r.id()?,
             row: get_device_row(r)?,
         })
+    }
+
+    fn describe(&self) -> String {
+        let r = &self.row;
+        format!(
+            "uid {} device {} generation {} acked_sync_seq {} state {:?} last_seen_ms {}{}",
+            self.uid,
+            r.device,
+            r.generation,
+            r.acked_sync_seq,
+            r.state,
+            r.last_seen_ms,
+            match &r.lease {
+                Some(l) => format!(" lease {} resume_from {}", l.lease_id, l.resume_from),
+                None => String::new(),
+            }
+        )
     }
 
     fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {

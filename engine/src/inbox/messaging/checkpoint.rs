@@ -1,7 +1,10 @@
 //! The messaging tables in a checkpoint: conversations (messages and
 //! membership periods), each user's conversation state, the idempotency
-//! keys (their old section and the table) and the edit links. Layout in `docs/FORMAT.md`, "Checkpoint
-//! file"; the order of sections is `checkpoint.rs`'s.
+//! table (and the keys' old section, read from older checkpoints), the
+//! edit links and the large groups. Each function writes or reads the
+//! bytes of one section; the section's tag, its length and the order of
+//! sections are `checkpoint.rs`'s. Layout in `docs/FORMAT.md`,
+//! "Checkpoint file".
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -93,7 +96,8 @@ pub(crate) fn put_user_convs(w: &mut Writer, u: &User) {
 }
 
 pub(crate) fn get_user_convs(r: &mut Reader<'_>, u: &mut User) -> DecodeResult<()> {
-    for _ in 0..r.count(60)? {
+    // 55 bytes: the row above with an empty summary.
+    for _ in 0..r.count(55)? {
         let conv: ConvId = r.id()?;
         let uc = UserConv {
             read_seq: r.id()?,
@@ -114,16 +118,10 @@ pub(crate) fn get_user_convs(r: &mut Reader<'_>, u: &mut User) -> DecodeResult<(
     Ok(())
 }
 
-/// The idempotency keys' old place, whole keys by key then in insertion
-/// order: written empty since the table holds tags
-/// ([`put_idempotency_table`]), read for a checkpoint written before.
-pub(crate) fn put_idempotency(w: &mut Writer, _st: &State) {
-    w.u64(0);
-    w.u64(0);
-}
-
-/// Reads the old section into the table: the keys in insertion order,
-/// each once (at the time its map entry has).
+/// Reads the idempotency keys' old section into the table: whole keys by
+/// key then in insertion order, in checkpoints of format 1 and 2 (format 2
+/// wrote it empty, the table in [`put_idempotency_table`]); each key
+/// once, at the time its map entry has.
 pub(crate) fn get_idempotency(r: &mut Reader<'_>, st: &mut State) -> DecodeResult<()> {
     let mut keys = HashMap::new();
     for _ in 0..r.count(56)? {

@@ -48,6 +48,8 @@ pub(crate) struct ModeEffect {
 
 impl Record for ModeEffect {
     const KIND: u8 = 12;
+    const NAME: &'static str = "large-group";
+    const MAY_APPEND_EVENTS: bool = true;
 
     fn encode_body(&self, w: &mut Writer) {
         w.u64(self.conv);
@@ -59,6 +61,10 @@ impl Record for ModeEffect {
             conv: r.id()?,
             switch_seq: r.id()?,
         })
+    }
+
+    fn describe(&self) -> String {
+        format!("conv {} switch_seq {}", self.conv, self.switch_seq)
     }
 
     fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {
@@ -99,6 +105,8 @@ pub(crate) struct ClearEffect {
 
 impl Record for ClearEffect {
     const KIND: u8 = 13;
+    const NAME: &'static str = "clear-marker";
+    const MAY_APPEND_EVENTS: bool = false;
 
     fn encode_body(&self, w: &mut Writer) {
         w.u64(self.uid);
@@ -112,6 +120,13 @@ impl Record for ClearEffect {
             conv: r.id()?,
             cleared_seq: r.id()?,
         })
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "uid {} conv {} cleared_seq {}",
+            self.uid, self.conv, self.cleared_seq
+        )
     }
 
     fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {

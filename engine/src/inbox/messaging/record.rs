@@ -214,6 +214,38 @@ pub(crate) fn decode_msg_header(r: &mut Reader<'_>) -> DecodeResult<(u8, MsgHead
     Ok((flags, h))
 }
 
+/// A message kind's name in `inboxd dump` lines.
+fn kind_name(kind: MessageKind) -> &'static str {
+    match kind {
+        MessageKind::Normal => "normal",
+        MessageKind::Join => "join",
+        MessageKind::Leave => "leave",
+        MessageKind::Recall => "recall",
+        MessageKind::Edit => "edit",
+    }
+}
+
+/// A message record in one line for `inboxd dump`: its header and the
+/// lengths of its body, never the body itself.
+pub(crate) fn describe_msg_record(record: &[u8]) -> DecodeResult<String> {
+    let mut r = Reader::new(record);
+    let (flags, h) = decode_msg_header(&mut r)?;
+    let raw_len = r.u32()?;
+    let stored_len = r.bytes()?.len();
+    let zstd = if flags & FLAG_ZSTD != 0 { " zstd" } else { "" };
+    Ok(format!(
+        "message conv {} msg_seq {} msg_id {} sender {} {} type {} target {} at_ms {} body {raw_len} bytes (stored {stored_len}{zstd})",
+        h.conv,
+        h.msg_seq,
+        h.msg_id,
+        h.sender,
+        kind_name(h.kind),
+        h.msg_type,
+        h.target,
+        h.sent_at_ms
+    ))
+}
+
 /// Decodes a message record; `raw_len_max` bounds the decompressed size.
 pub(crate) fn decode_msg_record(buf: &[u8], raw_len_max: u32) -> DecodeResult<(MsgHeader, Bytes)> {
     let mut r = Reader::new(buf);
@@ -305,6 +337,22 @@ impl MsgEffect {
         })
     }
 
+    /// The fields `inboxd dump` shows: never the summary, which holds the
+    /// message's first bytes.
+    fn describe_fields(&self) -> String {
+        format!(
+            "conv {} msg_seq {} msg_id {} sender {} {} type {} target_seq {} at_ms {}",
+            self.conv,
+            self.msg_seq,
+            self.msg_id,
+            self.sender,
+            kind_name(self.kind),
+            self.msg_type,
+            self.target_seq,
+            self.at_ms
+        )
+    }
+
     /// The message as the sync event of a user that holds it at
     /// `sync_seq`, with `summary`.
     fn event(&self, sync_seq: SyncSeq, summary: Bytes) -> SyncEvent {
@@ -336,6 +384,8 @@ impl MsgEffect {
 
 impl Record for MsgBodyEffect {
     const KIND: u8 = 9;
+    const NAME: &'static str = "message";
+    const MAY_APPEND_EVENTS: bool = true;
 
     fn encode_body(&self, w: &mut Writer) {
         self.msg.encode_fields(w, false);
@@ -350,6 +400,14 @@ impl Record for MsgBodyEffect {
             msg,
             body: Bytes::copy_from_slice(r.bytes()?),
         })
+    }
+
+    /// The message's fields, then its body described as a `msg` record
+    /// (never its bytes).
+    fn describe(&self) -> String {
+        let body = describe_msg_record(&self.body)
+            .unwrap_or_else(|e| format!("unreadable message record ({})", e.0));
+        format!("{} with its body: {body}", self.msg.describe_fields())
     }
 
     fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {
@@ -398,6 +456,8 @@ pub(crate) struct FlagsEffect {
 
 impl Record for MsgEffect {
     const KIND: u8 = 1;
+    const NAME: &'static str = "message-ref";
+    const MAY_APPEND_EVENTS: bool = true;
 
     fn encode_body(&self, w: &mut Writer) {
         self.encode_fields(w, true);
@@ -405,6 +465,21 @@ impl Record for MsgEffect {
 
     fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
         MsgEffect::decode_fields(r, true)
+    }
+
+    /// A copy made by a segment rewrite has no location of its own (the
+    /// index says where the body went): it says so.
+    fn describe(&self) -> String {
+        if self.msg_loc == crate::inbox::state::PENDING_LOC {
+            return format!("{} body where the index says", self.describe_fields());
+        }
+        let loc = crate::inbox::state::unpack(self.msg_loc);
+        format!(
+            "{} body at msg {}:{}",
+            self.describe_fields(),
+            loc.segment,
+            loc.offset
+        )
     }
 
     fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {
@@ -426,6 +501,8 @@ impl Record for MsgEffect {
 
 impl Record for ReadEffect {
     const KIND: u8 = 2;
+    const NAME: &'static str = "read";
+    const MAY_APPEND_EVENTS: bool = true;
 
     fn encode_body(&self, w: &mut Writer) {
         w.u64(self.uid);
@@ -441,6 +518,13 @@ impl Record for ReadEffect {
             read_seq: r.id()?,
             at_ms: r.u64()?,
         })
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "uid {} conv {} read_seq {} at_ms {}",
+            self.uid, self.conv, self.read_seq, self.at_ms
+        )
     }
 
     fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {
@@ -485,6 +569,8 @@ impl Record for ReadEffect {
 
 impl Record for FlagsEffect {
     const KIND: u8 = 3;
+    const NAME: &'static str = "flags";
+    const MAY_APPEND_EVENTS: bool = true;
 
     fn encode_body(&self, w: &mut Writer) {
         w.u64(self.uid);
@@ -504,6 +590,13 @@ impl Record for FlagsEffect {
             },
             at_ms: r.u64()?,
         })
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "uid {} conv {} muted {} pinned {} at_ms {}",
+            self.uid, self.conv, self.flags.muted, self.flags.pinned, self.at_ms
+        )
     }
 
     fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {

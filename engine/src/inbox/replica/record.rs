@@ -9,9 +9,8 @@
 //! ```
 //!
 //! ## Checkpoint
-//! `State::replica_index`, in the optional last section (written only
-//! when it is not 0, so a store that never replicated writes the same
-//! checkpoint as before).
+//! `State::replica_index`, in the checkpoint section of tag
+//! `REPLICA_INDEX` (0 on a store that never replicated).
 
 use crate::inbox::codec::{DecodeResult, Reader, Writer};
 use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
@@ -32,6 +31,8 @@ pub(crate) struct RoundMark {
 
 impl Record for RoundMark {
     const KIND: u8 = 14;
+    const NAME: &'static str = "round-mark";
+    const MAY_APPEND_EVENTS: bool = false;
 
     fn encode_body(&self, w: &mut Writer) {
         w.u64(self.index);
@@ -39,6 +40,10 @@ impl Record for RoundMark {
 
     fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
         Ok(RoundMark { index: r.u64()? })
+    }
+
+    fn describe(&self) -> String {
+        format!("index {}", self.index)
     }
 
     fn apply(&self, st: &mut State, _at: ApplyAt<'_>) -> Result<(), ApplyError> {

@@ -30,11 +30,8 @@ use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::checkpoint;
 use crate::inbox::codec::Reader;
-use crate::inbox::effect::Effect;
-use crate::inbox::messaging::large::ModeEffect;
-use crate::inbox::messaging::record::{
-    decode_msg_header, FlagsEffect, MsgBodyEffect, MsgEffect, ReadEffect, Records,
-};
+use crate::inbox::effect::{Effect, KIND_TABLES};
+use crate::inbox::messaging::record::{decode_msg_header, MsgBodyEffect, Records};
 use crate::inbox::state::record::Record;
 use crate::inbox::state::State;
 use crate::log::Lsn;
@@ -298,28 +295,24 @@ fn recover_message(payload: &[u8], st: &State) -> Option<Effect> {
 /// no `sync_seq`, even if the damage is in its kind byte (a message whose
 /// kind byte turned into a device row's would still read as a message).
 fn holds_no_events(kind: u8, payload: &[u8]) -> bool {
-    const EVENT_KINDS: [u8; 5] = [
-        MsgEffect::KIND,
-        MsgBodyEffect::KIND,
-        ReadEffect::KIND,
-        FlagsEffect::KIND,
-        ModeEffect::KIND,
-    ];
     Effect::decode(kind, payload).is_ok_and(|e| !may_hold_events(&e))
-        && EVENT_KINDS
-            .iter()
-            .all(|&k| Effect::decode(k, payload).is_err())
+        && event_kinds().all(|k| Effect::decode(k, payload).is_err())
+}
+
+/// The kinds whose records may append events: those whose [`Record`]
+/// impl says so.
+fn event_kinds() -> impl Iterator<Item = u8> {
+    KIND_TABLES
+        .iter()
+        .flat_map(|set| set.iter())
+        .filter(|k| k.may_append_events)
+        .map(|k| k.code)
 }
 
 /// Whether applying `effect` may append events or change whom later
-/// messages reach: a message, a read cursor, a flags change, a mode
-/// switch. Device and snapshot rows, compaction's records, marker clears
-/// and round marks never do. A copy is judged as what it copies: a
-/// damaged kind byte may have set the copy bit of an original.
+/// messages reach, as its kind's [`Record::MAY_APPEND_EVENTS`] says. A
+/// copy is judged as what it copies: a damaged kind byte may have set the
+/// copy bit of an original.
 pub(super) fn may_hold_events(effect: &Effect) -> bool {
-    match effect {
-        Effect::Messaging(r) => !matches!(r, Records::Clear(_)),
-        Effect::Copied(inner) => may_hold_events(inner),
-        _ => false,
-    }
+    effect.may_append_events()
 }

@@ -37,6 +37,8 @@ pub(crate) struct SnapshotEffect {
 
 impl Record for SnapshotEffect {
     const KIND: u8 = 5;
+    const NAME: &'static str = "snapshot";
+    const MAY_APPEND_EVENTS: bool = false;
 
     fn encode_body(&self, w: &mut Writer) {
         w.u64(self.uid);
@@ -48,6 +50,21 @@ impl Record for SnapshotEffect {
             uid: r.id()?,
             row: get_snapshot_row(r)?,
         })
+    }
+
+    fn describe(&self) -> String {
+        let r = &self.row;
+        format!(
+            "uid {} snapshot_id {} device {} generation {} base_sync_seq {} created_at_ms {} expires_at_ms {} phase {:?}",
+            self.uid,
+            r.snapshot_id,
+            r.device,
+            r.generation,
+            r.base_sync_seq,
+            r.created_at_ms,
+            r.expires_at_ms,
+            r.phase
+        )
     }
 
     fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {

@@ -1,5 +1,8 @@
 //! The one interface every logged record implements: its kind code, its
-//! codec and its `apply`. Each subsystem implements [`Record`] for the
+//! codec, its `apply`, and what tools need to know of its kind (a name and
+//! a one-line description for `inboxd dump`, whether it may append events
+//! for salvage). Nothing else lists record kinds: `dump` and `salvage`
+//! read them from here through each set's [`RecordSet::TABLE`]. Each subsystem implements [`Record`] for the
 //! records it owns, next to the commands that decide them, and lists them
 //! once with [`record_set!`], which makes the subsystem's enum of records
 //! (a [`RecordSet`]); the `Effect` enum (`inbox/effect.rs`) holds one
@@ -52,10 +55,22 @@ pub(crate) struct ApplyError(pub String);
 pub(crate) trait Record: Sized {
     /// The log record kind (bit 7 is reserved for copies).
     const KIND: u8;
+    /// The kind's name, one word as `inboxd dump` prints it before the
+    /// record's fields (`read`, `trim-messages`); distinct across kinds.
+    const NAME: &'static str;
+    /// Whether applying a record of this kind may append events to a
+    /// user's stream or change whom later messages reach. Salvage reads it:
+    /// a record of such a kind that is lost, or skipped, may have taken
+    /// `sync_seq`s with it; one of any other kind cannot.
+    const MAY_APPEND_EVENTS: bool;
     /// Writes the body (after the format byte).
     fn encode_body(&self, w: &mut Writer);
     /// Reads the body (after the format byte).
     fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self>;
+    /// The record's fields in one line, for `inboxd dump` (after
+    /// [`Record::NAME`]): what locates it (conversation and `msg_seq`,
+    /// user and `sync_seq`, device), never a message's text.
+    fn describe(&self) -> String;
     /// Changes the state as the record says.
     fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError>;
     /// The sync event the record is, for a user that holds it at
@@ -77,12 +92,41 @@ pub(crate) trait Record: Sized {
     }
 }
 
+/// What the tools know of a record kind without a record of it: the
+/// [`Record`] constants of one kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordKind {
+    /// [`Record::KIND`].
+    pub code: u8,
+    /// [`Record::NAME`].
+    pub name: &'static str,
+    /// [`Record::MAY_APPEND_EVENTS`].
+    pub may_append_events: bool,
+}
+
+impl RecordKind {
+    /// The entry of record type `R`.
+    pub(crate) const fn of<R: Record>() -> RecordKind {
+        RecordKind {
+            code: R::KIND,
+            name: R::NAME,
+            may_append_events: R::MAY_APPEND_EVENTS,
+        }
+    }
+}
+
 /// The records one subsystem owns, as one enum, dispatching to each
 /// record's [`Record`] impl. Made by [`record_set!`].
 pub(crate) trait RecordSet: Sized {
     /// Every kind code of the set, in declaration order.
     const KINDS: &'static [u8];
+    /// Every kind of the set, in declaration order.
+    const TABLE: &'static [RecordKind];
     fn kind(&self) -> u8;
+    /// `NAME`, then [`Record::describe`], of the record.
+    fn describe(&self) -> String;
+    /// [`Record::MAY_APPEND_EVENTS`] of the record's kind.
+    fn may_append_events(&self) -> bool;
     fn encode_body(&self, w: &mut Writer);
     /// Reads a body of kind `kind`, or `None` if the kind is not one of
     /// this set's.
@@ -163,9 +207,26 @@ macro_rules! record_set {
         impl $crate::inbox::state::record::RecordSet for $set {
             const KINDS: &'static [u8] = &[$(<$ty as $crate::inbox::state::record::Record>::KIND),+];
 
+            const TABLE: &'static [$crate::inbox::state::record::RecordKind] =
+                &[$($crate::inbox::state::record::RecordKind::of::<$ty>()),+];
+
             fn kind(&self) -> u8 {
                 match self {
                     $($set::$variant(_) => <$ty as $crate::inbox::state::record::Record>::KIND,)+
+                }
+            }
+
+            fn describe(&self) -> String {
+                use $crate::inbox::state::record::Record;
+                match self {
+                    $($set::$variant(r) => format!("{} {}", <$ty as Record>::NAME, r.describe()),)+
+                }
+            }
+
+            fn may_append_events(&self) -> bool {
+                use $crate::inbox::state::record::Record;
+                match self {
+                    $($set::$variant(_) => <$ty as Record>::MAY_APPEND_EVENTS,)+
                 }
             }
 
