@@ -307,18 +307,19 @@ fn msg_segments(dir: &Path) -> Vec<(PathBuf, u64)> {
 }
 
 /// Undoes in the image at `img` every `msg` write made after `before`:
-/// newer segment files go, older ones are cut back to their old end.
+/// newer segment files go, older ones read zeros past their old end.
 fn undo_msg_writes(img: &Path, before: &[(PathBuf, u64)]) {
     for (path, _) in msg_segments(img) {
         let name = path.file_name().unwrap().to_owned();
         match before.iter().find(|(p, _)| p.file_name() == Some(&name)) {
             None => std::fs::remove_file(&path).unwrap(),
-            Some((_, end)) => std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .unwrap()
-                .set_len(*end)
-                .unwrap(),
+            // Back to zeros, as the preallocated segment read before those
+            // writes: a shorter file would be a segment cut from outside.
+            Some((_, end)) => {
+                let mut bytes = std::fs::read(&path).unwrap();
+                bytes[*end as usize..].fill(0);
+                std::fs::write(&path, bytes).unwrap();
+            }
         }
     }
 }

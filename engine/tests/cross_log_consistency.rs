@@ -44,6 +44,15 @@ fn newest_segment(h: &Harness, log: &str) -> (std::path::PathBuf, u64) {
     (dir.join(format!("{:010}.seg", last.id)), last.bytes)
 }
 
+/// Zeros `seg` from `at` on: a write the disk lost reads as the
+/// preallocated zeros. (A shorter file is a segment cut from outside,
+/// refused before this check; `damage_refusals.rs` covers that.)
+fn lose_tail(seg: &std::path::Path, at: u64) {
+    let mut bytes = std::fs::read(seg).unwrap();
+    bytes[at as usize..].fill(0);
+    std::fs::write(seg, bytes).unwrap();
+}
+
 fn shut_down(h: &mut Harness) -> InboxConfig {
     h.ib().shutdown().unwrap();
     drop(h.inbox.take());
@@ -85,12 +94,7 @@ fn a_msg_tail_lost_after_a_clean_shutdown_refuses_open_and_verify_alike() {
     let c = shut_down(&mut h);
     assert!(verify_data_dir(&c).is_ok());
     // The newest msg segment loses the end of its last record.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&seg)
-        .unwrap()
-        .set_len(end - 10)
-        .unwrap();
+    lose_tail(&seg, end - 10);
     let msg = both_refuse(&c);
     assert!(
         msg.contains(&format!("conv {CONV} message msg_seq")) && msg.contains("msg log"),
@@ -110,12 +114,7 @@ fn an_evt_tail_lost_under_a_checkpoint_refuses_open_and_verify_alike() {
     let c = shut_down(&mut h);
     assert!(verify_data_dir(&c).is_ok());
     let (seg, end) = newest_segment(&h, "evt");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&seg)
-        .unwrap()
-        .set_len(end - 5)
-        .unwrap();
+    lose_tail(&seg, end - 5);
     let msg = both_refuse(&c);
     assert!(
         msg.contains("covers evt LSN") && msg.contains("log data is missing"),

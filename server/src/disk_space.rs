@@ -14,7 +14,8 @@
 //! - a new store whose segment size was set explicitly, or one that fits
 //!   nothing, is refused, with the space needed and the flag to change;
 //! - an **existing** store keeps the segment size it was created with
-//!   (that of its newest `evt` segment) unless a flag sets one: a full disk
+//!   (recorded in its `evt` log's segment-size manifest) unless a flag
+//!   sets one: a full disk
 //!   later in its life is the engine's `NO_SPACE` path, not a reason to
 //!   refuse to start, and compaction may be what frees space.
 
@@ -102,31 +103,38 @@ pub fn choose_segment_bytes(
     })
 }
 
-/// The size of the newest `evt` segment of the store in `data_dir`, or
-/// `None` if it has none yet (a new store).
+/// The segment size the store in `data_dir` was made with, or `None` if
+/// it has no `evt` segment yet (a new store). Read from the `evt` log's
+/// segment-size manifest (`inbox_engine::log::sizes`), never from a
+/// file's length, which damage can change. A store written before the
+/// manifest existed has none until its first start: for it, the longest
+/// `evt` segment file, so that one file cut short does not decide.
 pub fn existing_segment_bytes(data_dir: &Path) -> std::io::Result<Option<u64>> {
     let dir = data_dir.join("evt");
+    let recorded = inbox_engine::log::sizes::SegmentSizes::read(&dir)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+    if let Some(bytes) = recorded.newest() {
+        return Ok(Some(bytes));
+    }
     let entries = match std::fs::read_dir(&dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    let mut newest: Option<(u64, u64)> = None;
+    let mut longest: Option<u64> = None;
     for entry in entries {
         let entry = entry?;
         let name = entry.file_name();
-        let Some(id) = name
+        let is_segment = name
             .to_str()
             .and_then(|n| n.strip_suffix(".seg"))
-            .and_then(|n| n.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        if newest.is_none_or(|(best, _)| id > best) {
-            newest = Some((id, entry.metadata()?.len()));
+            .is_some_and(|n| n.parse::<u64>().is_ok());
+        let len = entry.metadata()?.len();
+        if is_segment && len >= inbox_engine::log::SEGMENT_BYTES_MIN {
+            longest = Some(longest.map_or(len, |l| l.max(len)));
         }
     }
-    Ok(newest.map(|(_, len)| len))
+    Ok(longest)
 }
 
 /// Bytes available to an unprivileged writer on the filesystem of `path`.
@@ -231,5 +239,30 @@ mod tests {
         assert_eq!(c.segment_bytes, 8 * MIB);
         let c = choose_segment_bytes(6 * MIB, false, None, 25 * MIB).unwrap();
         assert_eq!(c.segment_bytes, MIN_SEGMENT_BYTES);
+    }
+
+    #[test]
+    fn an_existing_store_keeps_its_recorded_size_whatever_its_files_were_cut_to() {
+        use inbox_engine::log::{Log, LogOptions};
+        let data = tempfile::tempdir().unwrap();
+        let evt = data.path().join("evt");
+        drop(
+            Log::open(LogOptions {
+                segment_bytes: 65536,
+                ..LogOptions::new(&evt)
+            })
+            .unwrap(),
+        );
+        // Every segment file, the prepared spare included, cut short.
+        for entry in std::fs::read_dir(&evt).unwrap().flatten() {
+            if entry.path().extension().is_some_and(|e| e == "seg") {
+                let f = std::fs::File::options()
+                    .write(true)
+                    .open(entry.path())
+                    .unwrap();
+                f.set_len(20).unwrap();
+            }
+        }
+        assert_eq!(existing_segment_bytes(data.path()).unwrap(), Some(65536));
     }
 }

@@ -63,6 +63,86 @@ fn logs_have_no_colour_codes_off_a_terminal_and_json_is_one_object_per_line() {
     }
 }
 
+/// Waits for `child` to exit; kills it and fails if it is still running
+/// after a minute (a daemon that served instead of refusing).
+fn wait_with_deadline(mut child: std::process::Child) -> std::process::Output {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().expect("wait for inboxd").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("inboxd served a damaged store instead of refusing");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("inboxd output")
+}
+
+/// Every line of `stderr` is a JSON log record; returns the messages.
+fn json_messages(stderr: &[u8]) -> Vec<String> {
+    let stderr = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(!lines.is_empty(), "something is logged");
+    lines
+        .iter()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("a line that is not JSON: {line:?}: {e}"));
+            value["fields"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+                + " "
+                + value["fields"]["error"].as_str().unwrap_or("")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn under_json_logs_configuration_and_fatal_errors_are_json_lines_too() {
+    let data = inbox_tests::data_dir();
+    let dir = data.path().display().to_string();
+    let missing = data.path().join("no-such.toml").display().to_string();
+    let config = inboxd(&["--log-format", "json", "verify", "--config", &missing]);
+    assert_eq!(config.status.code(), Some(2), "{config:?}");
+    json_messages(&config.stderr);
+
+    // A store whose newest evt segment was cut short: serve refuses,
+    // naming the log, the segment file and the size it was made with.
+    let daemon = Daemon::start_with(data.path(), &["--segment-bytes", "65536"]);
+    let client = daemon.client().await;
+    for device in 1..=5 {
+        inbox_tests::register(&client, 1, device).await;
+    }
+    drop(client);
+    assert!(daemon.stop().success());
+    let seg = data.path().join("evt").join("0000000001.seg");
+    std::fs::File::options()
+        .write(true)
+        .open(&seg)
+        .unwrap()
+        .set_len(30_000)
+        .unwrap();
+    let mut serve = inbox_tests::serve_command(&inboxd_binary(), data.path(), &[]);
+    let serve = serve
+        .args(["--log-format", "json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run inboxd serve");
+    let serve = wait_with_deadline(serve);
+    assert!(!serve.status.success(), "{serve:?}");
+    let said = json_messages(&serve.stderr).join("\n");
+    for part in ["log evt", "0000000001.seg", "65536 bytes long"] {
+        assert!(said.contains(part), "the refusal names {part}: {said}");
+    }
+    let verify = inboxd(&["--log-format", "json", "verify", "--data-dir", &dir]);
+    assert_eq!(verify.status.code(), Some(1), "{verify:?}");
+    json_messages(&verify.stderr);
+    let report = String::from_utf8_lossy(&verify.stdout);
+    assert!(report.contains("65536 bytes long"), "{report}");
+}
+
 #[tokio::test]
 async fn dump_prints_records_and_where_a_damaged_segment_stops() {
     let data = inbox_tests::data_dir();

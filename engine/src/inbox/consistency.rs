@@ -12,24 +12,15 @@
 //! log's recovered segment ends, no record read.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use super::config::InboxConfig;
-use super::recover::{self, EvtSource, RecoveryReport};
+use super::recover::{self, RecoveryReport};
 use super::state::{body_at, unpack, BodyLog, PackedLoc, State, PENDING_LOC};
 use crate::error::{Error, Result};
-use crate::log::{self, Log, LogError, Lsn, ReplayFn, SegmentId};
+use crate::log::{Log, SegmentId};
 
 /// The end of the durable data of each segment of one log.
 pub(crate) type Ends = BTreeMap<SegmentId, u64>;
-
-/// The ends of an open log's segments.
-pub(crate) fn ends_of(log: &Log) -> Ends {
-    log.segments()
-        .into_iter()
-        .map(|s| (s.id, s.bytes))
-        .collect()
-}
 
 fn check_at(ends: &Ends, loc: PackedLoc) -> std::result::Result<(), String> {
     if loc == PENDING_LOC {
@@ -94,67 +85,12 @@ pub(crate) fn check_locations(st: &State, evt: &Ends, msg: &Ends) -> Result<()> 
     Ok(())
 }
 
-/// The `evt` log of a directory, read-only, as verify sees it.
-struct DirSource<'a> {
-    dir: &'a Path,
-    report: &'a log::VerifyReport,
-}
-
-impl EvtSource for DirSource<'_> {
-    fn durable_lsn(&self) -> Lsn {
-        self.report.last_lsn.unwrap_or(0)
-    }
-    fn first_lsn(&self) -> Option<Lsn> {
-        // The oldest begun segment (prepared ones carry no LSN yet).
-        self.report.segments.iter().find_map(|s| s.first_lsn)
-    }
-    fn replay(&self, after: Lsn, f: &mut ReplayFn<'_>) -> std::result::Result<(), LogError> {
-        if self.dir.exists() {
-            log::replay_dir(self.dir, after, f)?;
-        }
-        Ok(())
-    }
-}
-
-fn verify_log(dir: &Path) -> Result<log::VerifyReport> {
-    if !dir.exists() {
-        return Ok(log::VerifyReport::default());
-    }
-    let report = log::verify(dir)?;
-    if let Some(p) = report
-        .problems
-        .iter()
-        .find(|p| p.kind == log::ProblemKind::Corruption)
-    {
-        return Err(LogError::Corruption {
-            segment: p.segment,
-            offset: p.offset,
-            reason: p.reason.clone(),
-        }
-        .into());
-    }
-    Ok(report)
-}
-
-fn segment_ends(report: &log::VerifyReport) -> Ends {
-    report.segments.iter().map(|s| (s.id, s.bytes)).collect()
-}
-
 /// What `Inbox::open` would conclude about `config.data_dir`, read-only:
 /// both logs scanned as recovery scans them (a torn tail left out, as
 /// open cuts it), the state recovered from the newest usable checkpoint
 /// and the `evt` log after it (a checkpoint beyond the log's end refuses),
 /// then every index location checked against both logs. Never writes.
 pub fn verify_data_dir(config: &InboxConfig) -> Result<RecoveryReport> {
-    let data = &config.data_dir;
-    let evt_dir = data.join("evt");
-    let evt = verify_log(&evt_dir)?;
-    let msg = verify_log(&data.join("msg"))?;
-    let source = DirSource {
-        dir: &evt_dir,
-        report: &evt,
-    };
-    let (state, report) = recover::load_state_reporting(config, &source)?;
-    check_locations(&state, &segment_ends(&evt), &segment_ends(&msg))?;
-    Ok(report)
+    // The verdict `Inbox::open` acts on; the caller holds the locks.
+    recover::decide(config, false).map(|v| v.report)
 }

@@ -135,21 +135,19 @@ impl Inbox {
             io: config.io,
             ..LogOptions::new(data.join(name))
         };
-        let open_log = |name: &str| match &io {
-            Some(io) => Log::open_with_io(log_opts(name), Arc::clone(io)),
-            None => Log::open(log_opts(name)),
-        };
         let started = std::time::Instant::now();
-        let msg_log = open_log("msg")?;
-        let evt_log = open_log("evt")?;
+        // The verdict first, from reads alone: a refusal changes nothing.
+        let verdict = recover::decide(&config, true)?;
         let logs_opened = started.elapsed();
-        let (state, recovery) = recover::load_state_reporting(&config, &evt_log)?;
+        let io = match io {
+            Some(io) => io,
+            None => crate::log::default_io(config.io)?,
+        };
+        let open_log = |name: &str, plan| Log::open_planned(log_opts(name), Arc::clone(&io), plan);
+        let msg_log = open_log("msg", verdict.msg)?;
+        let evt_log = open_log("evt", verdict.evt)?;
+        let (state, recovery) = (verdict.state, verdict.report);
         let state_loaded = started.elapsed();
-        consistency::check_locations(
-            &state,
-            &consistency::ends_of(&evt_log),
-            &consistency::ends_of(&msg_log),
-        )?;
         tracing::info!(
             logs_ms = logs_opened.as_millis() as u64,
             state_ms = (state_loaded - logs_opened).as_millis() as u64,

@@ -1,6 +1,14 @@
 //! Recovery (R22): the newest valid checkpoint, then the `evt` log after
 //! its LSN, applied with the same `Effect::apply` the sequencer uses.
 //!
+//! [`decide`] is the one verdict on a data directory, for `serve` (through
+//! `Inbox::open`) and for `inboxd verify` alike: both logs planned from
+//! reads alone (`crate::log::plan`), the state recovered from the planned
+//! `evt` log, LSNs missing past the checkpoint refused, and every index
+//! location checked against the planned ends. Only when it says serve does
+//! open write anything (cut a torn tail, remove leftovers), so a refused
+//! start leaves the directory byte for byte as it was.
+//!
 //! A checkpoint that fails its checks is skipped with a warning and an
 //! older one (or a full replay) is used instead: the log still holds every
 //! record after the older checkpoint, so nothing is lost. A checkpoint that
@@ -13,7 +21,7 @@ use super::effect::Effect;
 use super::state::record::Touched;
 use super::state::{pack, Scratch, State};
 use crate::error::{Error, Result};
-use crate::log::{Log, LogError, Lsn, ReplayFn};
+use crate::log::{Log, LogError, LogPlan, Lsn, ReplayFn};
 
 /// Where recovery reads the `evt` log from: the open log (serve), or its
 /// directory read-only (`inboxd verify`), so both judge the same way.
@@ -23,6 +31,11 @@ pub(crate) trait EvtSource {
     /// The first LSN of the oldest segment, if any.
     fn first_lsn(&self) -> Option<Lsn>;
     fn replay(&self, after: Lsn, f: &mut ReplayFn<'_>) -> std::result::Result<(), LogError>;
+    /// LSN ranges missing between segments that remain (a plan knows
+    /// them; an open log was checked when it was planned).
+    fn gaps(&self) -> Vec<(Lsn, Lsn)> {
+        Vec::new()
+    }
 }
 
 impl EvtSource for Log {
@@ -35,6 +48,85 @@ impl EvtSource for Log {
     fn replay(&self, after: Lsn, f: &mut ReplayFn<'_>) -> std::result::Result<(), LogError> {
         Log::replay(self, after, f)
     }
+}
+
+impl EvtSource for LogPlan {
+    fn durable_lsn(&self) -> Lsn {
+        self.last_lsn()
+    }
+    fn first_lsn(&self) -> Option<Lsn> {
+        LogPlan::first_lsn(self)
+    }
+    fn replay(&self, after: Lsn, f: &mut ReplayFn<'_>) -> std::result::Result<(), LogError> {
+        LogPlan::replay(self, after, f)
+    }
+    fn gaps(&self) -> Vec<(Lsn, Lsn)> {
+        LogPlan::gaps(self).to_vec()
+    }
+}
+
+/// What [`decide`] concluded: serve, with these plans and this state.
+pub(crate) struct Verdict {
+    pub msg: LogPlan,
+    pub evt: LogPlan,
+    pub state: State,
+    pub report: RecoveryReport,
+}
+
+/// Names the log in a corruption error from it, so the refusal says
+/// "log, segment, offset".
+fn in_log(name: &str, e: LogError) -> LogError {
+    match e {
+        LogError::Corruption {
+            segment,
+            offset,
+            reason,
+        } => LogError::Corruption {
+            segment,
+            offset,
+            reason: format!(
+                "log {name}{}: {reason}",
+                if segment > 0 {
+                    format!(" ({})", crate::log::segment_file_name(segment))
+                } else {
+                    String::new()
+                }
+            ),
+        },
+        e => e,
+    }
+}
+
+/// The verdict on `cfg.data_dir`, from reads alone (see the module docs).
+/// `lock` takes each log directory's lock for the plans to hold (`serve`);
+/// without it the caller holds them (`verify`). `Err` is the refusal.
+pub(crate) fn decide(cfg: &InboxConfig, lock: bool) -> Result<Verdict> {
+    let plan = |name: &str| {
+        let dir = cfg.data_dir.join(name);
+        let planned = if lock {
+            crate::log::plan_locked(&dir, cfg.segment_bytes)
+        } else {
+            crate::log::plan(&dir, cfg.segment_bytes)
+        };
+        planned.map_err(|e| in_log(name, e))
+    };
+    let msg = plan("msg")?;
+    let evt = plan("evt")?;
+    let (state, report) = load_state_reporting(cfg, &evt).map_err(|e| match e {
+        Error::Log(e) => Error::Log(in_log("evt", e)),
+        e => e,
+    })?;
+    super::consistency::check_locations(
+        &state,
+        &evt.ends().into_iter().collect(),
+        &msg.ends().into_iter().collect(),
+    )?;
+    Ok(Verdict {
+        msg,
+        evt,
+        state,
+        report,
+    })
 }
 
 /// Where recovery started and how much it replayed.
@@ -104,6 +196,17 @@ pub(crate) fn load_state_reporting(
                 ),
             });
         }
+    }
+    // Compaction deletes only segments a checkpoint covers: LSNs missing
+    // past the state's are records a segment held and lost.
+    if let Some((lo, hi)) = evt.gaps().into_iter().find(|(_, hi)| *hi > after) {
+        return Err(Error::Corruption {
+            what: "data directory",
+            reason: format!(
+                "log evt is missing LSNs {lo}..={hi} (a segment between two that remain is \
+                 gone), and the newest usable checkpoint covers only LSN {after}"
+            ),
+        });
     }
     let mut replayed = 0u64;
     evt.replay(after, &mut |lsn, loc, kind, payload| {

@@ -165,6 +165,16 @@ impl Shared {
     /// compaction) and the newest one's size (for the next periodic one).
     pub(crate) fn know_checkpoints(&self, files: &[(u64, std::path::PathBuf)]) {
         *self.checkpoints.lock() = files.iter().map(|(lsn, _)| *lsn).collect();
+        // A checkpoint past where the evt log ended at open was written by
+        // this process and covers any torn tail open cut: its kept bytes
+        // can go.
+        if files
+            .first()
+            .is_some_and(|(lsn, _)| *lsn > self.evt_log.recovery_report().last_lsn)
+        {
+            self.evt_log.release_cut_bytes();
+            self.msg_log.release_cut_bytes();
+        }
         self.newest_checkpoint_bytes.store(
             super::checkpoint::newest_bytes(files),
             std::sync::atomic::Ordering::Relaxed,

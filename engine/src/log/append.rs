@@ -12,15 +12,28 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use super::batch::{AppendTicket, Appended, Batch, Waiter};
 use super::format::{self, SEGMENT_HEADER_LEN};
 use super::io::{LogIo, PwriteIo};
-use super::lock::lock_dir;
 use super::prepare::{self, Freed, Preparer};
-use super::recovery::{self, RecoveryReport};
+use super::recovery::{self, LogPlan, RecoveryReport};
 use super::shared::{ActiveTail, Shared, SubmitState};
 use super::uring::UringIo;
 use super::writer::{self, Item};
-use super::{
-    IoBackend, LogError, LogOptions, LogStats, SegmentId, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
-};
+use super::{IoBackend, LogError, LogOptions, LogStats, SegmentId};
+
+/// The IO backend `backend` names, or why the kernel refuses it.
+pub fn default_io(backend: IoBackend) -> Result<Arc<dyn LogIo>, LogError> {
+    Ok(match backend {
+        IoBackend::Pwrite => Arc::new(PwriteIo),
+        IoBackend::IoUring => Arc::new(UringIo::new().map_err(|e| {
+            LogError::Io(std::io::Error::new(
+                e.kind(),
+                format!(
+                    "io_uring setup failed ({e}); the kernel may lack io_uring or have it \
+                     disabled: use the pwrite backend"
+                ),
+            ))
+        })?),
+    })
+}
 
 /// An append-only segment log. Cheap to share by reference across threads.
 pub struct Log {
@@ -28,6 +41,8 @@ pub struct Log {
     writer: Option<crate::threads::Handle>,
     preparer: Option<crate::threads::Handle>,
     report: RecoveryReport,
+    /// Side files keeping the bytes of torn-tail cuts, until released.
+    cut_files: Mutex<Vec<std::path::PathBuf>>,
     /// Held for the life of the log: one process per directory.
     _lock: File,
 }
@@ -62,36 +77,39 @@ impl Log {
 
     /// Opens the log in `opts.dir`, recovering it (see [`RecoveryMode`]).
     pub fn open(opts: LogOptions) -> Result<Log, LogError> {
-        let io: Arc<dyn LogIo> = match opts.io {
-            IoBackend::Pwrite => Arc::new(PwriteIo),
-            IoBackend::IoUring => Arc::new(UringIo::new().map_err(|e| {
-                LogError::Io(std::io::Error::new(
-                    e.kind(),
-                    format!(
-                        "io_uring setup failed ({e}); the kernel may lack io_uring or have it \
-                         disabled: use the pwrite backend"
-                    ),
-                ))
-            })?),
-        };
+        let io = default_io(opts.io)?;
         Self::open_with_io(opts, io)
     }
 
     /// [`Log::open`] with a given IO backend (e.g. [`FaultyIo`] in tests);
     /// `opts.io` is ignored.
     pub fn open_with_io(opts: LogOptions, io: Arc<dyn LogIo>) -> Result<Log, LogError> {
-        if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&opts.segment_bytes) {
+        let plan = recovery::plan_locked(&opts.dir, opts.segment_bytes)?;
+        Self::open_planned(opts, io, plan)
+    }
+
+    /// Opens the log as `plan` (from [`super::plan_locked`] on
+    /// `opts.dir`) decided: the caller has looked at the plan and chose to
+    /// serve. Only now is anything written.
+    pub fn open_planned(
+        opts: LogOptions,
+        io: Arc<dyn LogIo>,
+        plan: LogPlan,
+    ) -> Result<Log, LogError> {
+        recovery::check_segment_bytes(opts.segment_bytes)?;
+        if plan.dir() != opts.dir || plan.segment_bytes() != opts.segment_bytes || !plan.is_locked()
+        {
             return Err(LogError::InvalidArgument(format!(
-                "segment_bytes {} is outside {SEGMENT_BYTES_MIN}..={SEGMENT_BYTES_MAX}",
+                "a plan for {} ({} byte segments) cannot open {} ({} byte segments); plan \
+                 under the directory's lock",
+                plan.dir().display(),
+                plan.segment_bytes(),
+                opts.dir.display(),
                 opts.segment_bytes
             )));
         }
-        std::fs::create_dir_all(&opts.dir)?;
-        let lock = lock_dir(&opts.dir)?;
-        // A truncation cut short by a crash is finished before anything is
-        // read, so recovery sees the log after it (see `truncate`).
-        super::truncate::finish_pending(&opts.dir, io.as_ref())?;
-        let rec = recovery::recover(&opts.dir, io.as_ref(), opts.segment_bytes, opts.recovery)?;
+        let mut rec = plan.apply(io.as_ref())?;
+        let lock = rec.lock.take().expect("checked: the plan holds the lock");
         tracing::info!(
             dir = %opts.dir.display(),
             segments = rec.report.segments,
@@ -159,6 +177,7 @@ impl Log {
             writer: Some(writer),
             preparer: Some(preparer),
             report: rec.report,
+            cut_files: Mutex::new(rec.cut_files),
             _lock: lock,
         })
     }
@@ -362,6 +381,30 @@ impl Log {
     /// What recovery found at open (torn tail cut, counts).
     pub fn recovery_report(&self) -> &RecoveryReport {
         &self.report
+    }
+
+    /// Side files that keep the bytes torn-tail cuts removed (see
+    /// `recovery`), this open's and earlier ones'.
+    pub fn cut_files(&self) -> Vec<std::path::PathBuf> {
+        self.cut_files.lock().clone()
+    }
+
+    /// Removes the side files of torn-tail cuts: the owner calls it once a
+    /// checkpoint newer than the open covers the log's end, so the cut is
+    /// settled for good. A file that cannot be removed is kept and logged.
+    pub fn release_cut_bytes(&self) {
+        let mut files = self.cut_files.lock();
+        files.retain(|path| match self.shared.io.remove(path) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "removed the bytes a torn-tail cut kept: a newer checkpoint covers the log's end");
+                false
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot remove the bytes a torn-tail cut kept");
+                true
+            }
+        });
     }
 
     /// Writer counters.

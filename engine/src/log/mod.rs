@@ -20,9 +20,12 @@
 //! - Reads ([`Log::read`], [`Log::replay`]) never see bytes that are not
 //!   durable: sealed segments through one `Arc<Mmap>` each, the active
 //!   segment with pread below its durable length ([`segment`]).
-//! - [`Log::open`] recovers ([`recovery`]): a torn tail of the last begun
-//!   segment is cut, any other damage refuses to open. [`verify()`] checks a
-//!   directory offline.
+//! - [`Log::open`] recovers ([`recovery`]): it plans from reads alone, and
+//!   only once it serves does it write: a torn tail of the last begun
+//!   segment is cut (its bytes kept in a side file), any other damage,
+//!   a segment shorter than its recorded size ([`sizes`]) included,
+//!   refuses to open and changes nothing. [`verify()`] checks a directory
+//!   offline with the same scan.
 //!
 //! Invariants: LSNs are contiguous from 1 (per log); batches become durable
 //! in LSN order; a write or fsync error poisons the log for good (R21) and
@@ -42,6 +45,7 @@ mod read;
 mod recovery;
 mod segment;
 mod shared;
+pub mod sizes;
 mod truncate;
 mod uring;
 mod verify;
@@ -50,13 +54,13 @@ mod writer;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use append::Log;
+pub use append::{default_io, Log};
 pub use batch::{AppendTicket, Appended, Batch, Record};
 pub use cache::{reclaims_so_far, LOOK_VALID_FOR};
 pub use faulty::FaultyIo;
 pub use io::{write_file_durably, LogIo, PwriteIo};
 pub use lock::lock_dir;
-pub use recovery::{RecoveryReport, TruncatedTail};
+pub use recovery::{cut_file_name, plan, plan_locked, LogPlan, RecoveryReport, TruncatedTail};
 /// For the salvage scan, which walks segment files itself, and the
 /// replica image, which packs them.
 pub(crate) use segment::{

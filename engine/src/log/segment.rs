@@ -474,6 +474,21 @@ fn scan_recycled_tail(
     s
 }
 
+/// Why a begun segment file of `file_len` bytes is damage when it was made
+/// `recorded` bytes long ([`super::sizes`]): segments are preallocated and
+/// only ever overwritten, so no write of the log (torn or not) leaves one
+/// shorter. `None` when it is whole or its size was never recorded.
+pub fn short_file(file_len: u64, recorded: Option<u64>) -> Option<String> {
+    let size = recorded?;
+    (file_len < size).then(|| {
+        format!(
+            "the file is {file_len} bytes but the segment was made {size} bytes long: it was \
+             cut short from outside (truncated, or copied incompletely), not torn by a write; \
+             whatever it held past byte {file_len} is missing"
+        )
+    })
+}
+
 /// What a segment file is, as far as its header tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileKind {

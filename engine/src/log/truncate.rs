@@ -9,9 +9,10 @@
 //! clear. Then the bytes `[cut, end)` of that segment are overwritten with
 //! zeros and synced, and the intent is removed (directory fsync). A power
 //! cut before the intent is durable leaves the log as it was; from the
-//! moment it is durable, `Log::open` finishes the truncation before it
-//! recovers anything (zeroing again is harmless), so recovery sees the log
-//! either before the truncation or after it, never in between.
+//! moment it is durable, recovery reads the cut range as zeros and
+//! `Log::open` finishes the truncation once it has decided to serve
+//! (zeroing again is harmless), so recovery sees the log either before
+//! the truncation or after it, never in between.
 //!
 //! Only a cut inside the active segment is done on an open log: a sealed
 //! segment is immutable (mapped by readers, counted by compaction), so a
@@ -102,13 +103,14 @@ fn remove_intent(io: &dyn LogIo, dir: &Path) -> std::io::Result<()> {
     io.sync_dir(dir)
 }
 
-/// Finishes a truncation whose intent is durable in `dir`; called by
-/// `Log::open` before recovery. Nothing to do without an intent.
-pub(super) fn finish_pending(dir: &Path, io: &dyn LogIo) -> Result<(), LogError> {
+/// The truncation whose intent is durable in `dir`, checked, without
+/// doing it: recovery plans with its range read as zeros, and
+/// [`finish_pending`] does it once the log is to be served.
+pub(super) fn read_pending(dir: &Path) -> Result<Option<PendingCut>, LogError> {
     let path = intent_path(dir);
     let buf = match std::fs::read(&path) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.into()),
     };
     let corrupt = |reason: String| LogError::Corruption {
@@ -118,17 +120,16 @@ pub(super) fn finish_pending(dir: &Path, io: &dyn LogIo) -> Result<(), LogError>
     };
     let intent = decode(&buf).map_err(corrupt)?;
     let (segs, _) = list_dir(dir)?;
-    let Some((_, seg_path)) = segs.iter().find(|(id, _)| *id == intent.segment) else {
+    if !segs.iter().any(|(id, _)| *id == intent.segment) {
         return Err(corrupt(format!(
             "truncation intent names segment {} ({}), which is missing",
             intent.segment,
             segment_file_name(intent.segment)
         )));
-    };
-    if let Some((later, _)) = segs.iter().find(|(id, _)| *id > intent.segment) {
+    }
+    for (later, later_path) in segs.iter().filter(|(id, _)| *id > intent.segment) {
         // Only the active segment is ever cut, so nothing begun can follow
         // it; a later begun segment would be cut off from the LSN chain.
-        let later_path = &segs.iter().find(|(id, _)| id == later).expect("listed").1;
         let file = std::fs::File::open(later_path)?;
         let mut head = [0u8; SEGMENT_HEADER_LEN];
         std::os::unix::fs::FileExt::read_exact_at(&file, &mut head, 0)?;
@@ -142,13 +143,50 @@ pub(super) fn finish_pending(dir: &Path, io: &dyn LogIo) -> Result<(), LogError>
             )));
         }
     }
-    let file = io.open_existing(seg_path)?;
-    zero_range(io, &file, intent.cut, intent.end)?;
+    Ok(Some(PendingCut {
+        segment: intent.segment,
+        cut: intent.cut,
+        end: intent.end,
+        lsn: intent.lsn,
+    }))
+}
+
+/// A truncation decided before a crash and not yet done (see
+/// [`read_pending`]): bytes `[cut, end)` of `segment` are to be zeros.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PendingCut {
+    pub segment: SegmentId,
+    pub cut: u64,
+    pub end: u64,
+    lsn: Lsn,
+}
+
+impl PendingCut {
+    /// `data` (the segment's bytes) as they read once the cut is done.
+    pub fn applied_to(&self, data: &[u8]) -> Vec<u8> {
+        let mut data = data.to_vec();
+        let len = data.len() as u64;
+        let (cut, end) = (self.cut.min(len) as usize, self.end.min(len) as usize);
+        data[cut..end].fill(0);
+        data
+    }
+}
+
+/// Finishes the truncation `pending` (from [`read_pending`]); called by
+/// `Log::open` once recovery has decided to serve.
+pub(super) fn finish_pending(
+    dir: &Path,
+    io: &dyn LogIo,
+    pending: &PendingCut,
+) -> Result<(), LogError> {
+    let seg_path = dir.join(segment_file_name(pending.segment));
+    let file = io.open_existing(&seg_path)?;
+    zero_range(io, &file, pending.cut, pending.end)?;
     remove_intent(io, dir)?;
     tracing::warn!(
         dir = %dir.display(),
-        segment = intent.segment,
-        lsn = intent.lsn,
+        segment = pending.segment,
+        lsn = pending.lsn,
         "finished a log truncation interrupted by a crash"
     );
     Ok(())

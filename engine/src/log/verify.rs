@@ -101,6 +101,7 @@ pub fn verify_with_progress(
     progress: &mut dyn FnMut(&SegmentReport),
 ) -> Result<VerifyReport, LogError> {
     let (segs, _tmps) = segment::list_dir(dir)?;
+    let sizes = super::sizes::SegmentSizes::read(dir)?;
     let mut report = VerifyReport::default();
     let mut prev: Option<(SegmentId, Lsn)> = None;
     // Only the last begun segment may have a torn tail; prepared segments
@@ -149,7 +150,17 @@ pub fn verify_with_progress(
             };
             segment::scan(*id, data, Some(*id) == last_begun)
         };
+        let short = (*kind == FileKind::Begun)
+            .then(|| segment::short_file(file_bytes, sizes.size_of(*id)))
+            .flatten()
+            .map(|reason| Problem {
+                kind: ProblemKind::Corruption,
+                segment: *id,
+                offset: file_bytes,
+                reason,
+            });
         let mut problem = match &scan.tail {
+            _ if short.is_some() => short,
             Tail::Clean => None,
             Tail::Torn { start, end, reason } => Some(Problem {
                 kind: ProblemKind::TornTail,

@@ -92,7 +92,25 @@ enum Command {
     Digest(Box<ServeArgs>),
 }
 
+/// Whether stderr carries JSON log records only (`--log-format json`).
+static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Says on stderr why a command failed: a plain `inboxd: ...` line, or,
+/// under `--log-format json`, an ERROR record instead, so that every line
+/// a log collector reads there is JSON.
+fn say_error(message: impl std::fmt::Display) {
+    if JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed) {
+        tracing::error!("{message}");
+    } else {
+        eprintln!("inboxd: {message}");
+    }
+}
+
 fn init_logs(format: LogFormat) {
+    JSON_LOGS.store(
+        matches!(format, LogFormat::Json),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("INBOXD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -148,11 +166,13 @@ fn install_engine_panic_hook() {
             .location()
             .map_or_else(String::new, |l| format!(" at {}:{}", l.file(), l.line()));
         tracing::error!(thread = name, reason = %reason, location = %location, "engine thread panicked: exiting; a restart recovers from the log");
-        eprintln!(
-            "inboxd: engine thread {name:?} panicked{location}: {reason}; \
+        if !JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed) {
+            eprintln!(
+                "inboxd: engine thread {name:?} panicked{location}: {reason}; \
              the in-memory state can no longer be trusted, so inboxd exits now. \
              Everything acknowledged is in the log; a restart recovers it."
-        );
+            );
+        }
         std::process::abort();
     }));
 }
@@ -212,7 +232,7 @@ fn main() -> ExitCode {
 
 fn resolve(args: &ServeArgs) -> Result<Config, ExitCode> {
     Config::resolve(args).map_err(|err| {
-        eprintln!("inboxd: {err}");
+        say_error(format_args!("{err}"));
         ExitCode::from(2)
     })
 }
@@ -326,7 +346,7 @@ fn serve(args: &ServeArgs) -> ExitCode {
     let runtime = match builder.build() {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("inboxd: cannot start the runtime: {err}");
+            say_error(format_args!("cannot start the runtime: {err}"));
             return ExitCode::FAILURE;
         }
     };
@@ -368,7 +388,9 @@ fn serve(args: &ServeArgs) -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {
                 tracing::error!(error = %err, "inboxd stopped");
-                eprintln!("inboxd: {err}");
+                if !JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed) {
+                    eprintln!("inboxd: {err}");
+                }
                 ExitCode::FAILURE
             }
         }
@@ -386,7 +408,7 @@ fn offline(
     let config = match inbox_server::config::load_batch_token_key(&config.data_dir) {
         Ok(key) => config.engine_config(key),
         Err(err) => {
-            eprintln!("inboxd: {err}");
+            say_error(format_args!("{err}"));
             return ExitCode::FAILURE;
         }
     };
@@ -397,7 +419,7 @@ fn offline(
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("inboxd: {err}");
+            say_error(format_args!("{err}"));
             ExitCode::FAILURE
         }
     }
@@ -448,7 +470,7 @@ fn verify(data_dir: &std::path::Path) -> ExitCode {
                 corrupt |= !report.opens();
             }
             Err(err) => {
-                eprintln!("inboxd: {stream}: {err}");
+                say_error(format_args!("{stream}: {err}"));
                 corrupt = true;
             }
         }
@@ -463,13 +485,15 @@ fn verify(data_dir: &std::path::Path) -> ExitCode {
                 recovery.checkpoint_lsn, recovery.records_replayed
             ),
             Err(err) => {
-                eprintln!("inboxd: state: {err}");
+                say_error(format_args!("state: {err}"));
                 corrupt = true;
             }
         }
     }
     if corrupt {
-        eprintln!("inboxd: verify found corruption; serve would refuse to start");
+        say_error(format_args!(
+            "verify found corruption; serve would refuse to start"
+        ));
         ExitCode::FAILURE
     } else {
         println!("verify: ok");
@@ -508,7 +532,7 @@ fn salvage(
             }
         }
         Err(err) => {
-            eprintln!("inboxd: salvage: {err}");
+            say_error(format_args!("salvage: {err}"));
             ExitCode::FAILURE
         }
     }
@@ -525,9 +549,9 @@ fn lock_logs(data_dir: &std::path::Path, what: &str) -> Result<Vec<std::fs::File
         match inbox_engine::log::lock_dir(&dir) {
             Ok(lock) => locks.push(lock),
             Err(err) => {
-                eprintln!(
-                    "inboxd: {err}\ninboxd: {what} reads the segments a running daemon writes; stop the daemon, or {what} a copy taken as docs/OPERATIONS.md describes"
-                );
+                say_error(format_args!(
+                    "{err}\ninboxd: {what} reads the segments a running daemon writes; stop the daemon, or {what} a copy taken as docs/OPERATIONS.md describes"
+                ));
                 return Err(ExitCode::from(2));
             }
         }
@@ -574,7 +598,7 @@ fn dump(
             Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => return ExitCode::SUCCESS,
             Err(err) => {
                 let _ = out.flush();
-                eprintln!("inboxd: {}: {err}", stream.name());
+                say_error(format_args!("{}: {err}", stream.name()));
                 return ExitCode::FAILURE;
             }
         }
