@@ -15,6 +15,7 @@ use common::{join, send_req, seqs, submit, Group, DEADLINE};
 use inbox_engine::inbox::ManualClock;
 use inbox_engine::*;
 use inbox_server::cluster::default_config;
+use openraft::async_runtime::WatchReceiver as _;
 
 /// A snapshot every 20 rounds, the log purged up to it at once.
 fn config() -> openraft::Config {
@@ -302,7 +303,7 @@ async fn a_node_stopped_between_a_snapshot_and_the_purge_after_it_starts_again()
     g.converged().await;
     let f = (1..=3).find(|&id| id != l).unwrap();
     let snapshot = g.snapshot_past(f, 1).await;
-    let purged = g.nodes[&f].raft().metrics().borrow().purged;
+    let purged = g.nodes[&f].raft().metrics().borrow_watched().purged;
     assert!(
         purged.is_none_or(|p| p.index < snapshot),
         "node {f} purged up to its snapshot at {snapshot}: {purged:?}"

@@ -13,11 +13,14 @@ use bytes::Bytes;
 use common::{engine_config, DEADLINE};
 use inbox_engine::*;
 use inbox_server::cluster::network::{serve, source_ip, TcpNetwork};
+use inbox_server::cluster::Vote;
 use inbox_server::cluster::{default_config, Cluster, Peer};
+use openraft::async_runtime::WatchReceiver as _;
 use openraft::error::RPCError;
+use openraft::network::v2::RaftNetworkV2 as _;
 use openraft::network::RPCOption;
 use openraft::raft::VoteRequest;
-use openraft::{RaftNetwork, RaftNetworkFactory, Vote};
+use openraft::RaftNetworkFactory;
 
 const TOKEN: &str = "group-secret";
 
@@ -158,7 +161,7 @@ async fn a_peer_with_the_wrong_token_is_refused() {
     assert!(e.to_string().contains("wrong token"), "{e}");
     // The refused vote changed nothing: no node moved to term 99.
     for n in nodes.values() {
-        assert!(n.raft().metrics().borrow().current_term < 99);
+        assert!(n.raft().metrics().borrow_watched().current_term < 99);
     }
     for (_, n) in nodes {
         n.shutdown().await;
@@ -230,7 +233,13 @@ async fn a_node_started_after_the_log_was_purged_catches_up_by_snapshot_over_tcp
     .await
     .unwrap();
     let start = Instant::now();
-    while running[&l].raft().metrics().borrow().purged.is_none() {
+    while running[&l]
+        .raft()
+        .metrics()
+        .borrow_watched()
+        .purged
+        .is_none()
+    {
         assert!(
             start.elapsed() < DEADLINE,
             "the leader never purged its log"
@@ -260,7 +269,7 @@ async fn a_node_started_after_the_log_was_purged_catches_up_by_snapshot_over_tcp
     // raft publishes the installed snapshot in its metrics a moment after
     // the engine was swapped.
     let start = Instant::now();
-    while third.raft().metrics().borrow().snapshot.is_none() {
+    while third.raft().metrics().borrow_watched().snapshot.is_none() {
         assert!(
             start.elapsed() < DEADLINE,
             "node 3 caught up, but raft reports no snapshot"

@@ -76,12 +76,13 @@ impl EntryCache {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{EntryPayload, LeaderId, LogId};
     use super::*;
-    use openraft::{CommittedLeaderId, EntryPayload, LogId};
+    use openraft::vote::RaftLeaderId as _;
 
     fn entry(index: u64, bytes: usize) -> RaftEntry {
         RaftEntry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            log_id: LogId::new(LeaderId::new(1, 1), index),
             payload: EntryPayload::Normal(Round(vec![7; bytes])),
         }
     }

@@ -9,31 +9,36 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError};
+use openraft::async_runtime::WatchReceiver as _;
+use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError};
+use openraft::network::v2::RaftNetworkV2;
 use openraft::network::{Backoff, RPCOption};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
-use openraft::{RaftNetwork, RaftNetworkFactory};
+use openraft::RaftNetworkFactory;
 
 use std::time::Duration;
 
-use super::{Glue, InboxRaft, Peer, TypeConfig};
+use super::{Glue, InboxRaft, Peer, Snapshot, TypeConfig, Vote};
 
-/// Wraps a network factory.
+/// The network factory raft is given: [`Conn`]s around the inner one's.
 pub(crate) struct Factory<N> {
     pub inner: N,
     pub glue: Arc<Glue>,
 }
 
-/// Wraps one connection.
+/// A connection with the refusal of the module documentation.
 pub struct Conn<C> {
     inner: C,
     glue: Arc<Glue>,
 }
 
-impl<N: RaftNetworkFactory<TypeConfig>> RaftNetworkFactory<TypeConfig> for Factory<N> {
+impl<N> RaftNetworkFactory<TypeConfig> for Factory<N>
+where
+    N: RaftNetworkFactory<TypeConfig>,
+    N::Network: RaftNetworkV2<TypeConfig, SnapshotData = tokio::fs::File>,
+{
     type Network = Conn<N::Network>;
 
     async fn new_client(&mut self, target: u64, node: &Peer) -> Self::Network {
@@ -44,12 +49,17 @@ impl<N: RaftNetworkFactory<TypeConfig>> RaftNetworkFactory<TypeConfig> for Facto
     }
 }
 
-impl<C: RaftNetwork<TypeConfig>> RaftNetwork<TypeConfig> for Conn<C> {
+impl<C> RaftNetworkV2<TypeConfig> for Conn<C>
+where
+    C: RaftNetworkV2<TypeConfig, SnapshotData = tokio::fs::File>,
+{
+    type SnapshotData = tokio::fs::File;
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, Peer, RaftError<u64>>> {
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         let next = rpc.prev_log_id.map_or(0, |p| p.index + 1);
         if rpc.entries.is_empty() && next < self.glue.gone_below.load(Ordering::Acquire) {
             let why = std::io::Error::other(format!(
@@ -60,26 +70,35 @@ impl<C: RaftNetwork<TypeConfig>> RaftNetwork<TypeConfig> for Conn<C> {
         self.inner.append_entries(rpc, option).await
     }
 
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<u64>,
-        RPCError<u64, Peer, RaftError<u64, InstallSnapshotError>>,
-    > {
-        self.inner.install_snapshot(rpc, option).await
-    }
-
     async fn vote(
         &mut self,
-        rpc: VoteRequest<u64>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<u64>, RPCError<u64, Peer, RaftError<u64>>> {
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.inner.vote(rpc, option).await
     }
 
-    fn backoff(&self) -> Backoff {
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.inner.pre_vote(rpc, option).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        self.inner
+            .full_snapshot(vote, snapshot, cancel, option)
+            .await
+    }
+
+    fn backoff(&self) -> Option<Backoff> {
         self.inner.backoff()
     }
 }
@@ -108,7 +127,7 @@ impl Glue {
         tokio::spawn(async move {
             let covered = |raft: &InboxRaft| {
                 raft.metrics()
-                    .borrow()
+                    .borrow_watched()
                     .snapshot
                     .is_some_and(|s| s.index >= upto)
             };

@@ -38,11 +38,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inbox_wire::{AddNodeReq, ClusterStatus, ErrorCode, ErrorReply, RemoveNodeReq};
+use openraft::async_runtime::WatchReceiver as _;
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::raft::ClientWriteResponse;
-use openraft::{ChangeMembers, CommittedLeaderId, Membership, ServerState};
+use openraft::{ChangeMembers, ServerState};
 
-use super::{Glue, GroupHandle, InboxRaft, Peer, TypeConfig};
+use super::{Glue, GroupHandle, InboxRaft, LeaderId, Membership, Peer, TypeConfig};
 
 /// How long an operator's request waits for its membership change.
 pub const CHANGE_WITHIN: Duration = Duration::from_secs(60);
@@ -62,7 +63,7 @@ const SETTLE_WITHIN: Duration = Duration::from_secs(2);
 /// not waited for longer: it never hears of the change, and stays down.
 const TELL_REMOVED_WITHIN: Duration = Duration::from_secs(3);
 
-type RaftChangeError = RaftError<u64, ClientWriteError<u64, Peer>>;
+type RaftChangeError = RaftError<TypeConfig, ClientWriteError<TypeConfig>>;
 type Change = Result<ClientWriteResponse<TypeConfig>, RaftChangeError>;
 
 fn refusal(code: ErrorCode, message: String) -> ErrorReply {
@@ -105,7 +106,7 @@ enum AddPlan {
     Learner,
 }
 
-fn plan_add(m: &Membership<u64, Peer>, id: u64, peer: &Peer) -> Result<AddPlan, ErrorReply> {
+fn plan_add(m: &Membership, id: u64, peer: &Peer) -> Result<AddPlan, ErrorReply> {
     if id == 0 {
         return Err(bad_request("node id 0 is not a node id".into()));
     }
@@ -143,7 +144,7 @@ enum RemovePlan {
     Learner,
 }
 
-fn plan_remove(m: &Membership<u64, Peer>, id: u64, leader: u64) -> Result<RemovePlan, ErrorReply> {
+fn plan_remove(m: &Membership, id: u64, leader: u64) -> Result<RemovePlan, ErrorReply> {
     if id == 0 {
         return Err(bad_request("node id 0 is not a node id".into()));
     }
@@ -175,7 +176,9 @@ fn plan_remove(m: &Membership<u64, Peer>, id: u64, leader: u64) -> Result<Remove
 /// raft's refusal of a change, as the wire says it.
 fn raft_refusal(handle: &GroupHandle, e: RaftChangeError) -> ErrorReply {
     match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => {
+        RaftError::APIError(
+            ClientWriteError::ForwardToLeader(_) | ClientWriteError::LogEntryDiscarded(_),
+        ) => {
             handle.not_leader("not the leader: the leadership changed during the membership change")
         }
         RaftError::APIError(ClientWriteError::ChangeMembershipError(
@@ -187,6 +190,10 @@ fn raft_refusal(handle: &GroupHandle, e: RaftChangeError) -> ErrorReply {
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
             bad_request(format!("membership change refused: {e}"))
         }
+        RaftError::APIError(ClientWriteError::PreconditionFailed(e)) => refusal(
+            ErrorCode::Conflict,
+            format!("membership change refused: {e}"),
+        ),
         RaftError::Fatal(e) => refusal(
             ErrorCode::Unavailable,
             format!("raft stopped on this node: {e}"),
@@ -197,7 +204,7 @@ fn raft_refusal(handle: &GroupHandle, e: RaftChangeError) -> ErrorReply {
 impl Glue {
     /// Starts a pause (see the module documentation): the hand-off stops
     /// proposing. Returns this leadership and the last index proposed.
-    fn pause(&self) -> Option<(CommittedLeaderId<u64>, u64)> {
+    fn pause(&self) -> Option<(LeaderId, u64)> {
         let mut role = self.role();
         let leader_id = role.leading.as_ref()?.leader_id;
         role.paused = true;
@@ -208,7 +215,7 @@ impl Glue {
     /// raft) are discarded, so that raft's next entry takes the engine's
     /// next index. `false` if the leadership ended meanwhile or the engine
     /// failed (it then steps down).
-    fn stop_rounds(&self, leader_id: CommittedLeaderId<u64>, proposed: u64) -> bool {
+    fn stop_rounds(&self, leader_id: LeaderId, proposed: u64) -> bool {
         let mut role = self.role();
         let ours = role.paused
             && role
@@ -239,7 +246,7 @@ impl Glue {
     /// Ends a pause: if this leadership lasts, the engine leads again from
     /// the index after the last entry raft wrote (or the last round
     /// proposed, if raft has not appended it yet).
-    fn resume(self: &Arc<Self>, leader_id: CommittedLeaderId<u64>, proposed: u64) {
+    fn resume(self: &Arc<Self>, leader_id: LeaderId, proposed: u64) {
         let mut role = self.role();
         if !role.paused {
             return;
@@ -328,7 +335,7 @@ impl GroupHandle {
     /// at most [`CHANGE_WITHIN`].
     async fn run_change<P, F>(&self, plan: P) -> Result<ClusterStatus, ErrorReply>
     where
-        P: FnOnce(GroupHandle, &Membership<u64, Peer>) -> Result<F, ErrorReply>,
+        P: FnOnce(GroupHandle, &Membership) -> Result<F, ErrorReply>,
         F: Future<Output = Result<ClusterStatus, ErrorReply>> + Send + 'static,
     {
         if !self.raft_leads() {
@@ -344,7 +351,7 @@ impl GroupHandle {
         let membership = self
             .raft
             .metrics()
-            .borrow()
+            .borrow_watched()
             .membership_config
             .membership()
             .clone();
@@ -373,7 +380,7 @@ impl GroupHandle {
 
     /// Whether raft holds this node to lead (writes may be paused).
     fn raft_leads(&self) -> bool {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft.metrics().borrow_watched().clone();
         m.state == ServerState::Leader && self.glue.role().leading.is_some()
     }
 
@@ -410,9 +417,14 @@ impl GroupHandle {
     /// (what openraft's blocking `add_learner` waits for), at most
     /// [`CATCH_UP_WITHIN`]; writes go on meanwhile.
     async fn wait_caught_up(&self, id: u64) -> Result<(), ErrorReply> {
-        let since = self.raft.metrics().borrow().last_log_index.unwrap_or(0);
+        let since = self
+            .raft
+            .metrics()
+            .borrow_watched()
+            .last_log_index
+            .unwrap_or(0);
         let threshold = self.raft.config().replication_lag_threshold;
-        let caught_up = |m: &openraft::RaftMetrics<u64, Peer>| {
+        let caught_up = |m: &openraft::RaftMetrics<TypeConfig>| {
             let matched = m
                 .replication
                 .as_ref()
@@ -432,7 +444,7 @@ impl GroupHandle {
             Ok(_) => Err(self
                 .not_leader("not the leader: the leadership changed while the new node caught up")),
             Err(_) => {
-                let m = self.raft.metrics().borrow().clone();
+                let m = self.raft.metrics().borrow_watched().clone();
                 let matched = m
                     .replication
                     .as_ref()
@@ -490,9 +502,9 @@ mod tests {
         }
     }
 
-    fn three() -> Membership<u64, Peer> {
+    fn three() -> Membership {
         let nodes: BTreeMap<u64, Peer> = (1..=3).map(|n| (n, peer(n))).collect();
-        Membership::new(vec![BTreeSet::from([1, 2, 3])], nodes)
+        Membership::new(vec![BTreeSet::from([1, 2, 3])], nodes).expect("a valid membership")
     }
 
     #[test]
@@ -503,7 +515,8 @@ mod tests {
         let with_learner = Membership::new(
             vec![BTreeSet::from([1, 2, 3])],
             (1..=4).map(|n| (n, peer(n))).collect::<BTreeMap<_, _>>(),
-        );
+        )
+        .expect("a valid membership");
         assert_eq!(plan_add(&with_learner, 4, &peer(4)), Ok(AddPlan::Promote));
         let refused = |id, p: Peer| plan_add(&m, id, &p).expect_err("refused").message;
         assert!(refused(0, peer(4)).contains("node id 0"));
@@ -522,16 +535,16 @@ mod tests {
     fn a_removal_is_planned_from_the_membership_and_bad_input_is_refused() {
         let m = three();
         assert_eq!(plan_remove(&m, 3, 1), Ok(RemovePlan::Voter));
-        let refused = |m: &Membership<u64, Peer>, id, leader| {
-            plan_remove(m, id, leader).expect_err("refused").message
-        };
+        let refused =
+            |m: &Membership, id, leader| plan_remove(m, id, leader).expect_err("refused").message;
         assert!(refused(&m, 9, 1).contains("not a member"));
         assert!(refused(&m, 0, 1).contains("node id 0"));
         assert!(refused(&m, 1, 1).contains("leads the group"));
         let alone = Membership::new(
             vec![BTreeSet::from([1])],
             BTreeMap::from([(1, peer(1)), (2, peer(2))]),
-        );
+        )
+        .expect("a valid membership");
         assert!(refused(&alone, 1, 1).contains("last voter"));
         assert_eq!(plan_remove(&alone, 2, 1), Ok(RemovePlan::Learner));
     }

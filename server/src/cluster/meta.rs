@@ -16,10 +16,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use inbox_engine::log::{write_file_durably, PwriteIo};
-use openraft::{CommittedLeaderId, LogId, Membership, Vote};
 use serde::{Deserialize, Serialize};
 
-use super::Peer;
+use super::{LeaderId, LogId, Membership, Vote};
 
 const FILE: &str = "raft-meta.json";
 const TMP: &str = "raft-meta.json.tmp";
@@ -28,14 +27,14 @@ const TMP: &str = "raft-meta.json.tmp";
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Meta {
     /// The last vote granted or held.
-    pub vote: Option<Vote<u64>>,
+    pub vote: Option<Vote>,
     /// `(first index, leader)`: the leader that wrote the entries from
     /// `first index` up to the next range's start.
-    pub leaders: Vec<(u64, CommittedLeaderId<u64>)>,
+    pub leaders: Vec<(u64, LeaderId)>,
     /// Membership entries by index (index 0 is the initial membership).
-    pub memberships: BTreeMap<u64, Membership<u64, Peer>>,
+    pub memberships: BTreeMap<u64, Membership>,
     /// The last log id purged.
-    pub purged: Option<LogId<u64>>,
+    pub purged: Option<LogId>,
     /// A log id raft had applied (so committed) when this file was last
     /// written: raft's applied point at the next start, so that raft's
     /// own start reads only the log after it (for the last membership),
@@ -43,7 +42,7 @@ pub(crate) struct Meta {
     /// [`APPLIED_SAVE_EVERY`] indexes, never per round; absent in files
     /// of earlier releases.
     #[serde(default)]
-    pub applied: Option<LogId<u64>>,
+    pub applied: Option<LogId>,
 }
 
 /// Indexes raft applies between two writes of [`Meta::applied`]: what a
@@ -76,13 +75,16 @@ impl Meta {
     }
 
     /// The leader that wrote entry `index`.
-    pub fn leader_at(&self, index: u64) -> CommittedLeaderId<u64> {
+    pub fn leader_at(&self, index: u64) -> LeaderId {
         self.leaders
             .iter()
             .rev()
             .find(|(first, _)| *first <= index)
             .map(|(_, l)| *l)
-            .unwrap_or_default()
+            .unwrap_or(LeaderId {
+                term: 0,
+                node_id: 0,
+            })
     }
 
     /// Forgets everything about entries from `index` on (a truncation, or
@@ -93,7 +95,7 @@ impl Meta {
     }
 
     /// Notes that `leader` wrote entry `index` (appended after the rest).
-    pub fn note(&mut self, index: u64, leader: CommittedLeaderId<u64>) {
+    pub fn note(&mut self, index: u64, leader: LeaderId) {
         self.cut_from(index);
         if self.leaders.last().map(|(_, l)| *l) != Some(leader) {
             self.leaders.push((index, leader));
@@ -103,12 +105,14 @@ impl Meta {
 
 #[cfg(test)]
 mod tests {
+    use openraft::vote::RaftLeaderId as _;
+
     use super::*;
 
     #[test]
     fn leaders_are_ranges_and_a_cut_forgets_the_tail() {
         let mut m = Meta::default();
-        let l = |term| CommittedLeaderId::new(term, 1);
+        let l = |term| LeaderId::new(term, 1);
         m.note(1, l(1));
         m.note(2, l(1));
         m.note(5, l(2));
@@ -129,7 +133,7 @@ mod tests {
             vote: Some(Vote::new(3, 2)),
             ..Meta::default()
         };
-        m.note(7, CommittedLeaderId::new(3, 2));
+        m.note(7, LeaderId::new(3, 2));
         m.store(dir.path()).unwrap();
         assert_eq!(Meta::load(dir.path()).unwrap(), m);
         std::fs::write(dir.path().join(FILE), b"{not json").unwrap();
@@ -150,7 +154,7 @@ mod tests {
 
         let vote = m.vote.expect("the fixture holds a vote");
         assert_eq!(vote, Vote::new_committed(4, 2));
-        let l = CommittedLeaderId::new;
+        let l = LeaderId::new;
         assert_eq!(m.leaders, vec![(1, l(1, 1)), (5, l(3, 2)), (900, l(4, 2))]);
         assert_eq!(m.leader_at(4), l(1, 1));
         assert_eq!(m.leader_at(899), l(3, 2));

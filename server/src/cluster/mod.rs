@@ -1,4 +1,4 @@
-//! A replicated group: openraft (0.9, storage v2) over the engine's
+//! A replicated group: openraft (0.10, storage v2) over the engine's
 //! replication API (`inbox_engine::inbox::{Entry, Leader}`); see
 //! `docs/CLUSTER.md`.
 //!
@@ -35,16 +35,35 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use inbox_engine::inbox::Leader;
 use inbox_engine::Inbox;
-use openraft::{CommittedLeaderId, Raft, RaftNetworkFactory, ServerState};
+use openraft::async_runtime::WatchReceiver as _;
+use openraft::{Raft, RaftNetworkFactory, ServerState};
 use serde::{Deserialize, Serialize};
 
 pub use commit_path::CommitPathFigures;
 pub use membership::{not_in_a_group, CHANGE_WITHIN};
-pub use snapshot::{LogBounds, SnapshotCounts, SnapshotReceiver};
+pub use snapshot::{ChunkAnswer, LogBounds, SnapshotCounts, SnapshotReceiver};
 pub use store::{LogStore, StateMachine};
 
 /// A raft log entry of this group.
-pub(crate) type RaftEntry = openraft::Entry<TypeConfig>;
+pub(crate) type RaftEntry = openraft::Entry<LeaderId, EntryPayload>;
+/// A raft entry's payload: a round, a membership, or a leader's blank.
+pub(crate) type EntryPayload = openraft::EntryPayload<Round, u64, Peer>;
+/// A leader: its term and node. Totally ordered (openraft's "advanced"
+/// leader id, the one 0.9 used): its JSON form, `{"term":T,"node_id":N}`,
+/// is what `raft-meta.json` holds.
+pub type LeaderId = openraft::impls::leader_id_adv::LeaderId<u64, u64>;
+/// A raft log id: the leader that wrote the entry, and its index.
+pub type LogId = openraft::LogId<LeaderId>;
+/// A vote: the leader voted for, and whether a quorum granted it.
+pub type Vote = openraft::Vote<LeaderId>;
+/// A membership configuration of the group.
+pub type Membership = openraft::Membership<u64, Peer>;
+/// A membership with the log id of the entry that holds it.
+pub type StoredMembership = openraft::StoredMembership<LeaderId, u64, Peer>;
+/// What raft knows of a snapshot: its last log id and membership.
+pub type SnapshotMeta = openraft::SnapshotMeta<LeaderId, u64, Peer>;
+/// A snapshot as raft hands it over: its metadata and its image file.
+pub type Snapshot = openraft::Snapshot<LeaderId, u64, Peer, tokio::fs::File>;
 
 /// One engine round as a raft entry's payload: `Entry::encode`'s bytes,
 /// sent as one byte string (see `network`'s module documentation).
@@ -54,6 +73,12 @@ pub struct Round(#[serde(with = "serde_bytes")] pub Vec<u8>);
 impl fmt::Debug for Round {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Round({} bytes)", self.0.len())
+    }
+}
+
+impl fmt::Display for Round {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
     }
 }
 
@@ -78,13 +103,12 @@ openraft::declare_raft_types!(
         R = (),
         NodeId = u64,
         Node = Peer,
-        Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = tokio::fs::File,
+        Entry = RaftEntry,
         AsyncRuntime = openraft::TokioRuntime,
 );
 
 /// The raft handle of this crate's type config.
-pub type InboxRaft = Raft<TypeConfig>;
+pub type InboxRaft = Raft<TypeConfig, StateMachine>;
 
 /// Rounds between two snapshots, by default.
 pub const SNAPSHOT_EVERY: u64 = 50_000;
@@ -113,6 +137,10 @@ pub fn default_config() -> openraft::Config {
         max_in_snapshot_log_to_keep: KEEP_BEHIND_SNAPSHOT,
         max_payload_entries: 256,
         install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
+        // A wiped node restarted under its old id rejoins (see
+        // CLUSTER.md, known limits).
+        allow_log_reversion: Some(true),
+        enable_pre_vote: Some(true),
         ..Default::default()
     }
 }
@@ -126,7 +154,7 @@ pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 60_000;
 
 /// This node's leadership as the engine knows it.
 struct Leading {
-    leader_id: CommittedLeaderId<u64>,
+    leader_id: LeaderId,
     handle: Arc<Leader>,
 }
 
@@ -139,7 +167,7 @@ pub(crate) struct Glue {
     dir: std::path::PathBuf,
     role: Mutex<Role>,
     /// The last log id raft applied.
-    applied: Mutex<Option<openraft::LogId<u64>>>,
+    applied: Mutex<Option<LogId>>,
     /// Bumped whenever rounds are discarded or the engine is replaced: a
     /// snapshot build that saw it change takes a new copy.
     epoch: AtomicU64,
@@ -232,12 +260,7 @@ impl Glue {
     /// membership entries of a change, see `membership.rs`), the last at
     /// index `after`: the engine leads from the next round on, and a
     /// thread hands its rounds to raft.
-    fn become_leader(
-        self: &Arc<Self>,
-        role: &mut Role,
-        leader_id: CommittedLeaderId<u64>,
-        after: u64,
-    ) {
+    fn become_leader(self: &Arc<Self>, role: &mut Role, leader_id: LeaderId, after: u64) {
         // The engine's log may end in rounds this node appended as a
         // follower that raft has not committed yet (raft commits them with
         // this term's first entry): only what raft applied counts as
@@ -341,7 +364,12 @@ fn warm(inbox: &Inbox, meta: &meta::Meta, cache: &mut cache::EntryCache, from: u
 /// and accepted (see [`Glue::hand_off`]).
 fn propose_now(raft: &InboxRaft, entry: &inbox_engine::inbox::Entry) -> bool {
     use std::future::Future;
-    let proposal = std::pin::pin!(raft.client_write_ff(Round(entry.encode())));
+    // openraft 0.10's API channel is bounded: its send is ready at once
+    // while there is room, but tokio's cooperative budget could make it
+    // pending all the same; the proposal is polled outside the budget.
+    let proposal = std::pin::pin!(tokio::task::unconstrained(
+        raft.client_write_ff(Round(entry.encode()), None)
+    ));
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     matches!(proposal.poll(&mut cx), std::task::Poll::Ready(Ok(_)))
 }
@@ -368,6 +396,8 @@ impl Cluster {
     ) -> Result<Cluster, ClusterError>
     where
         N: RaftNetworkFactory<TypeConfig>,
+        N::Network:
+            openraft::network::v2::RaftNetworkV2<TypeConfig, SnapshotData = tokio::fs::File>,
     {
         inbox.follow().map_err(|e| ClusterError(e.to_string()))?;
         // The exchange of directories an install does names the data
@@ -583,7 +613,7 @@ impl GroupHandle {
     /// Where this node's raft log starts: the index of its last snapshot
     /// and the last index it purged (0 for none), from raft's metrics.
     pub fn log_bounds(&self) -> LogBounds {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft.metrics().borrow_watched().clone();
         LogBounds {
             snapshot_index: m.snapshot.map_or(0, |id| id.index),
             purged_index: m.purged.map_or(0, |id| id.index),
@@ -599,7 +629,7 @@ impl GroupHandle {
 
     /// The leader raft knows of, with its addresses.
     pub fn leader(&self) -> Option<(u64, Peer)> {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft.metrics().borrow_watched().clone();
         let id = m.current_leader?;
         let peer = m.membership_config.membership().get_node(&id)?.clone();
         Some((id, peer))

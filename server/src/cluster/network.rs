@@ -7,7 +7,15 @@
 //! A connection opens with a [`Hello`] carrying the group's shared token,
 //! compared in constant time; a wrong token gets an error frame and the
 //! connection is closed. Then each request is a [`Request`] and each
-//! answer the matching `Result` of the receiving raft.
+//! answer the matching `Result` of the receiving raft (a snapshot chunk's
+//! answer is a [`ChunkAnswer`]).
+//!
+//! The messages are openraft 0.10's, which serialize differently from
+//! 0.9's (its errors, and the `PreVote` request it added): a member on
+//! 0.9 and one on 0.10 do not understand each other, so a group is
+//! upgraded whole. Snapshots travel in chunks of [`SNAPSHOT_CHUNK`] bytes,
+//! sent by this module from raft's snapshot file (openraft 0.10 hands the
+//! network a whole snapshot and leaves the transport to it).
 //!
 //! Bytes travel as CBOR byte strings: a round's payload ([`super::Round`])
 //! and a snapshot chunk's data ([`SnapshotChunk`]). serde's derive writes
@@ -30,24 +38,28 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
+use openraft::network::v2::RaftNetworkV2;
 use openraft::network::RPCOption;
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
-use openraft::{RaftNetwork, RaftNetworkFactory};
+use openraft::RaftNetworkFactory;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-use super::{InboxRaft, Peer, TypeConfig};
+use super::snapshot::ChunkAnswer;
+use super::{InboxRaft, Peer, Snapshot, SnapshotMeta, TypeConfig, Vote};
 
 /// The largest frame either side accepts (a batch of entries).
 pub const MAX_FRAME: u32 = 64 << 20;
+
+/// The bytes of a snapshot sent in one chunk.
+pub const SNAPSHOT_CHUNK: usize = 3 << 20;
 
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -63,62 +75,29 @@ struct Hello {
 #[serde(bound = "")]
 enum Request {
     Append(AppendEntriesRequest<TypeConfig>),
-    Vote(VoteRequest<u64>),
+    Vote(VoteRequest<TypeConfig>),
     Snapshot(SnapshotChunk),
+    PreVote(VoteRequest<TypeConfig>),
 }
 
-/// openraft's `InstallSnapshotRequest`, field for field, with its data as
-/// one byte string: what the raft port sends of a snapshot chunk.
+/// One chunk of a snapshot: the leader's vote and the snapshot's metadata
+/// (in every chunk), the chunk's place in the image, and its bytes as one
+/// byte string.
 #[derive(Serialize, Deserialize)]
 #[serde(bound = "")]
 pub struct SnapshotChunk {
-    vote: openraft::Vote<u64>,
-    meta: openraft::SnapshotMeta<u64, Peer>,
-    offset: u64,
+    pub vote: Vote,
+    pub meta: SnapshotMeta,
+    /// Names the snapshot being sent, so that chunks of two sends are
+    /// never mixed: the leader's vote and the snapshot's last log id.
+    pub id: String,
+    pub offset: u64,
     #[serde(with = "serde_bytes")]
-    data: Vec<u8>,
-    done: bool,
+    pub data: Vec<u8>,
+    pub done: bool,
 }
 
-impl From<InstallSnapshotRequest<TypeConfig>> for SnapshotChunk {
-    fn from(r: InstallSnapshotRequest<TypeConfig>) -> Self {
-        let InstallSnapshotRequest {
-            vote,
-            meta,
-            offset,
-            data,
-            done,
-        } = r;
-        SnapshotChunk {
-            vote,
-            meta,
-            offset,
-            data,
-            done,
-        }
-    }
-}
-
-impl From<SnapshotChunk> for InstallSnapshotRequest<TypeConfig> {
-    fn from(c: SnapshotChunk) -> Self {
-        let SnapshotChunk {
-            vote,
-            meta,
-            offset,
-            data,
-            done,
-        } = c;
-        InstallSnapshotRequest {
-            vote,
-            meta,
-            offset,
-            data,
-            done,
-        }
-    }
-}
-
-type Answer<T, E = openraft::error::Infallible> = Result<T, RaftError<u64, E>>;
+type Answer<T> = Result<T, RaftError<TypeConfig>>;
 
 async fn write_frame<T: Serialize>(s: &mut TcpStream, v: &T) -> std::io::Result<()> {
     let mut buf = vec![0; 4];
@@ -200,9 +179,12 @@ async fn serve_conn(
                 let a: Answer<_> = raft.vote(rpc).await;
                 write_frame(&mut s, &a).await?;
             }
+            Request::PreVote(rpc) => {
+                let a: Answer<_> = raft.pre_vote(rpc).await;
+                write_frame(&mut s, &a).await?;
+            }
             Request::Snapshot(chunk) => {
-                let a: Answer<_, InstallSnapshotError> =
-                    snapshots.install_snapshot(chunk.into()).await;
+                let a: ChunkAnswer = snapshots.receive(chunk).await;
                 write_frame(&mut s, &a).await?;
             }
         }
@@ -340,7 +322,7 @@ pub struct TcpConn {
 }
 
 /// A call that did not get an answer.
-fn unreachable<E: std::error::Error>(e: std::io::Error) -> RPCError<u64, Peer, E> {
+fn unreachable(e: std::io::Error) -> RPCError<TypeConfig> {
     RPCError::Unreachable(Unreachable::new(&e))
 }
 
@@ -368,28 +350,22 @@ impl TcpConn {
         Ok(self.stream.as_mut().expect("just connected"))
     }
 
-    /// Sends one request and reads its answer within the call's deadline;
-    /// any failure drops the connection.
-    async fn call<T, E>(
+    /// Sends one request and reads its answer `A` within `ttl`; any
+    /// failure drops the connection.
+    async fn exchange<A: DeserializeOwned>(
         &mut self,
-        req: Request,
-        option: &RPCOption,
-    ) -> Result<T, RPCError<u64, Peer, RaftError<u64, E>>>
-    where
-        T: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
-    {
+        req: &Request,
+        ttl: Duration,
+    ) -> Result<A, RPCError<TypeConfig>> {
         let target = self.target;
-        let ttl = option.hard_ttl();
         let answer = tokio::time::timeout(ttl, async {
             let s = self.connect().await?;
-            write_frame(s, &req).await?;
-            read_frame::<Result<T, RaftError<u64, E>>>(s).await
+            write_frame(s, req).await?;
+            read_frame::<A>(s).await
         })
         .await;
         match answer {
-            Ok(Ok(Ok(v))) => Ok(v),
-            Ok(Ok(Err(e))) => Err(RPCError::RemoteError(RemoteError::new(target, e))),
+            Ok(Ok(a)) => Ok(a),
             Ok(Err(e)) => {
                 self.stream = None;
                 Err(unreachable(e))
@@ -402,42 +378,138 @@ impl TcpConn {
             }
         }
     }
+
+    /// One raft call: a remote raft that stopped counts as unreachable.
+    async fn call<T: DeserializeOwned>(
+        &mut self,
+        req: Request,
+        option: &RPCOption,
+    ) -> Result<T, RPCError<TypeConfig>> {
+        match self.exchange::<Answer<T>>(&req, option.hard_ttl()).await? {
+            Ok(v) => Ok(v),
+            Err(e) => Err(unreachable(std::io::Error::other(format!(
+                "node {}: {e}",
+                self.target
+            )))),
+        }
+    }
+
+    /// Sends `snapshot`'s file in chunks of [`SNAPSHOT_CHUNK`] bytes,
+    /// each within the call's deadline (the last one includes the
+    /// follower's install).
+    async fn send_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        option: &RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        use tokio::io::AsyncReadExt as _;
+        let Snapshot { meta, snapshot } = snapshot;
+        let mut file = snapshot;
+        let len = file
+            .metadata()
+            .await
+            .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?
+            .len();
+        let id = format!(
+            "{}-{}-{}",
+            vote.leader_id,
+            meta.last_log_id.map_or(0, |l| l.index),
+            len
+        );
+        let mut offset = 0u64;
+        loop {
+            let want =
+                usize::try_from(len - offset).map_or(SNAPSHOT_CHUNK, |r| r.min(SNAPSHOT_CHUNK));
+            let mut data = vec![0; want];
+            file.read_exact(&mut data)
+                .await
+                .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+            let done = offset + want as u64 == len;
+            let chunk = SnapshotChunk {
+                vote,
+                meta: meta.clone(),
+                id: id.clone(),
+                offset,
+                data,
+                done,
+            };
+            let answer: ChunkAnswer = self
+                .exchange(&Request::Snapshot(chunk), option.hard_ttl())
+                .await
+                .map_err(StreamingError::from)?;
+            match answer {
+                Ok(Some(reply)) if done => return Ok(reply),
+                Ok(None) if !done => offset += want as u64,
+                Ok(_) => {
+                    return Err(StreamingError::Network(NetworkError::from_string(format!(
+                        "node {}: an answer out of step with the snapshot's chunks",
+                        self.target
+                    ))))
+                }
+                Err(why) => {
+                    return Err(StreamingError::Network(NetworkError::from_string(format!(
+                        "node {} refused the snapshot: {why}",
+                        self.target
+                    ))))
+                }
+            }
+        }
+    }
 }
 
-impl RaftNetwork<TypeConfig> for TcpConn {
+impl RaftNetworkV2<TypeConfig> for TcpConn {
+    type SnapshotData = tokio::fs::File;
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, Peer, RaftError<u64>>> {
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.call(Request::Append(rpc), &option).await
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<u64>,
-        RPCError<u64, Peer, RaftError<u64, InstallSnapshotError>>,
-    > {
-        self.call(Request::Snapshot(rpc.into()), &option).await
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<u64>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<u64>, RPCError<u64, Peer, RaftError<u64>>> {
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.call(Request::Vote(rpc), &option).await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(Request::PreVote(rpc), &option).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let sent = tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            sent = self.send_snapshot(vote, snapshot, &option) => sent,
+        };
+        if sent.is_err() {
+            // A send cut off mid-frame leaves the connection out of step.
+            self.stream = None;
+        }
+        sent
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, SnapshotMeta, Vote};
+    use openraft::vote::RaftLeaderId as _;
+    use openraft::Entry;
 
-    use super::super::Round;
+    use super::super::{EntryPayload, LeaderId, LogId, Round};
     use super::*;
 
     fn cbor<T: Serialize>(v: &T) -> Vec<u8> {
@@ -446,15 +518,9 @@ mod tests {
         buf
     }
 
-    /// The requests as the derive wrote them before: every `Vec<u8>` a
-    /// sequence of integers.
+    /// A round as the derive wrote it before: a sequence of integers.
     #[derive(Serialize)]
     struct OldRound(Vec<u8>);
-    #[derive(Serialize)]
-    #[serde(bound = "")]
-    enum OldRequest {
-        Snapshot(InstallSnapshotRequest<TypeConfig>),
-    }
 
     fn payload() -> Vec<u8> {
         (0..5_000u32).map(|i| (i * 31 % 251) as u8).collect()
@@ -467,7 +533,7 @@ mod tests {
             vote: Vote::new_committed(3, 1),
             prev_log_id: None,
             entries: vec![Entry {
-                log_id: LogId::new(CommittedLeaderId::new(3, 1), 7),
+                log_id: LogId::new(LeaderId::new(3, 1), 7),
                 payload: EntryPayload::Normal(round.clone()),
             }],
             leader_commit: None,
@@ -488,24 +554,26 @@ mod tests {
     }
 
     #[test]
-    fn a_snapshot_chunk_travels_as_one_byte_string_and_its_old_integer_form_still_decodes() {
-        let req = InstallSnapshotRequest::<TypeConfig> {
+    fn a_snapshot_chunk_travels_as_one_byte_string() {
+        let chunk = SnapshotChunk {
             vote: Vote::new_committed(3, 1),
             meta: SnapshotMeta::default(),
+            id: "T3-N1-40-5000".into(),
             offset: 4_096,
             data: payload(),
             done: true,
         };
-        let wire = cbor(&Request::Snapshot(req.clone().into())).len();
+        let wire = cbor(&Request::Snapshot(chunk));
         assert!(
-            wire < payload().len() + 256,
-            "a chunk of {} bytes took {wire} bytes",
-            payload().len()
+            wire.len() < payload().len() + 256,
+            "a chunk of {} bytes took {} bytes",
+            payload().len(),
+            wire.len()
         );
-        let old = cbor(&OldRequest::Snapshot(req.clone()));
-        match ciborium::from_reader::<Request, _>(&old[..]).unwrap() {
-            Request::Snapshot(chunk) => {
-                assert_eq!(InstallSnapshotRequest::<TypeConfig>::from(chunk), req)
+        match ciborium::from_reader::<Request, _>(&wire[..]).unwrap() {
+            Request::Snapshot(back) => {
+                assert_eq!((back.offset, back.done), (4_096, true));
+                assert_eq!(back.data, payload());
             }
             _ => panic!("decoded as another request"),
         }

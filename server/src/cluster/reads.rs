@@ -75,14 +75,18 @@ impl ReadBarrier {
             };
             self.rounds
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let outcome =
-                match tokio::time::timeout(CONFIRM_WITHIN, raft.ensure_linearizable()).await {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err(e)) => Err(format!("not the leader: {e}")),
-                    Err(_) => Err(
-                        "not the leader: leadership not confirmed by a quorum in time".to_string(),
-                    ),
-                };
+            let outcome = match tokio::time::timeout(
+                CONFIRM_WITHIN,
+                raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex),
+            )
+            .await
+            {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(format!("not the leader: {e}")),
+                Err(_) => {
+                    Err("not the leader: leadership not confirmed by a quorum in time".to_string())
+                }
+            };
             for tx in taken {
                 let _ = tx.send(outcome.clone());
             }

@@ -6,11 +6,12 @@
 //!   the image's checksum). A follower's engine applies entries before raft
 //!   commits them, so the build waits until raft has applied the image's
 //!   index; an image whose rounds were discarded meanwhile is built again.
-//! - **Receive**: the chunks of an incoming snapshot are kept beside
-//!   raft's copy, and the last one is passed on only once the whole image
-//!   verifies (checksum, and the metadata inside equal to the request's):
-//!   a damaged image is answered with a mismatch (the leader sends it
-//!   again from the start) before raft sees it, so nothing changes.
+//! - **Receive**: the raft port writes the chunks of an incoming snapshot
+//!   into a file beside the logs, and hands the file to raft
+//!   (`Raft::install_full_snapshot`) only once the whole image verifies
+//!   (checksum, and the metadata inside equal to the request's): a damaged
+//!   image is refused (the leader sends it again from the start, later)
+//!   before raft sees it, so nothing changes.
 //! - **Install**: the image is unpacked beside the data directory
 //!   (`.<name>.install`), fsynced, opened and checked against the index
 //!   and digest it names; raft's metadata and the node's own files (token
@@ -23,9 +24,10 @@
 //!
 //! The last snapshot built or installed is kept in a file beside the logs
 //! (`raft-snapshot.img`), and raft reads it from there in chunks to send
-//! it: no image is ever held whole in memory. A build streams its image
-//! into `raft-snapshot.build.tmp`, an incoming one is written into
-//! `raft-snapshot.recv.tmp` while [`ImageCheck`] hashes its chunks, and
+//! it (`network.rs` sends it in chunks): no image is ever held whole in
+//! memory. A build streams its image into `raft-snapshot.build.tmp`, an
+//! incoming one is written into `raft-snapshot.recv.tmp` while
+//! [`ImageCheck`] hashes its chunks, and
 //! either is renamed over the kept file once it is synced.
 
 use std::os::unix::fs::MetadataExt;
@@ -38,14 +40,14 @@ use inbox_engine::inbox::{
     copy_top_files, exchange_dirs, image_info, Image, ImageCheck, ImageInfo,
 };
 use inbox_engine::Inbox;
-use openraft::error::{InstallSnapshotError, RaftError, SnapshotMismatch};
-use openraft::raft::{InstallSnapshotRequest, InstallSnapshotResponse};
-use openraft::{
-    AnyError, LogId, RaftSnapshotBuilder, Snapshot, SnapshotMeta, SnapshotSegmentId, StorageError,
-    StorageIOError, StoredMembership,
-};
+use std::io::Write as _;
 
-use super::{meta, Glue, InboxRaft, Peer, TypeConfig};
+use openraft::raft::SnapshotResponse;
+use openraft::RaftSnapshotBuilder;
+
+use super::network::SnapshotChunk;
+use super::{meta, Glue, InboxRaft, TypeConfig};
+use super::{LogId, Snapshot, SnapshotMeta, StoredMembership, Vote};
 
 /// How long a build waits for raft to apply the rounds its image holds
 /// (a follower's engine runs ahead of raft's commit by about one
@@ -60,7 +62,7 @@ const BUILD_ATTEMPTS: usize = 10;
 pub(crate) const FILE: &str = "raft-snapshot.img";
 /// Where a build writes its image.
 const BUILD_TMP: &str = "raft-snapshot.build.tmp";
-/// Where raft writes the chunks of an incoming snapshot.
+/// Where the raft port writes the chunks of an incoming snapshot.
 const RECEIVE_TMP: &str = "raft-snapshot.recv.tmp";
 
 /// The snapshots a node holds: the last one's metadata (its image is
@@ -68,11 +70,10 @@ const RECEIVE_TMP: &str = "raft-snapshot.recv.tmp";
 #[derive(Default)]
 pub(crate) struct Snapshots {
     /// The last one built or installed.
-    current: Option<SnapshotMeta<u64, Peer>>,
-    /// The one being received: its id and the check of its bytes so far.
-    receiving: Option<(String, ImageCheck)>,
-    /// Images described so far (kept or not), for unique snapshot ids.
-    ids: u64,
+    current: Option<SnapshotMeta>,
+    /// The one being received: its id, the check of its bytes so far and
+    /// the file they are written to.
+    receiving: Option<(String, ImageCheck, std::fs::File)>,
     /// Since start: builds kept, and installs that replaced the engine.
     pub(crate) counts: SnapshotCounts,
 }
@@ -96,7 +97,7 @@ pub struct LogBounds {
 
 impl Snapshots {
     /// The last log id of the snapshot held, if any.
-    pub(crate) fn last_log_id(&self) -> Option<LogId<u64>> {
+    pub(crate) fn last_log_id(&self) -> Option<LogId> {
         self.current.as_ref().and_then(|m| m.last_log_id)
     }
 
@@ -191,19 +192,14 @@ fn unless_gone(removed: std::io::Result<()>) -> std::io::Result<()> {
     }
 }
 
-fn snap_err(e: impl ToString) -> StorageError<u64> {
-    StorageIOError::write_snapshot(None, AnyError::error(e.to_string())).into()
+fn snap_err(e: impl ToString) -> std::io::Error {
+    std::io::Error::other(format!("building a snapshot: {}", e.to_string()))
 }
 
 impl Glue {
-    /// raft's metadata for the image of index `index`: its log id, the
-    /// last membership at or before it, and a new snapshot id.
-    fn image_meta(&self, index: u64) -> SnapshotMeta<u64, Peer> {
-        let id = {
-            let mut snaps = self.snapshots();
-            snaps.ids += 1;
-            snaps.ids
-        };
+    /// raft's metadata for the image of index `index`: its log id and the
+    /// last membership at or before it.
+    fn image_meta(&self, index: u64) -> SnapshotMeta {
         let role = self.role();
         let last_membership = role
             .meta
@@ -215,22 +211,18 @@ impl Glue {
             })
             .unwrap_or_default();
         let last = LogId::new(role.meta.leader_at(index), index);
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
         SnapshotMeta {
             last_log_id: Some(last),
             last_membership,
-            snapshot_id: format!("{}-{}-{stamp}-{id}", last.leader_id.term, index),
         }
     }
 
     /// The last log id raft applied.
-    pub(crate) fn applied(&self) -> Option<LogId<u64>> {
+    pub(crate) fn applied(&self) -> Option<LogId> {
         *self.applied.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn set_applied(&self, id: Option<LogId<u64>>) {
+    pub(crate) fn set_applied(&self, id: Option<LogId>) {
         *self.applied.lock().unwrap_or_else(|p| p.into_inner()) = id;
     }
 
@@ -239,7 +231,7 @@ impl Glue {
     }
 
     /// The last snapshot built or installed, read from its file.
-    pub(crate) fn current_snapshot(&self) -> Option<Snapshot<TypeConfig>> {
+    pub(crate) fn current_snapshot(&self) -> Option<Snapshot> {
         // Opened under the lock that a new one is published under, so the
         // metadata and the file are the same snapshot's.
         let snaps = self.snapshots();
@@ -247,7 +239,7 @@ impl Glue {
         match std::fs::File::open(self.dir.join(FILE)) {
             Ok(file) => Some(Snapshot {
                 meta,
-                snapshot: Box::new(tokio::fs::File::from_std(file)),
+                snapshot: tokio::fs::File::from_std(file),
             }),
             Err(e) => {
                 tracing::warn!(node = self.id, error = %e, "the snapshot file cannot be opened");
@@ -259,7 +251,7 @@ impl Glue {
     /// Makes the synced image `tmp` (in the data directory) the current
     /// snapshot `meta`: the file renamed and its metadata set under one
     /// lock, which [`Glue::current_snapshot`] reads them under.
-    fn publish_current(&self, tmp: &str, meta: &SnapshotMeta<u64, Peer>) -> Result<(), String> {
+    fn publish_current(&self, tmp: &str, meta: &SnapshotMeta) -> Result<(), String> {
         let mut snaps = self.snapshots();
         publish(&self.dir, tmp, &self.dir).map_err(|e| format!("keeping the snapshot: {e}"))?;
         snaps.current = Some(meta.clone());
@@ -267,7 +259,7 @@ impl Glue {
     }
 
     /// Builds a snapshot (blocking): see the module documentation.
-    pub(crate) fn build_snapshot(&self) -> Result<Snapshot<TypeConfig>, String> {
+    pub(crate) fn build_snapshot(&self) -> Result<Snapshot, String> {
         let _building = self.building.lock().unwrap_or_else(|p| p.into_inner());
         if self.role().raft.is_none() {
             return Err("the node is shutting down".into());
@@ -338,11 +330,11 @@ impl Glue {
     /// documentation.
     pub(crate) fn install_snapshot(
         &self,
-        meta: &SnapshotMeta<u64, Peer>,
+        meta: &SnapshotMeta,
         file: std::fs::File,
     ) -> Result<(), String> {
-        // raft hands over the file it wrote the chunks into: the one
-        // named RECEIVE_TMP, which is renamed into place below.
+        // raft hands over the file the raft port wrote the chunks into:
+        // the one named RECEIVE_TMP, which is renamed into place below.
         let named = std::fs::metadata(self.dir.join(RECEIVE_TMP))
             .map_err(|e| format!("the received snapshot's file: {e}"))?;
         let held = file
@@ -413,9 +405,9 @@ impl Glue {
         &self,
         inbox: &Arc<Inbox>,
         staged: &Path,
-        meta: &SnapshotMeta<u64, Peer>,
-        last: LogId<u64>,
-        vote: Option<openraft::Vote<u64>>,
+        meta: &SnapshotMeta,
+        last: LogId,
+        vote: Option<Vote>,
     ) -> Result<meta::Meta, String> {
         let config = inbox.config().clone();
         let mut new_meta = meta::Meta {
@@ -468,13 +460,13 @@ impl Glue {
 }
 
 /// What an image says about itself, against the request's metadata.
-fn check_info(meta: &SnapshotMeta<u64, Peer>, info: &ImageInfo) -> Result<(), String> {
-    let inside: SnapshotMeta<u64, Peer> = serde_json::from_slice(&info.meta)
+fn check_info(meta: &SnapshotMeta, info: &ImageInfo) -> Result<(), String> {
+    let inside: SnapshotMeta = serde_json::from_slice(&info.meta)
         .map_err(|e| format!("replica image: its raft metadata: {e}"))?;
     if inside != *meta || info.index != meta.last_log_id.map_or(0, |l| l.index) {
         return Err(format!(
-            "replica image: it holds snapshot {} at {:?}, the request names {} at {:?}",
-            inside.snapshot_id, inside.last_log_id, meta.snapshot_id, meta.last_log_id
+            "replica image: it holds a snapshot at {:?}, the request names one at {:?}",
+            inside.last_log_id, meta.last_log_id
         ));
     }
     Ok(())
@@ -486,7 +478,9 @@ pub struct Builder {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for Builder {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
+    type SnapshotData = tokio::fs::File;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, std::io::Error> {
         let glue = Arc::clone(&self.glue);
         tokio::task::spawn_blocking(move || glue.build_snapshot())
             .await
@@ -495,65 +489,90 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
     }
 }
 
-/// Where a node's raft port hands incoming snapshot chunks: they go on to
-/// raft, and the last one only once the whole image verifies.
+/// Where a node's raft port hands incoming snapshot chunks: they are
+/// written beside the logs, and the image goes on to raft only once it
+/// verifies whole.
 #[derive(Clone)]
 pub struct SnapshotReceiver {
     pub(crate) glue: Arc<Glue>,
     pub(crate) raft: InboxRaft,
 }
 
+/// The answer to one chunk: raft's answer after the last one, nothing
+/// before it, or why the chunk or the image was refused (the leader then
+/// sends the snapshot again from the start).
+pub type ChunkAnswer = Result<Option<SnapshotResponse<TypeConfig>>, String>;
+
 impl SnapshotReceiver {
-    /// `Raft::install_snapshot` behind the check of the whole image. A
-    /// damaged image is answered with a mismatch at offset 0, which makes
-    /// the leader send it again from the start; raft never sees it.
-    pub async fn install_snapshot(
-        &self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-    ) -> Result<InstallSnapshotResponse<u64>, RaftError<u64, InstallSnapshotError>> {
-        let refused = {
+    /// Takes one chunk of a snapshot: the first (offset 0) starts a new
+    /// file; each must continue the one before; the last one hands the
+    /// verified image to raft. A damaged image or a chunk out of order is
+    /// refused; raft never sees it.
+    pub async fn receive(&self, chunk: SnapshotChunk) -> ChunkAnswer {
+        let id = chunk.id.clone();
+        let written = {
             let mut snaps = self.glue.snapshots();
-            let id = &rpc.meta.snapshot_id;
-            if rpc.offset == 0 {
-                snaps.receiving = Some((id.clone(), ImageCheck::new()));
-            }
-            let in_order = snaps
-                .receiving
-                .as_ref()
-                .is_some_and(|(i, c)| i == id && c.len() == rpc.offset);
-            if in_order {
-                let (_, c) = snaps.receiving.as_mut().expect("checked");
-                c.push(&rpc.data);
-            } else {
-                // raft answers an out-of-order chunk itself.
-                snaps.receiving = None;
-            }
-            match (rpc.done, in_order) {
-                (true, true) => {
-                    let (_, c) = snaps.receiving.take().expect("checked");
-                    c.finish()
-                        .map_err(|e| e.to_string())
-                        .and_then(|info| check_info(&rpc.meta, &info))
-                        .err()
-                }
-                _ => None,
+            self.write_chunk(&mut snaps, &chunk)
+        };
+        let file = match written {
+            Ok(None) => return Ok(None),
+            Ok(Some(file)) => file,
+            Err(why) => {
+                tracing::warn!(node = self.glue.id, snapshot = %id, error = %why, "snapshot refused");
+                return Err(why);
             }
         };
-        if let Some(why) = refused {
-            tracing::warn!(node = self.glue.id, snapshot = %rpc.meta.snapshot_id, error = %why, "snapshot refused");
-            return Err(RaftError::APIError(InstallSnapshotError::SnapshotMismatch(
-                SnapshotMismatch {
-                    expect: SnapshotSegmentId {
-                        id: rpc.meta.snapshot_id.clone(),
-                        offset: 0,
-                    },
-                    got: SnapshotSegmentId {
-                        id: rpc.meta.snapshot_id.clone(),
-                        offset: rpc.offset,
-                    },
-                },
-            )));
+        let snapshot = Snapshot {
+            meta: chunk.meta,
+            snapshot: tokio::fs::File::from_std(file),
+        };
+        self.raft
+            .install_full_snapshot(chunk.vote, snapshot)
+            .await
+            .map(Some)
+            .map_err(|e| format!("raft stopped: {e}"))
+    }
+
+    /// Writes `chunk` into the file of the snapshot being received:
+    /// `Some(file)`, rewound, once the last chunk made a whole image that
+    /// verifies.
+    fn write_chunk(
+        &self,
+        snaps: &mut Snapshots,
+        chunk: &SnapshotChunk,
+    ) -> Result<Option<std::fs::File>, String> {
+        if chunk.offset == 0 {
+            let file = receive_file(&self.glue.dir)
+                .map_err(|e| format!("starting the snapshot's file: {e}"))?;
+            snaps.receiving = Some((chunk.id.clone(), ImageCheck::new(), file));
         }
-        self.raft.install_snapshot(rpc).await
+        let in_order = snaps
+            .receiving
+            .as_ref()
+            .is_some_and(|(i, c, _)| *i == chunk.id && c.len() == chunk.offset);
+        if !in_order {
+            snaps.receiving = None;
+            return Err(format!(
+                "snapshot chunk at offset {} of {} does not follow the chunks received",
+                chunk.offset, chunk.id
+            ));
+        }
+        let (_, check, file) = snaps.receiving.as_mut().expect("checked");
+        check.push(&chunk.data);
+        if let Err(e) = file.write_all(&chunk.data) {
+            snaps.receiving = None;
+            return Err(format!("writing the snapshot's file: {e}"));
+        }
+        if !chunk.done {
+            return Ok(None);
+        }
+        let (_, check, file) = snaps.receiving.take().expect("checked");
+        check
+            .finish()
+            .map_err(|e| e.to_string())
+            .and_then(|info| check_info(&chunk.meta, &info))?;
+        file.sync_all()
+            .map_err(|e| format!("syncing the snapshot's file: {e}"))?;
+        Ok(Some(file))
     }
 }

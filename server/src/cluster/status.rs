@@ -2,6 +2,7 @@
 //! its group, read from raft's own metrics (no round trip to the others).
 
 use inbox_wire::{ClusterMember, ClusterStatus};
+use openraft::async_runtime::WatchReceiver as _;
 use openraft::ServerState;
 
 use super::GroupHandle;
@@ -20,7 +21,7 @@ pub fn role_name(state: ServerState) -> &'static str {
 impl GroupHandle {
     /// This node's view of the group.
     pub fn status(&self) -> ClusterStatus {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft.metrics().borrow_watched().clone();
         let replication = m.replication.as_ref();
         let members = m
             .membership_config
@@ -48,7 +49,10 @@ impl GroupHandle {
             leader: m.current_leader,
             last_log_index: m.last_log_index.unwrap_or(0),
             last_applied_index: m.last_applied.map_or(0, |log_id| log_id.index),
-            millis_since_quorum_ack: m.millis_since_quorum_ack,
+            millis_since_quorum_ack: m.last_quorum_acked.map(|at| {
+                use openraft::Instant as _;
+                at.elapsed().as_millis() as u64
+            }),
             members,
         }
     }

@@ -26,25 +26,25 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
+use futures_util::StreamExt as _;
 use inbox_engine::inbox::{Entry, Leader, Pending};
-use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
-use openraft::{
-    AnyError, EntryPayload, LogId, LogState, RaftLogReader, Snapshot, SnapshotMeta, StorageError,
-    StorageIOError, StoredMembership, Vote,
-};
+use openraft::storage::{EntryResponder, IOFlushed, RaftLogStorage, RaftStateMachine};
+use openraft::{LogState, RaftLogReader};
 
 use super::commit_path::CommitPath;
-use super::RaftEntry;
+use super::{EntryPayload, LogId, RaftEntry, Snapshot, SnapshotMeta, StoredMembership, Vote};
 use super::{Glue, Role, Round, TypeConfig};
 
-type StorageResult<T> = Result<T, StorageError<u64>>;
+/// openraft 0.10's storage traits report plain IO errors; raft tells
+/// which operation failed.
+type StorageResult<T> = Result<T, std::io::Error>;
 
-fn write_err(e: impl ToString) -> StorageError<u64> {
-    StorageIOError::write_logs(AnyError::error(e.to_string())).into()
+fn write_err(e: impl ToString) -> std::io::Error {
+    std::io::Error::other(e.to_string())
 }
 
-fn read_err(e: impl ToString) -> StorageError<u64> {
-    StorageIOError::read_logs(AnyError::error(e.to_string())).into()
+fn read_err(e: impl ToString) -> std::io::Error {
+    std::io::Error::other(e.to_string())
 }
 
 /// One append's wait for durability, done off raft's task, in order.
@@ -54,7 +54,7 @@ struct Flush {
     entries: u64,
     applied: Vec<Pending<()>>,
     own: Option<Arc<Leader>>,
-    callback: LogFlushed<TypeConfig>,
+    callback: IOFlushed<TypeConfig>,
 }
 
 /// Waits for each append to be durable, in order, and tells raft. A task
@@ -82,7 +82,7 @@ async fn run_flusher(mut rx: mpsc::UnboundedReceiver<Flush>, path: Arc<CommitPat
         if result.is_ok() {
             path.appended(job.entries, job.started);
         }
-        job.callback.log_io_completed(result);
+        job.callback.io_completed(result);
     }
 }
 
@@ -106,7 +106,6 @@ impl LogStore {
 
 /// Rebuilds raft's entry `index` from the engine's round (none for
 /// index 0) and the metadata.
-#[allow(clippy::result_large_err, reason = "openraft's storage error type")]
 fn raft_entry(role: &Role, index: u64, round: Option<&Entry>) -> StorageResult<RaftEntry> {
     raft_entry_of(&role.meta, index, round).ok_or_else(|| read_err("raft entry 0 is not stored"))
 }
@@ -136,7 +135,6 @@ impl LogStore {
     /// first one is gone raft is asked to purge its log past it (see
     /// [`Glue::compacted_away`]), after which it sends that follower a
     /// snapshot.
-    #[allow(clippy::result_large_err, reason = "openraft's storage error type")]
     fn read_range(&self, start: u64, end: u64, partial: bool) -> StorageResult<Vec<RaftEntry>> {
         let role = self.glue.role();
         let Some(last) = role.raft_last else {
@@ -219,6 +217,10 @@ impl RaftLogReader<TypeConfig> for LogStore {
     ) -> StorageResult<Vec<RaftEntry>> {
         self.read_range(start, end, true)
     }
+
+    async fn read_vote(&mut self) -> StorageResult<Option<Vote>> {
+        Ok(self.glue.role().meta.vote)
+    }
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
@@ -239,19 +241,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote<u64>) -> StorageResult<()> {
+    async fn save_vote(&mut self, vote: &Vote) -> StorageResult<()> {
         let mut role = self.glue.role();
         role.meta.vote = Some(*vote);
-        role.meta
-            .store(&self.glue.dir)
-            .map_err(|e| StorageIOError::write_vote(AnyError::error(e.to_string())).into())
+        role.meta.store(&self.glue.dir)
     }
 
-    async fn read_vote(&mut self) -> StorageResult<Option<Vote<u64>>> {
-        Ok(self.glue.role().meta.vote)
-    }
-
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> StorageResult<()>
     where
         I: IntoIterator<Item = RaftEntry> + Send,
         I::IntoIter: Send,
@@ -346,8 +342,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|_| write_err("the raft log flusher stopped"))
     }
 
-    async fn truncate(&mut self, log_id: LogId<u64>) -> StorageResult<()> {
-        let index = log_id.index;
+    /// Drops the entries after `last` (all of them for `None`).
+    async fn truncate_after(&mut self, last: Option<LogId>) -> StorageResult<()> {
+        let index = last.map_or(0, |l| l.index + 1);
         let glue = &self.glue;
         let mut role = glue.role();
         glue.step_down(&mut role).map_err(write_err)?;
@@ -361,7 +358,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(())
     }
 
-    async fn purge(&mut self, log_id: LogId<u64>) -> StorageResult<()> {
+    async fn purge(&mut self, log_id: LogId) -> StorageResult<()> {
         // The engine compacts its own files; raft only forgets the ids.
         let mut role = self.glue.role();
         role.meta.purged = Some(log_id);
@@ -386,8 +383,8 @@ fn is_my_new_term(role: &Role, id: u64, e: &RaftEntry) -> bool {
 /// engine's rounds. Snapshots: `snapshot.rs`.
 pub struct StateMachine {
     glue: Arc<Glue>,
-    applied: Option<LogId<u64>>,
-    membership: StoredMembership<u64, super::Peer>,
+    applied: Option<LogId>,
+    membership: StoredMembership,
 }
 
 impl StateMachine {
@@ -415,26 +412,30 @@ impl StateMachine {
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotData = tokio::fs::File;
     type SnapshotBuilder = super::snapshot::Builder;
 
-    async fn applied_state(
-        &mut self,
-    ) -> StorageResult<(Option<LogId<u64>>, StoredMembership<u64, super::Peer>)> {
+    async fn applied_state(&mut self) -> StorageResult<(Option<LogId>, StoredMembership)> {
         Ok((self.applied, self.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> StorageResult<Vec<()>>
+    async fn apply<S>(&mut self, mut entries: S) -> StorageResult<()>
     where
-        I: IntoIterator<Item = RaftEntry> + Send,
-        I::IntoIter: Send,
+        S: futures_util::Stream<Item = Result<EntryResponder<TypeConfig>, std::io::Error>>
+            + Unpin
+            + Send,
     {
-        let mut replies = Vec::new();
-        for e in entries {
+        while let Some(next) = entries.next().await {
+            let (e, responder) = next?;
             if let EntryPayload::Membership(m) = &e.payload {
                 self.membership = StoredMembership::new(Some(e.log_id), m.clone());
             }
             self.applied = Some(e.log_id);
-            replies.push(());
+            // The engine answers the round's clients itself (on commit,
+            // below); raft's own callers (a membership change) get `()`.
+            if let Some(r) = responder {
+                r.send(());
+            }
         }
         self.glue.set_applied(self.applied);
         if let Some(applied) = self.applied {
@@ -453,7 +454,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 }
             }
         }
-        Ok(replies)
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -462,24 +463,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<tokio::fs::File>> {
-        let file = super::snapshot::receive_file(&self.glue.dir).map_err(|e| {
-            StorageError::from(StorageIOError::write_snapshot(None, AnyError::new(&e)))
-        })?;
-        Ok(Box::new(tokio::fs::File::from_std(file)))
-    }
-
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<u64, super::Peer>,
-        snapshot: Box<tokio::fs::File>,
+        meta: &SnapshotMeta,
+        snapshot: tokio::fs::File,
     ) -> StorageResult<()> {
         let glue = Arc::clone(&self.glue);
         let m = meta.clone();
         // A write of raft's still in flight finishes here, and its error
         // is reported (which `into_std` alone would drop).
         let mut snapshot = snapshot;
-        tokio::io::AsyncWriteExt::flush(&mut *snapshot)
+        tokio::io::AsyncWriteExt::flush(&mut snapshot)
             .await
             .map_err(|e| snapshot_err(meta, e))?;
         let file = snapshot.into_std().await;
@@ -492,11 +486,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(())
     }
 
-    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
+    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot>> {
         Ok(self.glue.current_snapshot())
     }
 }
 
-fn snapshot_err(meta: &SnapshotMeta<u64, super::Peer>, e: impl ToString) -> StorageError<u64> {
-    StorageIOError::write_snapshot(Some(meta.signature()), AnyError::error(e.to_string())).into()
+fn snapshot_err(meta: &SnapshotMeta, e: impl ToString) -> std::io::Error {
+    std::io::Error::other(format!(
+        "installing the snapshot up to {:?}: {}",
+        meta.last_log_id.map(|l| l.index),
+        e.to_string()
+    ))
 }

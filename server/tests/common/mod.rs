@@ -14,16 +14,20 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use inbox_engine::*;
+use inbox_server::cluster::network::{SnapshotChunk, SNAPSHOT_CHUNK};
 use inbox_server::cluster::{
-    default_config, Cluster, GroupHandle, InboxRaft, Peer, SnapshotReceiver, TypeConfig,
+    default_config, Cluster, GroupHandle, InboxRaft, Peer, Snapshot, SnapshotReceiver, TypeConfig,
+    Vote,
 };
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
+};
+use openraft::network::v2::RaftNetworkV2;
 use openraft::network::RPCOption;
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
-use openraft::{RaftNetwork, RaftNetworkFactory};
+use openraft::RaftNetworkFactory;
 
 /// How long a test waits for anything the group should do by itself.
 pub const DEADLINE: Duration = Duration::from_secs(30);
@@ -81,12 +85,7 @@ impl Router {
         }
     }
 
-    #[allow(clippy::result_large_err, reason = "openraft's error type")]
-    fn reach<E: std::error::Error>(
-        &self,
-        from: u64,
-        to: u64,
-    ) -> Result<Target, RPCError<u64, Peer, E>> {
+    fn reach(&self, from: u64, to: u64) -> Result<Target, RPCError<TypeConfig>> {
         let unreachable = |why: &str| {
             RPCError::Unreachable(Unreachable::new(&std::io::Error::other(why.to_string())))
         };
@@ -132,12 +131,66 @@ impl RaftNetworkFactory<TypeConfig> for Net {
     }
 }
 
-impl RaftNetwork<TypeConfig> for Conn {
+/// A remote raft that stopped, as the network reports it.
+fn stopped(to: u64, e: RaftError<TypeConfig>) -> RPCError<TypeConfig> {
+    RPCError::Unreachable(Unreachable::new(&std::io::Error::other(format!(
+        "node {to}: {e}"
+    ))))
+}
+
+impl Conn {
+    /// One chunk through the node's snapshot receiver, as its raft port
+    /// would take it; the damage a test asked for is done on the way.
+    async fn send_chunk(
+        &self,
+        mut chunk: SnapshotChunk,
+    ) -> Result<Option<SnapshotResponse<TypeConfig>>, StreamingError<TypeConfig>> {
+        let target = self.router.reach(self.from, self.to)?;
+        if !chunk.data.is_empty()
+            && self
+                .router
+                .damage_next_snapshot_to
+                .lock()
+                .unwrap()
+                .remove(&self.to)
+        {
+            let mid = chunk.data.len() / 2;
+            chunk.data[mid] ^= 0x20;
+        }
+        let done = chunk.done;
+        let answer = target.snapshots.receive(chunk).await;
+        match &answer {
+            Err(_) => {
+                let ib = target.handle.inbox();
+                self.router.refused.lock().unwrap().push((
+                    self.to,
+                    ib.replica_index(),
+                    ib.replica_digest(),
+                ))
+            }
+            Ok(_) if done => {
+                *self
+                    .router
+                    .installed
+                    .lock()
+                    .unwrap()
+                    .entry(self.to)
+                    .or_default() += 1
+            }
+            Ok(_) => {}
+        }
+        answer.map_err(|why| StreamingError::Network(NetworkError::from_string(why)))
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for Conn {
+    type SnapshotData = tokio::fs::File;
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, Peer, RaftError<u64>>> {
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         let target = self.router.reach(self.from, self.to)?;
         let delay = *self.router.append_delay.lock().unwrap();
         if !delay.is_zero() {
@@ -147,67 +200,70 @@ impl RaftNetwork<TypeConfig> for Conn {
             .raft
             .append_entries(rpc)
             .await
-            .map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))
+            .map_err(|e| stopped(self.to, e))
     }
 
-    /// Through the node's snapshot receiver, as its raft port would.
-    async fn install_snapshot(
+    /// In chunks through the node's snapshot receiver, as the raft port
+    /// sends them.
+    async fn full_snapshot(
         &mut self,
-        mut rpc: InstallSnapshotRequest<TypeConfig>,
+        vote: Vote,
+        snapshot: Snapshot,
+        _cancel: impl std::future::Future<Output = ReplicationClosed> + Send + 'static,
         _option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<u64>,
-        RPCError<u64, Peer, RaftError<u64, InstallSnapshotError>>,
-    > {
-        let target = self.router.reach(self.from, self.to)?;
-        if !rpc.data.is_empty()
-            && self
-                .router
-                .damage_next_snapshot_to
-                .lock()
-                .unwrap()
-                .remove(&self.to)
-        {
-            let mid = rpc.data.len() / 2;
-            rpc.data[mid] ^= 0x20;
-        }
-        let done = rpc.done;
-        let answer = target.snapshots.install_snapshot(rpc).await;
-        if done {
-            match &answer {
-                Err(_) => {
-                    let ib = target.handle.inbox();
-                    self.router.refused.lock().unwrap().push((
-                        self.to,
-                        ib.replica_index(),
-                        ib.replica_digest(),
-                    ))
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        use tokio::io::AsyncReadExt as _;
+        let Snapshot { meta, snapshot } = snapshot;
+        let mut file = snapshot;
+        let io = |e: std::io::Error| StreamingError::Network(NetworkError::new(&e));
+        let len = file.metadata().await.map_err(io)?.len();
+        let id = format!("{}-{len}", meta.last_log_id.map_or(0, |l| l.index));
+        let mut offset = 0;
+        loop {
+            let want = ((len - offset) as usize).min(SNAPSHOT_CHUNK);
+            let mut data = vec![0; want];
+            file.read_exact(&mut data).await.map_err(io)?;
+            let done = offset + want as u64 == len;
+            let chunk = SnapshotChunk {
+                vote,
+                meta: meta.clone(),
+                id: id.clone(),
+                offset,
+                data,
+                done,
+            };
+            match self.send_chunk(chunk).await? {
+                Some(reply) if done => return Ok(reply),
+                _ if done => {
+                    return Err(StreamingError::Network(NetworkError::from_string(
+                        "no answer to the last chunk",
+                    )))
                 }
-                Ok(_) => {
-                    *self
-                        .router
-                        .installed
-                        .lock()
-                        .unwrap()
-                        .entry(self.to)
-                        .or_default() += 1
-                }
+                _ => offset += want as u64,
             }
         }
-        answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<u64>,
+        rpc: VoteRequest<TypeConfig>,
         _option: RPCOption,
-    ) -> Result<VoteResponse<u64>, RPCError<u64, Peer, RaftError<u64>>> {
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let target = self.router.reach(self.from, self.to)?;
+        target.raft.vote(rpc).await.map_err(|e| stopped(self.to, e))
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         let target = self.router.reach(self.from, self.to)?;
         target
             .raft
-            .vote(rpc)
+            .pre_vote(rpc)
             .await
-            .map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))
+            .map_err(|e| stopped(self.to, e))
     }
 }
 
