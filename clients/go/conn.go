@@ -266,13 +266,15 @@ func readFrame(r *bufio.Reader, max uint32) (op byte, id uint64, body []byte, er
 }
 
 // decodeError reads an ERROR body laid out in version: from 3 on it ends
-// with leader_addr, before it does not. Version 0 (a refusal of HELLO, or
-// a connection's last error, which the server sends in its own newest
-// layout whatever the connection speaks) takes either.
+// with leader_addr, before it does not. Below 3 (and 0, the handshake's
+// unknown version) it takes either: a version 3 server sends the errors
+// of its connection handling (a refusal of HELLO, a connection's last
+// error, and an unknown opcode, RATE_LIMITED, FORBIDDEN or a refused
+// SUBSCRIBE on a version 2 connection) in its own layout, with the field.
 func decodeError(body []byte, version uint16) error {
 	d := decoder{b: body}
 	e := &Error{Code: Code(d.u16()), Detail: d.u64(), Message: d.str()}
-	if version >= 3 || (version == 0 && d.err == nil && len(d.b) > 0) {
+	if version >= 3 || (d.err == nil && len(d.b) > 0) {
 		e.hasLeaderAddr = true
 		e.leaderAddr, _ = d.optStr()
 	}

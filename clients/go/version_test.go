@@ -69,6 +69,22 @@ func TestAVersion2ConnectionGetsTheVersion2LayoutsOfAVersion3Server(t *testing.T
 	}
 }
 
+func TestAVersion2ConnectionReadsTheRefusalsAVersion3ServerSendsInItsOwnLayout(t *testing.T) {
+	d := newDaemon(t)
+	ctx := testCtx(t)
+	c, err := Dial(ctx, d.addr, Options{Token: []byte(testToken), ProtocolVersion: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Refused before they run, these come with leader_addr's byte.
+	_, err = c.roundTripRaw(ctx, 0x7e, nil)
+	wantCode(t, err, ErrUnsupported)
+	_, err = c.Stats(ctx)
+	wantCode(t, err, ErrForbidden)
+	need(struct{}{}, c.Ping(ctx))
+}
+
 // sendBig sends count messages of size bytes from sender to conv.
 func sendBig(t *testing.T, c *Client, conv, sender uint64, count, size int) {
 	ctx := testCtx(t)
