@@ -72,8 +72,8 @@ func (c Code) String() string {
 // meaning depends on the code (PROTOCOL.md section 3): the current
 // generation for STALE_GENERATION and RESET_REQUIRED, milliseconds to
 // wait for RATE_LIMITED, the limit for TOO_LARGE (in bytes, except a
-// count of uids for SUBSCRIBE: Server().SubscribeUIDsMax), and so on. Message is
-// for humans.
+// count of uids for SUBSCRIBE: Server().SubscribeUIDsMax), and so on.
+// Message is for humans.
 //
 // errors.Is(err, ErrConflict) matches any *Error of that code;
 // errors.As(err, &e) gives the detail.
