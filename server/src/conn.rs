@@ -338,7 +338,7 @@ impl Connection {
                         WireError::FrameTooLarge { max, .. } => u64::from(max),
                         _ => 0,
                     };
-                    self.send(error_frame(0, err.code(), detail, err.to_string()))
+                    self.send(self.error_frame(0, err.code(), detail, err.to_string()))
                         .await;
                     return Err(Close::WithError);
                 }
@@ -363,7 +363,7 @@ impl Connection {
                 // The peer half-closed inside a frame; it may still be
                 // reading, so say what happened.
                 let message = format!("stream ended inside a frame ({buffered} bytes buffered)");
-                self.send(error_frame(0, ErrorCode::BadRequest, 0, message))
+                self.send(self.error_frame(0, ErrorCode::BadRequest, 0, message))
                     .await;
                 Err(Close::WithError)
             }
@@ -377,7 +377,7 @@ impl Connection {
             Err(_idle) if buffered > 0 => {
                 tracing::info!(peer = ?self.peer, buffered, "closing connection: frame not completed in time");
                 let message = format!("frame not completed in time ({buffered} bytes buffered)");
-                self.send(error_frame(0, ErrorCode::BadRequest, 0, message))
+                self.send(self.error_frame(0, ErrorCode::BadRequest, 0, message))
                     .await;
                 Err(Close::WithError)
             }
@@ -396,7 +396,7 @@ impl Connection {
         }
         tracing::info!(peer = ?self.peer, "closing connection: request id 0");
         let message = "request id 0 is reserved for the server's own frames";
-        self.send(error_frame(0, ErrorCode::BadRequest, 0, message))
+        self.send(self.error_frame(0, ErrorCode::BadRequest, 0, message))
             .await;
         Err(Close::WithError)
     }
@@ -656,6 +656,19 @@ impl Connection {
         }
     }
 
+    /// An `ERROR` frame in the layout of the connection's version (the
+    /// newest until the handshake settles one).
+    fn error_frame(
+        &self,
+        request_id: u64,
+        code: ErrorCode,
+        detail: u64,
+        message: impl Into<String>,
+    ) -> Frame {
+        let error = Response::Error(ErrorReply::new(code, detail, message));
+        reply_frame(self.version, &error, request_id)
+    }
+
     /// Queues `frame` for the writer (a closed writer drops it: the
     /// connection is ending anyway).
     async fn send(&self, frame: Frame) {
@@ -665,7 +678,7 @@ impl Connection {
     /// Answers a request refused before it ran, and counts it.
     async fn refuse(&self, id: u64, name: &'static str, refusal: ErrorReply) {
         self.shared.metrics.observe_refused(name, refusal.code);
-        self.send(error_frame(
+        self.send(self.error_frame(
             id,
             refusal.code,
             refusal.detail,
@@ -834,12 +847,12 @@ fn sized_reply(shared: &Shared, version: u16, response: &Response, id: u64) -> F
     if frame.frame_len().is_some_and(|len| len <= limit) {
         return frame;
     }
-    error_frame(
-        id,
+    let too_large = Response::Error(ErrorReply::new(
         ErrorCode::TooLarge,
         u64::from(limit),
         format!("reply is over the {limit}-byte frame limit; ask for fewer items"),
-    )
+    ));
+    reply_frame(version, &too_large, id)
 }
 
 /// Waits until a write (and so every write before it) has completed. A
