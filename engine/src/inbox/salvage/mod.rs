@@ -72,6 +72,7 @@ pub fn salvage(config: &InboxConfig, to: &Path) -> Result<SalvageReport> {
         replay::load_checkpoint(from, last_lsn, &mut report)?.unwrap_or_else(|| State::new(ttl_ms));
     state.idem_ttl_ms = ttl_ms;
     replay::replay(&evt, &mut state, &mut report)?;
+    replay::note_msg_damage(&msg, &mut report);
 
     // Private, as a data directory is (it holds the keys).
     std::fs::DirBuilder::new()
