@@ -60,6 +60,7 @@ pub use cache::{reclaims_so_far, LOOK_VALID_FOR};
 pub use faulty::FaultyIo;
 pub use io::{write_file_durably, LogIo, PwriteIo};
 pub use lock::lock_dir;
+pub(crate) use recovery::cut_files;
 pub use recovery::{cut_file_name, plan, plan_locked, LogPlan, RecoveryReport, TruncatedTail};
 /// For the salvage scan, which walks segment files itself, and the
 /// replica image, which packs them.

@@ -30,7 +30,7 @@ mod guard;
 mod replay;
 mod report;
 mod source;
-mod walk;
+pub(crate) mod walk;
 pub(crate) mod write;
 
 pub use report::{Damage, LostEvents, LostMessages, RaisedFloor, SalvageReport};
