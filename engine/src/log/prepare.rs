@@ -197,7 +197,8 @@ impl Shared {
     }
 
     /// Prepares one spare (see the module docs). On error nothing named
-    /// `*.seg` is left for it (best effort) and its id is never used.
+    /// `*.seg` is left for it (best effort), and its id goes back for the
+    /// next preparation once its file is gone.
     fn prepare(&self, job: Job) -> Result<Spare, LogError> {
         let id = match self.prep.take_id() {
             Ok(id) => id,
@@ -257,7 +258,24 @@ impl Shared {
                 })
             }
             Err(e) => {
-                let _ = self.io.remove(if renamed { &path } else { &tmp });
+                let removed = match self.io.remove(if renamed { &path } else { &tmp }) {
+                    Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                    Ok(()) => true,
+                };
+                // A full disk: nothing holds the id any more, and the next
+                // preparation takes it again, so attempts refused for lack
+                // of space do not make segment numbers skip. Preparations
+                // run one at a time (`busy`), so no later id was taken
+                // meanwhile. After any other failure (a file that could
+                // not be removed, an fsync error) the id stays used.
+                if removed && !recycled && is_no_space(&e) {
+                    let _ = self.prep.next_id.compare_exchange(
+                        id + 1,
+                        id,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
+                }
                 if is_no_space(&e) {
                     Err(LogError::NoSpace(format!(
                         "preallocating {} bytes in {}: {e}",
