@@ -218,6 +218,11 @@ pub struct LogStats {
     /// Segments the background preparer failed to prepare (refused;
     /// nothing poisoned).
     pub spare_failures: u64,
+    /// WARNs logged for those failures: at most one per
+    /// a minute, each with the count since
+    /// the last, so a full disk that refuses every write does not flood
+    /// the log.
+    pub spare_failure_warnings: u64,
     /// Deleted segments whose files were reused as spares.
     pub segments_recycled: u64,
 }
