@@ -65,7 +65,7 @@ pub use recovery::{cut_file_name, plan, plan_locked, LogPlan, RecoveryReport, Tr
 /// For the salvage scan, which walks segment files itself, and the
 /// replica image, which packs them.
 pub(crate) use segment::{
-    classify, list_dir, parse_segment_file_name, segment_file_name, FileKind,
+    classify, list_dir, parse_segment_file_name, segment_file_name, short_file, FileKind,
 };
 pub use shared::DurableHook;
 pub use uring::UringIo;
