@@ -129,7 +129,7 @@ fn an_explicit_segment_size_that_does_not_fit_a_new_store_is_refused_naming_the_
     let Some(fs) = Tmpfs::mount(48) else { return };
     let stderr = refused_start(&fs.data_dir(), &["--segment-bytes", "134217728"]);
     assert!(
-        stderr.contains("--segment-bytes 134217728 needs at least 640.0 MiB"),
+        stderr.contains("--segment-bytes 134217728 needs at least 640.1 MiB"),
         "{stderr}"
     );
     assert!(
@@ -142,7 +142,7 @@ fn an_explicit_segment_size_that_does_not_fit_a_new_store_is_refused_naming_the_
 fn a_disk_too_small_for_the_smallest_segments_is_refused_with_the_space_needed() {
     let Some(fs) = Tmpfs::mount(16) else { return };
     let stderr = refused_start(&fs.data_dir(), &[]);
-    assert!(stderr.contains("needs at least 20.0 MiB"), "{stderr}");
+    assert!(stderr.contains("needs at least 20.1 MiB"), "{stderr}");
     assert!(evt_segment_lengths_if_any(&fs.data_dir()).is_empty());
 }
 
