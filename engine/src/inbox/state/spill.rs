@@ -253,7 +253,7 @@ impl Arena {
             inner.next_offset += REGION_BYTES as u64;
             o
         });
-        let first = pages.max(REGION_START_BYTES).min(REGION_BYTES);
+        let first = pages.clamp(REGION_START_BYTES, REGION_BYTES);
         let region = match self.map_region(offset, first) {
             Ok(r) => Arc::new(r),
             Err(e) => {
