@@ -77,7 +77,7 @@ use crate::log::LogIo;
 /// Version 3: the body is tagged sections. An older binary skips the
 /// file as unknown and replays the log instead.
 const MAGIC: &[u8; 8] = b"INBXCKP3";
-/// Version 2: a message location may carry the `evt` mark (`state::loc`);
+/// Version 2: a message location may carry the `evt` mark (`containers::loc`);
 /// an older binary, which would take it for a `msg` location, skips the
 /// file as unknown and replays instead (and then refuses the new record
 /// kinds rather than misread them). Read, never written.

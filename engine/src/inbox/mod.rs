@@ -51,6 +51,7 @@ mod command;
 mod compaction;
 mod config;
 mod consistency;
+mod containers;
 mod devices;
 mod effect;
 mod inspect;

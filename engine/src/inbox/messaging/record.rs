@@ -32,7 +32,7 @@
 //! - [`MsgBodyEffect`] (kind 9): the kind 1 fields without msg_loc
 //!   (conv .. at_ms, client_msg_id, summary), then the body: bytes (u32
 //!   length + the message record above). The message's location is this
-//!   record's own, marked as in `evt` (`state::loc`).
+//!   record's own, marked as in `evt` (`containers::loc`).
 //! - [`ReadEffect`] (kind 2): uid u64, conv u64, read_seq u64, at_ms u64.
 //! - [`FlagsEffect`] (kind 3): uid u64, conv u64, muted u8, pinned u8,
 //!   at_ms u64.
