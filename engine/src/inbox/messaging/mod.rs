@@ -17,6 +17,7 @@
 pub(crate) mod apply;
 pub(crate) mod body;
 pub(crate) mod checkpoint;
+pub(crate) mod idem;
 pub(crate) mod large;
 pub(crate) mod read;
 pub(crate) mod record;

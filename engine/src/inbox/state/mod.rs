@@ -26,7 +26,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-pub(crate) mod idem;
 mod invariants;
 pub(crate) mod memory;
 pub(crate) mod record;
@@ -37,6 +36,7 @@ pub(crate) use crate::inbox::containers::members::Period;
 use crate::inbox::containers::sorted::{SortedMap, SortedSet};
 use crate::inbox::containers::{chunked, event_locs, loc, members, rare, spill};
 pub(crate) use crate::inbox::containers::{grow_for_one, IdMap, IdSet};
+use crate::inbox::messaging::idem;
 use crate::prefetch::prefetch;
 pub(crate) use loc::{body_at, body_in_evt, pack, unpack, BodyLog, PackedLoc, PENDING_LOC};
 pub(crate) use seg_refs::SegRefs;
