@@ -21,6 +21,7 @@ pub(crate) mod idem;
 pub(crate) mod large;
 pub(crate) mod read;
 pub(crate) mod record;
+pub(crate) mod rows;
 
 use std::sync::Arc;
 

@@ -113,7 +113,7 @@ fn a_user_s_55_events_and_a_conversation_s_28_entries_take_the_class_they_fill()
 
 #[test]
 fn message_metadata_packs_to_10_bytes_and_reads_back_exactly_or_stays_at_full_width() {
-    use chunked::Pack;
+    use crate::inbox::containers::chunked::Pack;
     let at = |segment, offset| pack(crate::log::RecordLoc { segment, offset });
     let first = MsgMeta {
         loc: PENDING_LOC,
