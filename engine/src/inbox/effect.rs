@@ -20,6 +20,7 @@ use bytes::BytesMut;
 
 use super::codec::{DecodeError, DecodeResult, Reader, Writer};
 use super::compaction::record::Records as CompactionRecords;
+use super::devices::ack_view::Before;
 use super::devices::record::Records as DevicesRecords;
 use super::messaging::record::Records as MessagingRecords;
 use super::replica::record::Records as ReplicaRecords;
@@ -30,7 +31,7 @@ use super::state::record::{
     kinds_are_distinct, ApplyAt, ApplyError, RecordKind, RecordSet, Touched, EFFECT_FORMAT_VERSION,
 };
 use super::state::{PackedLoc, State};
-use crate::api::{SyncEvent, SyncSeq, TimestampMs};
+use crate::api::{DeviceId, SyncEvent, SyncSeq, TimestampMs, Uid};
 
 /// Set on the kind of a record copied forward by a segment rewrite.
 pub(crate) const COPY_FLAG: u8 = 0x80;
@@ -54,6 +55,21 @@ macro_rules! subsystems {
         pub(crate) const KIND_TABLES: &[&[RecordKind]] = &[$(<$set as RecordSet>::TABLE),+];
 
         impl Effect {
+    /// The device row this effect changes, as it is before the change: what
+    /// [`super::devices::ack_view::AckViews::changed`] compares the change
+    /// with. `None` for every effect but a device row's. The sequencer
+    /// asks before it applies the effect, and names no subsystem to do so.
+    pub fn device_row_before(&self, st: &State) -> Option<(Uid, DeviceId, Option<Before>)> {
+        let Effect::Devices(DevicesRecords::Device(change)) = self else {
+            return None;
+        };
+        let device = change.row.device;
+        let before = (st.users.get(&change.uid))
+            .and_then(|u| u.device(device))
+            .map(|d| Before::of(&d.row, d.stamp, &change.row));
+        Some((change.uid, device, before))
+    }
+
             /// The `evt` log record kind.
             pub fn record_kind(&self) -> u8 {
                 match self {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::api::*;
+use crate::inbox::codec::{DecodeError, DecodeResult};
 use crate::inbox::containers::loc::{self, body_at, body_in_evt, BodyLog, PackedLoc, PENDING_LOC};
 use crate::inbox::containers::members;
 use crate::inbox::containers::{chunked, rare, spill};
@@ -92,9 +93,7 @@ impl chunked::Pack for MsgMeta {
         let loc = (u64::from(log == BodyLog::Evt) << 39) | near;
         out[..5].copy_from_slice(&loc.to_le_bytes()[..5]);
         out[5..9].copy_from_slice(&id.to_le_bytes());
-        out[9] = crate::inbox::messaging::record::kind_code(self.kind)
-            | (self.flags << 3)
-            | (sender << 6);
+        out[9] = kind_code(self.kind) | (self.flags << 3) | (sender << 6);
         true
     }
 
@@ -119,8 +118,7 @@ impl chunked::Pack for MsgMeta {
             sender: Uid(u64::from_le_bytes(
                 base[slot..slot + 8].try_into().expect("8 bytes"),
             )),
-            kind: crate::inbox::messaging::record::kind_from_code(b[9] & 7)
-                .expect("a kind this process packed"),
+            kind: kind_from_code(b[9] & 7).expect("a kind this process packed"),
             flags: (b[9] >> 3) & 7,
         }
     }
@@ -130,7 +128,7 @@ impl chunked::Pack for MsgMeta {
         out[..8].copy_from_slice(&loc.to_le_bytes());
         out[8..16].copy_from_slice(&id.to_le_bytes());
         out[16..24].copy_from_slice(&sender.to_le_bytes());
-        out[24] = crate::inbox::messaging::record::kind_code(self.kind);
+        out[24] = kind_code(self.kind);
         out[25] = self.flags;
     }
 
@@ -140,8 +138,7 @@ impl chunked::Pack for MsgMeta {
             loc: word(0),
             msg_id: MsgId(word(8)),
             sender: Uid(word(16)),
-            kind: crate::inbox::messaging::record::kind_from_code(b[24])
-                .expect("a kind this process packed"),
+            kind: kind_from_code(b[24]).expect("a kind this process packed"),
             flags: b[25],
         }
     }
@@ -402,4 +399,27 @@ impl UserConv {
             pinned: self.pinned,
         }
     }
+}
+
+/// A message kind's byte, the same in a record, a packed index entry,
+/// a checkpoint and a snapshot file.
+pub(crate) fn kind_code(kind: MessageKind) -> u8 {
+    match kind {
+        MessageKind::Normal => 0,
+        MessageKind::Join => 1,
+        MessageKind::Leave => 2,
+        MessageKind::Recall => 3,
+        MessageKind::Edit => 4,
+    }
+}
+
+pub(crate) fn kind_from_code(code: u8) -> DecodeResult<MessageKind> {
+    Ok(match code {
+        0 => MessageKind::Normal,
+        1 => MessageKind::Join,
+        2 => MessageKind::Leave,
+        3 => MessageKind::Recall,
+        4 => MessageKind::Edit,
+        _ => return Err(DecodeError("unknown message kind")),
+    })
 }
