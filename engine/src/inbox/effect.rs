@@ -28,7 +28,8 @@ use super::snapshots::record::Records as SnapshotsRecords;
 #[cfg(doc)]
 use super::state::record::Record;
 use super::state::record::{
-    kinds_are_distinct, ApplyAt, ApplyError, RecordKind, RecordSet, Touched, EFFECT_FORMAT_VERSION,
+    kinds_are_distinct, ApplyAt, ApplyError, InSet, RecordKind, RecordSet, Touched,
+    EFFECT_FORMAT_VERSION,
 };
 use super::state::{PackedLoc, State};
 use crate::api::{DeviceId, SyncEvent, SyncSeq, TimestampMs, Uid};
@@ -54,7 +55,50 @@ macro_rules! subsystems {
         /// Each subsystem's kinds, as their [`Record`] impls define them.
         pub(crate) const KIND_TABLES: &[&[RecordKind]] = &[$(<$set as RecordSet>::TABLE),+];
 
-        impl Effect {
+        /// A record becomes an effect through its subsystem's set (the
+/// `record_set!` of its `record.rs`), so `sink.effect(record.into())`
+/// needs no list of record types here.
+impl<R> From<R> for Effect
+where
+    R: InSet,
+    Effect: From<R::Set>,
+{
+    fn from(r: R) -> Effect {
+        Effect::from(r.into())
+    }
+}
+
+impl From<MessagingRecords> for Effect {
+    fn from(r: MessagingRecords) -> Effect {
+        Effect::Messaging(r)
+    }
+}
+
+impl From<DevicesRecords> for Effect {
+    fn from(r: DevicesRecords) -> Effect {
+        Effect::Devices(r)
+    }
+}
+
+impl From<SnapshotsRecords> for Effect {
+    fn from(r: SnapshotsRecords) -> Effect {
+        Effect::Snapshots(r)
+    }
+}
+
+impl From<CompactionRecords> for Effect {
+    fn from(r: CompactionRecords) -> Effect {
+        Effect::Compaction(r)
+    }
+}
+
+impl From<ReplicaRecords> for Effect {
+    fn from(r: ReplicaRecords) -> Effect {
+        Effect::Replica(r)
+    }
+}
+
+impl Effect {
     /// The device row this effect changes, as it is before the change: what
     /// [`super::devices::ack_view::AckViews::changed`] compares the change
     /// with. `None` for every effect but a device row's. The sequencer

@@ -9,8 +9,8 @@
 //! Time only enters through the stamped `now` of the command that decides.
 
 use crate::api::*;
+use crate::inbox::config::InboxConfig;
 use crate::inbox::state::User;
-use crate::inbox::InboxConfig;
 
 pub(crate) fn ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::record::{kind_code, kind_from_code};
+use super::rows::{kind_code, kind_from_code};
 use crate::api::{ClientMsgId, ConvId, MsgId, MsgSeq, TimestampMs, Uid};
 use crate::inbox::codec::{sorted, DecodeError, DecodeResult, Reader, Writer};
 use crate::inbox::messaging::idem::{IdemSlot, Sent, Whole};
