@@ -1,6 +1,13 @@
 //! The inbox's in-memory tables. Only the records' `apply` functions
 //! change them ([`record::Record`]; each subsystem owns its records).
 //!
+//! The state composes them: [`State`] and each [`User`] (the per-user
+//! aggregate every subsystem appends to) are here; the row types belong to
+//! their subsystems (`messaging/rows.rs`, `devices/rows.rs`,
+//! `snapshots/rows.rs`, and messaging's idempotency table,
+//! `messaging/idem.rs`), which use nothing above `containers/`, and are
+//! re-exported here.
+//!
 //! Invariants (checked by [`State::check_invariants`]):
 //! - `apply` is a pure function of (state, record, record location): the
 //!   sequencer calls it live and recovery calls it on replay, so both build
