@@ -114,11 +114,6 @@ const EXCEPTIONS: &[(&str, &str, &str)] = &[
         "the pass submits its commands to the sequencer, like the API",
     ),
     (
-        "snapshots",
-        "compaction",
-        "a snapshot's expiry uses the fences' clock helper",
-    ),
-    (
         "messaging::record",
         "messaging",
         "large.rs keeps the large-group switch's records beside its commands",

@@ -163,3 +163,9 @@ impl InboxConfig {
         }
     }
 }
+
+/// A configured duration in whole milliseconds, saturating: what the
+/// stamped times (`TimestampMs`) are compared with.
+pub(crate) fn ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
