@@ -135,4 +135,45 @@ mod tests {
         std::fs::write(dir.path().join(FILE), b"{not json").unwrap();
         assert!(Meta::load(dir.path()).is_err());
     }
+
+    /// A `raft-meta.json` as inboxd wrote it on openraft 0.9 (pretty-printed;
+    /// the daemon writes it compact): a voted, committed leader, three
+    /// leader ranges, the initial and a three-member membership, a purge
+    /// and a saved applied point.
+    const FIXTURE_0_9: &str = include_str!("testdata/raft-meta-0.9.json");
+
+    #[test]
+    fn a_metadata_file_written_on_openraft_0_9_loads_and_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(FILE), FIXTURE_0_9).unwrap();
+        let m = Meta::load(dir.path()).unwrap();
+
+        let vote = m.vote.expect("the fixture holds a vote");
+        assert_eq!(vote, Vote::new_committed(4, 2));
+        let l = CommittedLeaderId::new;
+        assert_eq!(m.leaders, vec![(1, l(1, 1)), (5, l(3, 2)), (900, l(4, 2))]);
+        assert_eq!(m.leader_at(4), l(1, 1));
+        assert_eq!(m.leader_at(899), l(3, 2));
+        assert_eq!(m.purged, Some(LogId::new(l(3, 2), 40)));
+        assert_eq!(m.applied, Some(LogId::new(l(4, 2), 1024)));
+        assert_eq!(
+            m.memberships.keys().copied().collect::<Vec<_>>(),
+            vec![0, 2]
+        );
+        let three = &m.memberships[&2];
+        let voters: Vec<u64> = three.voter_ids().collect();
+        assert_eq!(voters, vec![1, 2, 3]);
+        let peer = three.get_node(&3).expect("member 3 has addresses");
+        assert_eq!(peer.raft_addr, "10.0.0.3:7001");
+        assert_eq!(peer.client_addr, "10.0.0.3:7000");
+        assert_eq!(m.memberships[&0].voter_ids().collect::<Vec<_>>(), vec![1]);
+
+        // Written again by this build and read back, it is the same; and
+        // it is the same JSON value as the old file (no field renamed).
+        m.store(dir.path()).unwrap();
+        assert_eq!(Meta::load(dir.path()).unwrap(), m);
+        let old: serde_json::Value = serde_json::from_str(FIXTURE_0_9).unwrap();
+        let new: serde_json::Value = serde_json::to_value(&m).unwrap();
+        assert_eq!(new, old);
+    }
 }
