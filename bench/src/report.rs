@@ -191,6 +191,10 @@ pub struct ClusterReport {
     pub member_cpu: Vec<MemberCpu>,
     /// One per phase of each replicated system.
     pub term_changes: Vec<TermChanges>,
+    /// One per ingest run of a system whose transactions can lose a
+    /// compare (etcd): how many were tried again, warm-up included.
+    #[serde(default)]
+    pub retried_transactions: Vec<RetriedTransactions>,
     /// From each kill -9 of inboxd's leader until another member served a
     /// write and then a read, in milliseconds, in kill order.
     pub fail_over_ms: Vec<f64>,
@@ -214,6 +218,14 @@ pub struct CommitPathRow {
     pub follower_append_to_durable_us: f64,
     /// The leader's appends of its own rounds, mean until durable.
     pub leader_append_to_durable_us: f64,
+}
+
+/// Transactions tried again in one ingest run (see [`ClusterReport`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RetriedTransactions {
+    pub system: String,
+    pub clients: u32,
+    pub retried: u64,
 }
 
 /// The CPU one member spent per operation of a measured window.

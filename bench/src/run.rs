@@ -831,6 +831,7 @@ pub(crate) fn ingest_scenario(
         let run = seed.wrapping_mul(31).wrapping_add(i as u64 + 1);
         let before = system.write_counters();
         let path_before = system.commit_path();
+        let conflicts_before = system.conflicts();
         let out = scenarios::ingest(
             system,
             workload,
@@ -857,6 +858,21 @@ pub(crate) fn ingest_scenario(
             let row = b.window(&a, &name, clients_u32);
             println!("{name}: ingest c={clients}: commit path: {}", row.line());
             report.cluster_mut().commit_path.push(row);
+        }
+        if let Some((a, b)) = conflicts_before.zip(system.conflicts()) {
+            // Includes the warm-up, as the write counters do.
+            println!(
+                "{name}: ingest c={clients}: {} transactions tried again after a lost compare",
+                b - a
+            );
+            report
+                .cluster_mut()
+                .retried_transactions
+                .push(crate::report::RetriedTransactions {
+                    system: name.clone(),
+                    clients: clients_u32,
+                    retried: b - a,
+                });
         }
         if !members.is_empty() {
             let cpu = member_cpu(&members, &out, "ingest", &name, clients_u32);

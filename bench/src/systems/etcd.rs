@@ -37,6 +37,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -85,6 +86,8 @@ pub struct EtcdGroup {
     leader: usize,
     /// The last value seen of each counter key; absent means 0.
     counters: Mutex<HashMap<Vec<u8>, u64>>,
+    /// Transactions whose compares failed, tried again.
+    conflicts: AtomicU64,
     /// Declared last, so dropped last: the members stop before their
     /// directories go.
     dir: tempfile::TempDir,
@@ -128,13 +131,17 @@ fn counter_value(value: &[u8]) -> Result<u64> {
         .map_err(|e| format!("counter value {text:?}: {e}"))?)
 }
 
-/// One transaction's writes for `sends`, from the counters' values `seen`:
-/// the compares that hold only if no other send moved those counters, and
-/// the puts. Returns the counters' new values too.
-fn plan_sends(
-    sends: &[Outgoing<'_>],
-    seen: &HashMap<Vec<u8>, u64>,
-) -> (Vec<Compare>, Vec<TxnOp>, Vec<(Vec<u8>, u64)>) {
+/// One transaction's writes, planned from the counters' values last seen.
+struct Planned {
+    /// Hold only if no other send moved the counters since.
+    compares: Vec<Compare>,
+    puts: Vec<TxnOp>,
+    /// Each counter bumped and its new value, in the order first bumped.
+    next: Vec<(Vec<u8>, u64)>,
+}
+
+/// The transaction that commits `sends`, from the counters' values `seen`.
+fn plan_sends(sends: &[Outgoing<'_>], seen: &HashMap<Vec<u8>, u64>) -> Planned {
     // Each counter's value as the sends of this transaction move it, in
     // the order first bumped.
     let mut next: Vec<(Vec<u8>, u64)> = Vec::new();
@@ -181,7 +188,11 @@ fn plan_sends(
         next.iter()
             .map(|(key, n)| TxnOp::put(key.clone(), n.to_string(), None)),
     );
-    (compares, puts, next)
+    Planned {
+        compares,
+        puts,
+        next,
+    }
 }
 
 impl EtcdGroup {
@@ -211,10 +222,10 @@ impl EtcdGroup {
             })
             .unwrap_or_default();
         let mut members = Vec::with_capacity(size);
-        for i in 0..size {
+        for (i, &client_port) in ports[..size].iter().enumerate() {
             let name = format!("m{}", i + 1);
             let data = dir.path().join(&name);
-            let client_url = format!("http://127.0.0.1:{}", ports[i]);
+            let client_url = format!("http://127.0.0.1:{client_port}");
             let server = ChildGuard::spawn(
                 "etcd",
                 Command::new(binary)
@@ -245,7 +256,7 @@ impl EtcdGroup {
             )?;
             members.push(Member {
                 name,
-                client_port: ports[i],
+                client_port,
                 server,
             });
         }
@@ -255,6 +266,7 @@ impl EtcdGroup {
             members,
             leader: 0,
             counters: Mutex::new(HashMap::new()),
+            conflicts: AtomicU64::new(0),
             dir,
         };
         group.find_leader()?;
@@ -330,7 +342,11 @@ impl EtcdConn<'_> {
     /// current values each time another send moved one first.
     fn commit(&mut self, sends: &[Outgoing<'_>]) -> Result<()> {
         for _ in 0..ATTEMPTS_MAX {
-            let (compares, puts, next) = {
+            let Planned {
+                compares,
+                puts,
+                next,
+            } = {
                 let seen = self
                     .group
                     .counters
@@ -357,6 +373,7 @@ impl EtcdConn<'_> {
                 return Ok(());
             }
             // Lost a race: learn the counters' current values.
+            self.group.conflicts.fetch_add(1, Ordering::Relaxed);
             for ((key, _), op) in next.into_iter().zip(response.op_responses()) {
                 let TxnOpResponse::Get(got) = op else {
                     return Err("etcd answered a read with another operation".into());
@@ -492,6 +509,10 @@ impl System for EtcdGroup {
             .collect()
     }
 
+    fn conflicts(&self) -> Option<u64> {
+        Some(self.conflicts.load(Ordering::Relaxed))
+    }
+
     /// The highest raft term any member reports.
     fn term(&self) -> Option<u64> {
         self.members
@@ -552,7 +573,11 @@ mod tests {
     fn a_send_compares_every_counter_it_bumps_and_puts_each_event_at_the_next_seq() {
         let mut seen = HashMap::new();
         seen.insert(numbered("u", 2), 41);
-        let (compares, puts, next) = plan_sends(&[send(5, &[1, 2, 2])], &seen);
+        let Planned {
+            compares,
+            puts,
+            next,
+        } = plan_sends(&[send(5, &[1, 2, 2])], &seen);
         assert_eq!(
             next,
             vec![
@@ -571,7 +596,11 @@ mod tests {
     fn a_batch_gives_one_user_consecutive_seqs_and_bumps_its_counter_once() {
         let seen = HashMap::new();
         let sends = [send(5, &[1, 2]), send(6, &[1, 3]), send(5, &[2, 1])];
-        let (compares, puts, next) = plan_sends(&sends, &seen);
+        let Planned {
+            compares,
+            puts,
+            next,
+        } = plan_sends(&sends, &seen);
         let value = |key: Vec<u8>| next.iter().find(|(k, _)| *k == key).map(|(_, n)| *n);
         assert_eq!(value(numbered("u", 1)), Some(3));
         assert_eq!(value(numbered("u", 2)), Some(2));

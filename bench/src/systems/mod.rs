@@ -313,6 +313,12 @@ pub trait System: Sync {
         Vec::new()
     }
 
+    /// Transactions a system's clients had to try again because another
+    /// got to the same keys first (etcd's lost compares), so far.
+    fn conflicts(&self) -> Option<u64> {
+        None
+    }
+
     /// A replicated system's raft term now (the highest a member reports),
     /// to count the elections a phase saw.
     fn term(&self) -> Option<u64> {
