@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what the etcd baseline of `inbox-bench --cluster N` needs, from
+# Debian's packages, only when missing: etcd-server (3.4, the members the
+# harness starts on loopback), etcd-client (etcdctl, for `check perf`),
+# protobuf-compiler (protoc, which the etcd-client crate's build script
+# runs to generate its gRPC code) and libprotobuf-dev (the well-known
+# types, google/protobuf/*.proto, that etcd's protos import). Idempotent: a second run does nothing.
+# The harness starts its own members on temporary directories and free
+# ports, so the system service the package would start is kept from
+# starting. Then build with:
+#
+#   cargo build --release -p inbox-bench --features etcd
+set -euo pipefail
+
+have_etcd() {
+    command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ]
+}
+
+if have_etcd && command -v etcdctl >/dev/null 2>&1 && command -v protoc >/dev/null 2>&1 &&
+    [ -e /usr/include/google/protobuf/descriptor.proto ]; then
+    echo "etcd and protoc already installed"
+    exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO=sudo
+else
+    SUDO=
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+# policy-rc.d keeps the package from starting a system-wide etcd that
+# would hold ports 2379 and 2380 for nothing.
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod +x /usr/sbin/policy-rc.d
+    trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
+fi
+$SUDO apt-get install -y -q --no-install-recommends etcd-server etcd-client \
+    protobuf-compiler libprotobuf-dev
+echo "etcd and protoc installed"
