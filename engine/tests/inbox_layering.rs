@@ -133,6 +133,11 @@ const EXCEPTIONS: &[(&str, &str, &str)] = &[
         "consistency",
         "recovery checks every location against the durable logs",
     ),
+    (
+        "recover",
+        "salvage",
+        "open reads the records of a torn tail's cut bytes with salvage's frame walker, to reserve their msg_ids",
+    ),
 ];
 
 /// A source file of the inbox and the module path of the code in it.
