@@ -22,21 +22,5 @@ if have_etcd && command -v etcdctl >/dev/null 2>&1 && command -v protoc >/dev/nu
     exit 0
 fi
 
-if [ "$(id -u)" -ne 0 ]; then
-    SUDO=sudo
-else
-    SUDO=
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-# policy-rc.d keeps the package from starting a system-wide etcd that
-# would hold ports 2379 and 2380 for nothing.
-if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
-    $SUDO chmod +x /usr/sbin/policy-rc.d
-    trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
-fi
-$SUDO apt-get install -y -q --no-install-recommends etcd-server etcd-client \
-    protobuf-compiler libprotobuf-dev
+"$(dirname "$0")/apt-install.sh" etcd-server etcd-client protobuf-compiler libprotobuf-dev
 echo "etcd and protoc installed"
