@@ -358,9 +358,20 @@ fn messages_in(segment: u32, offset: u64, bytes: &[u8], out: &mut Vec<CutMessage
                 None => break,
             }
         }
-        let Some((_, len, records)) =
-            super::salvage::walk::walk_frame(segment, &data, pos, data.len(), None)
-        else {
+        // Only a frame whose header's length fits is walked, and only up
+        // to that length: a guess at every offset up to the end of the cut
+        // bytes (which run to the segment's end) made open quadratic in
+        // them, each guess checking a CRC over whatever length its
+        // garbage named.
+        let header_len = data
+            .get(pos..pos + 4)
+            .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+        let fits =
+            header_len > crate::log::format::BATCH_HEADER_LEN && header_len <= data.len() - pos;
+        let walked = fits
+            .then(|| super::salvage::walk::walk_frame(segment, &data, pos, pos + header_len, None))
+            .flatten();
+        let Some((_, len, records)) = walked else {
             pos += 1;
             continue;
         };
