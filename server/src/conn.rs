@@ -678,13 +678,8 @@ impl Connection {
     /// Answers a request refused before it ran, and counts it.
     async fn refuse(&self, id: u64, name: &'static str, refusal: ErrorReply) {
         self.shared.metrics.observe_refused(name, refusal.code);
-        self.send(self.error_frame(
-            id,
-            refusal.code,
-            refusal.detail,
-            refusal.message,
-        ))
-        .await;
+        self.send(self.error_frame(id, refusal.code, refusal.detail, refusal.message))
+            .await;
     }
 
     /// Finishes what was read: waits until every running request has

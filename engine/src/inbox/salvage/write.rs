@@ -27,10 +27,10 @@ use crate::error::{Error, Result};
 use crate::inbox::checkpoint;
 use crate::inbox::effect::COPY_FLAG;
 use crate::inbox::messaging::body::{body_of_effect, without_body};
+use crate::inbox::messaging::idem::{IdemSlot, IdemTable};
 use crate::inbox::messaging::record::{
     decode_msg_record, encode_msg_record, MsgHeader, StoredPayload, MSG_RECORD,
 };
-use crate::inbox::messaging::idem::{IdemSlot, IdemTable};
 use crate::inbox::state::{
     body_at, pack, unpack, BodyLog, PackedLoc, SnapshotPhase, State, PENDING_LOC,
 };
