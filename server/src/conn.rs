@@ -146,8 +146,22 @@ fn queue_cost(body_bytes: usize) -> u32 {
     u32::try_from((body_bytes as u64).div_ceil(ENGINE_QUEUE_UNIT).max(1)).unwrap_or(u32::MAX)
 }
 
+/// An `ERROR` frame in the newest layout: for refusals made before a
+/// connection's version is settled (the handshake, accept).
 fn error_frame(request_id: u64, code: ErrorCode, detail: u64, message: impl Into<String>) -> Frame {
-    Response::Error(ErrorReply::new(code, detail, message)).to_frame(request_id)
+    error_frame_in(PROTOCOL_VERSION, request_id, code, detail, message)
+}
+
+/// An `ERROR` frame in the layout of protocol `version`.
+fn error_frame_in(
+    version: u16,
+    request_id: u64,
+    code: ErrorCode,
+    detail: u64,
+    message: impl Into<String>,
+) -> Frame {
+    let error = Response::Error(ErrorReply::new(code, detail, message));
+    reply_frame(version, &error, request_id)
 }
 
 /// `response` as a frame in the layout of protocol `version`.
@@ -665,8 +679,7 @@ impl Connection {
         detail: u64,
         message: impl Into<String>,
     ) -> Frame {
-        let error = Response::Error(ErrorReply::new(code, detail, message));
-        reply_frame(self.version, &error, request_id)
+        error_frame_in(self.version, request_id, code, detail, message)
     }
 
     /// Queues `frame` for the writer (a closed writer drops it: the
@@ -842,12 +855,13 @@ fn sized_reply(shared: &Shared, version: u16, response: &Response, id: u64) -> F
     if frame.frame_len().is_some_and(|len| len <= limit) {
         return frame;
     }
-    let too_large = Response::Error(ErrorReply::new(
+    error_frame_in(
+        version,
+        id,
         ErrorCode::TooLarge,
         u64::from(limit),
         format!("reply is over the {limit}-byte frame limit; ask for fewer items"),
-    ));
-    reply_frame(version, &too_large, id)
+    )
 }
 
 /// Waits until a write (and so every write before it) has completed. A
