@@ -16,20 +16,5 @@ if have_server && command -v mariadb-install-db >/dev/null 2>&1; then
     exit 0
 fi
 
-if [ "$(id -u)" -ne 0 ]; then
-    SUDO=sudo
-else
-    SUDO=
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-# policy-rc.d keeps the package from starting a system-wide server that
-# would hold port 3306 and memory for nothing.
-if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
-    $SUDO chmod +x /usr/sbin/policy-rc.d
-    trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
-fi
-$SUDO apt-get install -y -q --no-install-recommends mariadb-server
+"$(dirname "$0")/apt-install.sh" mariadb-server
 echo "mariadb-server installed"

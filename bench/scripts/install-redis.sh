@@ -9,18 +9,5 @@ if command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ]; then
     exit 0
 fi
 
-if [ "$(id -u)" -ne 0 ]; then
-    SUDO=sudo
-else
-    SUDO=
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
-    $SUDO chmod +x /usr/sbin/policy-rc.d
-    trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
-fi
-$SUDO apt-get install -y -q --no-install-recommends redis-server
+"$(dirname "$0")/apt-install.sh" redis-server
 echo "redis-server installed"

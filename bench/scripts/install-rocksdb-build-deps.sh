@@ -21,12 +21,5 @@ if have_libclang && have_rocksdb && command -v g++ >/dev/null 2>&1; then
     exit 0
 fi
 
-if [ "$(id -u)" -ne 0 ]; then
-    SUDO=sudo
-else
-    SUDO=
-fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends libclang-dev g++ librocksdb-dev
+"$(dirname "$0")/apt-install.sh" libclang-dev g++ librocksdb-dev
 echo "rocksdb build dependencies installed"

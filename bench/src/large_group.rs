@@ -38,7 +38,9 @@ pub struct LargeGroupPlan {
     pub ingest_clients: usize,
 }
 
-#[derive(Clone, Debug)]
+/// One row of the scenario's table, as printed and as written to the JSON
+/// report's `large_group` list (`null` where not measured).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct LargeGroupResult {
     pub label: String,
     pub members: u32,

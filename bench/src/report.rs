@@ -17,6 +17,12 @@
 //! other consumer, which a server shares the cores with (`null` for an
 //! embedded system, whose figure already is the harness's, and where not
 //! measured). `soak` is there only when a soak ran.
+//!
+//! `cluster` is there only after `--cluster N` ([`ClusterReport`]: the
+//! commit path of each ingest run, the CPU per send of each member, the
+//! term changes of each phase and the fail-over times), and `large_group`
+//! only after the `large-group` scenario (one object per row of its
+//! table, [`crate::large_group::LargeGroupResult`]).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -169,9 +175,102 @@ pub struct Report {
     pub results: Vec<ResultRow>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub soak: Vec<SoakReport>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterReport>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub large_group: Vec<crate::large_group::LargeGroupResult>,
+}
+
+/// What `--cluster N` measured beside the result rows.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ClusterReport {
+    pub members: u32,
+    /// One per ingest run of a replicated system with a commit path.
+    pub commit_path: Vec<CommitPathRow>,
+    /// One per member per ingest run of a replicated system.
+    pub member_cpu: Vec<MemberCpu>,
+    /// One per phase of each replicated system.
+    pub term_changes: Vec<TermChanges>,
+    /// One per ingest run of a system whose transactions can lose a
+    /// compare (etcd): how many were tried again, warm-up included.
+    #[serde(default)]
+    pub retried_transactions: Vec<RetriedTransactions>,
+    /// From each kill -9 of inboxd's leader until another member served a
+    /// write and then a read, in milliseconds, in kill order.
+    pub fail_over_ms: Vec<f64>,
+    pub fail_over_goal_ms: f64,
+    pub fail_over_within_goal: u32,
+}
+
+/// A replicated system's commit path over one ingest run, warm-up
+/// included (the members' counters cover both): means of that window.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CommitPathRow {
+    pub system: String,
+    pub clients: u32,
+    /// The leader's rounds committed, and the mean from proposal to commit.
+    pub rounds_committed: f64,
+    pub proposal_to_commit_us: f64,
+    /// The followers' appends, their mean entries each, and the mean from
+    /// an append's arrival to its being durable: the append cycle.
+    pub follower_appends: f64,
+    pub entries_per_append: f64,
+    pub follower_append_to_durable_us: f64,
+    /// The leader's appends of its own rounds, mean until durable.
+    pub leader_append_to_durable_us: f64,
+}
+
+/// Transactions tried again in one ingest run (see [`ClusterReport`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RetriedTransactions {
+    pub system: String,
+    pub clients: u32,
+    pub retried: u64,
+}
+
+/// The CPU one member spent per operation of a measured window.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct MemberCpu {
+    pub system: String,
+    pub scenario: String,
+    pub clients: u32,
+    /// The member's number in the group, from 1.
+    pub member: u32,
+    /// `"leader"` or `"follower"`, as it was when the run started.
+    pub role: String,
+    pub cpu_us_per_op: Option<f64>,
+}
+
+/// A replicated system's raft term before and after one phase; `changes`
+/// is how many terms began in it (each is an election, won or not).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TermChanges {
+    pub system: String,
+    /// `ingest`, `sync` or `kill N`.
+    pub phase: String,
+    pub term_before: Option<u64>,
+    pub term_after: Option<u64>,
+    pub changes: Option<u64>,
+}
+
+impl TermChanges {
+    pub fn new(system: &str, phase: &str, before: Option<u64>, after: Option<u64>) -> Self {
+        Self {
+            system: system.to_string(),
+            phase: phase.to_string(),
+            term_before: before,
+            term_after: after,
+            changes: after.zip(before).and_then(|(a, b)| a.checked_sub(b)),
+        }
+    }
 }
 
 impl Report {
+    /// The `--cluster` part, started on first use.
+    pub fn cluster_mut(&mut self) -> &mut ClusterReport {
+        self.cluster.get_or_insert_with(ClusterReport::default)
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a report always serializes")
     }
@@ -645,6 +744,8 @@ mod tests {
     #[test]
     fn json_has_exactly_the_documented_shape() {
         let report = Report {
+            cluster: None,
+            large_group: Vec::new(),
             soak: Vec::new(),
             machine: Machine {
                 cores: 2,
@@ -705,6 +806,8 @@ mod tests {
     #[test]
     fn ratios_compare_inboxd_with_each_baseline_at_the_same_concurrency() {
         let report = Report {
+            cluster: None,
+            large_group: Vec::new(),
             soak: Vec::new(),
             machine: Machine::default(),
             results: vec![
@@ -733,6 +836,8 @@ mod tests {
         let mut ingest = row("ingest", "inboxd", 16, 30_000.0, 1_400.0);
         ingest.server_cpu_us_per_op = Some(24.0);
         let report = Report {
+            cluster: None,
+            large_group: Vec::new(),
             soak: Vec::new(),
             machine: Machine::default(),
             results: vec![
@@ -801,6 +906,8 @@ mod tests {
         one.p50_us = 180.0;
         one.server_cpu_us_per_op = Some(90.0);
         let report = Report {
+            cluster: None,
+            large_group: Vec::new(),
             soak: Vec::new(),
             machine: Machine {
                 cores: 2,
@@ -855,6 +962,8 @@ mod tests {
     #[test]
     fn table_has_a_line_per_result() {
         let report = Report {
+            cluster: None,
+            large_group: Vec::new(),
             soak: Vec::new(),
             machine: Machine::default(),
             results: vec![
@@ -874,6 +983,8 @@ mod tests {
     #[test]
     fn cpu_per_op_is_in_the_json_and_the_table_with_whose_cpu_it_is() {
         let report = Report {
+            cluster: None,
+            large_group: Vec::new(),
             soak: Vec::new(),
             machine: Machine::default(),
             results: vec![
@@ -948,5 +1059,82 @@ mod tests {
         assert!(table.contains("10485760000.0 B per million"));
         let value: serde_json::Value = serde_json::from_str(&report.to_json()).expect("json");
         assert_eq!(value["soak"][0]["samples"][1]["rss_anon_bytes"], 2 << 20);
+    }
+
+    #[test]
+    fn the_cluster_figures_and_large_group_rows_land_in_the_json_and_read_back() {
+        let mut report = Report::default();
+        let plain = report.to_json();
+        assert!(
+            !plain.contains("\"cluster\""),
+            "no cluster part without --cluster"
+        );
+        assert!(!plain.contains("\"large_group\""));
+        let cluster = report.cluster_mut();
+        cluster.members = 3;
+        cluster.commit_path.push(CommitPathRow {
+            system: "inboxd-group3".into(),
+            clients: 16,
+            rounds_committed: 1000.0,
+            proposal_to_commit_us: 1222.0,
+            follower_appends: 700.0,
+            entries_per_append: 2.5,
+            follower_append_to_durable_us: 413.0,
+            leader_append_to_durable_us: 172.0,
+        });
+        cluster.member_cpu.push(MemberCpu {
+            system: "etcd-group3".into(),
+            scenario: "ingest".into(),
+            clients: 16,
+            member: 2,
+            role: "follower".into(),
+            cpu_us_per_op: Some(40.5),
+        });
+        cluster.term_changes.push(TermChanges::new(
+            "inboxd-group3",
+            "kill 1",
+            Some(4),
+            Some(6),
+        ));
+        cluster.fail_over_ms = vec![2100.0, 2300.0];
+        cluster.fail_over_goal_ms = 3000.0;
+        cluster.fail_over_within_goal = 2;
+        report
+            .large_group
+            .push(crate::large_group::LargeGroupResult {
+                label: "inboxd large group".into(),
+                members: 2000,
+                joins_per_s: 7000.0,
+                bytes_per_message: Some(308.0),
+                ..Default::default()
+            });
+        let json = report.to_json();
+        for field in [
+            "\"proposal_to_commit_us\": 1222.0",
+            "\"entries_per_append\": 2.5",
+            "\"follower_append_to_durable_us\": 413.0",
+            "\"role\": \"follower\"",
+            "\"changes\": 2",
+            "\"fail_over_ms\": [",
+            "\"events_per_join\": null",
+            "\"bytes_per_message\": 308.0",
+        ] {
+            assert!(json.contains(field), "{field} missing from {json}");
+        }
+        let back: Report = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, report);
+    }
+
+    #[test]
+    fn a_term_that_went_back_or_was_not_read_counts_no_elections() {
+        assert_eq!(
+            TermChanges::new("g", "ingest", Some(3), Some(3)).changes,
+            Some(0)
+        );
+        assert_eq!(
+            TermChanges::new("g", "ingest", Some(5), Some(3)).changes,
+            None
+        );
+        assert_eq!(TermChanges::new("g", "ingest", None, Some(3)).changes, None);
     }
 }

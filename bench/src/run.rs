@@ -246,14 +246,43 @@ fn cpu_note(cpu: Option<(f64, Measured)>) -> String {
     }
 }
 
-const SYSTEMS: [&str; 6] = [
+const SYSTEMS: [&str; 7] = [
     "limit",
     "inboxd",
     "mariadb",
     "redis",
     "redis-everysec",
     "rocksdb",
+    "etcd",
 ];
+
+/// Starts etcd as a group of `members` on loopback, for `--cluster`.
+#[cfg(feature = "etcd")]
+fn start_etcd_group(base: &Path, members: usize) -> Result<Box<dyn System>> {
+    let Some(binary) = systems::etcd::installed() else {
+        return Err("not installed (bench/scripts/install-etcd.sh installs it)".into());
+    };
+    Ok(Box::new(systems::etcd::EtcdGroup::start(
+        base, &binary, members,
+    )?))
+}
+
+#[cfg(not(feature = "etcd"))]
+fn start_etcd_group(_base: &Path, _members: usize) -> Result<Box<dyn System>> {
+    Err("not built in (build with --features etcd, see docs/BENCHMARKS.md)".into())
+}
+
+/// Writes the JSON report where `--json` says, if it does.
+fn write_json_report(args: &Args, report: &Report) -> Result<()> {
+    if let Some(json) = &args.json {
+        if let Some(parent) = json.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)?;
+        }
+        report.write_json(json)?;
+        println!("json: {}", json.display());
+    }
+    Ok(())
+}
 
 pub fn run(args: &Args) -> Result<()> {
     if let Some(json) = &args.replot {
@@ -293,6 +322,8 @@ pub fn run(args: &Args) -> Result<()> {
     let workload = Workload::new(config.clone(), args.seed)?;
     let mut report = Report {
         soak: Vec::new(),
+        cluster: None,
+        large_group: Vec::new(),
         machine: machine::describe(&base),
         results: Vec::new(),
     };
@@ -329,15 +360,24 @@ pub fn run(args: &Args) -> Result<()> {
         if args.clients.is_empty() {
             plan.clients = vec![16];
         }
+        let start_etcd = |members: usize| start_etcd_group(&base, members);
+        // etcd runs when named, or by default when it is built in.
+        let etcd_wanted = if args.systems.is_empty() {
+            cfg!(feature = "etcd")
+        } else {
+            wanted("etcd")
+        };
         crate::group::run(
             &group_plan,
             &plan,
             &workload,
             &base,
             args.inboxd.as_deref(),
+            etcd_wanted.then_some(&start_etcd as crate::group::StartBaseline<'_>),
             args.seed,
             &mut report,
         )?;
+        write_json_report(args, &report)?;
         println!("total {:.1} s", started.elapsed().as_secs_f64());
         return Ok(());
     }
@@ -345,13 +385,16 @@ pub fn run(args: &Args) -> Result<()> {
         run_limit(&plan, &base, &mut report)?;
     }
     if let Some(lg) = &plan.large_group {
-        run_large_group(lg, args, &base, &wanted);
+        report.large_group = run_large_group(lg, args, &base, &wanted);
         if plan.scenarios.iter().all(|s| s == "large-group") {
+            write_json_report(args, &report)?;
             println!("total {:.1} s", started.elapsed().as_secs_f64());
             return Ok(());
         }
     }
-    for name in SYSTEMS.iter().filter(|n| **n != "limit" && wanted(n)) {
+    // etcd runs only as a group (`--cluster`); named here, it says so.
+    let in_loop = |n: &str| n != "limit" && (n != "etcd" || !args.systems.is_empty()) && wanted(n);
+    for name in SYSTEMS.iter().filter(|n| in_loop(n)) {
         if plan.scenarios.iter().all(|s| s == "soak") {
             run_soak(name, &plan, args, &base, &mut report);
             continue;
@@ -416,13 +459,7 @@ pub fn run(args: &Args) -> Result<()> {
         &svg::plot(&report, &format!("inbox-bench --{mode_name}")),
     )?;
     println!("\nplot: {}", svg_path.display());
-    if let Some(json) = &args.json {
-        if let Some(parent) = json.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)?;
-        }
-        report.write_json(json)?;
-        println!("json: {}", json.display());
-    }
+    write_json_report(args, &report)?;
     println!("total {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -471,6 +508,7 @@ fn start(name: &str, args: &Args, base: &Path, inboxd_args: &[&str]) -> Result<B
         "rocksdb" => {
             Err("not built in (build with --features rocksdb, see docs/BENCHMARKS.md)".into())
         }
+        "etcd" => Err("runs only as a group, beside inboxd's: --cluster N".into()),
         other => Err(format!("not built in (feature {other:?} is off)").into()),
     }
 }
@@ -480,13 +518,14 @@ fn start(name: &str, args: &Args, base: &Path, inboxd_args: &[&str]) -> Result<B
 const FAN_OUT_MEMBERS_MAX: u32 = 2_000;
 
 /// `large-group` for inboxd as a large group, inboxd with every group
-/// fanned out, and each wanted baseline; prints its table.
+/// fanned out, and each wanted baseline; prints its table and returns its
+/// rows.
 fn run_large_group(
     lg: &crate::large_group::LargeGroupPlan,
     args: &Args,
     base: &Path,
     wanted: &dyn Fn(&str) -> bool,
-) {
+) -> Vec<crate::large_group::LargeGroupResult> {
     let fan_out = crate::large_group::LargeGroupPlan {
         members: lg.members.min(FAN_OUT_MEMBERS_MAX),
         ..lg.clone()
@@ -521,6 +560,7 @@ fn run_large_group(
     }
     println!();
     print!("{}", crate::large_group::table(&results));
+    results
 }
 
 fn run_limit(plan: &Plan, base: &Path, report: &mut Report) -> Result<()> {
@@ -742,6 +782,29 @@ fn run_system(
     Ok(())
 }
 
+/// Each member's CPU per operation over `out`'s window.
+fn member_cpu(
+    members: &[systems::MemberPid],
+    out: &Outcome,
+    scenario: &str,
+    system: &str,
+    clients: u32,
+) -> Vec<crate::report::MemberCpu> {
+    members
+        .iter()
+        .zip(&out.member_ticks)
+        .map(|(m, ticks)| crate::report::MemberCpu {
+            system: system.to_string(),
+            scenario: scenario.to_string(),
+            clients,
+            member: m.member,
+            role: if m.leader { "leader" } else { "follower" }.to_string(),
+            cpu_us_per_op: ticks
+                .and_then(|t| procfs::cpu_us_per_op(0, t, procfs::clock_ticks_per_s(), out.ops)),
+        })
+        .collect()
+}
+
 pub(crate) fn ingest_scenario(
     plan: &Plan,
     workload: &Workload,
@@ -751,6 +814,11 @@ pub(crate) fn ingest_scenario(
 ) -> Result<()> {
     let name = system.name().to_string();
     let measured = system.measured();
+    let members = system.member_pids();
+    let meter = scenarios::MembersMeter {
+        measured,
+        pids: members.iter().map(|m| m.pid).collect(),
+    };
     // Above every uid of the population, so no send reaches them.
     let idle = system.hold_subscribers(plan.idle_subscribers, 1 << 40)?;
     if idle.is_some() {
@@ -763,6 +831,7 @@ pub(crate) fn ingest_scenario(
         let run = seed.wrapping_mul(31).wrapping_add(i as u64 + 1);
         let before = system.write_counters();
         let path_before = system.commit_path();
+        let conflicts_before = system.conflicts();
         let out = scenarios::ingest(
             system,
             workload,
@@ -770,8 +839,9 @@ pub(crate) fn ingest_scenario(
             plan.warmup,
             plan.measure,
             run,
-            &measured,
+            &meter,
         )?;
+        let clients_u32 = u32::try_from(clients).unwrap_or(u32::MAX);
         if let Some((a, b)) = before.zip(system.write_counters()) {
             // Includes the warm-up, so divide by everything that was sent.
             let fsyncs = b.fsyncs - a.fsyncs;
@@ -785,7 +855,41 @@ pub(crate) fn ingest_scenario(
         }
         if let Some((a, b)) = path_before.zip(system.commit_path()) {
             // Includes the warm-up, as the write counters do.
-            println!("{name}: ingest c={clients}: commit path: {}", b.since(&a));
+            let row = b.window(&a, &name, clients_u32);
+            println!("{name}: ingest c={clients}: commit path: {}", row.line());
+            report.cluster_mut().commit_path.push(row);
+        }
+        if let Some((a, b)) = conflicts_before.zip(system.conflicts()) {
+            // Includes the warm-up, as the write counters do.
+            println!(
+                "{name}: ingest c={clients}: {} transactions tried again after a lost compare",
+                b - a
+            );
+            report
+                .cluster_mut()
+                .retried_transactions
+                .push(crate::report::RetriedTransactions {
+                    system: name.clone(),
+                    clients: clients_u32,
+                    retried: b - a,
+                });
+        }
+        if !members.is_empty() {
+            let cpu = member_cpu(&members, &out, "ingest", &name, clients_u32);
+            println!(
+                "{name}: ingest c={clients}: server CPU per send by member: {}",
+                cpu.iter()
+                    .map(|m| format!(
+                        "{} ({}) {}",
+                        m.member,
+                        m.role,
+                        m.cpu_us_per_op
+                            .map_or_else(|| "n/a".to_string(), |us| format!("{us:.1} µs"))
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            report.cluster_mut().member_cpu.extend(cpu);
         }
         let cpu = outcome_cpu(&out, measured);
         let harness = harness_cpu(&out, measured);
@@ -799,7 +903,7 @@ pub(crate) fn ingest_scenario(
             cpu_note(cpu),
             harness_note(harness)
         );
-        let clients = u32::try_from(clients).unwrap_or(u32::MAX);
+        let clients = clients_u32;
         report.results.push(
             ResultRow::new(
                 "ingest",

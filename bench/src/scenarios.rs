@@ -34,6 +34,9 @@ pub struct Outcome {
     /// CPU clock ticks the harness itself (its client threads, and an
     /// embedded system's work) spent in the same window.
     pub harness_ticks: Option<u64>,
+    /// A replicated system's members' ticks in the same window, in the
+    /// order of [`Meter::member_ticks`].
+    pub member_ticks: Vec<Option<u64>>,
 }
 
 impl Outcome {
@@ -56,6 +59,12 @@ pub fn per_second(count: u64, elapsed: Duration) -> f64 {
 pub trait Meter: Sync {
     /// Cumulative CPU clock ticks, user + system.
     fn cpu_ticks(&self) -> Option<u64>;
+
+    /// Cumulative ticks of each member of a replicated system, in a fixed
+    /// order; empty for a single process.
+    fn member_ticks(&self) -> Vec<Option<u64>> {
+        Vec::new()
+    }
 }
 
 impl Meter for Measured {
@@ -67,6 +76,25 @@ impl Meter for Measured {
 impl Meter for Option<Measured> {
     fn cpu_ticks(&self) -> Option<u64> {
         self.and_then(Measured::cpu_ticks)
+    }
+}
+
+/// The measured process and every member of a replicated system.
+pub struct MembersMeter {
+    pub measured: Option<Measured>,
+    pub pids: Vec<u32>,
+}
+
+impl Meter for MembersMeter {
+    fn cpu_ticks(&self) -> Option<u64> {
+        self.measured.cpu_ticks()
+    }
+
+    fn member_ticks(&self) -> Vec<Option<u64>> {
+        self.pids
+            .iter()
+            .map(|&pid| procfs::cpu_ticks(pid))
+            .collect()
     }
 }
 
@@ -134,10 +162,11 @@ fn ticks_since(open: Option<u64>, now: Option<u64>) -> Option<u64> {
 }
 
 /// Ticks of the measured process and of the harness over one window.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Ticks {
     measured: Option<u64>,
     harness: Option<u64>,
+    members: Vec<Option<u64>>,
 }
 
 /// The meter's side of a window: one sample as it opens, one as it closes.
@@ -160,13 +189,19 @@ fn meter_window(meter: &dyn Meter, window: &Window, stop: &AtomicBool) -> Ticks 
         }
         std::thread::sleep(POLL);
     }
-    let at_open = (meter.cpu_ticks(), harness_ticks());
+    let at_open = (meter.cpu_ticks(), harness_ticks(), meter.member_ticks());
     while Instant::now() < window.closes(began) && !stop.load(Ordering::SeqCst) {
         std::thread::sleep(POLL);
     }
     Ticks {
         measured: ticks_since(at_open.0, meter.cpu_ticks()),
         harness: ticks_since(at_open.1, harness_ticks()),
+        members: at_open
+            .2
+            .into_iter()
+            .zip(meter.member_ticks())
+            .map(|(open, now)| ticks_since(open, now))
+            .collect(),
     }
 }
 
@@ -253,6 +288,7 @@ pub fn ingest(
         elapsed: duration,
         cpu_ticks: ticks.measured,
         harness_ticks: ticks.harness,
+        member_ticks: ticks.members,
         ..Outcome::default()
     };
     for out in per_client {

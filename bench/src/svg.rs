@@ -286,6 +286,8 @@ mod tests {
     #[test]
     fn plot_draws_two_bars_per_measured_row_and_none_for_limit_rows() {
         let report = Report {
+            cluster: None,
+            large_group: Vec::new(),
             soak: Vec::new(),
             machine: Machine::default(),
             results: vec![
@@ -325,6 +327,8 @@ mod tests {
     #[test]
     fn names_are_escaped_in_the_document() {
         let report = Report {
+            cluster: None,
+            large_group: Vec::new(),
             soak: Vec::new(),
             machine: Machine::default(),
             results: vec![row("a<b", "x&y", 1, 1.0, 1.0)],

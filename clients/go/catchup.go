@@ -213,7 +213,11 @@ func awaitAck(ctx context.Context, cl *call, res *CatchUpResult) error {
 // InstallSnapshot replaces a device's store from a snapshot: BEGIN_SNAPSHOT,
 // every page handed to apply in order, then ACK_SNAPSHOT. It returns the
 // cursor to sync on from (the snapshot's generation and base_sync_seq);
-// it is what a CatchUp.Reset usually calls.
+// it is what a CatchUp.Reset usually calls. A page's Elided messages
+// come with their payload cut to the summary. ErrNotFound from a page
+// or ErrConflict from the ACK_SNAPSHOT means another BeginSnapshot of
+// the device superseded this one: install again (once; two installs of
+// one device at once supersede each other).
 func (cl *Client) InstallSnapshot(ctx context.Context, uid, device uint64, apply func(SnapshotPage) error) (Cursor, error) {
 	return installSnapshot(ctx, cl.requests, uid, device, apply)
 }

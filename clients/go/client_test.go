@@ -385,7 +385,8 @@ func TestConnectionLevelRefusals(t *testing.T) {
 // roundTripRaw sends any opcode, for the tests of what the server
 // refuses.
 func (cl *Client) roundTripRaw(ctx context.Context, op byte, body []byte) ([]byte, error) {
-	return cl.c.roundTrip(ctx, op, func(e *encoder) { e.b = append(e.b, body...) })
+	d, err := cl.c.roundTrip(ctx, op, func(e *encoder) { e.b = append(e.b, body...) })
+	return d.b, err
 }
 
 func TestRateLimitedSaysWhenToRetry(t *testing.T) {
@@ -418,7 +419,7 @@ func TestEveryErrorCodeMatchesItsSentinelAndNoOther(t *testing.T) {
 		e.u16(uint16(s.Code))
 		e.u64(42)
 		e.str("why")
-		err := fmt.Errorf("wrapped: %w", decodeError(e.b[13:]))
+		err := fmt.Errorf("wrapped: %w", decodeError(e.b[13:], 2))
 		for _, other := range sentinels {
 			if errors.Is(err, other) != (other == s) {
 				t.Fatalf("%v matches %s", err, other.Code)
@@ -435,6 +436,7 @@ func TestEveryErrorCodeMatchesItsSentinelAndNoOther(t *testing.T) {
 }
 
 func TestTheLeaderAddressIsReadOnlyFromNotLeader(t *testing.T) {
+	// A version 2 server's NOT_LEADER: the address ends the message.
 	cases := []struct {
 		err  *Error
 		want string
@@ -443,6 +445,22 @@ func TestTheLeaderAddressIsReadOnlyFromNotLeader(t *testing.T) {
 		{&Error{Code: CodeNotLeader, Message: "not the leader; no leader known yet"}, ""},
 		{&Error{Code: CodeUnavailable, Message: "leader_addr=127.0.0.1:7072"}, ""},
 		{&Error{Code: CodeNotLeader, Message: "leader_addr=nohost"}, ""},
+	}
+	// From version 3 on the field is the only source: a message that
+	// mentions an address names none when the field is absent.
+	for _, field := range []string{"", "127.0.0.1:7073"} {
+		e := newFrame(0, 0)
+		e.u16(uint16(CodeNotLeader))
+		e.u64(0)
+		e.str("not the leader; leader_addr=127.0.0.1:7072")
+		e.boolean(field != "")
+		if field != "" {
+			e.str(field)
+		}
+		err := decodeError(e.b[13:], 3)
+		if got := wantCode(t, err, ErrNotLeader).LeaderAddr(); got != field {
+			t.Errorf("leader_addr field %q: leader %q", field, got)
+		}
 	}
 	for _, c := range cases {
 		if got := c.err.LeaderAddr(); got != c.want {

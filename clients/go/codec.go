@@ -84,10 +84,13 @@ func (e *encoder) u64s(v []uint64) {
 }
 
 // decoder reads a reply body strictly: a short body, a bad tag or bad
-// UTF-8 is an error, and end checks that nothing is left over.
+// UTF-8 is an error, and end checks that nothing is left over. version
+// is the protocol version the body is laid out in, for the few layouts
+// that differ (0: not known, the handshake's).
 type decoder struct {
-	b   []byte
-	err error
+	b       []byte
+	err     error
+	version uint16
 }
 
 func (d *decoder) fail(err error) {
@@ -172,6 +175,12 @@ func (d *decoder) str() string {
 		d.fail(errors.New("string is not UTF-8"))
 	}
 	return string(v)
+}
+func (d *decoder) optStr() (string, bool) {
+	if !d.present() {
+		return "", false
+	}
+	return d.str(), true
 }
 func (d *decoder) optU64() *uint64 {
 	if !d.present() {

@@ -69,12 +69,8 @@ func decodeAll[T any](t *testing.T, body []byte, decode func(*decoder) T) T {
 func TestTheRequestsOfProtocolMdAreEncodedByteForByte(t *testing.T) {
 	ex := protocolExamples(t)
 	cases := map[string][]byte{}
-	e := newFrame(opHello, 0)
-	e.u16(2)
-	e.str("ctl")
-	e.bytes([]byte("s3cr3t"))
-	cases["hello"] = e.finish(1)
-	e = newFrame(opSend, 0)
+	cases["hello"] = helloFrame(ProtocolVersion, "ctl", []byte("s3cr3t"))
+	e := newFrame(opSend, 0)
 	e.u64(100)
 	e.u64(1)
 	e.u128(ClientMsgID{Lo: 0x1122})
@@ -105,10 +101,16 @@ func TestTheRepliesOfProtocolMdAreDecoded(t *testing.T) {
 	ex := protocolExamples(t)
 	u64 := func(v uint64) *uint64 { return &v }
 
-	hello := decodeAll(t, exampleBody(t, ex["hello-ok"], 0x81, 1), decodeServerInfo)
-	if hello != (ServerInfo{2, "inboxd", 1048576, 256, 67108864, 65536, 64, 100, 500, 50, 500, 500, 500, 5, 20000, 2000,
-		300 * time.Second, 600 * time.Second, 600 * time.Second, time.Hour}) {
+	v2 := ServerInfo{2, "inboxd", 1048576, 256, 67108864, 65536, 64, 100, 500, 50, 500, 500, 500, 5, 20000, 2000,
+		300 * time.Second, 600 * time.Second, 600 * time.Second, time.Hour, 0, 0, 0, 0, 0}
+	v3 := v2
+	v3.Version, v3.MaxConnections, v3.SubscribeUIDsMax, v3.SubscriptionsMax = 3, 1024, 100000, 1000000
+	v3.LargeGroupMembers, v3.IdempotencyTTL = 500, 7*24*time.Hour
+	if hello := decodeAll(t, exampleBody(t, ex["hello-ok"], 0x81, 1), decodeServerInfo); hello != v3 {
 		t.Errorf("hello-ok %+v", hello)
+	}
+	if hello := decodeAll(t, exampleBody(t, ex["hello-ok-v2"], 0x81, 1), decodeServerInfo); hello != v2 {
+		t.Errorf("hello-ok-v2 %+v", hello)
 	}
 	v1 := decodeAll(t, exampleBody(t, ex["hello-ok-v1"], 0x81, 1), decodeServerInfo)
 	if v1 != (ServerInfo{Version: 1, ServerName: "inboxd", FrameBytesMax: 1048576, InFlightMax: 256}) {
@@ -117,13 +119,23 @@ func TestTheRepliesOfProtocolMdAreDecoded(t *testing.T) {
 	if r := decodeAll(t, exampleBody(t, ex["send-reply"], 0x92, 2), decodeSendReply); r != (SendReply{1024, 3, false}) {
 		t.Errorf("send-reply %+v", r)
 	}
-	err := decodeError(exampleBody(t, ex["rate-limited"], opError, 9))
+	err := decodeError(exampleBody(t, ex["rate-limited"], opError, 9), 3)
 	if e, ok := err.(*Error); !ok || e.Code != CodeRateLimited || e.RetryAfter() != 250*time.Millisecond || e.Message != "slow down" {
 		t.Errorf("rate-limited %v", err)
 	}
-	err = decodeError(exampleBody(t, ex["marker-moved"], opError, 3))
+	err = decodeError(exampleBody(t, ex["marker-moved"], opError, 3), 3)
 	if e, ok := err.(*Error); !ok || e.Code != CodeMarkerMoved || e.Detail != 10 {
 		t.Errorf("marker-moved %v", err)
+	}
+	notLeader := exampleBody(t, ex["not-leader"], opError, 7)
+	for _, version := range []uint16{3, 0} {
+		err = decodeError(notLeader, version)
+		if e, ok := err.(*Error); !ok || e.Code != CodeNotLeader || e.LeaderAddr() != "10.0.0.2:7070" || e.Message != "not the leader" {
+			t.Errorf("not-leader read as version %d: %#v", version, err)
+		}
+	}
+	if _, ok := decodeError(notLeader[:len(notLeader)-1], 3).(*ProtocolError); !ok {
+		t.Error("a version 3 ERROR without a whole leader_addr is taken")
 	}
 	c := &conn{hints: make(chan Hint, 4), dirty: make(chan DirtyHint, 4)}
 	c.push(opHint, exampleBody(t, ex["hint"], opHint, 0))

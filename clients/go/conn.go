@@ -1,11 +1,12 @@
 package inboxd
 
-// One connection: the handshake, and what makes it pipelined. A caller
-// takes a request id and writes its frame under one lock, so the order
-// on the wire is the order of the calls; the last of the callers queued
-// on that lock flushes for all of them, so that many goroutines share
-// one write. A reader goroutine hands each reply to the call waiting on
-// its request id, and pushes hints (request id 0) to channels.
+// One connection: the handshake (and the protocol version it settles
+// on), and what makes it pipelined. A caller takes a request id and
+// writes its frame under one lock, so the order on the wire is the
+// order of the calls; the last of the callers queued on that lock
+// flushes for all of them, so that many goroutines share one write. A
+// reader goroutine hands each reply to the call waiting on its request
+// id, and pushes hints (request id 0) to channels.
 
 import (
 	"bufio"
@@ -37,6 +38,11 @@ type Options struct {
 	// DialTimeout bounds connecting and the handshake when ctx has no
 	// earlier deadline; default 5 s.
 	DialTimeout time.Duration
+	// ProtocolVersion pins the version asked for in HELLO (2 or 3). Zero
+	// asks for ProtocolVersion and, when the server answers UNSUPPORTED
+	// naming an older version this client speaks, connects again with
+	// that one.
+	ProtocolVersion uint16
 
 	// PoolSize is the most connections a Pool opens to the member it
 	// talks to; default 4.
@@ -128,9 +134,21 @@ type reply struct {
 	err  error
 }
 
+// dialConn connects and says HELLO with the newest version allowed,
+// then with each older one an UNSUPPORTED names (PROTOCOL.md section 3:
+// the refusal's detail is the server's newest version, and it closes the
+// connection). The version only goes down, so this ends.
 func dialConn(ctx context.Context, addr string, opts *Options) (*conn, error) {
 	if len(opts.Token) == 0 {
 		return nil, errors.New("inboxd: Options.Token is empty")
+	}
+	version := opts.ProtocolVersion
+	if version == 0 {
+		version = ProtocolVersion
+	}
+	if version < protocolVersionMin || version > ProtocolVersion {
+		return nil, fmt.Errorf("inboxd: Options.ProtocolVersion %d: this client speaks %d to %d",
+			version, protocolVersionMin, ProtocolVersion)
 	}
 	timeout := opts.DialTimeout
 	if timeout <= 0 {
@@ -138,6 +156,20 @@ func dialConn(ctx context.Context, addr string, opts *Options) (*conn, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	for {
+		c, err := dialVersion(ctx, addr, opts, version)
+		var refusal *Error
+		if opts.ProtocolVersion == 0 && errors.As(err, &refusal) && refusal.Code == CodeUnsupported &&
+			refusal.Detail >= protocolVersionMin && refusal.Detail < uint64(version) {
+			version = uint16(refusal.Detail)
+			continue
+		}
+		return c, err
+	}
+}
+
+// dialVersion opens one connection that asks for version in HELLO.
+func dialVersion(ctx context.Context, addr string, opts *Options, version uint16) (*conn, error) {
 	var nc net.Conn
 	var err error
 	if opts.TLS != nil {
@@ -159,7 +191,7 @@ func dialConn(ctx context.Context, addr string, opts *Options) (*conn, error) {
 		hints: make(chan Hint, hintBuffer), dirty: make(chan DirtyHint, hintBuffer),
 	}
 	r := bufio.NewReaderSize(nc, ioBufferBytes)
-	if err := c.hello(ctx, r, opts); err != nil {
+	if err := c.hello(ctx, r, opts, version); err != nil {
 		nc.Close()
 		return nil, err
 	}
@@ -167,9 +199,10 @@ func dialConn(ctx context.Context, addr string, opts *Options) (*conn, error) {
 	return c, nil
 }
 
-// hello sends HELLO (request id 1) and reads HELLO_OK before anything
-// else runs on the connection.
-func (c *conn) hello(ctx context.Context, r *bufio.Reader, opts *Options) error {
+// hello sends HELLO (request id 1) asking for version, and reads
+// HELLO_OK, which names the version the connection speaks, before
+// anything else runs on the connection.
+func (c *conn) hello(ctx context.Context, r *bufio.Reader, opts *Options, version uint16) error {
 	if deadline, ok := ctx.Deadline(); ok {
 		_ = c.nc.SetDeadline(deadline)
 		defer c.nc.SetDeadline(time.Time{})
@@ -178,11 +211,7 @@ func (c *conn) hello(ctx context.Context, r *bufio.Reader, opts *Options) error 
 	if name == "" {
 		name = "inboxd-go"
 	}
-	e := newFrame(opHello, 16+len(name)+len(opts.Token))
-	e.u16(ProtocolVersion)
-	e.str(name)
-	e.bytes(opts.Token)
-	if _, err := c.nc.Write(e.finish(1)); err != nil {
+	if _, err := c.nc.Write(helloFrame(version, name, opts.Token)); err != nil {
 		return err
 	}
 	op, id, body, err := readFrame(r, defaultReplyFrameBytesMax)
@@ -190,7 +219,9 @@ func (c *conn) hello(ctx context.Context, r *bufio.Reader, opts *Options) error 
 		return fmt.Errorf("inboxd: handshake with %s: %w", c.addr, err)
 	}
 	if op == opError {
-		return decodeError(body)
+		// Not yet known which layout a refusal of HELLO has: a server
+		// that does not speak version 3 answers in its own.
+		return decodeError(body, 0)
 	}
 	if op != opHello|0x80 || id != 1 {
 		return &ProtocolError{Op: opHello, Reason: fmt.Sprintf("handshake answered with opcode %#02x, request id %d", op, id)}
@@ -200,7 +231,20 @@ func (c *conn) hello(ctx context.Context, r *bufio.Reader, opts *Options) error 
 	if err := d.end(); err != nil {
 		return &ProtocolError{Op: opHello, Reason: err.Error()}
 	}
+	if c.server.Version < protocolVersionMin || c.server.Version > version {
+		return &ProtocolError{Op: opHello, Reason: fmt.Sprintf("asked for version %d, the server answered %d",
+			version, c.server.Version)}
+	}
 	return nil
+}
+
+// helloFrame is the HELLO a connection opens with, request id 1.
+func helloFrame(version uint16, clientName string, token []byte) []byte {
+	e := newFrame(opHello, 10+len(clientName)+len(token))
+	e.u16(version)
+	e.str(clientName)
+	e.bytes(token)
+	return e.finish(1)
 }
 
 // readFrame reads one frame, refusing a declared length over max before
@@ -221,9 +265,19 @@ func readFrame(r *bufio.Reader, max uint32) (op byte, id uint64, body []byte, er
 	return head[4], binary.LittleEndian.Uint64(head[5:13]), body, nil
 }
 
-func decodeError(body []byte) error {
+// decodeError reads an ERROR body laid out in version: from 3 on it ends
+// with leader_addr, before it does not. Below 3 (and 0, the handshake's
+// unknown version) it takes either: a version 3 server sends the errors
+// of its connection handling (a refusal of HELLO, a connection's last
+// error, and an unknown opcode, RATE_LIMITED, FORBIDDEN or a refused
+// SUBSCRIBE on a version 2 connection) in its own layout, with the field.
+func decodeError(body []byte, version uint16) error {
 	d := decoder{b: body}
 	e := &Error{Code: Code(d.u16()), Detail: d.u64(), Message: d.str()}
+	if version >= 3 || (d.err == nil && len(d.b) > 0) {
+		e.hasLeaderAddr = true
+		e.leaderAddr, _ = d.optStr()
+	}
 	if err := d.end(); err != nil {
 		return &ProtocolError{Op: opError, Reason: err.Error()}
 	}
@@ -307,7 +361,7 @@ func (c *conn) push(op byte, body []byte) {
 			}
 		}
 	case opError:
-		c.fail(decodeError(body))
+		c.fail(decodeError(body, 0))
 	}
 	// An unknown push, or a malformed one, is skipped: hints are advisory.
 }
@@ -390,7 +444,7 @@ func (cl *call) wait(ctx context.Context) ([]byte, error) {
 		case cl.op | 0x80:
 			return r.body, nil
 		case opError:
-			return nil, decodeError(r.body)
+			return nil, decodeError(r.body, cl.c.server.Version)
 		default:
 			return nil, &ProtocolError{Op: cl.op, Reason: fmt.Sprintf("answered with opcode %#02x", r.op)}
 		}
@@ -400,12 +454,13 @@ func (cl *call) wait(ctx context.Context) ([]byte, error) {
 	}
 }
 
-func (c *conn) roundTrip(ctx context.Context, op byte, encode func(*encoder)) ([]byte, error) {
+func (c *conn) roundTrip(ctx context.Context, op byte, encode func(*encoder)) (decoder, error) {
 	cl, err := c.start(ctx, op, encode)
 	if err != nil {
-		return nil, err
+		return decoder{}, err
 	}
-	return cl.wait(ctx)
+	body, err := cl.wait(ctx)
+	return decoder{b: body, version: c.server.Version}, err
 }
 
 // Client is one pipelined connection to a daemon, safe for use by many
@@ -418,7 +473,8 @@ type Client struct {
 }
 
 // Dial connects to addr ("host:port"), over TLS when opts.TLS is set, and
-// says HELLO. The server's limits are then in Server.
+// says HELLO. The version the connection speaks and the server's limits
+// are then in Server.
 func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	c, err := dialConn(ctx, addr, &opts)
 	if err != nil {

@@ -3,8 +3,10 @@
 // (docs/PROTOCOL.md in the inboxd repository) with the standard library
 // only.
 //
-// Dial opens one connection and says HELLO; the server's limits are then
-// in Client.Server. A Client is safe for many goroutines: their requests
+// Dial opens one connection and says HELLO, asking for protocol version
+// 3 and connecting again with version 2 when the server speaks only
+// that; the version settled on and the server's limits are then in
+// Client.Server. A Client is safe for many goroutines: their requests
 // are pipelined on the connection and matched to their replies by
 // request id, and requests reach the server in the order they were
 // made. Every call takes a context.Context for its deadline and

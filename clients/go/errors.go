@@ -71,8 +71,9 @@ func (c Code) String() string {
 // Error is a request the server refused (an ERROR frame). Detail's
 // meaning depends on the code (PROTOCOL.md section 3): the current
 // generation for STALE_GENERATION and RESET_REQUIRED, milliseconds to
-// wait for RATE_LIMITED, the limit for TOO_LARGE, and so on. Message is
-// for humans.
+// wait for RATE_LIMITED, the limit for TOO_LARGE (in bytes, except a
+// count of uids for SUBSCRIBE: Server().SubscribeUIDsMax), and so on.
+// Message is for humans.
 //
 // errors.Is(err, ErrConflict) matches any *Error of that code;
 // errors.As(err, &e) gives the detail.
@@ -80,6 +81,11 @@ type Error struct {
 	Code    Code
 	Detail  uint64
 	Message string
+
+	// leaderAddr is the ERROR's leader_addr field; hasLeaderAddr says the
+	// frame had the field (version 3 and on), absent or not.
+	leaderAddr    string
+	hasLeaderAddr bool
 }
 
 func (e *Error) Error() string {
@@ -105,12 +111,18 @@ func (e *Error) RetryAfter() time.Duration {
 }
 
 // LeaderAddr is the leader's client address a NOT_LEADER names, or ""
-// when the error is another one or the leader is not known. The address
-// travels at the end of the message today (`leader_addr=HOST:PORT`);
-// this is the one place that reads it.
+// when the error is another one or the leader is not known (an election
+// runs, or the leader pauses its writes for a membership change). From
+// version 3 on it is the ERROR's leader_addr field, and only that: the
+// message is for humans. A version 2 server has no such field and ends
+// the message with `leader_addr=HOST:PORT` instead; this is the one place
+// that reads it there.
 func (e *Error) LeaderAddr() string {
 	if e.Code != CodeNotLeader {
 		return ""
+	}
+	if e.hasLeaderAddr {
+		return e.leaderAddr
 	}
 	i := strings.LastIndex(e.Message, "leader_addr=")
 	if i < 0 {

@@ -25,17 +25,30 @@ func TestAFollowerAnswersNotLeaderNamingTheLeadersAddress(t *testing.T) {
 		}
 	}
 	e := wantCode(t, err, ErrNotLeader)
-	if e.LeaderAddr() != g.clients[leader] {
-		t.Fatalf("NOT_LEADER names %q, the leader is %s", e.LeaderAddr(), g.clients[leader])
+	if e.LeaderAddr() != g.clients[leader] || !e.hasLeaderAddr {
+		t.Fatalf("NOT_LEADER names %q (in the leader_addr field: %v), the leader is %s",
+			e.LeaderAddr(), e.hasLeaderAddr, g.clients[leader])
 	}
-	pool, err := NewPool(ctx, []string{g.clients[follower]}, Options{Token: []byte(testToken)})
+	// A version 2 connection has no such field: the message names it.
+	v2, err := Dial(ctx, g.clients[follower], Options{Token: []byte(testToken), ProtocolVersion: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
-	need(pool.Join(ctx, 1, 1))
-	if pool.Addr() != g.clients[leader] {
-		t.Fatalf("the pool talks to %s, the leader is %s", pool.Addr(), g.clients[leader])
+	defer v2.Close()
+	_, err = v2.Join(ctx, 1, 1)
+	if e := wantCode(t, err, ErrNotLeader); e.LeaderAddr() != g.clients[leader] || e.hasLeaderAddr {
+		t.Fatalf("version 2 NOT_LEADER names %q (%+v), the leader is %s", e.LeaderAddr(), e, g.clients[leader])
+	}
+	for _, version := range []uint16{3, 2} {
+		pool, err := NewPool(ctx, []string{g.clients[follower]}, Options{Token: []byte(testToken), ProtocolVersion: version})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		need(pool.Join(ctx, 1, 1))
+		if pool.Addr() != g.clients[leader] {
+			t.Fatalf("version %d: the pool talks to %s, the leader is %s", version, pool.Addr(), g.clients[leader])
+		}
 	}
 }
 

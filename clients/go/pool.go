@@ -39,12 +39,15 @@ const (
 //     connection, backing off from 50 ms to 500 ms, for up to
 //     Options.Patience.
 //
-// Sending again is safe for what the protocol makes idempotent: a write
-// refused by a follower changed nothing; a SEND, RECALL or EDIT whose
-// reply was lost is sent again with the same ClientMsgID and answered as
-// a duplicate with the original ids; joins, ACKs and read marks are
-// idempotent by value; reads are always safe. A recall or edit whose
-// first attempt was kept answers CONFLICT on the retry: read that as done.
+// Sending again follows PROTOCOL.md's "Retrying a write": a write whose
+// first attempt was kept (a NOT_LEADER may say the round may or may not
+// be kept) is answered as if it had not been, except as that table says.
+// A SEND, RECALL or EDIT is sent again with the same ClientMsgID and
+// answered as a duplicate with the original ids; joins, ACKs and read
+// marks are idempotent by value; reads are always safe. A LEAVE that was
+// kept answers NOT_FOUND (already left), a FINISH_LEASE or ACK_SNAPSHOT
+// CONFLICT (check with Devices), and a BEGIN_SNAPSHOT sent again begins a
+// newer snapshot, the one its reply names.
 //
 // Requests of different goroutines may go over different connections,
 // so only the requests of one goroutine, one after another, keep their
@@ -227,20 +230,20 @@ func (e *dialError) Error() string        { return errDial.Error() + ": " + e.ca
 func (e *dialError) Is(target error) bool { return target == errDial }
 func (e *dialError) Unwrap() error        { return e.cause }
 
-func (p *Pool) roundTrip(ctx context.Context, op byte, encode func(*encoder)) ([]byte, error) {
+func (p *Pool) roundTrip(ctx context.Context, op byte, encode func(*encoder)) (decoder, error) {
 	deadline := time.Now().Add(p.opts.Patience)
 	backoff := backoffFirst
 	hops := 0
 	for {
 		c, at, err := p.pick(ctx)
-		var body []byte
+		var reply decoder
 		if err != nil {
 			err = &dialError{cause: err}
-		} else if body, err = c.roundTrip(ctx, op, encode); err == nil {
-			return body, nil
+		} else if reply, err = c.roundTrip(ctx, op, encode); err == nil {
+			return reply, nil
 		}
 		if ctx.Err() != nil {
-			return nil, err
+			return decoder{}, err
 		}
 		next, addr := route(err)
 		if next == toLeader && hops < leaderHopsMax {
@@ -249,12 +252,12 @@ func (p *Pool) roundTrip(ctx context.Context, op byte, encode func(*encoder)) ([
 			continue
 		}
 		if next == giveUp || time.Now().Add(backoff).After(deadline) {
-			return nil, err
+			return decoder{}, err
 		}
 		select {
 		case <-time.After(backoff):
 		case <-ctx.Done():
-			return nil, err
+			return decoder{}, err
 		}
 		if backoff *= 2; backoff > backoffMax {
 			backoff = backoffMax

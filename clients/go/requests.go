@@ -6,11 +6,13 @@ package inboxd
 
 import "context"
 
-// roundTripper sends one request and returns its reply body or error.
-// Encoding may run more than once (a Pool's retries): it must write the
-// same bytes each time.
+// roundTripper sends one request and returns a decoder of its reply
+// body, set to the protocol version of the connection that answered (a
+// Pool's members may speak different ones during an upgrade), or the
+// error. Encoding may run more than once (a Pool's retries): it must
+// write the same bytes each time.
 type roundTripper interface {
-	roundTrip(ctx context.Context, op byte, encode func(*encoder)) ([]byte, error)
+	roundTrip(ctx context.Context, op byte, encode func(*encoder)) (decoder, error)
 }
 
 // requests holds the request methods Client and Pool both have.
@@ -18,11 +20,10 @@ type requests struct{ rt roundTripper }
 
 func do[T any](ctx context.Context, r requests, op byte, encode func(*encoder), decode func(*decoder) T) (T, error) {
 	var zero T
-	body, err := r.rt.roundTrip(ctx, op, encode)
+	d, err := r.rt.roundTrip(ctx, op, encode)
 	if err != nil {
 		return zero, err
 	}
-	d := decoder{b: body}
 	v := decode(&d)
 	if err := d.end(); err != nil {
 		return zero, &ProtocolError{Op: op, Reason: err.Error()}
@@ -254,10 +255,7 @@ func (r requests) SnapshotInfo(ctx context.Context, uid, snapshotID uint64) (Sna
 // SnapshotPage reads page (0 .. Pages-1) of a snapshot.
 func (r requests) SnapshotPage(ctx context.Context, uid, snapshotID uint64, page uint32) (SnapshotPage, error) {
 	return do(ctx, r, opSnapshotPage, func(e *encoder) { e.u64(uid); e.u64(snapshotID); e.u32(page) },
-		func(d *decoder) SnapshotPage {
-			return SnapshotPage{SnapshotID: d.u64(), Page: d.u32(), Pages: d.u32(),
-				Convs: decodeConvSummaries(d), Messages: decodeMessages(d)}
-		})
+		decodeSnapshotPage)
 }
 
 // AckSnapshot says the device installed the snapshot; it is ACTIVE again

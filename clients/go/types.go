@@ -56,12 +56,18 @@ const (
 	opError     byte = 0xff
 )
 
-// ProtocolVersion is the version this client speaks.
-const ProtocolVersion = 2
+// ProtocolVersion is the newest version this client speaks, the one Dial
+// asks for first.
+const ProtocolVersion = 3
+
+// protocolVersionMin is the oldest version this client speaks: version 1
+// lays out EXPLAIN's fences without a length, which it does not read.
+const protocolVersionMin = 2
 
 // ServerInfo is HELLO_OK: the version the connection speaks and every
 // limit the server holds its clients to. The limits never change while
-// a server runs.
+// a server runs. A version 2 connection leaves the fields from
+// MaxConnections on zero: that server does not announce them.
 type ServerInfo struct {
 	Version            uint16
 	ServerName         string
@@ -83,6 +89,21 @@ type ServerInfo struct {
 	BatchTokenTTL      time.Duration
 	RecoveryLeaseTTL   time.Duration
 	SnapshotTTL        time.Duration
+	// MaxConnections is how many connections the server holds at once;
+	// one more is refused UNAVAILABLE on accept.
+	MaxConnections uint32
+	// SubscribeUIDsMax is how many uids one connection may be subscribed
+	// to; past it SUBSCRIBE is TOO_LARGE (detail: this count).
+	SubscribeUIDsMax uint32
+	// SubscriptionsMax is the subscriptions of all connections together;
+	// past it SUBSCRIBE is RATE_LIMITED.
+	SubscriptionsMax uint64
+	// LargeGroupMembers is the member count above which a conversation
+	// becomes a large group (0: never).
+	LargeGroupMembers uint32
+	// IdempotencyTTL is how long a (sender, ClientMsgID) names one write:
+	// a retry later than this is a new message.
+	IdempotencyTTL time.Duration
 }
 
 func decodeServerInfo(d *decoder) ServerInfo {
@@ -97,6 +118,11 @@ func decodeServerInfo(d *decoder) ServerInfo {
 	s.HistoryLimitMax, s.ConvListLimitMax = d.u32(), d.u32()
 	s.DevicesPerUserMax, s.RatePerS, s.RateBurst = d.u32(), d.u32(), d.u32()
 	s.IdleTimeout, s.BatchTokenTTL, s.RecoveryLeaseTTL, s.SnapshotTTL = ms(), ms(), ms(), ms()
+	if s.Version < 3 {
+		return s
+	}
+	s.MaxConnections, s.SubscribeUIDsMax, s.SubscriptionsMax = d.u32(), d.u32(), d.u64()
+	s.LargeGroupMembers, s.IdempotencyTTL = d.u32(), ms()
 	return s
 }
 
@@ -546,13 +572,39 @@ func decodeSnapshotInfo(d *decoder) SnapshotInfo {
 	return s
 }
 
-// SnapshotPage is one page of a snapshot.
+// SnapshotPage is one page of a snapshot. A conversation's messages may
+// go on over the next pages: install the union of all pages.
 type SnapshotPage struct {
 	SnapshotID uint64
 	Page       uint32
 	Pages      uint32
 	Convs      []ConvSummary
 	Messages   []Message
+	// Elided names the messages of this page too large for any reply of
+	// the server: each is in Messages with its payload cut to its
+	// summary, and no request can fetch its whole body, so show it as a
+	// partial message. Always empty on a version 2 connection, whose
+	// server cuts those payloads all the same without saying so.
+	Elided []MsgRef
+}
+
+// MsgRef names one message: its conversation and msg_seq.
+type MsgRef struct {
+	Conv   uint64
+	MsgSeq uint64
+}
+
+func decodeSnapshotPage(d *decoder) SnapshotPage {
+	p := SnapshotPage{SnapshotID: d.u64(), Page: d.u32(), Pages: d.u32(),
+		Convs: decodeConvSummaries(d), Messages: decodeMessages(d)}
+	if d.version < 3 {
+		return p
+	}
+	n := d.count(16)
+	for i := 0; i < n && d.err == nil; i++ {
+		p.Elided = append(p.Elided, MsgRef{Conv: d.u64(), MsgSeq: d.u64()})
+	}
+	return p
 }
 
 // Hint says a subscribed user's committed sync head moved: sync now.

@@ -326,3 +326,50 @@ fn a_prepared_spare_left_at_shutdown_is_reused_after_a_restart() {
     );
     assert_eq!(replayed_tags(&log, &acked), acked);
 }
+
+#[test]
+fn segment_numbers_do_not_skip_and_one_warn_is_logged_after_preparations_refused_for_lack_of_space()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let io = Arc::new(FaultyIo::new());
+    let log = Log::open_with_io(opts(dir.path()), io.clone()).unwrap();
+    let mut acked = BTreeMap::new();
+    let mut tag = 0;
+    append_until_active(&log, 1, &mut tag, &mut acked);
+    wait_until("a spare is ready", || log.stats().spares_ready >= 1);
+    io.set_no_space(true);
+    let spare = active_id(&log) + 1;
+    append_until_active(&log, spare, &mut tag, &mut acked);
+    // Writes that need the next segment are refused, again and again,
+    // each after an inline attempt to prepare it, and each wakes the
+    // background preparer, which fails again.
+    let mut refusals = 0;
+    while refusals < 5 {
+        let failures = log.stats().spare_failures;
+        match log.append(batch(tag, 3)) {
+            Ok(a) => {
+                acked.insert(a.lsn, tag);
+                tag += 1;
+            }
+            Err(LogError::NoSpace(_)) => {
+                refusals += 1;
+                wait_until("the background preparer tried again", || {
+                    log.stats().spare_failures > failures
+                });
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let stats = log.stats();
+    assert!(stats.spare_failures >= 5);
+    assert_eq!(
+        stats.spare_failure_warnings, 1,
+        "one WARN for {} failed attempts",
+        stats.spare_failures
+    );
+    io.set_no_space(false);
+    append_until_active(&log, spare + 2, &mut tag, &mut acked);
+    let ids: Vec<SegmentId> = log.segments().iter().map(|s| s.id).collect();
+    let want: Vec<SegmentId> = (1..=spare + 2).collect();
+    assert_eq!(ids, want, "segment numbers follow each other");
+}

@@ -473,9 +473,15 @@ fn a_damaged_body_in_the_message_store_is_reported_lost_and_never_served() {
         "{report:#?}"
     );
     assert_eq!(report.uncertain, None);
-    assert!(
-        report.damage.is_empty(),
-        "deleted segments are not damage: {report:#?}"
+    let places: Vec<_> = report
+        .damage
+        .iter()
+        .map(|d| (d.log, d.segment, d.offset))
+        .collect();
+    assert_eq!(
+        places,
+        [("msg", loc.segment, u64::from(loc.offset))],
+        "the damaged body is named, deleted segments are not damage: {report:#?}"
     );
     let d2 = open_salvaged(&to, &h.clock);
     let got = history(&d2, U2, C10);
@@ -555,4 +561,89 @@ fn salvage_refuses_a_live_directory_a_non_empty_target_and_a_non_data_directory(
     // (`salvage_checked` hashes every file before and after).
     let (_keep, _to, report) = salvage_checked(h.dir.path(), &h.clock);
     assert!(report.is_lossless(), "{report:#?}");
+}
+
+#[test]
+fn a_flip_in_a_sealed_segment_that_a_checkpoint_covers_is_in_the_report_and_the_lost_send_can_be_retried(
+) {
+    let tune = |c: &mut InboxConfig| c.segment_bytes = 4096;
+    let mut h = Harness::with(tune);
+    h.join(U1, C10);
+    h.join(U2, C10);
+    let text = |i: u64| {
+        format!(
+            "{}{}",
+            if i == 3 { "LOSE-ME " } else { "" },
+            "y".repeat(300)
+        )
+    };
+    let mut lost = None;
+    for i in 0..40u64 {
+        let sent = h.send(C10, U1, 2000 + u128::from(i), &text(i));
+        if i == 3 {
+            lost = Some(sent);
+        }
+    }
+    let lost = lost.unwrap();
+    h.ib().checkpoint().unwrap();
+    drop(h.inbox.take());
+    let evt = h.dir.path().join("evt");
+    let (loc, at) = find_record(&evt, b"LOSE-ME");
+    let newest = inbox_engine::log::verify(&evt)
+        .unwrap()
+        .segments
+        .iter()
+        .filter(|s| !s.prepared)
+        .map(|s| s.id)
+        .max()
+        .unwrap();
+    assert!(
+        loc.segment < newest,
+        "the damaged record is in a sealed segment"
+    );
+    damage_payload(&evt, loc, at + 10);
+
+    let (_keep, to, report) = salvage_checked(h.dir.path(), &h.clock);
+    assert!(
+        report.damage.iter().any(|d| d.log == "evt"
+            && d.segment == loc.segment
+            && d.offset == u64::from(loc.offset)),
+        "the damaged record is named: {report:#?}"
+    );
+    assert_eq!(
+        report.lost_messages,
+        vec![LostMessages {
+            conv: C10,
+            first: lost.msg_seq,
+            last: lost.msg_seq
+        }],
+        "{report:#?}"
+    );
+    // The lost message's key went with it (OPERATIONS.md): the very same
+    // send again is accepted, as a new message.
+    let d2 = open_salvaged(&to, &h.clock);
+    let retried = d2
+        .send(SendRequest {
+            conv: C10,
+            sender: U1,
+            client_msg_id: 2003,
+            msg_type: 1,
+            payload: Bytes::from(text(3)),
+        })
+        .wait()
+        .expect("a retry of the lost send is accepted");
+    assert!(retried.msg_seq > lost.msg_seq, "{retried:?} after {lost:?}");
+    assert_ne!(retried.msg_id, lost.msg_id);
+    // A key whose message is still there is still a duplicate.
+    let again = d2
+        .send(SendRequest {
+            conv: C10,
+            sender: U1,
+            client_msg_id: 2004,
+            msg_type: 1,
+            payload: Bytes::from(text(4)),
+        })
+        .wait()
+        .unwrap();
+    assert_eq!(again.msg_seq, lost.msg_seq.next(), "the original reply");
 }

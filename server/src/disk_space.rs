@@ -4,7 +4,9 @@
 //! background preparer writes ahead of need. A new store therefore needs
 //! room for [`SEGMENTS_NEEDED`] segments before it can take its first
 //! write: two for each of the `evt` and `msg` logs, and one segment's worth
-//! for checkpoints and compaction's copies. On a disk with less room than
+//! for checkpoints and compaction's copies, plus the index scratch file's
+//! first reservation ([`SCRATCH_BYTES_AT_START`]; it grows with the index
+//! from there). On a disk with less room than
 //! that, a daemon that started anyway would answer every write `NO_SPACE`
 //! for good. So at start:
 //!
@@ -27,6 +29,18 @@ pub const MIN_SEGMENT_BYTES: u64 = 4 << 20;
 
 /// Segments' worth of free space a new store needs (see the module doc).
 pub const SEGMENTS_NEEDED: u64 = 5;
+
+/// What the index scratch file reserves at first: the engine reserves a
+/// region of it from 64 KiB, doubling as the index fills it.
+pub const SCRATCH_BYTES_AT_START: u64 = 64 << 10;
+
+/// Bytes a new store with segments of `segment` bytes preallocates before
+/// its first write.
+fn needed(segment: u64) -> u64 {
+    segment
+        .saturating_mul(SEGMENTS_NEEDED)
+        .saturating_add(SCRATCH_BYTES_AT_START)
+}
 
 /// The segment size to open the store with, and a line to log when it
 /// differs from the configured one.
@@ -63,7 +77,6 @@ pub fn choose_segment_bytes(
             )),
         });
     }
-    let needed = |segment: u64| segment.saturating_mul(SEGMENTS_NEEDED);
     if available >= needed(configured) {
         return Ok(keep(configured));
     }
@@ -71,7 +84,7 @@ pub fn choose_segment_bytes(
         return Err(format!(
             "the data directory's filesystem has {} available, and a new store with \
              --segment-bytes {configured} needs at least {} ({SEGMENTS_NEEDED} segments: two \
-             for each log and room for a checkpoint); free space, or lower --segment-bytes \
+             for each log and room for a checkpoint; and the index scratch file); free space, or lower --segment-bytes \
              (at least {MIN_SEGMENT_BYTES})",
             mib(available),
             mib(needed(configured)),
@@ -84,7 +97,8 @@ pub fn choose_segment_bytes(
     if segment < MIN_SEGMENT_BYTES || needed(segment) > available {
         return Err(format!(
             "the data directory's filesystem has {} available, and a new store needs at \
-             least {} ({SEGMENTS_NEEDED} segments of at least {}); free space or choose \
+             least {} ({SEGMENTS_NEEDED} segments of at least {}, and the index scratch file); \
+             free space or choose \
              another --data-dir",
             mib(available),
             mib(needed(MIN_SEGMENT_BYTES)),
@@ -189,17 +203,21 @@ mod tests {
     #[test]
     fn a_disk_too_small_for_the_smallest_segments_is_refused_with_the_space_needed() {
         let e = choose_segment_bytes(DEFAULT, false, None, 19 * MIB).unwrap_err();
-        assert!(e.contains("needs at least 20.0 MiB"), "{e}");
-        // Exactly five of the smallest fits.
-        let c = choose_segment_bytes(DEFAULT, false, None, 20 * MIB).unwrap();
+        assert!(e.contains("needs at least 20.1 MiB"), "{e}");
+        // Five of the smallest and the scratch file's start fit; five
+        // segments alone leave no room for the scratch file.
+        let c =
+            choose_segment_bytes(DEFAULT, false, None, 20 * MIB + SCRATCH_BYTES_AT_START).unwrap();
         assert_eq!(c.segment_bytes, MIN_SEGMENT_BYTES);
+        choose_segment_bytes(DEFAULT, false, None, 20 * MIB)
+            .expect_err("the scratch file is counted too");
     }
 
     #[test]
     fn an_explicit_size_that_does_not_fit_a_new_store_is_refused_naming_the_flag() {
         let e = choose_segment_bytes(DEFAULT, true, None, 48 * MIB).unwrap_err();
         assert!(e.contains("--segment-bytes 134217728"), "{e}");
-        assert!(e.contains("640.0 MiB"), "{e}");
+        assert!(e.contains("640.1 MiB"), "{e}");
         let c = choose_segment_bytes(8 * MIB, true, None, 48 * MIB).unwrap();
         assert_eq!(
             c,

@@ -12,6 +12,13 @@
 //! length. A payload that does not decode is printed as its kind, its
 //! length, its first bytes in hex and why.
 //!
+//! Where a segment's data stops at a frame that does not verify, the dump
+//! says where and why and, by default, goes on with the next segment.
+//! With `skip_damaged` ([`DumpOptions`]) it looks, byte by byte, for the
+//! next offset where a whole batch verifies (a batch's checksum is bound
+//! to its segment id, so stale or shifted bytes never pass) and goes on
+//! there, so the intact batches after a bad one are shown too.
+//!
 //! Read-only: the caller holds the directory's lock so no daemon writes
 //! while it reads.
 
@@ -66,16 +73,41 @@ fn segment_ids(dir: &Path) -> std::io::Result<Vec<u32>> {
     Ok(ids)
 }
 
-/// Dumps one stream's segments (only `segment` when given) to `out`.
+/// What to dump, and how.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DumpOptions {
+    /// Only this segment id.
+    pub segment: Option<u32>,
+    /// Go on past a frame that does not verify, at the next batch that
+    /// does (see the module docs).
+    pub skip_damaged: bool,
+}
+
+/// Dumps one stream's segments (only `segment` when given) to `out`,
+/// stopping each segment at its first frame that does not verify.
 pub fn dump_stream(
     dir: &Path,
     stream: Stream,
     segment: Option<u32>,
     out: &mut impl Write,
 ) -> std::io::Result<DumpSummary> {
+    let options = DumpOptions {
+        segment,
+        skip_damaged: false,
+    };
+    dump_stream_with(dir, stream, options, out)
+}
+
+/// Dumps one stream's segments to `out`, as `options` say.
+pub fn dump_stream_with(
+    dir: &Path,
+    stream: Stream,
+    options: DumpOptions,
+    out: &mut impl Write,
+) -> std::io::Result<DumpSummary> {
     let mut summary = DumpSummary::default();
     for id in segment_ids(dir)? {
-        if segment.is_some_and(|wanted| wanted != id) {
+        if options.segment.is_some_and(|wanted| wanted != id) {
             continue;
         }
         summary.segments += 1;
@@ -109,10 +141,12 @@ pub fn dump_stream(
             data.len()
         )?;
         let mut pos = SEGMENT_HEADER_LEN;
+        let mut last_lsn = 0;
         loop {
             match format::decode_batch(id, &data, pos, 0) {
                 Ok(batch) => {
                     summary.batches += 1;
+                    last_lsn = batch.lsn;
                     writeln!(
                         out,
                         "  batch lsn {} at {} bytes {} records {}",
@@ -134,6 +168,27 @@ pub fn dump_stream(
                     writeln!(out, "  end of data at {pos}")?;
                     break;
                 }
+                Err(FrameError::Invalid(reason)) if options.skip_damaged => {
+                    summary.damaged += 1;
+                    match next_valid_batch(id, &data, pos, last_lsn) {
+                        Some(next) => {
+                            writeln!(
+                                out,
+                                "  damaged at {pos}: {reason}; skips {} bytes to the next batch \
+                                 that verifies, at {next}",
+                                next - pos
+                            )?;
+                            pos = next;
+                        }
+                        None => {
+                            writeln!(
+                                out,
+                                "  damaged at {pos}: {reason}; no batch verifies after it"
+                            )?;
+                            break;
+                        }
+                    }
+                }
                 Err(FrameError::Invalid(reason)) => {
                     writeln!(out, "  stops at {pos}: {reason}")?;
                     summary.damaged += 1;
@@ -143,6 +198,12 @@ pub fn dump_stream(
         }
     }
     Ok(summary)
+}
+
+/// The first offset after `pos` where a whole batch with an LSN above
+/// `after_lsn` verifies.
+fn next_valid_batch(id: u32, data: &[u8], pos: usize, after_lsn: u64) -> Option<usize> {
+    (pos + 1..data.len()).find(|&q| format::valid_batch_at(id, data, q, 0, after_lsn).is_some())
 }
 
 fn raw(kind: u8, payload: &[u8], why: &str) -> String {

@@ -2,6 +2,9 @@
 //!
 //! - [`server::run`]: the daemon's lifecycle (bind, accept, drain, sync);
 //! - [`conn`]: one connection: handshake, limits, pipelining, hint pushes;
+//! - [`ops`]: what the daemon knows of each opcode (ordering, reads,
+//!   admin, who answers), in one table;
+//! - [`route`]: where a request may be served (single node, group leader);
 //! - [`service`]: one request → one `Inbox` call → one reply, with the
 //!   field-for-field translation in [`convert`]. No inbox logic lives here;
 //! - [`metrics`]: Prometheus text exposition;
@@ -25,8 +28,10 @@ pub mod dump;
 pub mod heap;
 pub mod hints;
 pub mod metrics;
+pub mod ops;
 pub mod page_cache;
 pub mod read_pool;
+pub mod route;
 pub mod salvage;
 pub mod server;
 pub mod service;

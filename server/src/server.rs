@@ -191,7 +191,7 @@ pub async fn run(
         admin_token,
         read_pool: crate::read_pool::ReadPool::with_default_limit(&metrics),
         engine_queue: crate::conn::engine_queue(&config.limits),
-        group: cluster.as_ref().map(crate::cluster::Cluster::handle),
+        route: crate::route::Route::new(cluster.as_ref().map(crate::cluster::Cluster::handle)),
         hint_routes: Arc::default(),
         dirty_routes: Arc::default(),
         alone: crate::alone::Alone::new(config.send_inline_when_alone),

@@ -3,7 +3,11 @@
 //! This is the whole of what the daemon does with a request: translate it
 //! (see [`crate::convert`]), call the engine, translate the answer. It
 //! holds no state and makes no decision; connection-level requests
-//! (`HELLO`, `PING`, `SUBSCRIBE`) are handled by the connection itself.
+//! (`HELLO`, `PING`, `SUBSCRIBE`) are handled by the connection itself, and
+//! the cluster's by [`crate::route`].
+//!
+//! Which requests come here, and how each is ordered, is in
+//! [`crate::ops`].
 //!
 //! [`start`] is split in two on purpose: the engine call happens when
 //! `start` returns (a write is queued on the sequencer then, a read has been
@@ -25,80 +29,6 @@ use crate::read_pool::ReadPool;
 
 /// The rest of a started request: waits for the engine's reply.
 pub type Started = Pin<Box<dyn Future<Output = Response> + Send>>;
-
-/// How a request is ordered against the others of its connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Order {
-    /// Goes to the sequencer: queued in arrival order, its reply comes once
-    /// it is durable. Later reads wait for it.
-    Write,
-    /// Reads state: runs once every earlier write of the connection is
-    /// durable, and before any later write is queued.
-    Read,
-    /// `SYNC`: decided against state like a read, and may bump the
-    /// device's generation like a write.
-    ReadWrite,
-}
-
-/// Which [`Order`] `request` follows.
-pub fn order_of(request: &Request) -> Order {
-    match request {
-        Request::Join(_)
-        | Request::Leave(_)
-        | Request::Send(_)
-        | Request::Recall(_)
-        | Request::Edit(_)
-        | Request::RegisterDevice(_)
-        | Request::RevokeDevice(_)
-        | Request::Ack(_)
-        | Request::FinishLease(_)
-        | Request::MarkRead(_)
-        | Request::ClearDirty(_)
-        | Request::SetConvFlags(_)
-        | Request::BeginSnapshot(_)
-        | Request::AckSnapshot(_) => Order::Write,
-        Request::Sync(_) => Order::ReadWrite,
-        Request::Devices(_)
-        | Request::Pull(_)
-        | Request::History(_)
-        | Request::ConvList(_)
-        | Request::Dirty(_)
-        | Request::ConvMode(_)
-        | Request::SnapshotInfo(_)
-        | Request::SnapshotPage(_)
-        | Request::Stats(_)
-        | Request::Explain(_)
-        | Request::ExplainSegment(_)
-        | Request::Compact(_)
-        | Request::Checkpoint(_)
-        | Request::Memory(_)
-        | Request::ClusterStatus(_)
-        | Request::ClusterAddNode(_)
-        | Request::ClusterRemoveNode(_)
-        | Request::Hello(_)
-        | Request::Ping(_)
-        | Request::Subscribe(_)
-        | Request::SubscribeDirty(_)
-        | Request::Unsubscribe(_) => Order::Read,
-    }
-}
-
-/// Whether `request` reads the state only when its [`Started`] future is
-/// polled (so the connection holds later writes back until it is done),
-/// rather than inside [`start`].
-pub fn reads_when_awaited(request: &Request) -> bool {
-    matches!(
-        request,
-        Request::Devices(_)
-            | Request::Pull(_)
-            | Request::History(_)
-            | Request::ConvList(_)
-            | Request::SnapshotInfo(_)
-            | Request::SnapshotPage(_)
-            | Request::Explain(_)
-            | Request::ExplainSegment(_)
-    )
-}
 
 /// Makes the engine call for `request` now and returns what waits for its
 /// reply. A write is queued here; a read is prepared here and runs when the
@@ -362,17 +292,18 @@ fn call(
             |inbox| Ok(crate::heap::with_process_memory(inbox.memory())),
             |m| Response::Memory(convert::memory(m)),
         ),
-        Request::Hello(_)
+        other @ (Request::Hello(_)
         | Request::Ping(_)
         | Request::ClusterStatus(_)
         | Request::ClusterAddNode(_)
         | Request::ClusterRemoveNode(_)
         | Request::Subscribe(_)
         | Request::SubscribeDirty(_)
-        | Request::Unsubscribe(_) => {
-            return Err(Error::Internal(
-                "connection-level request reached the engine dispatcher".into(),
-            ))
+        | Request::Unsubscribe(_)) => {
+            return Err(Error::Internal(format!(
+                "{} is not answered by the engine (see ops::describe)",
+                other.op().name()
+            )))
         }
     })
 }

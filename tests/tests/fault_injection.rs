@@ -545,37 +545,44 @@ async fn torn_write_in_the_middle_of_a_batch_is_cut_at_recovery_and_every_acknow
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn segment_file_cut_short_inside_a_batch_reads_short_and_recovers_every_acknowledged_send() {
-    let started = Instant::now();
+async fn a_segment_file_cut_short_inside_a_batch_is_refused_and_left_as_it_was() {
     let dir = inbox_tests::data_dir();
-    let (sends, torn, log) = load_until_torn(dir.path()).await;
-    // Cut the file inside the torn bytes: recovery now reads a file that
-    // ends in the middle of a batch, short of its preallocated length.
-    let path = dir
-        .path()
-        .join(log)
-        .join(format!("{:010}.seg", torn.segment));
+    let (_, torn, log) = load_until_torn(dir.path()).await;
+    // Cut the file inside the torn bytes: a preallocated segment shorter
+    // than its recorded size is outside damage, never a torn write, so
+    // serve refuses it, naming the log, the file and the size expected,
+    // and changes nothing.
+    let name = format!("{:010}.seg", torn.segment);
+    let path = dir.path().join(log).join(&name);
     let file = std::fs::OpenOptions::new()
         .write(true)
         .open(&path)
         .expect("open the torn segment");
-    let full = file.metadata().expect("metadata").len();
     let cut = torn.offset + 7;
     file.set_len(cut).expect("truncate");
     drop(file);
-    let daemon = start(dir.path(), None, &[]);
-    let client = daemon.client().await;
-    let checked = check_sends(&client, &sends, false).await;
-    let after = send(&client, CONV_BASE, 1_000_000, 0).await;
-    assert!(after.reply.is_ok(), "writes work after recovery");
-    drop(client);
-    assert!(daemon.stop().success());
-    assert_verify_clean(dir.path());
-    println!(
-        "short segment: {log} segment {} cut from {full} to {cut} bytes (7 bytes into a batch); \
-         {checked} sends checked after recovery, verify clean, {:.1} s",
-        torn.segment,
-        started.elapsed().as_secs_f64()
+    let before = std::fs::read(&path).expect("read the cut segment");
+    let serve = inbox_tests::serve_command(&binary(), dir.path(), &["--segment-bytes", "1048576"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("run serve");
+    assert!(
+        !serve.status.success(),
+        "a cut segment was served: {serve:?}"
+    );
+    let said = String::from_utf8_lossy(&serve.stderr);
+    for part in [
+        format!("log {log}"),
+        name.clone(),
+        "1048576 bytes long".to_string(),
+    ] {
+        assert!(said.contains(&part), "the refusal names {part}: {said}");
+    }
+    assert_eq!(
+        std::fs::read(&path).expect("read the segment again"),
+        before,
+        "the refused start changed the segment"
     );
 }
 

@@ -154,6 +154,7 @@ async fn dump_prints_records_and_where_a_damaged_segment_stops() {
         .await
         .unwrap();
     inbox_tests::send_text(&client, 100, 1, "a body dump never prints").await;
+    inbox_tests::send_text(&client, 100, 1, "after the damage").await;
     drop(client);
 
     let live = inboxd(&["dump", "--data-dir", &dir]);
@@ -201,5 +202,25 @@ async fn dump_prints_records_and_where_a_damaged_segment_stops() {
     assert!(
         text.contains("message conv 100 msg_seq 1"),
         "what precedes survives: {text}"
+    );
+    assert!(!text.contains("msg_seq 3"), "stops at the damage: {text}");
+
+    let skipping = inboxd(&[
+        "dump",
+        "--data-dir",
+        &dir,
+        "--stream",
+        "evt",
+        "--skip-damaged",
+    ]);
+    assert_eq!(skipping.status.code(), Some(1), "damage met: {skipping:?}");
+    let text = String::from_utf8_lossy(&skipping.stdout);
+    assert!(
+        text.contains(&format!("damaged at {second_batch}")),
+        "{text}"
+    );
+    assert!(
+        text.contains("effect message conv 100 msg_seq 3"),
+        "the intact batch after the bad one is shown: {text}"
     );
 }

@@ -1,6 +1,8 @@
 //! `inboxd salvage` on a damaged data directory, then `inboxd serve` on
-//! the new one: history and sync are served, the lost message is a
-//! tombstone, and a device behind the loss is told to reset.
+//! the new one: both reports name the damaged place, history and sync are
+//! served, the lost message is a tombstone, a retry of the lost send is
+//! accepted as a new message, and a device behind the loss is told to
+//! reset.
 
 use std::process::{Command, Stdio};
 
@@ -57,7 +59,14 @@ async fn salvage_then_serve_answers_history_and_sync_from_the_new_directory() {
         .sync_to_end(2, 1, Some(behind), 0, true)
         .await
         .unwrap();
-    let lost = send_text(&client, 100, 1, "LOSE-ME this body is damaged on disk").await;
+    let lost_send = inbox_wire::SendReq {
+        conv: 100,
+        sender: 1,
+        client_msg_id: 0x1057_5e4d,
+        msg_type: 1,
+        payload: bytes::Bytes::from_static(b"LOSE-ME this body is damaged on disk"),
+    };
+    let lost = client.send(lost_send.clone()).await.unwrap();
     send_text(&client, 100, 2, "after the loss").await;
     let past = client.sync_to_end(2, 2, Some(past), 0, true).await.unwrap();
     send_text(&client, 100, 1, "later still").await;
@@ -90,6 +99,28 @@ async fn salvage_then_serve_answers_history_and_sync_from_the_new_directory() {
         .collect();
     assert_eq!(users, [1, 2], "{report}");
     assert!(report["uncertain"].is_null(), "{report}");
+    // The final checkpoint of the clean stop covers the damaged record:
+    // the damage is still met, and named, in both reports.
+    let damage = report["damage"].as_array().unwrap();
+    assert!(
+        damage.iter().any(|d| d["log"] == "evt"),
+        "the JSON report names the damaged evt place: {report}"
+    );
+    let text_to = parent.path().join("salvaged-text");
+    let text = inboxd(&[
+        "salvage",
+        "--from",
+        &from_arg,
+        "--to",
+        &text_to.display().to_string(),
+    ]);
+    assert_eq!(text.status.code(), Some(3), "{text:?}");
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("damage: ") && l.contains("evt")),
+        "the text report has the damage line: {text}"
+    );
 
     let verify = inboxd(&["verify", "--data-dir", &to_arg]);
     assert!(verify.status.success(), "{verify:?}");
@@ -115,6 +146,10 @@ async fn salvage_then_serve_answers_history_and_sync_from_the_new_directory() {
         .await
         .unwrap_err();
     assert_eq!(reset.code(), Some(ErrorCode::ResetRequired), "{reset}");
+    // Its key went with it: the very same send again is a new message.
+    let retried = client.send(lost_send).await.expect("the retry is accepted");
+    assert!(retried.msg_seq > lost.msg_seq, "{retried:?} after {lost:?}");
+    assert_ne!(retried.msg_id, lost.msg_id);
     drop(client);
     assert!(daemon.stop().success());
 }

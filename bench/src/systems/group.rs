@@ -35,7 +35,7 @@ pub struct Group {
 
 /// Loopback ports free a moment ago (the group's members name each other
 /// by port, so they are chosen before any starts).
-fn free_ports(n: usize) -> Result<Vec<u16>> {
+pub(crate) fn free_ports(n: usize) -> Result<Vec<u16>> {
     let held = (0..n)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
         .collect::<std::io::Result<Vec<_>>>()?;
@@ -267,6 +267,38 @@ impl System for Group {
 
     fn measured(&self) -> Option<Measured> {
         self.leader().measured()
+    }
+
+    fn member_pids(&self) -> Vec<super::MemberPid> {
+        self.members
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| {
+                Some(super::MemberPid {
+                    member: u32::try_from(i + 1).ok()?,
+                    leader: i == self.leader,
+                    pid: m.measured()?.pid(),
+                })
+            })
+            .collect()
+    }
+
+    /// The highest term a live member reports in `CLUSTER_STATUS`.
+    fn term(&self) -> Option<u64> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        self.members
+            .iter()
+            .filter_map(|member| {
+                rt.block_on(async {
+                    let admin = super::inboxd::admin_token(member.token());
+                    let client = Client::connect(member.addr, admin).await.ok()?;
+                    client.cluster_status(Empty {}).await.ok().map(|s| s.term)
+                })
+            })
+            .max()
     }
 
     fn commit_path(&self) -> Option<super::CommitPath> {

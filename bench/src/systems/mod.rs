@@ -7,6 +7,8 @@
 //! send or an ACK only once it is durable (fsynced), except the one labelled
 //! `redis-everysec`, which is measured to show what weaker durability buys.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod group;
 pub mod inboxd;
 pub mod limit;
@@ -121,22 +123,64 @@ pub struct CommitPath {
 }
 
 impl CommitPath {
-    /// What happened between `before` and `self`, as one line.
-    pub fn since(&self, before: &CommitPath) -> String {
-        let d = |a: f64, b: f64| a - b;
+    /// The means of what happened between `before` and `self`, as the
+    /// report's row for `system` at `clients`.
+    pub fn window(
+        &self,
+        before: &CommitPath,
+        system: &str,
+        clients: u32,
+    ) -> crate::report::CommitPathRow {
         let mean_us = |s: f64, n: f64| if n > 0.0 { s / n * 1e6 } else { 0.0 };
-        let rounds = d(self.rounds_committed, before.rounds_committed);
-        let f_appends = d(self.follower_appends, before.follower_appends);
-        let f_entries = d(self.follower_entries, before.follower_entries);
-        let l_appends = d(self.leader_appends, before.leader_appends);
+        let rounds = self.rounds_committed - before.rounds_committed;
+        let f_appends = self.follower_appends - before.follower_appends;
+        let f_entries = self.follower_entries - before.follower_entries;
+        let l_appends = self.leader_appends - before.leader_appends;
+        crate::report::CommitPathRow {
+            system: system.to_string(),
+            clients,
+            rounds_committed: rounds,
+            proposal_to_commit_us: mean_us(self.round_commit_s - before.round_commit_s, rounds),
+            follower_appends: f_appends,
+            entries_per_append: if f_appends > 0.0 {
+                f_entries / f_appends
+            } else {
+                0.0
+            },
+            follower_append_to_durable_us: mean_us(
+                self.follower_append_s - before.follower_append_s,
+                f_appends,
+            ),
+            leader_append_to_durable_us: mean_us(
+                self.leader_append_s - before.leader_append_s,
+                l_appends,
+            ),
+        }
+    }
+}
+
+impl crate::report::CommitPathRow {
+    /// The row as one line.
+    pub fn line(&self) -> String {
         format!(
-            "{rounds:.0} rounds committed, {:.0} µs from proposal to commit; followers: {f_appends:.0} appends of {:.2} entries, {:.0} µs from append to durable; the leader's own appends: {:.0} µs to durable",
-            mean_us(d(self.round_commit_s, before.round_commit_s), rounds),
-            if f_appends > 0.0 { f_entries / f_appends } else { 0.0 },
-            mean_us(d(self.follower_append_s, before.follower_append_s), f_appends),
-            mean_us(d(self.leader_append_s, before.leader_append_s), l_appends),
+            "{:.0} rounds committed, {:.0} µs from proposal to commit; followers: {:.0} appends of {:.2} entries, {:.0} µs from append to durable; the leader's own appends: {:.0} µs to durable",
+            self.rounds_committed,
+            self.proposal_to_commit_us,
+            self.follower_appends,
+            self.entries_per_append,
+            self.follower_append_to_durable_us,
+            self.leader_append_to_durable_us,
         )
     }
+}
+
+/// One member of a replicated system: its number in the group, whether
+/// it led when asked, and its process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberPid {
+    pub member: u32,
+    pub leader: bool,
+    pub pid: u32,
 }
 
 /// What a system says it holds (inboxd's `stats`), for the soak.
@@ -260,6 +304,24 @@ pub trait System: Sync {
 
     /// A replicated system's commit path so far (see [`CommitPath`]).
     fn commit_path(&self) -> Option<CommitPath> {
+        None
+    }
+
+    /// A replicated system's members, for the CPU each spends; empty for a
+    /// single process.
+    fn member_pids(&self) -> Vec<MemberPid> {
+        Vec::new()
+    }
+
+    /// Transactions a system's clients had to try again because another
+    /// got to the same keys first (etcd's lost compares), so far.
+    fn conflicts(&self) -> Option<u64> {
+        None
+    }
+
+    /// A replicated system's raft term now (the highest a member reports),
+    /// to count the elections a phase saw.
+    fn term(&self) -> Option<u64> {
         None
     }
 

@@ -10,10 +10,10 @@
 
 use std::sync::mpsc;
 
+use super::config::InboxConfig;
 use super::messaging::record::MESSAGE_OVERHEAD_MAX;
 use super::round::{Env, Exec, Fail, Sink};
 use super::state::State;
-use super::InboxConfig;
 use super::{compaction, devices, messaging, snapshots};
 
 /// A command of one subsystem.

@@ -111,7 +111,7 @@ pub struct InboxConfig {
     pub checkpoint_every_state_percent: u32,
     pub idempotency_ttl: Duration,
     /// Keep the message index's full pages and the idempotency table's
-    /// sorted runs in a scratch file, mapped (`state/spill.rs`), not on
+    /// sorted runs in a scratch file, mapped (`containers/spill.rs`), not on
     /// the heap.
     pub index_in_file: bool,
     /// A conversation with more current members than this becomes a large
@@ -162,4 +162,10 @@ impl InboxConfig {
             clock: Arc::new(SystemClock),
         }
     }
+}
+
+/// A configured duration in whole milliseconds, saturating: what the
+/// stamped times (`TimestampMs`) are compared with.
+pub(crate) fn ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -20,6 +20,7 @@ use bytes::BytesMut;
 
 use super::codec::{DecodeError, DecodeResult, Reader, Writer};
 use super::compaction::record::Records as CompactionRecords;
+use super::devices::ack_view::Before;
 use super::devices::record::Records as DevicesRecords;
 use super::messaging::record::Records as MessagingRecords;
 use super::replica::record::Records as ReplicaRecords;
@@ -27,10 +28,11 @@ use super::snapshots::record::Records as SnapshotsRecords;
 #[cfg(doc)]
 use super::state::record::Record;
 use super::state::record::{
-    kinds_are_distinct, ApplyAt, ApplyError, RecordKind, RecordSet, Touched, EFFECT_FORMAT_VERSION,
+    kinds_are_distinct, ApplyAt, ApplyError, InSet, RecordKind, RecordSet, Touched,
+    EFFECT_FORMAT_VERSION,
 };
 use super::state::{PackedLoc, State};
-use crate::api::{SyncEvent, SyncSeq, TimestampMs};
+use crate::api::{DeviceId, SyncEvent, SyncSeq, TimestampMs, Uid};
 
 /// Set on the kind of a record copied forward by a segment rewrite.
 pub(crate) const COPY_FLAG: u8 = 0x80;
@@ -53,7 +55,65 @@ macro_rules! subsystems {
         /// Each subsystem's kinds, as their [`Record`] impls define them.
         pub(crate) const KIND_TABLES: &[&[RecordKind]] = &[$(<$set as RecordSet>::TABLE),+];
 
-        impl Effect {
+        /// A record becomes an effect through its subsystem's set (the
+/// `record_set!` of its `record.rs`), so `sink.effect(record.into())`
+/// needs no list of record types here.
+impl<R> From<R> for Effect
+where
+    R: InSet,
+    Effect: From<R::Set>,
+{
+    fn from(r: R) -> Effect {
+        Effect::from(r.into())
+    }
+}
+
+impl From<MessagingRecords> for Effect {
+    fn from(r: MessagingRecords) -> Effect {
+        Effect::Messaging(r)
+    }
+}
+
+impl From<DevicesRecords> for Effect {
+    fn from(r: DevicesRecords) -> Effect {
+        Effect::Devices(r)
+    }
+}
+
+impl From<SnapshotsRecords> for Effect {
+    fn from(r: SnapshotsRecords) -> Effect {
+        Effect::Snapshots(r)
+    }
+}
+
+impl From<CompactionRecords> for Effect {
+    fn from(r: CompactionRecords) -> Effect {
+        Effect::Compaction(r)
+    }
+}
+
+impl From<ReplicaRecords> for Effect {
+    fn from(r: ReplicaRecords) -> Effect {
+        Effect::Replica(r)
+    }
+}
+
+impl Effect {
+    /// The device row this effect changes, as it is before the change: what
+    /// [`super::devices::ack_view::AckViews::changed`] compares the change
+    /// with. `None` for every effect but a device row's. The sequencer
+    /// asks before it applies the effect, and names no subsystem to do so.
+    pub fn device_row_before(&self, st: &State) -> Option<(Uid, DeviceId, Option<Before>)> {
+        let Effect::Devices(DevicesRecords::Device(change)) = self else {
+            return None;
+        };
+        let device = change.row.device;
+        let before = (st.users.get(&change.uid))
+            .and_then(|u| u.device(device))
+            .map(|d| Before::of(&d.row, d.stamp, &change.row));
+        Some((change.uid, device, before))
+    }
+
             /// The `evt` log record kind.
             pub fn record_kind(&self) -> u8 {
                 match self {

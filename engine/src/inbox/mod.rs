@@ -15,25 +15,31 @@
 //! no thread: it runs on the thread that made a round durable (the
 //! sequencer, which writes its own rounds, or the `evt` writer).
 //!
-//! The floor plan, top down (a file only uses files below it):
+//! The floor plan, top down. It is written once, as `LAYERS` in
+//! `engine/tests/inbox_layering.rs`, which fails on a use of a unit in the
+//! same layer or above that its `EXCEPTIONS` do not name:
 //! - this file: the [`Inbox`] API; it turns calls into commands, and reads
-//!   into the subsystems' read functions;
+//!   into the subsystems' read functions ([`read_api`], [`inspect`] hold
+//!   more of its methods);
+//! - [`replica`] and [`salvage`]: replication, and the offline copy of a
+//!   damaged directory's intact data;
 //! - [`sequencer`]: the generic round-and-commit engine, and its
 //!   completion stage; it runs any [`round::Exec`] and names no
-//!   subsystem; [`round`]: what a decision hands it;
+//!   messaging, devices, snapshots or compaction type;
 //! - [`command`]: the engine's commands, one variant per subsystem, and
 //!   what they need besides the state (the snapshot builder's queue);
-//! - the subsystems, each owning its commands, decide functions, records
-//!   (codec and `apply`) and reads: [`messaging`], [`devices`],
-//!   [`snapshots`], [`compaction`] (whose pass is a client of the
-//!   sequencer, like this API);
-//! - [`effect`]: one `evt` record variant per subsystem (each subsystem
-//!   lists its own record kinds) and the one `apply`;
+//! - the subsystems' commands, decide functions and reads: [`compaction`]
+//!   (whose pass is a client of the sequencer, like this API),
+//!   [`snapshots`], [`devices`], [`messaging`];
+//! - [`round`]: what a decision hands the sequencer; [`shared`]: what the
+//!   sequencer, the completion stage and readers share;
 //! - [`checkpoint`], [`recover`]: checkpoints and replay (R22);
-//!   [`salvage`]: the offline copy of a damaged directory's intact data;
-//!   [`inspect`]: stats and the checks tests use;
-//! - [`shared`], [`state`]: the tables, with their invariants; [`codec`],
-//!   [`token`]: byte helpers and batch tokens;
+//! - [`effect`]: one `evt` record variant per subsystem and the one
+//!   `apply`; below it each subsystem's `record.rs` (its record kinds);
+//! - [`state`]: the tables, with their invariants; below it each
+//!   subsystem's `rows.rs`, the row types the tables hold;
+//! - [`containers`]: generic compact containers; [`codec`], [`token`],
+//!   [`config`]: byte helpers, batch tokens, the configuration;
 //! - `crate::log`: the segment logs, which know nothing of the inbox.
 //!
 //! `docs/ARCHITECTURE.md` draws the same plan with the path of one send.
@@ -51,6 +57,7 @@ mod command;
 mod compaction;
 mod config;
 mod consistency;
+mod containers;
 mod devices;
 mod effect;
 mod inspect;

@@ -9,6 +9,13 @@
 //! open write anything (cut a torn tail, remove leftovers), so a refused
 //! start leaves the directory byte for byte as it was.
 //!
+//! A cut never gives a number twice: the records of the bytes a cut takes
+//! (the planned cut, and the side files of earlier cuts not yet covered
+//! by a checkpoint) that still verify on their own are read, and the
+//! `msg_id` counter is reserved past every `msg_id` they hold
+//! ([`reserve_past_cut`]). Under `SyncPolicy::Interval` such a message
+//! may have been acknowledged; its `msg_id` is never given to another.
+//!
 //! A checkpoint that fails its checks is skipped with a warning and an
 //! older one (or a full replay) is used instead: the log still holds every
 //! record after the older checkpoint, so nothing is lost. A checkpoint that
@@ -112,10 +119,11 @@ pub(crate) fn decide(cfg: &InboxConfig, lock: bool) -> Result<Verdict> {
     };
     let msg = plan("msg")?;
     let evt = plan("evt")?;
-    let (state, report) = load_state_reporting(cfg, &evt).map_err(|e| match e {
+    let (mut state, report) = load_state_reporting(cfg, &evt).map_err(|e| match e {
         Error::Log(e) => Error::Log(in_log("evt", e)),
         e => e,
     })?;
+    reserve_past_cut(&mut state, &evt)?;
     super::consistency::check_locations(
         &state,
         &evt.ends().into_iter().collect(),
@@ -249,4 +257,136 @@ pub(crate) fn load_state_reporting(
             records_replayed: replayed,
         },
     ))
+}
+
+/// A message the bytes of a cut held, read from a record that verifies on
+/// its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CutMessage {
+    pub conv: crate::api::ConvId,
+    pub msg_seq: crate::api::MsgSeq,
+    pub msg_id: crate::api::MsgId,
+}
+
+/// Raises the `msg_id` counter past every message the cut bytes of the
+/// `evt` log hold (see the module docs), and names each in a WARN: its
+/// `msg_seq` may be given again, so the operator learns which.
+fn reserve_past_cut(state: &mut State, evt: &LogPlan) -> Result<()> {
+    let lost = cut_messages(evt).map_err(LogError::Io)?;
+    for m in &lost {
+        let counter = super::state::msg_counter(m.msg_id);
+        state.next_msg_counter = state.next_msg_counter.max(counter + 1);
+        tracing::warn!(
+            conv = m.conv.0,
+            msg_seq = m.msg_seq.0,
+            msg_id = m.msg_id.0,
+            "a message in bytes cut from the evt log's tail: its msg_id is never given again; \
+             if it was acknowledged (SyncPolicy::Interval), its msg_seq goes to the next message \
+             of that conversation"
+        );
+    }
+    Ok(())
+}
+
+/// The messages held by records that verify on their own in the bytes
+/// the plan cuts and in the side files of earlier cuts.
+pub(crate) fn cut_messages(evt: &LogPlan) -> std::io::Result<Vec<CutMessage>> {
+    let mut cuts: Vec<(u32, u64, Vec<u8>)> = Vec::new();
+    if let Some(t) = evt.cut() {
+        let path = evt.dir().join(crate::log::segment_file_name(t.segment));
+        let bytes = std::fs::read(path)?;
+        // To the segment's end: a frame the power cut left short of its
+        // last page reads on into zeros there.
+        let from = usize::try_from(t.offset)
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        cuts.push((t.segment, t.offset, bytes[from..].to_vec()));
+    }
+    if evt.dir().is_dir() {
+        for path in crate::log::cut_files(evt.dir())? {
+            if let Some((segment, offset)) = parse_cut_name(&path) {
+                // The side file keeps the bytes up to the last that is not
+                // zero; what followed them in the segment was zeros.
+                let mut bytes = std::fs::read(&path)?;
+                let segment_len =
+                    std::fs::metadata(evt.dir().join(crate::log::segment_file_name(segment)))
+                        .map_or(0, |m| m.len());
+                let whole = segment_len.saturating_sub(offset) as usize;
+                bytes.resize(whole.max(bytes.len()), 0);
+                cuts.push((segment, offset, bytes));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (segment, offset, bytes) in cuts {
+        messages_in(segment, offset, &bytes, &mut out);
+    }
+    Ok(out)
+}
+
+/// `cut-<segment>-<offset>.bytes` (`crate::log::cut_file_name`).
+fn parse_cut_name(path: &std::path::Path) -> Option<(u32, u64)> {
+    let name = path.file_name()?.to_str()?;
+    let rest = name.strip_prefix("cut-")?.strip_suffix(".bytes")?;
+    let (segment, offset) = rest.split_once('-')?;
+    Some((segment.parse().ok()?, offset.parse().ok()?))
+}
+
+/// Walks the frames of `bytes`, which lay at `offset` of `segment`, and
+/// collects the messages of the records whose own CRC verifies (the CRC
+/// is bound to the segment and offset, so only bytes written there pass).
+fn messages_in(segment: u32, offset: u64, bytes: &[u8], out: &mut Vec<CutMessage>) {
+    use super::messaging::record::Records;
+    let Ok(start) = usize::try_from(offset) else {
+        return;
+    };
+    // The records' places are their offsets in the segment.
+    let mut data = vec![0u8; start];
+    data.extend_from_slice(bytes);
+    let mut pos = start;
+    while pos < data.len() {
+        // A frame starts with its length then a non-zero type byte at 4:
+        // runs of zeros (pages a power cut lost) are passed in one step.
+        if data[pos] == 0 {
+            let next = data[pos..].iter().position(|&b| b != 0);
+            match next {
+                Some(n) if n > 4 => {
+                    pos += n - 4;
+                    continue;
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+        // Only a frame whose header's length fits is walked, and only up
+        // to that length: a guess at every offset up to the end of the cut
+        // bytes (which run to the segment's end) made open quadratic in
+        // them, each guess checking a CRC over whatever length its
+        // garbage named.
+        let header_len = data
+            .get(pos..pos + 4)
+            .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+        let fits =
+            header_len > crate::log::format::BATCH_HEADER_LEN && header_len <= data.len() - pos;
+        let walked = fits
+            .then(|| super::salvage::walk::walk_frame(segment, &data, pos, pos + header_len, None))
+            .flatten();
+        let Some((_, len, records)) = walked else {
+            pos += 1;
+            continue;
+        };
+        for (_, kind, payload, ok) in records {
+            let msg = match Effect::decode(kind, payload) {
+                Ok(Effect::Messaging(Records::MsgBody(b))) if ok => b.msg,
+                Ok(Effect::Messaging(Records::Msg(m))) if ok => m,
+                _ => continue,
+            };
+            out.push(CutMessage {
+                conv: msg.conv,
+                msg_seq: msg.msg_seq,
+                msg_id: msg.msg_id,
+            });
+        }
+        pos += len.max(1);
+    }
 }

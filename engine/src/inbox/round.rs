@@ -13,11 +13,11 @@
 
 use std::sync::Arc;
 
+use super::config::InboxConfig;
 use super::effect::Effect;
 use super::pending::Reply;
 use super::shared::Shared;
 use super::state::State;
-use super::InboxConfig;
 use crate::api::TimestampMs;
 use crate::error::{Error, Result};
 use crate::log::LogError;

@@ -417,6 +417,7 @@ impl Log {
             durable_lsn: self.durable_lsn(),
             spares_ready: self.shared.spares_ready(),
             spare_failures: self.shared.prep.failures.load(Ordering::Relaxed),
+            spare_failure_warnings: self.shared.prep.warnings.load(Ordering::Relaxed),
             segments_recycled: self.shared.prep.recycled.load(Ordering::Relaxed),
         }
     }

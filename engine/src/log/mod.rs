@@ -60,11 +60,12 @@ pub use cache::{reclaims_so_far, LOOK_VALID_FOR};
 pub use faulty::FaultyIo;
 pub use io::{write_file_durably, LogIo, PwriteIo};
 pub use lock::lock_dir;
+pub(crate) use recovery::cut_files;
 pub use recovery::{cut_file_name, plan, plan_locked, LogPlan, RecoveryReport, TruncatedTail};
 /// For the salvage scan, which walks segment files itself, and the
 /// replica image, which packs them.
 pub(crate) use segment::{
-    classify, list_dir, parse_segment_file_name, segment_file_name, FileKind,
+    classify, list_dir, parse_segment_file_name, segment_file_name, short_file, FileKind,
 };
 pub use shared::DurableHook;
 pub use uring::UringIo;
@@ -217,6 +218,11 @@ pub struct LogStats {
     /// Segments the background preparer failed to prepare (refused;
     /// nothing poisoned).
     pub spare_failures: u64,
+    /// WARNs logged for those failures: at most one per
+    /// a minute, each with the count since
+    /// the last, so a full disk that refuses every write does not flood
+    /// the log.
+    pub spare_failure_warnings: u64,
     /// Deleted segments whose files were reused as spares.
     pub segments_recycled: u64,
 }

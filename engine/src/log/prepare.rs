@@ -47,6 +47,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -60,6 +61,9 @@ use super::{LogError, SegmentId, SegmentPrep};
 
 /// Most spares kept, counting freed segments waiting to be recycled.
 pub const RECYCLED_SPARES_MAX: usize = 2;
+
+/// The least time between two WARNs of failed background preparations.
+pub const SPARE_FAILURE_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// A prepared segment, ready to be begun.
 #[derive(Debug)]
@@ -102,6 +106,10 @@ pub(crate) struct Preparer {
     tmp_seq: AtomicU64,
     /// Background attempts that failed (spare refused, nothing poisoned).
     pub failures: AtomicU64,
+    /// WARNs logged for them, and when the last was (with the failures
+    /// counted then): see [`SPARE_FAILURE_WARN_EVERY`].
+    pub warnings: AtomicU64,
+    last_warning: Mutex<Option<(Instant, u64)>>,
     pub recycled: AtomicU64,
 }
 
@@ -121,6 +129,8 @@ impl Preparer {
             mode,
             tmp_seq: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            warnings: AtomicU64::new(0),
+            last_warning: Mutex::new(None),
             recycled: AtomicU64::new(0),
         }
     }
@@ -140,6 +150,25 @@ impl Preparer {
         self.next_id
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |id| id.checked_add(1))
             .map_err(|_| LogError::InvalidArgument("segment ids exhausted".into()))
+    }
+
+    /// Logs a failed background preparation, at most once per
+    /// [`SPARE_FAILURE_WARN_EVERY`]: on a full disk every refused write
+    /// asks for the segment again, and each attempt fails the same way.
+    fn warn_failure(&self, dir: &Path, e: &LogError, failures: u64) {
+        let mut last = self.last_warning.lock();
+        let now = Instant::now();
+        if let Some((at, _)) = *last {
+            if now.duration_since(at) < SPARE_FAILURE_WARN_EVERY {
+                return;
+            }
+        }
+        let since = failures - last.map_or(0, |(_, counted)| counted);
+        *last = Some((now, failures));
+        self.warnings.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(dir = %dir.display(), error = %e, failed_attempts = since,
+            "could not prepare the next segment ahead of need; the next roll prepares it inline \
+             (logged at most once a minute)");
     }
 
     fn tmp_path(&self, dir: &Path) -> PathBuf {
@@ -197,7 +226,8 @@ impl Shared {
     }
 
     /// Prepares one spare (see the module docs). On error nothing named
-    /// `*.seg` is left for it (best effort) and its id is never used.
+    /// `*.seg` is left for it (best effort), and its id goes back for the
+    /// next preparation once its file is gone.
     fn prepare(&self, job: Job) -> Result<Spare, LogError> {
         let id = match self.prep.take_id() {
             Ok(id) => id,
@@ -257,7 +287,24 @@ impl Shared {
                 })
             }
             Err(e) => {
-                let _ = self.io.remove(if renamed { &path } else { &tmp });
+                let removed = match self.io.remove(if renamed { &path } else { &tmp }) {
+                    Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                    Ok(()) => true,
+                };
+                // A full disk: nothing holds the id any more, and the next
+                // preparation takes it again, so attempts refused for lack
+                // of space do not make segment numbers skip. Preparations
+                // run one at a time (`busy`), so no later id was taken
+                // meanwhile. After any other failure (a file that could
+                // not be removed, an fsync error) the id stays used.
+                if removed && !recycled && is_no_space(&e) {
+                    let _ = self.prep.next_id.compare_exchange(
+                        id + 1,
+                        id,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
+                }
                 if is_no_space(&e) {
                     Err(LogError::NoSpace(format!(
                         "preallocating {} bytes in {}: {e}",
@@ -324,10 +371,9 @@ pub(crate) fn run(shared: Arc<Shared>) {
                 st.ready.push_back(spare);
             }
             Err(e) => {
-                p.failures.fetch_add(1, Ordering::Relaxed);
+                let failures = p.failures.fetch_add(1, Ordering::Relaxed) + 1;
                 p.state.lock().wanted = false;
-                tracing::warn!(dir = %shared.dir.display(), error = %e,
-                    "could not prepare the next segment ahead of need; the next roll prepares it inline");
+                p.warn_failure(&shared.dir, &e, failures);
             }
         }
         p.cv.notify_all();

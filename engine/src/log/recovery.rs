@@ -154,6 +154,11 @@ impl LogPlan {
         &self.report
     }
 
+    /// The torn tail open would cut from the last begun segment.
+    pub fn cut(&self) -> Option<&TruncatedTail> {
+        self.cut.as_ref()
+    }
+
     /// The directory planned.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -60,6 +60,11 @@ enum Command {
         /// Only this segment id.
         #[arg(long)]
         segment: Option<u32>,
+        /// Go on past a batch that does not verify: at the next offset
+        /// where a whole batch does, so the intact batches after it are
+        /// shown. Exit 1 still, as damage was met.
+        #[arg(long)]
+        skip_damaged: bool,
     },
     /// Copy every record of a damaged data directory that still verifies
     /// into a new one and report exactly what was lost. Never writes to
@@ -191,8 +196,16 @@ fn main() -> ExitCode {
             args,
             stream,
             segment,
+            skip_damaged,
         } => match resolve(&args) {
-            Ok(config) => dump(&config.data_dir, stream, segment),
+            Ok(config) => dump(
+                &config.data_dir,
+                stream,
+                inbox_server::dump::DumpOptions {
+                    segment,
+                    skip_damaged,
+                },
+            ),
             Err(code) => code,
         },
         Command::Salvage {
@@ -562,9 +575,9 @@ fn lock_logs(data_dir: &std::path::Path, what: &str) -> Result<Vec<std::fs::File
 fn dump(
     data_dir: &std::path::Path,
     only: Option<inbox_server::dump::Stream>,
-    segment: Option<u32>,
+    options: inbox_server::dump::DumpOptions,
 ) -> ExitCode {
-    use inbox_server::dump::{dump_stream, Stream};
+    use inbox_server::dump::{dump_stream_with, Stream};
     let _locks = match lock_logs(data_dir, "dump") {
         Ok(locks) => locks,
         Err(code) => return code,
@@ -581,7 +594,7 @@ fn dump(
             let _ = writeln!(out, "{}: no log at {}", stream.name(), dir.display());
             continue;
         }
-        match dump_stream(&dir, stream, segment, &mut out) {
+        match dump_stream_with(&dir, stream, options, &mut out) {
             Ok(summary) => {
                 damaged |= summary.damaged > 0;
                 let _ = writeln!(

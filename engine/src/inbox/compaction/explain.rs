@@ -3,12 +3,13 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::fences::{self as fence, ms};
+use super::fences as fence;
 use super::pass::newest_at_or_before;
 use super::rewrite::{covered_lsn, live_refs};
 use super::submit::RECORD_HEADER_LEN;
 use crate::api::*;
 use crate::error::{Error, Result};
+use crate::inbox::config::ms;
 use crate::inbox::shared::Shared;
 use crate::inbox::state::{body_at, unpack, BodyLog, PENDING_LOC};
 use crate::log::SegmentId;

@@ -9,12 +9,8 @@
 //! Time only enters through the stamped `now` of the command that decides.
 
 use crate::api::*;
+use crate::inbox::config::{ms, InboxConfig};
 use crate::inbox::state::User;
-use crate::inbox::InboxConfig;
-
-pub(crate) fn ms(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
 
 /// Every fence of `user` at time `now`, lowest first (ties in a fixed
 /// order: devices by id, then leases, then snapshots by id).

@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::decide::TrimProposal;
-use super::fences::{self as fence, ms};
+use super::fences as fence;
 use super::rewrite::{reclaim_msg_segments, reclaim_segments};
 use super::runtime::CompactionStep;
 use super::submit::*;
 use super::Command;
 use crate::api::*;
 use crate::error::{Error, Result};
+use crate::inbox::config::ms;
 use crate::inbox::effect::Effect;
 use crate::inbox::messaging::body::read_message;
 use crate::inbox::shared::Shared;

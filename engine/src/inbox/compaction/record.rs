@@ -46,7 +46,7 @@ record_set! {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct MoveBodiesEffect(pub Vec<BodyMove>);
 
-/// One message body moved (message locations, see `state::loc`).
+/// One message body moved (message locations, see `containers::loc`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct BodyMove {
     pub conv: ConvId,

@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::bodies::move_bodies_out;
-use super::fences::ms;
 use super::record::{Relocation, RELOCATIONS_PER_RECORD_MAX};
 use super::runtime::CompactionStep;
 use super::submit::*;
@@ -13,6 +12,7 @@ use super::Command;
 use crate::api::*;
 use crate::error::Result;
 use crate::inbox::checkpoint;
+use crate::inbox::config::ms;
 use crate::inbox::effect::{Effect, COPY_FLAG};
 use crate::inbox::messaging::body::without_body;
 use crate::inbox::shared::Shared;

@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use parking_lot::Mutex;
 
 use crate::api::*;
-use crate::inbox::state::DeviceRow;
+use crate::inbox::devices::rows::DeviceRow;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct View {

@@ -10,6 +10,7 @@ pub(crate) mod ack_view;
 pub(crate) mod decide;
 pub(crate) mod read;
 pub(crate) mod record;
+pub(crate) mod rows;
 pub(crate) mod touches;
 
 use std::sync::Arc;

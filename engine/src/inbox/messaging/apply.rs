@@ -12,11 +12,12 @@
 
 use std::sync::Arc;
 
+use super::idem;
 use super::record::MsgEffect;
 use crate::api::*;
 use crate::inbox::state::record::{ApplyError, Touched};
 use crate::inbox::state::{
-    idem, msg_counter, Conv, MsgMeta, PackedLoc, Period, State, Summary, User, FLAG_EDITED,
+    msg_counter, Conv, MsgMeta, PackedLoc, Period, State, Summary, User, FLAG_EDITED,
     FLAG_RECALLED, OPEN,
 };
 

@@ -9,10 +9,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::record::{kind_code, kind_from_code};
+use super::rows::{kind_code, kind_from_code};
 use crate::api::{ClientMsgId, ConvId, MsgId, MsgSeq, TimestampMs, Uid};
 use crate::inbox::codec::{sorted, DecodeError, DecodeResult, Reader, Writer};
-use crate::inbox::state::idem::{IdemSlot, Sent, Whole};
+use crate::inbox::messaging::idem::{IdemSlot, Sent, Whole};
 use crate::inbox::state::{
     Conv, LargeMode, LastEntry, MsgMeta, Period, State, Summary, User, UserConv,
 };
@@ -412,7 +412,7 @@ mod tests {
 
     #[test]
     fn a_table_of_whole_entries_reads_into_the_compact_table_the_same_sends_build() {
-        use crate::inbox::state::idem::{default_spread, tag_of};
+        use crate::inbox::messaging::idem::{default_spread, tag_of};
         // Sends at 10 and 20 ms (one bucket of 100 ms), the second with an
         // id 2^32 past the first's, then one at 250 ms.
         let far = (1u64 << 32) + 9;

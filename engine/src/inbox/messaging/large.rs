@@ -31,10 +31,10 @@ use super::record::MsgEffect;
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::codec::{DecodeResult, Reader, Writer};
+use crate::inbox::containers::sorted::SortedSet;
 use crate::inbox::round::{reply_with, Sink, Tx};
 use crate::inbox::shared::{blocking, Miss, Shared};
 use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
-use crate::inbox::state::sorted::SortedSet;
 use crate::inbox::state::{
     ActivityKey, Conv, LargeMode, LastEntry, MsgMeta, State, Summary, User, UserConv, OPEN,
 };

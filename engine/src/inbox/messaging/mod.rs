@@ -17,9 +17,11 @@
 pub(crate) mod apply;
 pub(crate) mod body;
 pub(crate) mod checkpoint;
+pub(crate) mod idem;
 pub(crate) mod large;
 pub(crate) mod read;
 pub(crate) mod record;
+pub(crate) mod rows;
 
 use std::sync::Arc;
 

@@ -32,7 +32,7 @@
 //! - [`MsgBodyEffect`] (kind 9): the kind 1 fields without msg_loc
 //!   (conv .. at_ms, client_msg_id, summary), then the body: bytes (u32
 //!   length + the message record above). The message's location is this
-//!   record's own, marked as in `evt` (`state::loc`).
+//!   record's own, marked as in `evt` (`containers::loc`).
 //! - [`ReadEffect`] (kind 2): uid u64, conv u64, read_seq u64, at_ms u64.
 //! - [`FlagsEffect`] (kind 3): uid u64, conv u64, muted u8, pinned u8,
 //!   at_ms u64.
@@ -42,6 +42,7 @@ use bytes::Bytes;
 use std::sync::Arc;
 
 use super::large::{ClearEffect, ModeEffect};
+pub(crate) use super::rows::{kind_code, kind_from_code};
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
 use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
@@ -66,27 +67,6 @@ const FLAG_ZSTD: u8 = 1;
 const COMPRESS_MIN_BYTES: usize = 64;
 /// How many leading bytes [`looks_random`] looks at.
 const RANDOM_SAMPLE_BYTES: usize = 512;
-
-pub(crate) fn kind_code(kind: MessageKind) -> u8 {
-    match kind {
-        MessageKind::Normal => 0,
-        MessageKind::Join => 1,
-        MessageKind::Leave => 2,
-        MessageKind::Recall => 3,
-        MessageKind::Edit => 4,
-    }
-}
-
-pub(crate) fn kind_from_code(code: u8) -> DecodeResult<MessageKind> {
-    Ok(match code {
-        0 => MessageKind::Normal,
-        1 => MessageKind::Join,
-        2 => MessageKind::Leave,
-        3 => MessageKind::Recall,
-        4 => MessageKind::Edit,
-        _ => return Err(DecodeError("unknown message kind")),
-    })
-}
 
 /// A payload as stored: compressed with zstd when that is smaller (R8).
 /// Built on the caller's thread so compression never runs in the sequencer.

@@ -46,11 +46,11 @@ use sha2::Digest;
 
 use super::Inbox;
 use crate::error::{Error, Result};
+use crate::inbox::config::InboxConfig;
 use crate::inbox::salvage::write::{self, Target, Written};
 use crate::inbox::salvage::SalvageReport;
 use crate::inbox::sequencer::replica::Control;
 use crate::inbox::state::State;
-use crate::inbox::InboxConfig;
 use crate::log::{LogError, SegmentPrep};
 
 const MAGIC: &[u8; 8] = b"IXIMAGE1";

@@ -30,7 +30,7 @@ mod guard;
 mod replay;
 mod report;
 mod source;
-mod walk;
+pub(crate) mod walk;
 pub(crate) mod write;
 
 pub use report::{Damage, LostEvents, LostMessages, RaisedFloor, SalvageReport};
@@ -66,12 +66,22 @@ pub fn salvage(config: &InboxConfig, to: &Path) -> Result<SalvageReport> {
     let evt = LogFiles::open(&from.join("evt")).map_err(LogError::Io)?;
     let msg = LogFiles::open(&from.join("msg")).map_err(LogError::Io)?;
     let mut report = SalvageReport::default();
+    // A file cut short lost whatever it held past its end, silently to a
+    // scan of its contents.
+    for (name, files) in [("evt", &evt), ("msg", &msg)] {
+        for (id, len, why) in files.short_files() {
+            report
+                .damage
+                .push(report::Damage::new(name, *id, *len, why.clone()));
+        }
+    }
     let ttl_ms = u64::try_from(config.idempotency_ttl.as_millis()).unwrap_or(u64::MAX);
     let last_lsn = replay::last_valid_lsn(&evt);
     let mut state =
         replay::load_checkpoint(from, last_lsn, &mut report)?.unwrap_or_else(|| State::new(ttl_ms));
     state.idem_ttl_ms = ttl_ms;
     replay::replay(&evt, &mut state, &mut report)?;
+    replay::note_msg_damage(&msg, &mut report);
 
     // Private, as a data directory is (it holds the keys).
     std::fs::DirBuilder::new()

@@ -34,7 +34,7 @@ use crate::inbox::effect::{Effect, KIND_TABLES};
 use crate::inbox::messaging::record::{decode_msg_header, MsgBodyEffect, Records};
 use crate::inbox::state::record::Record;
 use crate::inbox::state::State;
-use crate::log::Lsn;
+use crate::log::{Lsn, RecordLoc};
 
 /// Loads the newest checkpoint of `data_dir` that verifies; `None` (with
 /// the reasons) when none does. One that covers more of the log than
@@ -111,16 +111,11 @@ pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport)
                 batch_ok,
             } => {
                 first_lsn.get_or_insert(lsn);
+                if !batch_ok {
+                    report.damage.push(kept_record("evt", loc));
+                }
                 if lsn <= after {
                     return;
-                }
-                if !batch_ok {
-                    report.damage.push(Damage::new(
-                        "evt",
-                        loc.segment,
-                        loc.offset.into(),
-                        "batch check fails but this record verifies on its own: kept".into(),
-                    ));
                 }
                 match Effect::decode(kind, payload) {
                     Ok(effect) => {
@@ -152,15 +147,12 @@ pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport)
                 payload,
             } => {
                 first_lsn.get_or_insert(lsn);
+                report.damage.push(damaged_record("evt", loc, kind));
+                // What the checkpoint covers is in the state already; the
+                // write step finds whatever of it pointed here.
                 if lsn <= after {
                     return;
                 }
-                report.damage.push(Damage::new(
-                    "evt",
-                    loc.segment,
-                    loc.offset.into(),
-                    format!("record of kind {kind} fails its checksum"),
-                ));
                 report.records_lost += 1;
                 match recover_message(payload, st) {
                     Some(effect) => {
@@ -242,6 +234,55 @@ pub(super) fn replay(evt: &LogFiles, st: &mut State, report: &mut SalvageReport)
         }
     }
     Ok(())
+}
+
+/// Writes down every damaged place of the `msg` log. Nothing is replayed
+/// from it (it holds bodies the state points at, which the write step
+/// reads back by location), but the report names every damaged place met
+/// in either log, whether or not the state still needed what it held.
+pub(super) fn note_msg_damage(msg: &LogFiles, report: &mut SalvageReport) {
+    msg.scan(&mut |item| match item {
+        Item::Record {
+            loc,
+            batch_ok: false,
+            ..
+        } => report.damage.push(kept_record("msg", loc)),
+        Item::Record { .. } => {}
+        Item::Damaged { loc, kind, .. } => report.damage.push(damaged_record("msg", loc, kind)),
+        Item::Lost {
+            segment,
+            offset,
+            reason,
+            ..
+        } => report
+            .damage
+            .push(Damage::new("msg", segment, offset, reason)),
+        // Compaction deletes `msg` segments no body points into; one that
+        // a body needed is named by the write step when it does not read
+        // back.
+        Item::Deleted { .. } => {}
+        // A torn write at the end is no loss unless a body the state
+        // points at lay there, which the write step then names.
+        Item::TornTail { .. } => {}
+    });
+}
+
+fn kept_record(log: &'static str, loc: RecordLoc) -> Damage {
+    Damage::new(
+        log,
+        loc.segment,
+        loc.offset.into(),
+        "batch check fails but this record verifies on its own: kept".into(),
+    )
+}
+
+fn damaged_record(log: &'static str, loc: RecordLoc, kind: u8) -> Damage {
+    Damage::new(
+        log,
+        loc.segment,
+        loc.offset.into(),
+        format!("record of kind {kind} fails its checksum"),
+    )
 }
 
 /// The effect of a damaged message record, when the fields the state

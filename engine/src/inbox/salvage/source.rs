@@ -25,6 +25,9 @@ use crate::log::{classify, list_dir, FileKind, Lsn, RecordLoc, SegmentId};
 /// One log directory of the source, mapped read-only.
 pub(crate) struct LogFiles {
     segs: BTreeMap<SegmentId, Seg>,
+    /// Segment files shorter than the size their log recorded for them
+    /// (cut from outside): id, file length, why.
+    short: Vec<(SegmentId, u64, String)>,
 }
 
 struct Seg {
@@ -85,14 +88,23 @@ impl LogFiles {
     /// Maps every segment file of `dir` (none if it does not exist).
     pub(crate) fn open(dir: &Path) -> std::io::Result<LogFiles> {
         let mut segs = BTreeMap::new();
+        let mut short = Vec::new();
         if !dir.exists() {
-            return Ok(LogFiles { segs });
+            return Ok(LogFiles { segs, short });
         }
+        // A manifest that does not read leaves only the files' contents
+        // to judge by, as for a log older than manifests.
+        let sizes = crate::log::sizes::SegmentSizes::read(dir).ok();
         let (files, _tmps) = list_dir(dir)?;
         let kinds = classify(&files)?;
         for ((id, path), kind) in files.into_iter().zip(kinds) {
             let file = std::fs::File::open(&path)?;
-            let map = if file.metadata()?.len() == 0 {
+            let len = file.metadata()?.len();
+            let recorded = sizes.as_ref().and_then(|s| s.size_of(id));
+            if let Some(why) = crate::log::short_file(len, recorded) {
+                short.push((id, len, why));
+            }
+            let map = if len == 0 {
                 None
             } else {
                 // SAFETY: a read-only private mapping; the caller holds
@@ -102,7 +114,12 @@ impl LogFiles {
             };
             segs.insert(id, Seg { kind, map });
         }
-        Ok(LogFiles { segs })
+        Ok(LogFiles { segs, short })
+    }
+
+    /// Segment files shorter than their recorded size: id, length, why.
+    pub(crate) fn short_files(&self) -> &[(SegmentId, u64, String)] {
+        &self.short
     }
 
     /// The record at `loc`, if its CRC verifies there.

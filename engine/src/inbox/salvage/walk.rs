@@ -15,14 +15,14 @@ use crate::log::format::{
 use crate::log::{Lsn, RecordLoc, SegmentId};
 
 /// A walked record: location, kind, payload, whether its CRC verifies.
-pub(super) type Walked<'a> = (RecordLoc, u8, &'a [u8], bool);
+pub(crate) type Walked<'a> = (RecordLoc, u8, &'a [u8], bool);
 
 /// Walks the frame at `pos`, which ends at its header's length or at
 /// `limit` (where the next valid frame starts, or the end of the data).
 /// Returns its LSN (`expected`, the one the log's order gives it, else
 /// the header's), its length and its records; `None` when no end makes
 /// the records fit.
-pub(super) fn walk_frame<'a>(
+pub(crate) fn walk_frame<'a>(
     id: SegmentId,
     data: &'a [u8],
     pos: usize,

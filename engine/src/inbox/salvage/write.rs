@@ -13,13 +13,13 @@
 //! last batch, is the whole state.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::report::{runs, LostEvents, LostMessages, RaisedFloor, SalvageReport};
+use super::report::{runs, Damage, LostEvents, LostMessages, RaisedFloor, SalvageReport};
 use super::source::LogFiles;
 use super::FLAG_LOST;
 use crate::api::*;
@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::inbox::checkpoint;
 use crate::inbox::effect::COPY_FLAG;
 use crate::inbox::messaging::body::{body_of_effect, without_body};
+use crate::inbox::messaging::idem::{IdemSlot, IdemTable};
 use crate::inbox::messaging::record::{
     decode_msg_record, encode_msg_record, MsgHeader, StoredPayload, MSG_RECORD,
 };
@@ -247,7 +248,10 @@ fn copy_bodies(
                         target.payload_max,
                     )
                 })
-                .and_then(|r| r.ok());
+                .and_then(|r| {
+                    r.map_err(|reason| note_unreadable(report, meta.loc, reason))
+                        .ok()
+                });
             let body = match read {
                 Some(body) => {
                     report.messages_copied += 1;
@@ -288,12 +292,68 @@ fn copy_bodies(
         let placed = c.msgs.update(i, |m| m.loc = loc);
         assert!(placed, "placed where it was read");
     }
+    let mut forgotten = HashSet::new();
     for (conv, i) in lost {
         let c = Arc::make_mut(st.convs.get_mut(&conv).expect("listed above"));
         let marked = c.msgs.update(i, |m| m.flags |= FLAG_LOST);
         assert!(marked, "read above");
+        let meta = c.msgs.get(i).expect("read above");
+        forgotten.insert((conv, c.msgs_base.plus(i as u64 + 1).0 as u32, meta.msg_id));
     }
+    forget_keys(&mut st.idem, &forgotten);
     Ok(())
+}
+
+/// Drops the idempotency keys of lost messages: a lost message is served
+/// as a tombstone with no body to compare a retry with, so a retry of that
+/// very send is accepted as a new message (which is what the client wanted
+/// to send) instead of being refused as another request under the key.
+fn forget_keys(idem: &mut IdemTable, lost: &HashSet<(ConvId, u32, MsgId)>) {
+    if lost.is_empty() {
+        return;
+    }
+    let mut kept = IdemTable::default();
+    for b in idem.buckets() {
+        let entries: Vec<IdemSlot> = b
+            .sorted_shards()
+            .flat_map(|s| s.into_owned())
+            .filter(|e| {
+                let msg_id = MsgId(b.base_id.0 + u64::from(e.id_delta));
+                !lost.contains(&(e.conv, e.seq_lo, msg_id))
+            })
+            .collect();
+        kept.push_decoded(b.start_ms, b.end_ms, b.base_id, entries);
+    }
+    *idem = kept;
+}
+
+/// Writes down, once per segment, the place of a record the state points
+/// at that does not read back, unless the scan already named damage in
+/// that segment (a segment gone, or damage the scan took for a torn tail).
+fn note_unreadable(report: &mut SalvageReport, loc: PackedLoc, reason: String) {
+    if loc == PENDING_LOC {
+        return;
+    }
+    let (log, at) = match body_at(loc) {
+        (BodyLog::Msg, at) => ("msg", unpack(at)),
+        (BodyLog::Evt, at) => ("evt", unpack(at)),
+    };
+    note_place(report, log, at, reason);
+}
+
+fn note_place(report: &mut SalvageReport, log: &'static str, at: RecordLoc, reason: String) {
+    let known = report
+        .damage
+        .iter()
+        .any(|d| d.log == log && d.segment == at.segment);
+    if !known {
+        report.damage.push(Damage::new(
+            log,
+            at.segment,
+            at.offset.into(),
+            format!("a record the state points at does not read back: {reason}"),
+        ));
+    }
 }
 
 fn copy_events(
@@ -313,9 +373,15 @@ fn copy_events(
             if index.contains_key(&loc) {
                 continue;
             }
-            let Ok((kind, payload)) = evt.read_record(unpack(loc)) else {
-                index.insert(loc, None);
-                continue;
+            let (kind, payload) = match evt.read_record(unpack(loc)) {
+                Ok(read) => read,
+                Err(reason) => {
+                    if loc != PENDING_LOC {
+                        note_place(report, "evt", unpack(loc), reason);
+                    }
+                    index.insert(loc, None);
+                    continue;
+                }
             };
             let (kind, payload) =
                 without_body(kind, &payload).unwrap_or_else(|| (kind, payload.to_vec()));

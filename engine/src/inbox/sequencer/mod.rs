@@ -6,9 +6,12 @@
 //! through a [`Sink`], applies the effects, batches their records, commits
 //! the batches and passes the round to the completion stage
 //! ([`completion`]), which releases the replies once the round is durable.
-//! It knows nothing of messages, devices or any subsystem, and imports
-//! none: only effects (a message's body travels inside its effect),
-//! replies, rounds and checkpoints.
+//! It knows nothing of messages, devices, snapshots or compaction, and
+//! imports none of them: only effects (a message's body travels inside its
+//! effect; a device row's change tells the ack views what it replaces,
+//! [`Effect::device_row_before`]), replies, rounds and checkpoints. It
+//! does name the replica link and recovery: a change of replication role
+//! stops its rounds and reloads the state.
 //!
 //! The sequencer takes whatever commands are queued as one *round*: it
 //! decides and applies each in order (so the next one sees its effects),
@@ -63,8 +66,6 @@ use parking_lot::Mutex;
 
 use crate::placement::Placement;
 
-use super::devices::ack_view::Before;
-use super::devices::record::Records as DeviceRecords;
 use super::effect::Effect;
 use super::recover;
 use super::round::{Env, Exec, Fail, ReplyFn, Sink};
@@ -174,20 +175,6 @@ struct RoundSink<'a> {
     round_id: u64,
 }
 
-/// The device row `effect` changes, as it is before the change: what
-/// [`super::devices::ack_view::AckViews::changed`] compares the change
-/// with.
-fn device_before(st: &State, effect: &Effect) -> Option<(Uid, DeviceId, Option<Before>)> {
-    let Effect::Devices(DeviceRecords::Device(change)) = effect else {
-        return None;
-    };
-    let device = change.row.device;
-    let before = (st.users.get(&change.uid))
-        .and_then(|u| u.device(device))
-        .map(|d| Before::of(&d.row, d.stamp, &change.row));
-    Some((change.uid, device, before))
-}
-
 impl Sink for RoundSink<'_> {
     fn effect(&mut self, st: &mut State, effect: Effect) {
         let r = &mut *self.round;
@@ -198,7 +185,7 @@ impl Sink for RoundSink<'_> {
         }
         let idx = r.evt.len();
         let mut touched = Touched::default();
-        let device_change = device_before(st, &effect);
+        let device_change = effect.device_row_before(st);
         if let Err(e) = effect.apply(st, PENDING_LOC, self.round_id, &mut touched) {
             // The decision was made on this very state, so this is a bug;
             // stop writing rather than log something inconsistent.

@@ -6,7 +6,7 @@ use super::build::Plan;
 use super::record::SnapshotEffect;
 use crate::api::*;
 use crate::error::{Error, Result};
-use crate::inbox::compaction::fences::ms;
+use crate::inbox::config::ms;
 use crate::inbox::config::InboxConfig;
 use crate::inbox::devices::decide::{device_row, device_row_at, info};
 use crate::inbox::devices::record::DeviceEffect;

@@ -39,6 +39,7 @@ pub(crate) mod build;
 pub(crate) mod decide;
 pub mod paging;
 pub(crate) mod record;
+pub(crate) mod rows;
 pub(crate) mod store;
 
 use std::sync::mpsc;

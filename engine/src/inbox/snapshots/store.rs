@@ -33,7 +33,7 @@ use sha2::Digest;
 use crate::api::*;
 use crate::error::{Error, Result};
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
-use crate::inbox::messaging::record::{kind_code, kind_from_code};
+use crate::inbox::messaging::rows::{kind_code, kind_from_code};
 use crate::log::{LogError, LogIo};
 
 pub(crate) const MAGIC: &[u8; 8] = b"INBXSNP1";

@@ -12,10 +12,9 @@
 
 use std::mem::size_of;
 
-use super::{
-    idem, ActivityKey, Conv, Device, LargeMode, MsgMeta, SnapshotSlot, State, User, UserConv,
-};
+use super::{ActivityKey, Conv, Device, LargeMode, MsgMeta, SnapshotSlot, State, User, UserConv};
 use crate::api::*;
+use crate::inbox::messaging::idem;
 
 /// The structures reported, in report order.
 pub(crate) const STRUCTURES: [&str; 11] = [

@@ -175,6 +175,12 @@ pub(crate) const fn kinds_are_distinct(sets: &[&[u8]]) -> bool {
     true
 }
 
+/// A record type's set: the subsystem enum that holds it. Written by
+/// [`record_set!`]; `effect.rs` makes `From<R> for Effect` of it.
+pub(crate) trait InSet: Into<Self::Set> {
+    type Set;
+}
+
 /// Declares a subsystem's enum of records from the list of its record
 /// types, so a kind is listed exactly once, in the subsystem that owns it:
 ///
@@ -189,12 +195,14 @@ pub(crate) const fn kinds_are_distinct(sets: &[&[u8]]) -> bool {
 /// ```
 ///
 /// It makes the enum, its [`RecordSet`] impl, a compile-time check that
-/// the set's kind codes are distinct, and `From` each record type for the
-/// enum and for `Effect` (through the named variant).
+/// the set's kind codes are distinct, `From` each record type for the
+/// enum, and [`InSet`] for each record type. `effect.rs` turns a record
+/// into an `Effect` through [`InSet`], so this file names no `Effect`;
+/// `in Effect::Variant` documents which variant holds the set.
 macro_rules! record_set {
     (
         $(#[$doc:meta])*
-        $vis:vis enum $set:ident in Effect::$effect:ident {
+        $vis:vis enum $set:ident in Effect::$_effect:ident {
             $($variant:ident($ty:ty)),+ $(,)?
         }
     ) => {
@@ -306,10 +314,8 @@ macro_rules! record_set {
                 }
             }
 
-            impl From<$ty> for $crate::inbox::effect::Effect {
-                fn from(r: $ty) -> $crate::inbox::effect::Effect {
-                    $crate::inbox::effect::Effect::$effect($set::$variant(r))
-                }
+            impl $crate::inbox::state::record::InSet for $ty {
+                type Set = $set;
             }
         )+
     };

@@ -410,7 +410,7 @@ mod tests {
             // An eighth more rows, fitted to the allocator's size class:
             // never a larger block than an eighth more would take.
             let eighth_more = (map.len() + map.len() / 8 + 1) * 96;
-            assert!(map.capacity() * 96 <= crate::inbox::state::size_class_of(eighth_more));
+            assert!(map.capacity() * 96 <= crate::inbox::containers::size_class_of(eighth_more));
         }
         let mut set = SortedSet::default();
         for k in 0..3u64 {

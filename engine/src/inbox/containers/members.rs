@@ -10,8 +10,7 @@
 
 use std::ops::{Deref, DerefMut};
 
-use super::Period;
-use crate::api::Uid;
+use crate::api::{MsgSeq, Uid};
 
 /// One member's periods, oldest first: one inline, or more in a vector.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -150,10 +149,23 @@ impl Members {
     }
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Period {
+    pub period_id: u32,
+    pub join_seq: MsgSeq,
+    /// `state::OPEN` while a member.
+    pub leave_seq: MsgSeq,
+}
+
+impl Period {
+    pub fn covers(&self, seq: MsgSeq) -> bool {
+        self.join_seq <= seq && seq <= self.leave_seq
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::MsgSeq;
 
     fn period(id: u32, join: u64, leave: u64) -> Period {
         Period {
