@@ -203,12 +203,34 @@ fn raft_refusal(handle: &GroupHandle, e: RaftChangeError) -> ErrorReply {
 
 impl Glue {
     /// Starts a pause (see the module documentation): the hand-off stops
-    /// proposing. Returns this leadership and the last index proposed.
-    fn pause(&self) -> Option<(LeaderId, u64)> {
+    /// proposing. Returns this leadership.
+    fn pause(&self) -> Option<LeaderId> {
         let mut role = self.role();
         let leader_id = role.leading.as_ref()?.leader_id;
         role.paused = true;
-        Some((leader_id, role.proposed))
+        Some(leader_id)
+    }
+
+    /// The last index raft took from the hand-off, once a proposal in
+    /// flight when the pause began is taken or refused (which raft's core
+    /// does in a moment); `None` if the leadership ended meanwhile.
+    async fn settled_proposals(&self, leader_id: LeaderId) -> Option<u64> {
+        loop {
+            {
+                let role = self.role();
+                if !role
+                    .leading
+                    .as_ref()
+                    .is_some_and(|l| l.leader_id == leader_id)
+                {
+                    return None;
+                }
+                if !role.proposing {
+                    return Some(role.proposed);
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
     }
 
     /// The engine follows, and its rounds past `proposed` (never handed to
@@ -391,8 +413,13 @@ impl GroupHandle {
         S: FnOnce(InboxRaft) -> Fut,
         Fut: Future<Output = Change>,
     {
-        let Some((leader_id, proposed)) = self.glue.pause() else {
+        let Some(leader_id) = self.glue.pause() else {
             return Err(self.not_leader("not the leader"));
+        };
+        let Some(proposed) = self.glue.settled_proposals(leader_id).await else {
+            self.glue.resume(leader_id, 0);
+            return Err(self
+                .not_leader("not the leader: the leadership ended before the membership change"));
         };
         // Best effort: what is still pending after it fails and is retried.
         let _ = self

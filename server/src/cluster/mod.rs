@@ -33,7 +33,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use inbox_engine::inbox::Leader;
+use inbox_engine::inbox::{Entry, Leader};
 use inbox_engine::Inbox;
 use openraft::async_runtime::WatchReceiver as _;
 use openraft::{Raft, RaftNetworkFactory, ServerState};
@@ -203,8 +203,11 @@ pub(crate) struct Role {
     cache: cache::EntryCache,
     /// A raft handle for the hand-off thread, set once raft runs.
     raft: Option<InboxRaft>,
-    /// The last index the hand-off proposed to raft in this leadership
-    /// (at first, the index the leadership began after).
+    /// Set while a proposal of the hand-off is queued and raft's core has
+    /// not yet taken or refused it: [`Role::proposed`] is not settled.
+    proposing: bool,
+    /// The last index raft took from the hand-off in this leadership (at
+    /// first, the index the leadership began after).
     proposed: u64,
     /// Set while raft writes membership entries on this leader: the
     /// hand-off proposes nothing, and the engine follows (see
@@ -279,6 +282,7 @@ impl Glue {
             handle: Arc::clone(&handle),
         });
         role.proposed = after;
+        role.proposing = false;
         role.paused = false;
         self.commit_path.forget_proposals();
         tracing::info!(node = self.id, term = leader_id.term, "leading");
@@ -286,7 +290,7 @@ impl Glue {
     }
 
     /// The leader's hand-off, a task of raft's runtime: takes the engine's
-    /// rounds in index order and proposes each to raft, while this
+    /// rounds in index order and proposes them to raft, while this
     /// leadership lasts. raft gives each the next index of its log, which
     /// is the index the engine gave it: nothing else is proposed on a
     /// leader while the hand-off runs (a membership change pauses it
@@ -294,35 +298,110 @@ impl Glue {
     /// crossing a change of role. Entries taken once the pause began are
     /// dropped: the pause discards them.
     ///
-    /// A proposal is raft's `client_write_ff`, which only queues the entry
-    /// for raft's core on an unbounded channel: ready at its first poll,
-    /// so it is made while the lock is held, with no await in between. A
-    /// proposal that is not ready at once (raft stopped) ends the hand-off.
+    /// The rounds in hand go as one proposal, and the next one waits until
+    /// raft's core has taken or refused it ([`Glue::propose`]): openraft
+    /// 0.10 refuses a leader's write while its lease is not valid (no
+    /// quorum answered it within the longest election timeout, which is
+    /// also the case of a leader just elected). A refused proposal is
+    /// proposed again once the lease holds, unchanged, so that no later
+    /// round ever takes its index.
     async fn hand_off(self: Arc<Self>, leader: Arc<Leader>) {
+        let mut batch = Vec::new();
         while !leader.is_ended() {
-            let entries = leader.next_entries().await;
-            if entries.is_empty() {
+            if batch.is_empty() {
+                batch = leader.next_entries().await;
                 continue;
             }
+            match self.propose(&leader, &batch).await {
+                Proposal::Taken => batch.clear(),
+                Proposal::Again => tokio::time::sleep(PROPOSE_AGAIN_AFTER).await,
+                Proposal::Over => return,
+            }
+        }
+    }
+
+    /// Proposes `batch`, this leadership's next rounds, to raft as one
+    /// write, and waits until raft's core has handled it: a request queued
+    /// behind it is answered. raft takes or refuses a write whole (its
+    /// leader checks the lease once per write), so the batch is in raft's
+    /// log, at the indexes the engine gave it, or none of it is.
+    ///
+    /// The write is queued while the lock is held, with no await in
+    /// between; a write whose queueing is not ready at once (raft's
+    /// channel full) is not sent, and is tried again.
+    async fn propose(&self, leader: &Arc<Leader>, batch: &[Entry]) -> Proposal {
+        let (first, last) = match (batch.first(), batch.last()) {
+            (Some(f), Some(l)) => (f.index(), l.index()),
+            _ => return Proposal::Taken,
+        };
+        let (raft, mut answers) = {
             let mut role = self.role();
             let current = role
                 .leading
                 .as_ref()
-                .is_some_and(|l| Arc::ptr_eq(&l.handle, &leader));
+                .is_some_and(|l| Arc::ptr_eq(&l.handle, leader));
             let Some(raft) = role.raft.clone().filter(|_| current && !role.paused) else {
-                return;
+                return Proposal::Over;
             };
-            for e in entries {
-                self.commit_path.proposed(e.index());
-                // The reply is not needed: the state machine commits.
-                if !propose_now(&raft, &e) {
-                    return;
-                }
-                role.proposed = e.index();
-            }
-            drop(role);
+            let Some(answers) = propose_now(&raft, batch) else {
+                return Proposal::Again;
+            };
+            role.proposing = true;
+            (raft, answers)
+        };
+        for index in first..=last {
+            self.commit_path.proposed(index);
         }
+        // raft's core handles its requests in order: once this one is
+        // answered, the write was taken or refused.
+        let fenced = raft.with_raft_state(|_| ()).await.is_ok();
+        // A refused write is answered at once; a taken one only when it
+        // is applied.
+        let refused = matches!(
+            futures_util::FutureExt::now_or_never(futures_util::StreamExt::next(&mut answers)),
+            Some(Some(Ok(Err(_))) | Some(Err(_)))
+        );
+        let mut role = self.role();
+        role.proposing = false;
+        let current = role
+            .leading
+            .as_ref()
+            .is_some_and(|l| Arc::ptr_eq(&l.handle, leader));
+        if !fenced || !current {
+            return Proposal::Over;
+        }
+        if refused {
+            tracing::debug!(
+                node = self.id,
+                first,
+                last,
+                "raft refused the rounds (its leader lease is not valid yet); proposing them again"
+            );
+            // A pause that began meanwhile discards them.
+            return if role.paused {
+                Proposal::Over
+            } else {
+                Proposal::Again
+            };
+        }
+        role.proposed = last;
+        Proposal::Taken
     }
+}
+
+/// How long the hand-off waits before it proposes again rounds raft
+/// refused or could not queue.
+const PROPOSE_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// What became of one proposal of the hand-off.
+enum Proposal {
+    /// In raft's log.
+    Taken,
+    /// Refused or not queued: to be proposed again.
+    Again,
+    /// This leadership ended, or raft stopped, or a pause began: the
+    /// hand-off ends.
+    Over,
 }
 
 /// Reads the entries raft's start reads (the log after its applied
@@ -360,19 +439,29 @@ fn warm(inbox: &Inbox, meta: &meta::Meta, cache: &mut cache::EntryCache, from: u
     );
 }
 
-/// Polls raft's `client_write_ff` for `entry` once: whether it was ready
-/// and accepted (see [`Glue::hand_off`]).
-fn propose_now(raft: &InboxRaft, entry: &inbox_engine::inbox::Entry) -> bool {
+/// Queues `batch` as one raft write, polled once: `None` if that was not
+/// ready at once (raft's channel full, or raft stopped), and then nothing
+/// was queued. The answers are the writes' outcomes (see
+/// [`Glue::propose`]).
+fn propose_now(raft: &InboxRaft, batch: &[Entry]) -> Option<WriteAnswers> {
     use std::future::Future;
-    // openraft 0.10's API channel is bounded: its send is ready at once
-    // while there is room, but tokio's cooperative budget could make it
-    // pending all the same; the proposal is polled outside the budget.
+    // tokio's cooperative budget could make a send pending with room in
+    // the channel: the proposal is polled outside the budget.
     let proposal = std::pin::pin!(tokio::task::unconstrained(
-        raft.client_write_ff(Round(entry.encode()), None)
+        raft.client_write_many(batch.iter().map(|e| Round(e.encode())))
     ));
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    matches!(proposal.poll(&mut cx), std::task::Poll::Ready(Ok(_)))
+    match proposal.poll(&mut cx) {
+        std::task::Poll::Ready(Ok(answers)) => Some(answers),
+        _ => None,
+    }
 }
+
+/// The outcomes of one raft write of several entries, in order.
+type WriteAnswers = futures_util::stream::BoxStream<
+    'static,
+    Result<openraft::raft::WriteResult<TypeConfig>, openraft::error::Fatal<TypeConfig>>,
+>;
 
 /// raft running on an engine.
 pub struct Cluster {
@@ -442,6 +531,7 @@ impl Cluster {
                 meta,
                 cache,
                 raft: None,
+                proposing: false,
                 proposed: 0,
                 paused: false,
             }),
