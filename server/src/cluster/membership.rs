@@ -218,11 +218,11 @@ impl Glue {
         loop {
             {
                 let role = self.role();
-                if !role
+                let ours = role
                     .leading
                     .as_ref()
-                    .is_some_and(|l| l.leader_id == leader_id)
-                {
+                    .is_some_and(|l| l.leader_id == leader_id);
+                if !ours {
                     return None;
                 }
                 if !role.proposing {

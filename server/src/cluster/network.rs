@@ -10,6 +10,16 @@
 //! answer the matching `Result` of the receiving raft (a snapshot chunk's
 //! answer is a [`ChunkAnswer`]).
 //!
+//! Replication to a follower is pipelined: the leader opens a connection
+//! of its own for it ([`Request::AppendStream`]) and from then on writes
+//! each append as raft hands it over, up to [`APPENDS_IN_FLIGHT`] ahead of
+//! the answers, which come back in order (raft's `stream_append` on both
+//! sides). The follower takes the next append while the previous ones are
+//! still being made durable, so one append's fdatasync overlaps the next
+//! one's transfer, and a round no longer waits for the append before it
+//! to be answered. Votes, heartbeats and snapshots keep the connection of
+//! one request at a time.
+//!
 //! The messages are openraft 0.10's, which serialize differently from
 //! 0.9's (its errors, and the `PreVote` request it added): a member on
 //! 0.9 and one on 0.10 do not understand each other, so a group is
@@ -37,13 +47,15 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{
     NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
 use openraft::network::v2::RaftNetworkV2;
 use openraft::network::RPCOption;
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, VoteRequest,
+    VoteResponse,
 };
 use openraft::RaftNetworkFactory;
 use serde::de::DeserializeOwned;
@@ -60,6 +72,12 @@ pub const MAX_FRAME: u32 = 64 << 20;
 
 /// The bytes of a snapshot sent in one chunk.
 pub const SNAPSHOT_CHUNK: usize = 3 << 20;
+
+/// The appends a replication stream has on the way to a follower at
+/// most, not yet answered: the leader sends the next one without waiting
+/// for the answers to the previous ones, so a follower's fdatasync
+/// overlaps the transfer of the next entries.
+pub const APPENDS_IN_FLIGHT: usize = 16;
 
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -78,7 +96,16 @@ enum Request {
     Vote(VoteRequest<TypeConfig>),
     Snapshot(SnapshotChunk),
     PreVote(VoteRequest<TypeConfig>),
+    /// Turns the connection into one replication stream: from then on
+    /// the sender writes only [`AppendEntriesRequest`]s, without waiting,
+    /// and the receiver answers each, in order, with an [`AppendAnswer`].
+    AppendStream,
 }
+
+/// The answer to one append of a replication stream: the receiving raft's
+/// (the last log id it holds durably, or why it refused), or why it could
+/// not answer (it stopped).
+type AppendAnswer = Result<StreamAppendResult<TypeConfig>, String>;
 
 /// One chunk of a snapshot: the leader's vote and the snapshot's metadata
 /// (in every chunk), the chunk's place in the image, and its bytes as one
@@ -100,6 +127,13 @@ pub struct SnapshotChunk {
 type Answer<T> = Result<T, RaftError<TypeConfig>>;
 
 async fn write_frame<T: Serialize>(s: &mut TcpStream, v: &T) -> std::io::Result<()> {
+    write_frame_to(s, v).await
+}
+
+async fn write_frame_to<T: Serialize>(
+    s: &mut (impl tokio::io::AsyncWrite + Unpin),
+    v: &T,
+) -> std::io::Result<()> {
     let mut buf = vec![0; 4];
     ciborium::into_writer(v, &mut buf).map_err(std::io::Error::other)?;
     let len = u32::try_from(buf.len() - 4)
@@ -111,6 +145,12 @@ async fn write_frame<T: Serialize>(s: &mut TcpStream, v: &T) -> std::io::Result<
 }
 
 async fn read_frame<T: DeserializeOwned>(s: &mut TcpStream) -> std::io::Result<T> {
+    read_frame_from(s).await
+}
+
+async fn read_frame_from<T: DeserializeOwned>(
+    s: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> std::io::Result<T> {
     let len = s.read_u32_le().await?;
     if len > MAX_FRAME {
         return Err(std::io::Error::new(
@@ -187,8 +227,49 @@ async fn serve_conn(
                 let a: ChunkAnswer = snapshots.receive(chunk).await;
                 write_frame(&mut s, &a).await?;
             }
+            Request::AppendStream => return serve_append_stream(s, raft).await,
         }
     }
+}
+
+/// Serves a replication stream (see [`Request::AppendStream`]): the
+/// appends are read as they come and handed to raft's `stream_append`,
+/// which takes the next one while the previous ones are still being made
+/// durable, and the answers are written back in order. Ends when either
+/// side closes, or at raft's first refusal (the leader opens a new
+/// stream).
+async fn serve_append_stream(s: TcpStream, raft: InboxRaft) -> std::io::Result<()> {
+    use futures_util::StreamExt as _;
+    let (mut rd, mut wr) = s.into_split();
+    let (tx, rx) =
+        tokio::sync::mpsc::channel::<AppendEntriesRequest<TypeConfig>>(APPENDS_IN_FLIGHT);
+    let reader = tokio::spawn(async move {
+        loop {
+            let req = read_frame_from(&mut rd).await?;
+            if tx.send(req).await.is_err() {
+                return Ok::<(), std::io::Error>(());
+            }
+        }
+    });
+    let answers = raft.stream_append(tokio_stream_of(rx));
+    futures_util::pin_mut!(answers);
+    let mut result = Ok(());
+    while let Some(a) = answers.next().await {
+        let a: AppendAnswer = a.map_err(|fatal| fatal.to_string());
+        if let Err(e) = write_frame_to(&mut wr, &a).await {
+            result = Err(e);
+            break;
+        }
+    }
+    reader.abort();
+    result
+}
+
+/// An mpsc receiver as a stream.
+fn tokio_stream_of<T: Send + 'static>(
+    rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures_util::Stream<Item = T> + Send + 'static {
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) })
 }
 
 /// Makes connections to the other members, by their raft address.
@@ -458,8 +539,161 @@ impl TcpConn {
     }
 }
 
+/// A replication stream's answers, as raft reads them.
+type AppendAnswers<'s> =
+    BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>;
+
+impl TcpConn {
+    /// Opens a connection of its own for a replication stream (see
+    /// [`Request::AppendStream`]); the connection of the other calls is
+    /// left as it is.
+    async fn open_append_stream(&self) -> std::io::Result<TcpStream> {
+        let mut s = tokio::time::timeout(CONNECT_TIMEOUT, open(&self.addr, self.source))
+            .await
+            .map_err(|_| {
+                std::io::Error::other(format!("connecting to {}: timed out", self.addr))
+            })??;
+        s.set_nodelay(true)?;
+        write_frame(
+            &mut s,
+            &Hello {
+                token: self.token.to_vec(),
+            },
+        )
+        .await?;
+        read_frame::<Result<(), String>>(&mut s)
+            .await?
+            .map_err(std::io::Error::other)?;
+        write_frame(&mut s, &Request::AppendStream).await?;
+        Ok(s)
+    }
+
+    /// The pipelined replication stream: a task writes each append as raft
+    /// hands it over, without waiting for answers, at most
+    /// [`APPENDS_IN_FLIGHT`] ahead of them; the answers are read in order.
+    /// An answer owed for longer than the call's soft deadline fails the
+    /// stream (a follower that stopped answering), and so does any error
+    /// of the connection; raft then opens a new one.
+    async fn append_stream<S>(
+        &mut self,
+        mut input: S,
+        option: RPCOption,
+    ) -> Result<AppendAnswers<'static>, RPCError<TypeConfig>>
+    where
+        S: futures_util::Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    {
+        use futures_util::StreamExt as _;
+        let target = self.target;
+        let ttl = option.soft_ttl();
+        // The whole opening within the deadline: a member that is down
+        // may still have its port bound and never answer the hello.
+        let s = tokio::time::timeout(ttl, self.open_append_stream())
+            .await
+            .map_err(|_| {
+                unreachable(std::io::Error::other(format!(
+                    "opening a replication stream to node {target}: no answer within {ttl:?}"
+                )))
+            })?
+            .map_err(unreachable)?;
+        let (mut rd, mut wr) = s.into_split();
+        // A permit per append on the way, returned with its answer.
+        let window = Arc::new(tokio::sync::Semaphore::new(APPENDS_IN_FLIGHT));
+        let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+        let sending = Arc::clone(&window);
+        // Set once raft's input ended: the answers end with the last one
+        // owed.
+        let input_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = Arc::clone(&input_done);
+        // The writer ends when the answers are dropped (raft let go of
+        // the stream), whatever it waits for then.
+        tokio::spawn(async move {
+            let send = async move {
+                while let Some(req) = input.next().await {
+                    let Ok(permit) = sending.acquire().await else {
+                        return;
+                    };
+                    permit.forget();
+                    if write_frame_to(&mut wr, &req).await.is_err() {
+                        return;
+                    }
+                }
+                done.store(true, std::sync::atomic::Ordering::Release);
+            };
+            tokio::select! {
+                _ = closed_rx => {}
+                () = send => {}
+            }
+        });
+        let (tx, rx) =
+            tokio::sync::mpsc::channel::<std::io::Result<AppendAnswer>>(APPENDS_IN_FLIGHT);
+        let reader = tokio::spawn(async move {
+            loop {
+                let a = read_frame_from::<AppendAnswer>(&mut rd).await;
+                let failed = a.is_err();
+                if tx.send(a).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let state = (rx, window, Some(closed_tx), reader, input_done);
+        let answers = futures_util::stream::unfold(Some(state), move |state| async move {
+            let (mut rx, window, closed, reader, input_done) = state?;
+            let owed = || window.available_permits() < APPENDS_IN_FLIGHT;
+            if input_done.load(std::sync::atomic::Ordering::Acquire) && !owed() {
+                reader.abort();
+                return None;
+            }
+            let got = loop {
+                match tokio::time::timeout(ttl, rx.recv()).await {
+                    Ok(got) => break got,
+                    // Nothing owed: an idle stream.
+                    Err(_) if !owed() => {
+                        if input_done.load(std::sync::atomic::Ordering::Acquire) {
+                            break None;
+                        }
+                        continue;
+                    }
+                    Err(_) => {
+                        break Some(Err(std::io::Error::other(format!(
+                            "no answer from node {target} within {ttl:?}"
+                        ))))
+                    }
+                }
+            };
+            let item = match got {
+                Some(Ok(Ok(r))) => Ok(r),
+                Some(Ok(Err(why))) => Err(unreachable(std::io::Error::other(format!(
+                    "node {target}: {why}"
+                )))),
+                Some(Err(e)) => Err(unreachable(e)),
+                None => return None,
+            };
+            window.add_permits(1);
+            let go_on = matches!(item, Ok(Ok(_)));
+            if !go_on {
+                reader.abort();
+                drop(closed);
+                return Some((item, None));
+            }
+            Some((item, Some((rx, window, closed, reader, input_done))))
+        });
+        Ok(Box::pin(answers))
+    }
+}
+
 impl RaftNetworkV2<TypeConfig> for TcpConn {
     type SnapshotData = tokio::fs::File;
+
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<AppendAnswers<'s>, RPCError<TypeConfig>>>
+    where
+        S: futures_util::Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    {
+        Box::pin(async move { self.append_stream(input, option).await })
+    }
 
     async fn append_entries(
         &mut self,
@@ -551,6 +785,79 @@ mod tests {
         );
         let back: Round = ciborium::from_reader(&old[..]).unwrap();
         assert_eq!(back, round);
+    }
+
+    /// An append of `index` alone, by the leader of term 3.
+    fn append_of(index: u64) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new_committed(3, 1),
+            prev_log_id: index
+                .checked_sub(1)
+                .map(|p| LogId::new(LeaderId::new(3, 1), p)),
+            entries: vec![Entry {
+                log_id: LogId::new(LeaderId::new(3, 1), index),
+                payload: EntryPayload::Normal(Round(vec![index as u8; 64])),
+            }],
+            leader_commit: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replication_stream_sends_the_next_appends_before_the_first_is_answered() {
+        use futures_util::StreamExt as _;
+        const SENT: u64 = 5;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // A follower that reads every append before it answers any: a
+        // sender that waited for each answer would never get past the
+        // first.
+        let follower = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let _: Hello = read_frame(&mut s).await.unwrap();
+            write_frame(&mut s, &Ok::<(), String>(())).await.unwrap();
+            assert!(matches!(
+                read_frame::<Request>(&mut s).await.unwrap(),
+                Request::AppendStream
+            ));
+            let mut read = Vec::new();
+            for _ in 0..SENT {
+                let req = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    read_frame::<AppendEntriesRequest<TypeConfig>>(&mut s),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("{} appends arrived before the first answer", read.len())
+                })
+                .unwrap();
+                read.push(req.entries[0].log_id.index);
+            }
+            for &index in &read {
+                let answer: AppendAnswer = Ok(Ok(Some(LogId::new(LeaderId::new(3, 1), index))));
+                write_frame(&mut s, &answer).await.unwrap();
+            }
+            read
+        });
+        let token: Arc<[u8]> = Arc::from(&b"secret"[..]);
+        let peer = Peer {
+            raft_addr: addr.to_string(),
+            client_addr: String::new(),
+        };
+        let mut conn = TcpNetwork::new(token).new_client(2, &peer).await;
+        let input = futures_util::stream::iter((1..=SENT).map(append_of));
+        let option = RPCOption::new(Duration::from_secs(5));
+        let answers: Vec<_> = conn
+            .stream_append(input, option)
+            .await
+            .unwrap()
+            .collect()
+            .await;
+        let acked: Vec<u64> = answers
+            .into_iter()
+            .map(|a| a.unwrap().unwrap().unwrap().index)
+            .collect();
+        assert_eq!(acked, (1..=SENT).collect::<Vec<_>>());
+        assert_eq!(follower.await.unwrap(), (1..=SENT).collect::<Vec<_>>());
     }
 
     #[test]
