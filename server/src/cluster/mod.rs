@@ -307,12 +307,17 @@ impl Glue {
     /// round ever takes its index.
     async fn hand_off(self: Arc<Self>, leader: Arc<Leader>) {
         let mut batch = Vec::new();
+        // Whether the batch's proposal time is recorded (on its first try).
+        let mut recorded = false;
         while !leader.is_ended() {
             if batch.is_empty() {
                 batch = leader.next_entries().await;
+                recorded = false;
                 continue;
             }
-            match self.propose(&leader, &batch).await {
+            let outcome = self.propose(&leader, &batch, !recorded).await;
+            recorded = true;
+            match outcome {
                 Proposal::Taken => batch.clear(),
                 Proposal::Again => tokio::time::sleep(PROPOSE_AGAIN_AFTER).await,
                 Proposal::Over => return,
@@ -329,11 +334,18 @@ impl Glue {
     /// The write is queued while the lock is held, with no await in
     /// between; a write whose queueing is not ready at once (raft's
     /// channel full) is not sent, and is tried again.
-    async fn propose(&self, leader: &Arc<Leader>, batch: &[Entry]) -> Proposal {
+    /// `record`: the proposal time of the batch's rounds is recorded
+    /// (`commit_path.rs`), once per batch.
+    async fn propose(&self, leader: &Arc<Leader>, batch: &[Entry], record: bool) -> Proposal {
         let (first, last) = match (batch.first(), batch.last()) {
             (Some(f), Some(l)) => (f.index(), l.index()),
             _ => return Proposal::Taken,
         };
+        if record {
+            for index in first..=last {
+                self.commit_path.proposed(index);
+            }
+        }
         let (raft, mut answers) = {
             let mut role = self.role();
             let current = role
@@ -349,9 +361,6 @@ impl Glue {
             role.proposing = true;
             (raft, answers)
         };
-        for index in first..=last {
-            self.commit_path.proposed(index);
-        }
         // raft's core handles its requests in order: once this one is
         // answered, the write was taken or refused.
         let fenced = raft.with_raft_state(|_| ()).await.is_ok();
