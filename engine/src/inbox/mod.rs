@@ -60,6 +60,7 @@ mod consistency;
 mod containers;
 mod devices;
 mod effect;
+mod frames;
 mod inspect;
 pub mod kinds;
 mod messaging;
@@ -81,7 +82,6 @@ mod token;
 
 pub use compaction::{CompactionStep, SpaceUsage};
 pub use config::{Clock, InboxConfig, ManualClock, SystemClock};
-pub use consistency::verify_data_dir;
 pub use pending::Pending;
 pub use read::Read;
 pub use recover::RecoveryReport;
@@ -740,6 +740,17 @@ impl Inbox {
             let _ = t.join();
         }
     }
+}
+
+/// What `Inbox::open` would conclude about `config.data_dir`, read-only:
+/// both logs scanned as recovery scans them (a torn tail left out, as
+/// open cuts it), the state recovered from the newest usable checkpoint
+/// and the `evt` log after it (a checkpoint beyond the log's end refuses),
+/// then every index location checked against both logs
+/// (`consistency.rs`). Never writes.
+pub fn verify_data_dir(config: &InboxConfig) -> Result<RecoveryReport> {
+    // The verdict `Inbox::open` acts on; the caller holds the locks.
+    recover::decide(config, false).map(|v| v.report)
 }
 
 impl Drop for Inbox {

@@ -369,7 +369,7 @@ fn messages_in(segment: u32, offset: u64, bytes: &[u8], out: &mut Vec<CutMessage
         let fits =
             header_len > crate::log::format::BATCH_HEADER_LEN && header_len <= data.len() - pos;
         let walked = fits
-            .then(|| super::salvage::walk::walk_frame(segment, &data, pos, pos + header_len, None))
+            .then(|| super::frames::walk_frame(segment, &data, pos, pos + header_len, None))
             .flatten();
         let Some((_, len, records)) = walked else {
             pos += 1;

@@ -30,7 +30,6 @@ mod guard;
 mod replay;
 mod report;
 mod source;
-pub(crate) mod walk;
 pub(crate) mod write;
 
 pub use report::{Damage, LostEvents, LostMessages, RaisedFloor, SalvageReport};
