@@ -69,6 +69,7 @@ mod read;
 mod read_api;
 mod recover;
 mod replica;
+mod reply;
 mod round;
 mod salvage;
 mod sequencer;
