@@ -19,6 +19,7 @@ pub(crate) mod body;
 pub(crate) mod checkpoint;
 pub(crate) mod idem;
 pub(crate) mod large;
+pub(crate) mod large_record;
 pub(crate) mod read;
 pub(crate) mod record;
 pub(crate) mod rows;

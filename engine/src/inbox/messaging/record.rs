@@ -41,7 +41,7 @@ use bytes::Bytes;
 
 use std::sync::Arc;
 
-use super::large::{ClearEffect, ModeEffect};
+use super::large_record::{ClearEffect, ModeEffect};
 pub(crate) use super::rows::{kind_code, kind_from_code};
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
