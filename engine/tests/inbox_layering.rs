@@ -75,12 +75,10 @@ const LAYERS: &[&[&str]] = &[
         "snapshots::store",
         "compaction::runtime",
     ],
-    &[
-        "messaging::rows",
-        "messaging::idem",
-        "devices::rows",
-        "snapshots::rows",
-    ],
+    // Messaging's rows include the user, which holds the devices' and
+    // snapshots' rows.
+    &["messaging::rows", "messaging::idem"],
+    &["devices::rows", "snapshots::rows"],
     // Generic compact containers.
     &["containers"],
     // Batch tokens, then byte helpers, the configuration, the walk of a
