@@ -113,11 +113,6 @@ const EXCEPTIONS: &[(&str, &str, &str)] = &[
         "sequencer",
         "`Shared` holds the completion stage's queue of rounds",
     ),
-    (
-        "compaction",
-        "sequencer",
-        "the pass submits its commands to the sequencer, like the API",
-    ),
 ];
 
 /// A source file of the inbox and the module path of the code in it.

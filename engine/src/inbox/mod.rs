@@ -213,7 +213,7 @@ impl Inbox {
         // engine's.
         let compaction = compaction.map(|(shared, tx, every)| {
             let submit: compaction::submit::OwnedSubmit =
-                Box::new(move |c| tx.send(c.map(Command::Compaction)).is_ok());
+                Box::new(move |r| tx.send(compaction_request(r)).is_ok());
             (shared, submit, every)
         });
         let mut threads = vec![
@@ -307,7 +307,7 @@ impl Inbox {
     /// record and its `evt` record, at most [`MESSAGE_OVERHEAD_MAX`] besides
     /// the payload) would not fit the bytes one round may gather.
     pub fn payload_limit(&self) -> u64 {
-        let round = sequencer::round_bytes_max(self.shared.config.segment_bytes);
+        let round = round::round_bytes_max(self.shared.config.segment_bytes);
         u64::from(self.shared.config.payload_bytes_max)
             .min(round.saturating_sub(MESSAGE_OVERHEAD_MAX))
     }
@@ -627,8 +627,8 @@ impl Inbox {
     /// Blocks; call it from a plain thread, not from inside an async
     /// runtime.
     pub fn compact(&self) -> Result<CompactionReport> {
-        let submit = |c: sequencer::Command<compaction::Command>| match &*self.tx.lock() {
-            Some(s) => s.send(c.map(Command::Compaction)).is_ok(),
+        let submit = |r| match &*self.tx.lock() {
+            Some(s) => s.send(compaction_request(r)).is_ok(),
             None => false,
         };
         compaction::pass::pass(&self.shared, &submit)
@@ -740,6 +740,14 @@ impl Inbox {
         for t in threads {
             let _ = t.join();
         }
+    }
+}
+
+/// The sequencer's command for a compaction pass's request.
+fn compaction_request(r: compaction::submit::Request) -> sequencer::Command<Command> {
+    match r {
+        compaction::submit::Request::Run(c) => sequencer::Command::Run(Command::Compaction(c)),
+        compaction::submit::Request::Checkpoint { tx } => sequencer::Command::Checkpoint { tx },
     }
 }
 

@@ -2,7 +2,9 @@
 //! travel is `reply.rs`, re-exported here): the interface between the generic round-and-commit engine
 //! (`sequencer/`) and the subsystems that own the commands. The sequencer
 //! runs any command type that implements [`Exec`]; `inbox/command.rs`
-//! implements it for the enum of every subsystem's commands.
+//! implements it for the enum of every subsystem's commands. The bytes
+//! one round may gather ([`round_bytes_max`]) bound what a command may
+//! add, so they are here too.
 //!
 //! A subsystem's `exec` reads the state, decides, and hands the outcome to
 //! a [`Sink`]: effects (applied at once, so the next command of the round
@@ -18,8 +20,20 @@ use super::effect::Effect;
 use super::shared::Shared;
 use super::state::State;
 use crate::api::TimestampMs;
+use crate::log::Log;
 
 pub(crate) use super::reply::{fail_now, reply_with, Fail, ReplyFn, Tx};
+
+/// Bytes of records a round may gather before it is closed: half of what
+/// one batch of the log may hold. Each round's `msg` batch and its `evt`
+/// batch go into one frame of their log, which must fit a segment; a round
+/// closes once it reaches this, and no single command adds more than this
+/// (payloads and compaction commands are bounded by it), so a batch never
+/// exceeds what the log takes. A batch that did would be refused by the
+/// log after the round's effects were applied.
+pub(crate) fn round_bytes_max(segment_bytes: u64) -> u64 {
+    Log::batch_records_bytes_max_for(segment_bytes) / 2
+}
 
 /// Where a decision goes: the round being built.
 pub(crate) trait Sink {
