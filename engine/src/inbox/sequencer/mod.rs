@@ -79,9 +79,10 @@ use crate::log::{AppendTicket, Batch, LogError};
 
 pub(crate) mod checkpoints;
 pub(crate) mod completion;
+pub(crate) mod completion_queue;
 pub(crate) mod replica;
 
-use completion::{Outcome, RoundDone};
+use completion_queue::{Outcome, RoundDone};
 use replica::Role;
 
 /// At most this many commands per round, to bound a round's latency.
@@ -129,7 +130,7 @@ struct RoundBuf {
     size: u64,
     /// A leader's round: the link to its consensus layer and the round's
     /// replication index (see `replica.rs`).
-    replica: Option<(Arc<crate::inbox::replica::Link>, u64)>,
+    replica: Option<(Arc<crate::inbox::replica::link::Link>, u64)>,
     /// Frame bytes the log guaranteed this round's batch when its first
     /// command came (see [`crate::log::Log::room`]).
     room: Option<u64>,
