@@ -39,10 +39,10 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use super::effect::Effect;
+use super::handle::Inbox;
 use super::pending::Pending;
 use super::sequencer::replica::Control;
 use super::state::record::Record;
-use super::Inbox;
 use crate::error::{Error, Result};
 
 /// The consensus layer's handle on a leading engine: takes the entries
