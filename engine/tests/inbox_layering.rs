@@ -21,9 +21,10 @@ use std::path::{Path, PathBuf};
 /// The inbox's units, top layer first. Within a layer, units may not use
 /// each other.
 const LAYERS: &[&[&str]] = &[
-    // The `Inbox` API.
+    // The `Inbox` API's commands and reads (`impl Inbox`), and the
+    // re-exports.
     &[""],
-    // The rest of the API (more `impl Inbox` blocks) and the tools over it.
+    // More of the API (more `impl Inbox` blocks) and the tools over it.
     &["read_api", "inspect", "kinds"],
     // Replication drives the sequencer from the consensus layer, and
     // installs a leader's image with salvage's writer.

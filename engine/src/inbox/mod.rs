@@ -16,30 +16,41 @@
 //! sequencer, which writes its own rounds, or the `evt` writer).
 //!
 //! The floor plan, top down. It is written once, as `LAYERS` in
-//! `engine/tests/inbox_layering.rs`, which fails on a use of a unit in the
-//! same layer or above that its `EXCEPTIONS` do not name:
-//! - this file: the [`Inbox`] API; it turns calls into commands, and reads
-//!   into the subsystems' read functions ([`read_api`], [`inspect`] hold
-//!   more of its methods);
+//! `engine/tests/inbox_layering.rs`, which fails on any use of a unit in
+//! the same layer or above (its `EXCEPTIONS` list is empty):
+//! - this file: the [`Inbox`] API's commands and reads, which it turns
+//!   into commands and into the subsystems' read functions; [`read_api`],
+//!   [`inspect`] hold more of its methods;
 //! - [`replica`] and [`salvage`]: replication, and the offline copy of a
-//!   damaged directory's intact data;
+//!   damaged directory's intact data (with their `impl Inbox` blocks);
+//! - [`handle`]: the [`Inbox`] struct itself, opening a store, handing a
+//!   command to the sequencer, stopping; every `impl Inbox` block above
+//!   uses it;
 //! - [`sequencer`]: the generic round-and-commit engine, and its
 //!   completion stage; it runs any [`round::Exec`] and names no
 //!   messaging, devices, snapshots or compaction type;
 //! - [`command`]: the engine's commands, one variant per subsystem, and
 //!   what they need besides the state (the snapshot builder's queue);
 //! - the subsystems' commands, decide functions and reads: [`compaction`]
-//!   (whose pass is a client of the sequencer, like this API),
-//!   [`snapshots`], [`devices`], [`messaging`];
-//! - [`round`]: what a decision hands the sequencer; [`shared`]: what the
-//!   sequencer, the completion stage and readers share;
-//! - [`checkpoint`], [`recover`]: checkpoints and replay (R22);
+//!   (whose pass hands its requests to whoever holds the sequencer, like
+//!   this API), [`snapshots`], [`devices`], [`messaging`];
+//! - [`round`]: what a decision hands the sequencer; [`pending`] above
+//!   [`read`]: a reply to wait for, then the read it leaves; [`shared`]:
+//!   what the sequencer, the completion stage and readers share, with
+//!   what it holds of the sequencer below it (the completion stage's
+//!   queue, `sequencer/completion_queue.rs`, and a leader's link and
+//!   entries, `replica/link.rs`);
+//! - [`recover`] above [`consistency`] (the check of every location it
+//!   recovered), [`checkpoint`]: replay and checkpoints (R22);
 //! - [`effect`]: one `evt` record variant per subsystem and the one
 //!   `apply`; below it each subsystem's `record.rs` (its record kinds);
 //! - [`state`]: the tables, with their invariants; below it each
-//!   subsystem's `rows.rs`, the row types the tables hold;
+//!   subsystem's `rows.rs`, the row types the tables hold (messaging's
+//!   include the user, which holds the devices' and snapshots' rows);
 //! - [`containers`]: generic compact containers; [`codec`], [`token`],
-//!   [`config`]: byte helpers, batch tokens, the configuration;
+//!   [`config`]: byte helpers, batch tokens, the configuration; [`frames`]:
+//!   the walk of a damaged frame's records (salvage, recovery); [`reply`]:
+//!   how replies travel;
 //! - `crate::log`: the segment logs, which know nothing of the inbox.
 //!
 //! `docs/ARCHITECTURE.md` draws the same plan with the path of one send.
