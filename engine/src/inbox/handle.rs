@@ -1,7 +1,7 @@
 //! The engine's handle: the [`Inbox`] struct, what opening a store
 //! builds (the shared parts, the sequencer and the threads around it),
 //! how a call hands its command to the sequencer, and how the engine
-//! stops.
+//! stops; and [`verify_data_dir`], what opening would conclude, read-only.
 //!
 //! The API's methods are `impl Inbox` blocks above this file: the
 //! commands and reads in `mod.rs` and `read_api.rs`, the counters in
