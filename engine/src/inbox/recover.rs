@@ -9,12 +9,31 @@
 //! open write anything (cut a torn tail, remove leftovers), so a refused
 //! start leaves the directory byte for byte as it was.
 //!
-//! A cut never gives a number twice: the records of the bytes a cut takes
-//! (the planned cut, and the side files of earlier cuts not yet covered
-//! by a checkpoint) that still verify on their own are read, and the
-//! `msg_id` counter is reserved past every `msg_id` they hold
-//! ([`reserve_past_cut`]). Under `SyncPolicy::Interval` such a message
-//! may have been acknowledged; its `msg_id` is never given to another.
+//! A cut never gives a number twice. The records of the bytes a cut
+//! takes (the planned cut, and the side files of earlier cuts not yet
+//! covered by a checkpoint) that still verify on their own are read
+//! ([`reserve_past_cut`]): the `msg_id` counter is raised past every
+//! message they hold, and each conversation's next `msg_seq` past theirs.
+//! The records that follow the recovered state directly (the planned cut,
+//! and a side file the log still ends at: its open crashed before the
+//! reservation was durable) are applied, whatever their kind, to a copy of
+//! the state, and every `sync_seq` they took is reserved too, one more
+//! per user for each damaged record before them. After the cut and before
+//! it serves, open commits the reservation to the `evt` log and fsyncs it
+//! ([`commit_reservation`], kinds 16 and 17 in
+//! `messaging/record/reservation.rs`): a reserved `msg_seq` is a tombstone,
+//! a reserved `sync_seq` a gap a sync steps over, and the raised counters
+//! are in every later checkpoint's rows, so they hold once the side files
+//! are gone. Under `SyncPolicy::Interval` such a message may have been
+//! acknowledged; none of its numbers is given to another.
+//!
+//! A group member (a replication index above 0, or a round mark in the
+//! cut bytes) reserves nothing: its `evt` log is raft's log
+//! (`server/src/cluster/store.rs`), every batch in it a round of the
+//! group. The cut rounds are missing from that log, so the leader sends
+//! them again with the same numbers, and a reservation batch of this node
+//! alone would be in raft's log behind its back and make them fail to
+//! apply. Only the `msg_id` counter is raised, in memory.
 //!
 //! A checkpoint that fails its checks is skipped with a warning and an
 //! older one (or a full replay) is used instead: the log still holds every
