@@ -373,20 +373,18 @@ fn reserve_past_cut(state: &mut State, evt: &LogPlan) -> Result<Reservation> {
             follow.extend(records);
         }
     }
-    state.next_msg_counter = state.next_msg_counter.max(r.msg_counter);
-    if state.replica_index > 0
-        || follow
-            .iter()
-            .any(|c| matches!(c.effect, Some(Effect::Replica(_))))
-    {
-        // A group member: its log follows raft's, whose leader sends the
-        // cut rounds again with the same numbers; a reservation in this
-        // log alone would make them fail to apply here.
+    let member = state.replica_index > 0
+        || (follow.iter()).any(|c| matches!(c.effect, Some(Effect::Replica(_))));
+    if member {
+        // Its `evt` log is raft's (see the module docs).
+        state.next_msg_counter = state.next_msg_counter.max(r.msg_counter);
         tracing::warn!("a group member's evt log was cut: the leader sends the cut rounds again");
         return Ok(Reservation::default());
     }
     seqs_of(state, &follow, &mut r);
-    Ok(r.past(state))
+    let r = r.past(state);
+    state.next_msg_counter = state.next_msg_counter.max(r.msg_counter);
+    Ok(r)
 }
 
 /// The message a record holds, if it is one.
@@ -441,7 +439,7 @@ pub(crate) fn commit_reservation(evt: &Log, state: &mut State, r: Reservation) -
     if r.is_empty() {
         return Ok(());
     }
-    let mut next_id = state.next_msg_counter.max(r.msg_counter);
+    let mut next_id = state.next_msg_counter;
     let mut effects = vec![Effect::from(ReservationEffect {
         msg_counter: next_id,
         users: r.users.iter().map(|(u, s)| (*u, *s)).collect(),
