@@ -72,7 +72,9 @@ impl Inbox {
         let open_log = |name: &str, plan| Log::open_planned(log_opts(name), Arc::clone(&io), plan);
         let msg_log = open_log("msg", verdict.msg)?;
         let evt_log = open_log("evt", verdict.evt)?;
-        let (state, recovery) = (verdict.state, verdict.report);
+        let (mut state, recovery) = (verdict.state, verdict.report);
+        // After the cut, before anything is served.
+        recover::commit_reservation(&evt_log, &mut state, verdict.reservation)?;
         let state_loaded = started.elapsed();
         tracing::info!(
             logs_ms = logs_opened.as_millis() as u64,
