@@ -461,7 +461,7 @@ pub(crate) mod tests {
         // Every kind written before the records moved into their
         // subsystems keeps its code; 9 (message with its body) and 10
         // (body moves) came with the single commit log; 14 (the round
-        // mark) with replication; 16 and 17 (what an open reserves past a
+        // mark) with replication; 19 and 20 (what an open reserves past a
         // cut tail) with the reservation.
         assert_eq!(
             seen.into_iter().collect::<Vec<_>>(),
@@ -479,8 +479,8 @@ pub(crate) mod tests {
                 (12, 0),
                 (13, 0),
                 (14, 4),
-                (16, 0),
-                (17, 0),
+                (19, 0),
+                (20, 0),
             ]
         );
         // The same check the build runs refuses a kind claimed twice.

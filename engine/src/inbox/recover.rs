@@ -20,7 +20,7 @@
 //! the state, and every `sync_seq` they took is reserved too, one more
 //! per user for each damaged record before them. After the cut and before
 //! it serves, open commits the reservation to the `evt` log and fsyncs it
-//! ([`commit_reservation`], kinds 16 and 17 in
+//! ([`commit_reservation`], kinds 19 and 20 in
 //! `messaging/record/reservation.rs`): a reserved `msg_seq` is a tombstone,
 //! a reserved `sync_seq` a gap a sync steps over, and the raised counters
 //! are in every later checkpoint's rows, so they hold once the side files

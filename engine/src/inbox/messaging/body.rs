@@ -39,7 +39,7 @@ pub(crate) fn read_body_record(shared: &Shared, loc: PackedLoc) -> Result<Bytes>
 }
 
 /// The body carried by an encoded message effect (or a copy of one).
-/// A reserved `msg_seq` (kind 17) reads as its tombstone.
+/// A reserved `msg_seq` (kind 20) reads as its tombstone.
 pub(crate) fn body_of_effect(kind: u8, payload: &[u8]) -> std::result::Result<Bytes, String> {
     let effect = match Effect::decode(kind, payload).map_err(|e| e.0.to_string())? {
         Effect::Copied(inner) => *inner,

@@ -3,12 +3,12 @@
 //! have reached a client (under `SyncPolicy::Interval` a write is
 //! acknowledged before its fdatasync), so none is given again.
 //!
-//! - [`ReservationEffect`] (kind 16, `reservation`): raises the `msg_id`
+//! - [`ReservationEffect`] (kind 19, `reservation`): raises the `msg_id`
 //!   counter, and each named user's next `sync_seq`. The `sync_seq`s it
 //!   skips are index entries that point at this record, which is no
 //!   event: a sync page steps over them (its cursor still moves past
 //!   them), so a device's cursor jumps the gap.
-//! - [`ReservedMsgEffect`] (kind 17, `reserved-message`): one `msg_seq` of
+//! - [`ReservedMsgEffect`] (kind 20, `reserved-message`): one `msg_seq` of
 //!   a conversation that holds no message. It is entered like a message
 //!   salvage lost (flag `FLAG_LOST`) and also flagged recalled, so it
 //!   never counts for unread and cannot be edited or recalled; its body
@@ -17,10 +17,10 @@
 //!   no event, no conversation row changes.
 //!
 //! ## `evt` records (after the format byte, little-endian)
-//! - kind 16: msg_counter u64 (the lowest counter the next `msg_id` may
+//! - kind 19: msg_counter u64 (the lowest counter the next `msg_id` may
 //!   take), count u64, then per user: uid u64, next_sync_seq u64 (the
 //!   lowest `sync_seq` its next event may take).
-//! - kind 17: conv u64, msg_seq u64 (the conversation's head + 1),
+//! - kind 20: conv u64, msg_seq u64 (the conversation's head + 1),
 //!   msg_id u64.
 
 use std::sync::Arc;
@@ -46,7 +46,7 @@ pub(crate) struct ReservationEffect {
 }
 
 impl Record for ReservationEffect {
-    const KIND: u8 = 16;
+    const KIND: u8 = 19;
     const NAME: &'static str = "reservation";
     /// It takes `sync_seq`s (as gaps): a lost one may have taken some.
     const MAY_APPEND_EVENTS: bool = true;
@@ -129,7 +129,7 @@ impl ReservedMsgEffect {
 }
 
 impl Record for ReservedMsgEffect {
-    const KIND: u8 = 17;
+    const KIND: u8 = 20;
     const NAME: &'static str = "reserved-message";
     const MAY_APPEND_EVENTS: bool = false;
 
@@ -225,7 +225,7 @@ mod tests {
         r.apply(&mut st, at, 0, &mut again).unwrap();
         assert!(again.events.is_empty());
         assert_eq!(st.users[&Uid(1)].head(), SyncSeq(3));
-        assert_eq!(Effect::decode(16, &r.encode()).unwrap(), r);
+        assert_eq!(Effect::decode(19, &r.encode()).unwrap(), r);
     }
 
     #[test]
@@ -255,6 +255,6 @@ mod tests {
             (ConvId(7), MsgSeq(1), MsgId(9))
         );
         assert!(payload.is_empty());
-        assert_eq!(Effect::decode(17, &e.encode()).unwrap(), e);
+        assert_eq!(Effect::decode(20, &e.encode()).unwrap(), e);
     }
 }
