@@ -36,7 +36,7 @@
 //! - [`ReadEffect`] (kind 2): uid u64, conv u64, read_seq u64, at_ms u64.
 //! - [`FlagsEffect`] (kind 3): uid u64, conv u64, muted u8, pinned u8,
 //!   at_ms u64.
-//! - [`ReservationEffect`] (kind 16) and [`ReservedMsgEffect`] (kind 17):
+//! - [`ReservationEffect`] (kind 19) and [`ReservedMsgEffect`] (kind 20):
 //!   what an open reserves past a cut tail (`record/reservation.rs`).
 
 use bytes::Bytes;
