@@ -38,6 +38,9 @@ const LAYERS: &[&[&str]] = &[
     &["snapshots"],
     &["devices"],
     &["messaging"],
+    // Fan-out across groups: the send path's hook and the forwarder's
+    // commands, below messaging, which calls the hook.
+    &["fanout"],
     // What a decision hands the sequencer, and the state readers share.
     &["round"],
     &["read"],
@@ -58,6 +61,7 @@ const LAYERS: &[&[&str]] = &[
         "snapshots::record",
         "compaction::record",
         "replica::record",
+        "fanout::record",
     ],
     &["messaging::checkpoint"],
     // The tables, the `Record` trait and the invariants.
@@ -75,12 +79,15 @@ const LAYERS: &[&[&str]] = &[
         "messaging::idem",
         "devices::rows",
         "snapshots::rows",
+        "fanout::rows",
     ],
     // Generic compact containers.
     &["containers"],
     // Batch tokens, then byte helpers and the configuration.
     &["token"],
     &["codec", "config"],
+    // Slots and placement: the configuration holds a placement.
+    &["fanout::slot"],
 ];
 
 /// Uses against [`LAYERS`] that the code still makes: (from unit, to unit,
