@@ -30,7 +30,8 @@
 //!   what they need besides the state (the snapshot builder's queue);
 //! - the subsystems' commands, decide functions and reads: [`compaction`]
 //!   (whose pass is a client of the sequencer, like this API),
-//!   [`snapshots`], [`devices`], [`messaging`];
+//!   [`snapshots`], [`devices`], [`messaging`], and [`fanout`] below
+//!   messaging, whose send path calls its hook;
 //! - [`round`]: what a decision hands the sequencer; [`shared`]: what the
 //!   sequencer, the completion stage and readers share;
 //! - [`checkpoint`], [`recover`]: checkpoints and replay (R22);
