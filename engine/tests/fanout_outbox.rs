@@ -235,6 +235,7 @@ fn a_recipient_applied_under_another_entry_is_not_applied_again() {
             seq: 1,
             message: m.clone(),
             recipients: vec![recipient(b)],
+            uncount: vec![],
         },
         // The same message routed again (as after a move), with one more
         // recipient: only that one is new.
@@ -242,6 +243,7 @@ fn a_recipient_applied_under_another_entry_is_not_applied_again() {
             seq: 2,
             message: m,
             recipients: vec![recipient(b), recipient(c)],
+            uncount: vec![],
         },
     ];
     let r = dest
@@ -267,6 +269,7 @@ fn an_entry_after_a_gap_is_held_back_until_the_gap_is_filled() {
         seq,
         message: message(conv, seq, sender),
         recipients: vec![recipient(b)],
+        uncount: vec![],
     };
     let r = dest
         .ib()
@@ -294,6 +297,7 @@ fn a_delivery_or_trim_that_does_not_fit_is_refused_and_changes_nothing() {
         seq,
         message: message(conv, 1, sender),
         recipients: vec![recipient(uid)],
+        uncount: vec![],
     };
     let before = dest.status();
     // A recipient that lives in group 1, not here.

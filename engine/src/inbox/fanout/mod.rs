@@ -33,11 +33,11 @@ pub(crate) mod slot;
 use std::collections::BTreeMap;
 
 use self::record::{DeliveredEffect, InboundTrimEffect, OutboxEffect, OutboxTrimEffect};
-use self::rows::{FanoutMessage, OutboxEntry, Recipient};
+use self::rows::{FanoutMessage, OutboxEntry, Recipient, UNCOUNT_PERIOD};
 use self::slot::GroupId;
 use super::round::{fail_now, reply_with, Fail, Sink, Tx};
 use super::state::State;
-use crate::api::MessageKind;
+use crate::api::{MessageKind, Uid};
 use crate::error::{Error, Result};
 
 /// Entries an outbox read hands out at most.
@@ -109,7 +109,9 @@ pub(crate) fn record_bytes_max(cmd: &Command) -> u64 {
     match cmd {
         Command::Outbox { .. } | Command::Trim { .. } => RECORD_OVERHEAD,
         Command::Deliver { entries, .. } => {
-            let per_entry = |e: &OutboxEntry| RECORD_OVERHEAD + 12 * e.recipients.len() as u64;
+            let per_entry = |e: &OutboxEntry| {
+                RECORD_OVERHEAD + 12 * e.recipients.len() as u64 + 8 * e.uncount.len() as u64
+            };
             RECORD_OVERHEAD + entries.iter().map(per_entry).sum::<u64>()
         }
     }
@@ -178,12 +180,18 @@ fn check_delivery(st: &State, source: GroupId, entries: &[OutboxEntry]) -> Resul
                 e.message.summary.len()
             )));
         }
-        if let Some(r) = e.recipients.iter().find(|r| !placement.owns_uid(r.uid)) {
+        let uids = (e.recipients.iter().map(|r| r.uid)).chain(e.uncount.iter().copied());
+        if let Some(uid) = uids.into_iter().find(|&u| !placement.owns_uid(u)) {
             return Err(Error::BadRequest(format!(
-                "outbox entry {}: uid {} does not live in {}",
+                "outbox entry {}: uid {uid} does not live in {}",
                 e.seq,
-                r.uid,
                 placement.here()
+            )));
+        }
+        if e.recipients.iter().any(|r| r.period_id == UNCOUNT_PERIOD) {
+            return Err(Error::BadRequest(format!(
+                "outbox entry {}: period {UNCOUNT_PERIOD}",
+                e.seq
             )));
         }
     }
@@ -236,6 +244,15 @@ fn deliver(
         let mut fresh: Vec<Recipient> = e.recipients.iter().copied().filter(is_new).collect();
         fresh.sort_unstable();
         fresh.dedup();
+        let uncount_is_new = |uid: &Uid| {
+            is_new(&Recipient {
+                uid: *uid,
+                period_id: UNCOUNT_PERIOD,
+            })
+        };
+        let mut uncounted: Vec<Uid> = e.uncount.iter().copied().filter(uncount_is_new).collect();
+        uncounted.sort_unstable();
+        uncounted.dedup();
         reply.duplicates += (e.recipients.len() - fresh.len()) as u64;
         reply.events_appended += fresh.len() as u64;
         let effect = DeliveredEffect {
@@ -243,6 +260,7 @@ fn deliver(
             seq: e.seq,
             message: e.message,
             applied: fresh,
+            uncounted,
         };
         sink.effect(st, effect.into());
     }
@@ -285,7 +303,8 @@ fn outbox_trimmed(st: &State, dest: GroupId) -> u64 {
 /// a store whose placement leaves some slots to other groups): one outbox
 /// entry per other group that holds recipients of `m`, with their
 /// membership periods. Above a large group's switch only a joining or
-/// leaving member gets an event, as here.
+/// leaving member gets an event, as here. A recall also names, per group,
+/// the members who received its target, whose unread count it lowers.
 pub(crate) fn route(st: &mut State, sink: &mut dyn Sink, m: FanoutMessage) {
     let Some(placement) = st.fanout.routing.get() else {
         return;
@@ -293,30 +312,45 @@ pub(crate) fn route(st: &mut State, sink: &mut dyn Sink, m: FanoutMessage) {
     let Some(conv) = st.convs.get(&m.conv) else {
         return;
     };
-    let mut by_group: BTreeMap<GroupId, Vec<Recipient>> = BTreeMap::new();
+    let mut by_group: BTreeMap<GroupId, (Vec<Recipient>, Vec<Uid>)> = BTreeMap::new();
+    // A recall of a message that counted as unread: the target's sender
+    // (whose own message never counted).
+    let uncount_for = (m.kind == MessageKind::Recall && m.target_seq <= conv.fanned_out_until())
+        .then(|| conv.meta(m.target_seq))
+        .flatten()
+        .filter(|t| t.kind == MessageKind::Normal)
+        .map(|t| t.sender);
     let large = conv.large.is_some();
     for (&uid, periods) in conv.members.iter() {
+        let group = placement.owner_of_uid(uid);
+        if group == placement.here() {
+            continue;
+        }
+        if let Some(target_sender) = uncount_for {
+            if uid != target_sender && periods.iter().any(|p| p.covers(m.target_seq)) {
+                by_group.entry(group).or_default().1.push(uid);
+            }
+        }
         if large && !(matches!(m.kind, MessageKind::Join | MessageKind::Leave) && uid == m.sender) {
             continue;
         }
         let Some(p) = periods.iter().find(|p| p.covers(m.msg_seq)) else {
             continue;
         };
-        let group = placement.owner_of_uid(uid);
-        if group != placement.here() {
-            by_group.entry(group).or_default().push(Recipient {
-                uid,
-                period_id: p.period_id,
-            });
-        }
+        by_group.entry(group).or_default().0.push(Recipient {
+            uid,
+            period_id: p.period_id,
+        });
     }
-    for (dest, mut recipients) in by_group {
+    for (dest, (mut recipients, mut uncount)) in by_group {
         recipients.sort_unstable();
+        uncount.sort_unstable();
         let seq = st.fanout.outboxes.get(&dest).map_or(0, |o| o.last_seq) + 1;
         let entry = OutboxEntry {
             seq,
             message: m.clone(),
             recipients,
+            uncount,
         };
         sink.effect(st, OutboxEffect { dest, entry }.into());
     }

@@ -5,22 +5,24 @@
 //! A message, as [`FanoutMessage`]: conv u64, msg_seq u64, msg_id u64,
 //! sender u64, kind u8, msg_type u16, target_seq u64, at_ms u64,
 //! client_msg_id u128, summary (u8 length + bytes, <= 64). Recipients: a
-//! u64 count, then per recipient uid u64, period_id u32.
+//! u64 count, then per recipient uid u64, period_id u32. Uncounted users
+//! (a recall's): a u64 count, then per user uid u64.
 //! - [`OutboxEffect`] (kind 15): dest u32, seq u64, the message, its
-//!   recipients in `dest`. Written by a send in the same round as its
-//!   message, so it is durable with it.
+//!   recipients in `dest`, its uncounted users in `dest`. Written by a
+//!   send in the same round as its message, so it is durable with it.
 //! - [`OutboxTrimEffect`] (kind 16): dest u32, through u64: the
 //!   destination committed every entry through `through`.
 //! - [`DeliveredEffect`] (kind 17): source u32, seq u64, the message, the
 //!   recipients whose events this record appends (those not applied
-//!   before). Every event it appends points at it and reads as the
-//!   message's sync event; their keys are the entry's dedup record.
+//!   before), the uncounted users not applied before. Every event it
+//!   appends points at it and reads as the message's sync event; their
+//!   keys are the entry's dedup record.
 //! - [`InboundTrimEffect`] (kind 18): source u32, through u64: the source
 //!   trimmed through `through`; the dedup records at or below it go.
 
 use std::sync::Arc;
 
-use super::rows::{Fanout, FanoutMessage, Inbound, OutboxEntry, Recipient};
+use super::rows::{Fanout, FanoutMessage, Inbound, OutboxEntry, Recipient, UNCOUNT_PERIOD};
 use super::slot::GroupId;
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
@@ -60,6 +62,8 @@ pub(crate) struct DeliveredEffect {
     pub seq: u64,
     pub message: FanoutMessage,
     pub applied: Vec<Recipient>,
+    /// A recall's target leaves these users' unread counts.
+    pub uncounted: Vec<Uid>,
 }
 
 /// A destination forgets the dedup records of `source` through `through`.
@@ -103,6 +107,18 @@ fn put_recipients(w: &mut Writer, rs: &[Recipient]) {
         w.u64(r.uid);
         w.u32(r.period_id);
     }
+}
+
+fn put_uids(w: &mut Writer, uids: &[Uid]) {
+    w.u64(uids.len() as u64);
+    for uid in uids {
+        w.u64(*uid);
+    }
+}
+
+fn get_uids(r: &mut Reader<'_>) -> DecodeResult<Vec<Uid>> {
+    let n = r.count(8)?;
+    (0..n).map(|_| r.id()).collect()
 }
 
 fn get_recipients(r: &mut Reader<'_>) -> DecodeResult<Vec<Recipient>> {
@@ -157,6 +173,7 @@ impl Record for OutboxEffect {
         w.u64(self.entry.seq);
         put_message(w, &self.entry.message);
         put_recipients(w, &self.entry.recipients);
+        put_uids(w, &self.entry.uncount);
     }
 
     fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
@@ -166,6 +183,7 @@ impl Record for OutboxEffect {
                 seq: r.u64()?,
                 message: get_message(r)?,
                 recipients: get_recipients(r)?,
+                uncount: get_uids(r)?,
             },
         })
     }
@@ -245,6 +263,7 @@ impl Record for DeliveredEffect {
         w.u64(self.seq);
         put_message(w, &self.message);
         put_recipients(w, &self.applied);
+        put_uids(w, &self.uncounted);
     }
 
     fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
@@ -253,16 +272,18 @@ impl Record for DeliveredEffect {
             seq: r.u64()?,
             message: get_message(r)?,
             applied: get_recipients(r)?,
+            uncounted: get_uids(r)?,
         })
     }
 
     fn describe(&self) -> String {
         format!(
-            "source {} seq {} {} applied {}",
+            "source {} seq {} {} applied {} uncounted {}",
             self.source,
             self.seq,
             describe_message(&self.message),
-            self.applied.len()
+            self.applied.len(),
+            self.uncounted.len()
         )
     }
 
@@ -275,14 +296,17 @@ impl Record for DeliveredEffect {
                 self.seq, self.source, inbound.applied_through
             )));
         }
+        let uncount_keys =
+            (self.uncounted.iter()).map(|&uid| (m.conv, m.msg_seq, uid, UNCOUNT_PERIOD));
         let keys: Vec<_> = (self.applied.iter())
             .map(|r| (m.conv, m.msg_seq, r.uid, r.period_id))
+            .chain(uncount_keys)
             .collect();
-        for (key, r) in keys.iter().zip(&self.applied) {
+        for key in &keys {
             if inbound.keys.contains(key) {
                 return Err(ApplyError(format!(
                     "uid {} gets message {} of conv {} twice",
-                    r.uid, m.msg_seq, m.conv
+                    key.2, m.msg_seq, m.conv
                 )));
             }
         }
@@ -309,6 +333,17 @@ impl Record for DeliveredEffect {
             uc.stamp = at.stamp;
             let new_key = uc.key(m.conv);
             user.order.replace(&old_key, new_key);
+        }
+        // A recall takes its target out of the unread count of whoever
+        // received it and has not read it, as it does where the
+        // conversation lives.
+        for uid in &self.uncounted {
+            let uc =
+                (st.users.get_mut(uid).map(Arc::make_mut)).and_then(|u| u.convs.get_mut(&m.conv));
+            if let Some(uc) = uc.filter(|uc| uc.read_seq < m.target_seq) {
+                uc.unread = uc.unread.saturating_sub(1);
+                uc.stamp = at.stamp;
+            }
         }
         Ok(())
     }
@@ -363,7 +398,7 @@ impl Record for InboundTrimEffect {
 
 /// The fan-out checkpoint section: per destination, `dest` u32,
 /// `last_seq` u64, `trimmed_through` u64, then its entries (seq, the
-/// message, its recipients); per source, `source` u32, `applied_through`
+/// message, its recipients, its uncounted users); per source, `source` u32, `applied_through`
 /// u64, `source_trimmed` u64, then its dedup records (seq u64, then the
 /// keys: count u64, conv u64, msg_seq u64, uid u64, period_id u32 each).
 pub(crate) fn put_section(w: &mut Writer, f: &Fanout) {
@@ -377,6 +412,7 @@ pub(crate) fn put_section(w: &mut Writer, f: &Fanout) {
             w.u64(e.seq);
             put_message(w, &e.message);
             put_recipients(w, &e.recipients);
+            put_uids(w, &e.uncount);
         }
     }
     w.u64(f.inbound.len() as u64);
@@ -409,6 +445,7 @@ pub(crate) fn get_section(r: &mut Reader<'_>, f: &mut Fanout) -> DecodeResult<()
                 seq: r.u64()?,
                 message: get_message(r)?,
                 recipients: get_recipients(r)?,
+                uncount: get_uids(r)?,
             };
             if e.seq <= o.trimmed_through || e.seq > o.last_seq {
                 return Err(DecodeError("outbox entry outside its outbox's range"));
@@ -475,6 +512,7 @@ mod tests {
                     seq: 9,
                     message: message(),
                     recipients: recipients.clone(),
+                    uncount: vec![Uid(8), Uid(9)],
                 },
             }),
             Effect::from(OutboxTrimEffect {
@@ -486,6 +524,7 @@ mod tests {
                 seq: 9,
                 message: message(),
                 applied: recipients,
+                uncounted: vec![Uid(8)],
             }),
             Effect::from(InboundTrimEffect {
                 source: GroupId(1),
@@ -509,6 +548,7 @@ mod tests {
                     uid: Uid(seq),
                     period_id: 1,
                 }],
+                uncount: vec![],
             };
             o.entries.insert(seq, Arc::new(entry));
         }

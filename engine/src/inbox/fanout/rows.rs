@@ -51,11 +51,19 @@ pub struct OutboxEntry {
     /// Per destination, from 1, consecutive.
     pub seq: u64,
     pub message: FanoutMessage,
+    /// Who gets the message's event.
     pub recipients: Vec<Recipient>,
+    /// For a recall: who received its target and counted it unread; their
+    /// count drops (if they had not read it), with no event of its own.
+    pub uncount: Vec<Uid>,
 }
 
 /// What a destination deduplicates one recipient's event by.
 pub(crate) type DedupKey = (ConvId, MsgSeq, Uid, u32);
+
+/// The period of a dedup key that stands for a recall's unread
+/// correction of a user, not an event (periods count from 0 up).
+pub(crate) const UNCOUNT_PERIOD: u32 = u32::MAX;
 
 /// The entries not yet trimmed for one destination.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
