@@ -159,12 +159,11 @@ fn the_outbox_and_the_dedup_records_survive_crashes_of_either_side_and_the_forwa
     source.crash(true);
     assert_eq!(depth(&source), 5, "and loaded from the checkpoint");
 
-    let batch = source
-        .ib()
-        .fanout_outbox(GroupId(2), 0, 100)
-        .wait()
-        .unwrap();
-    assert_eq!(batch.entries.len(), 5);
+    let batch = source.ib().fanout_outbox(GroupId(2), 0, 0).wait().unwrap();
+    assert_eq!(batch.entries.len(), 5, "a limit of 0 means the most");
+    let two = source.ib().fanout_outbox(GroupId(2), 1, 2).wait().unwrap();
+    let seqs: Vec<u64> = two.entries.iter().map(|e| e.seq).collect();
+    assert_eq!((seqs, two.last_seq), (vec![2, 3], 5));
     let entries = batch.entries.clone();
     let first = dest
         .ib()
@@ -321,6 +320,15 @@ fn a_delivery_or_trim_that_does_not_fit_is_refused_and_changes_nothing() {
     let err = dest
         .ib()
         .fanout_deliver(GroupId(1), vec![entry(id_in(2, 0), 0)], 0)
+        .wait()
+        .unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{err:?}");
+    // A summary longer than any the engine writes.
+    let mut long = entry(id_in(2, 0), 1);
+    long.message.summary = Bytes::from(vec![b'x'; SUMMARY_BYTES_MAX + 1]);
+    let err = dest
+        .ib()
+        .fanout_deliver(GroupId(1), vec![long], 0)
         .wait()
         .unwrap_err();
     assert!(matches!(err, Error::BadRequest(_)), "{err:?}");

@@ -695,7 +695,7 @@ impl Inbox {
         rx.recv().unwrap_or(Err(Error::ShuttingDown))
     }
     /// The outbox for `dest` after entry `after`, at most `limit` entries
-    /// (up to [`OUTBOX_READ_MAX`]), oldest first. Answered once the round
+    /// (up to [`OUTBOX_READ_MAX`]; 0 means that many), oldest first. Answered once the round
     /// that read it is durable, so every entry it hands out is durable:
     /// what a forwarder delivers.
     pub fn fanout_outbox(&self, dest: GroupId, after: u64, limit: usize) -> Pending<OutboxBatch> {

@@ -37,10 +37,11 @@ use self::rows::{FanoutMessage, OutboxEntry, Recipient, UNCOUNT_PERIOD};
 use self::slot::GroupId;
 use super::round::{fail_now, reply_with, Fail, Sink, Tx};
 use super::state::State;
-use crate::api::{MessageKind, Uid};
+use crate::api::{MessageKind, Uid, SUMMARY_BYTES_MAX};
 use crate::error::{Error, Result};
 
-/// Entries an outbox read hands out at most.
+/// Entries an outbox read hands out at most, and the count a `limit` of
+/// 0 asks for.
 pub const OUTBOX_READ_MAX: usize = 1024;
 
 /// What an outbox read answers: the entries after the asked position,
@@ -133,7 +134,10 @@ pub(crate) fn exec(cmd: Command, st: &mut State, sink: &mut dyn Sink) {
                 .get(&dest)
                 .map_or_else(OutboxBatch::default, |o| OutboxBatch {
                     entries: (o.entries.range(after + 1..))
-                        .take(limit.clamp(1, OUTBOX_READ_MAX))
+                        .take(match limit {
+                            0 => OUTBOX_READ_MAX,
+                            n => n.min(OUTBOX_READ_MAX),
+                        })
                         .map(|(_, e)| (**e).clone())
                         .collect(),
                     trimmed_through: o.trimmed_through,
@@ -173,7 +177,7 @@ fn check_delivery(st: &State, source: GroupId, entries: &[OutboxEntry]) -> Resul
         if e.seq == 0 {
             return Err(Error::BadRequest("outbox entry 0".into()));
         }
-        if e.message.summary.len() > usize::from(u8::MAX) {
+        if e.message.summary.len() > SUMMARY_BYTES_MAX {
             return Err(Error::BadRequest(format!(
                 "outbox entry {}: summary of {} bytes",
                 e.seq,
