@@ -42,6 +42,9 @@ const LAYERS: &[&[&str]] = &[
     &["snapshots"],
     &["devices"],
     &["messaging"],
+    // Fan-out across groups: the send path's hook and the forwarder's
+    // commands, below messaging, which calls the hook.
+    &["fanout"],
     // What a decision hands the sequencer; a reply to wait for, then a
     // read to run; what the sequencer, the completion stage and readers
     // share.
@@ -69,6 +72,7 @@ const LAYERS: &[&[&str]] = &[
         "snapshots::record",
         "compaction::record",
         "replica::record",
+        "fanout::record",
     ],
     // The large-group switch's records, which messaging's record set
     // holds (its commands and reads are in `messaging::large`).
@@ -87,7 +91,7 @@ const LAYERS: &[&[&str]] = &[
     // Messaging's rows include the user, which holds the devices' and
     // snapshots' rows.
     &["messaging::rows", "messaging::idem"],
-    &["devices::rows", "snapshots::rows"],
+    &["devices::rows", "snapshots::rows", "fanout::rows"],
     // Generic compact containers.
     &["containers"],
     // Batch tokens, then byte helpers, the configuration, the walk of a
@@ -95,6 +99,8 @@ const LAYERS: &[&[&str]] = &[
     // travel.
     &["token"],
     &["codec", "config", "frames", "reply"],
+    // Slots and placement: the configuration holds a placement.
+    &["fanout::slot"],
 ];
 
 /// Uses against [`LAYERS`] that the code still makes: (from unit, to unit,

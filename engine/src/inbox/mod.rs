@@ -33,7 +33,8 @@
 //!   what they need besides the state (the snapshot builder's queue);
 //! - the subsystems' commands, decide functions and reads: [`compaction`]
 //!   (whose pass hands its requests to whoever holds the sequencer, like
-//!   this API), [`snapshots`], [`devices`], [`messaging`];
+//!   this API), [`snapshots`], [`devices`], [`messaging`], and [`fanout`]
+//!   below messaging, whose send path calls its hook;
 //! - [`round`]: what a decision hands the sequencer; [`pending`] above
 //!   [`read`]: a reply to wait for, then the read it leaves; [`shared`]:
 //!   what the sequencer, the completion stage and readers share, with
@@ -71,6 +72,7 @@ mod consistency;
 mod containers;
 mod devices;
 mod effect;
+mod fanout;
 mod frames;
 mod handle;
 mod inspect;
@@ -96,6 +98,13 @@ mod token;
 pub use compaction::{CompactionStep, SpaceUsage};
 pub use config::{Clock, InboxConfig, ManualClock, SystemClock};
 pub use handle::{verify_data_dir, Inbox};
+pub use fanout::rows::{FanoutMessage, OutboxEntry, Recipient};
+pub use fanout::slot::{
+    slot, slot_of_conv, slot_of_uid, GroupId, Placement, PlacementError, Slot, SlotRange, SLOTS,
+};
+pub use fanout::{
+    DeliverReply, FanoutStatus, InboundStatus, OutboxBatch, OutboxStatus, OUTBOX_READ_MAX,
+};
 pub use pending::Pending;
 pub use read::Read;
 pub use recover::RecoveryReport;
@@ -504,6 +513,47 @@ impl Inbox {
             return Err(Error::ShuttingDown);
         }
         rx.recv().unwrap_or(Err(Error::ShuttingDown))
+    }
+    /// The outbox for `dest` after entry `after`, at most `limit` entries
+    /// (up to [`OUTBOX_READ_MAX`]; 0 means that many), oldest first. Answered once the round
+    /// that read it is durable, so every entry it hands out is durable:
+    /// what a forwarder delivers.
+    pub fn fanout_outbox(&self, dest: GroupId, after: u64, limit: usize) -> Pending<OutboxBatch> {
+        self.submit(|tx| fanout::Command::Outbox {
+            dest,
+            after,
+            limit,
+            tx,
+        })
+    }
+    /// Applies outbox entries of `source` here, each recipient exactly
+    /// once, in sequence order (an entry after a gap is held back);
+    /// `source_trimmed` is how far the source trimmed its outbox for this
+    /// store, below which dedup records go. The reply's
+    /// `applied_through` is durable when it arrives: what the source may
+    /// trim through.
+    pub fn fanout_deliver(
+        &self,
+        source: GroupId,
+        entries: Vec<OutboxEntry>,
+        source_trimmed: u64,
+    ) -> Pending<DeliverReply> {
+        self.submit(|tx| fanout::Command::Deliver {
+            source,
+            entries,
+            source_trimmed,
+            tx,
+        })
+    }
+    /// Trims the outbox for `dest` through `through`, which `dest` has
+    /// committed (its delivery reply's `applied_through`).
+    pub fn fanout_trim(&self, dest: GroupId, through: u64) -> Pending<u64> {
+        self.submit(|tx| fanout::Command::Trim { dest, through, tx })
+    }
+    /// The outboxes' and the sources' watermarks, from the state as the
+    /// sequencer has it (a round not yet durable included).
+    pub fn fanout_status(&self) -> FanoutStatus {
+        fanout::status(&self.shared.state.read())
     }
     /// Hints are coalesced per commit round and may be dropped by a slow
     /// receiver; correctness never depends on them (R16).

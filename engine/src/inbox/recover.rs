@@ -213,6 +213,7 @@ pub(crate) fn load_state_reporting(
     let mut state = state.unwrap_or_else(|| State::new(ttl_ms));
     state.use_scratch(scratch);
     state.idem_ttl_ms = ttl_ms;
+    state.fanout.routing = crate::inbox::fanout::rows::Routing::new(cfg.placement.clone());
     state.totals = state.recount_totals();
     let after = state.evt_lsn;
     let base_index = state.replica_index;

@@ -187,7 +187,12 @@ impl State {
         // One summary per message: the large group's newest entry and every
         // row the message reaches share it.
         let summary = Summary::new(&m.summary);
-        let recipients = recipients(conv, m, &summary, stamp);
+        let mut recipients = recipients(conv, m, &summary, stamp);
+        // Members that live in other groups get theirs through the
+        // outbox (`fanout::route`).
+        if let Some(placement) = self.fanout.routing.get() {
+            recipients.retain(|&uid| placement.owns_uid(uid));
+        }
         if m.kind == MessageKind::Leave {
             let closed = Arc::make_mut(&mut conv.members)
                 .get_mut(&m.sender)

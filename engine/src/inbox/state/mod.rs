@@ -87,6 +87,9 @@ pub(crate) struct State {
     /// Where conversations keep the full chunks of their message index
     /// (not state: where it is kept, not what it holds).
     pub scratch: Scratch,
+    /// The outboxes to other groups and what was applied from them
+    /// (`fanout`); empty on a store that owns every slot.
+    pub fanout: crate::inbox::fanout::rows::Fanout,
 }
 
 /// The scratch file of a state's message index ([`spill`]), if it has
@@ -183,6 +186,7 @@ impl State {
             msg_refs: SegRefs::default(),
             totals: Totals::default(),
             scratch: Scratch::default(),
+            fanout: Default::default(),
         }
     }
 
