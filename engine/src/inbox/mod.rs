@@ -97,7 +97,6 @@ mod token;
 
 pub use compaction::{CompactionStep, SpaceUsage};
 pub use config::{Clock, InboxConfig, ManualClock, SystemClock};
-pub use handle::{verify_data_dir, Inbox};
 pub use fanout::rows::{FanoutMessage, OutboxEntry, Recipient};
 pub use fanout::slot::{
     slot, slot_of_conv, slot_of_uid, GroupId, Placement, PlacementError, Slot, SlotRange, SLOTS,
@@ -105,6 +104,7 @@ pub use fanout::slot::{
 pub use fanout::{
     DeliverReply, FanoutStatus, InboundStatus, OutboxBatch, OutboxStatus, OUTBOX_READ_MAX,
 };
+pub use handle::{verify_data_dir, Inbox};
 pub use pending::Pending;
 pub use read::Read;
 pub use recover::RecoveryReport;
