@@ -6,6 +6,15 @@
 //! moves bodies from `evt` to `msg`. Every image must open (and verify)
 //! with every acknowledged send present and its body readable, and
 //! nothing unacknowledged half-present.
+//!
+//! The model and the repair at open agree on the whole store too: the
+//! newest `evt` segment cut at each batch's start, one byte in, its
+//! middle, one byte before its end and its end, as a power cut leaves it
+//! (zeros from there on, the file's length kept), opens, verifies, and
+//! serves exactly the sends of the batches whole before the cut; the same
+//! segment shortened to the same place, and an older segment shortened at
+//! any of those places, is refused by open and verify alike, naming the
+//! size expected, with the file left as it was: never served short.
 
 mod inbox_common;
 
@@ -385,4 +394,176 @@ fn a_cut_between_the_msg_copy_and_its_move_record_serves_the_evt_bodies_and_the_
             }
         }
     }
+}
+
+/// Each begun `evt` segment of `dir`: its file, where its data ends, and
+/// its batches as (start, end) offsets, walked by their frames' lengths.
+fn evt_batches(dir: &Path) -> Vec<(PathBuf, Vec<(u64, u64)>)> {
+    let report = inbox_engine::log::verify(&dir.join("evt")).unwrap();
+    report
+        .segments
+        .iter()
+        .filter(|s| !s.prepared)
+        .map(|s| {
+            let path = dir.join("evt").join(format!("{:010}.seg", s.id));
+            let bytes = std::fs::read(&path).unwrap();
+            let mut batches = Vec::new();
+            let mut at = inbox_engine::log::format::SEGMENT_HEADER_LEN as u64;
+            while at < s.bytes {
+                let len =
+                    u32::from_le_bytes(bytes[at as usize..at as usize + 4].try_into().unwrap());
+                batches.push((at, at + u64::from(len)));
+                at += u64::from(len);
+            }
+            assert_eq!(at, s.bytes, "the frames tile segment {}", s.id);
+            (path, batches)
+        })
+        .collect()
+}
+
+/// The places a cut is tried in each batch: its start, one byte in, its
+/// middle, one byte before its end, its end.
+fn cuts_of(batches: &[(u64, u64)]) -> Vec<u64> {
+    batches
+        .iter()
+        .flat_map(|&(start, end)| [start, start + 1, (start + end) / 2, end - 1, end])
+        .collect()
+}
+
+/// The sends before `cut` of the segment `path`, in every segment up to
+/// it: the message records (kind 9) that carry a body (a join's has none).
+fn sends_before(dir: &Path, path: &Path, cut: u64) -> usize {
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    let segment: u32 = name.trim_end_matches(".seg").parse().unwrap();
+    let mut n = 0;
+    inbox_engine::log::replay_dir(&dir.join("evt"), 0, &mut |_, loc, kind, payload| {
+        let before =
+            loc.segment < segment || (loc.segment == segment && u64::from(loc.offset) < cut);
+        n += usize::from(kind == 9 && payload.len() > 300 && before);
+        Ok(())
+    })
+    .unwrap();
+    n
+}
+
+/// `image` with the segment at `path` (a path in `from`) cut at `cut`:
+/// zeros from there on, the file's length kept (a power cut's loss of
+/// unsynced bytes), or the file shortened to it (a cut from outside).
+fn cut_image(from: &Path, path: &Path, cut: u64, shorten: bool) -> tempfile::TempDir {
+    let image = tempfile::tempdir().unwrap();
+    copy_running_dir(from, image.path());
+    let at = image.path().join(path.strip_prefix(from).unwrap());
+    if shorten {
+        File::options()
+            .write(true)
+            .open(&at)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+    } else {
+        let mut bytes = std::fs::read(&at).unwrap();
+        bytes[cut as usize..].fill(0);
+        std::fs::write(&at, bytes).unwrap();
+    }
+    image
+}
+
+/// Opens a store whose segment at `path` was shortened: verify and open
+/// refuse alike, naming the size expected, and the file stays as it was.
+fn assert_refused_short(what: &str, img: &Path, path: &Path, clock: &Arc<ManualClock>) {
+    let before = std::fs::read(path).unwrap();
+    let c = cfg(img, clock);
+    let verified = verify_data_dir(&c).map(|_| ()).unwrap_err().to_string();
+    let opened = match Inbox::open_with_io(c, Arc::new(FaultyIo::new())) {
+        Ok(ib) => panic!("{what}: served short: {} messages", messages(&ib).len()),
+        Err(e) => e.to_string(),
+    };
+    assert_eq!(opened, verified, "{what}");
+    assert!(verified.contains("bytes long"), "{what}: {verified}");
+    assert_eq!(
+        std::fs::read(path).unwrap(),
+        before,
+        "{what}: the refusal changed the file"
+    );
+}
+
+#[test]
+fn a_crash_image_cut_in_the_newest_segment_opens_and_a_truncated_segment_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let io = CutIo::new(dir.path());
+    let ib = setup(dir.path(), &clock, &io, 40);
+    let acked: Vec<Bytes> = (1..=40).map(body).collect();
+    let segments = evt_batches(dir.path());
+    assert!(segments.len() >= 3, "several evt segments");
+    assert!(
+        std::fs::read_dir(dir.path().join("checkpoint")).map_or(true, |d| d.count() == 0),
+        "no checkpoint covers the log: any cut of it is a power cut's"
+    );
+    let (newest, batches) = segments.last().unwrap();
+    let newest_bytes = std::fs::read(newest).unwrap();
+    let mut checked = 0;
+    for cut in cuts_of(batches) {
+        let what = format!("newest segment cut at {cut}");
+        // Everything of a batch the cut left whole is served, nothing of
+        // the batch the cut went through. (A batch whose bytes past the
+        // cut were zeros already is whole.)
+        let whole_before = batches
+            .iter()
+            .filter(|&&(_, end)| {
+                end <= cut
+                    || newest_bytes[cut as usize..end as usize]
+                        .iter()
+                        .all(|&b| b == 0)
+            })
+            .map(|&(_, end)| end)
+            .max()
+            .unwrap_or(0);
+        let kept = sends_before(dir.path(), newest, whole_before);
+        let img = cut_image(dir.path(), newest, cut, false);
+        let c = cfg(img.path(), &clock);
+        verify_data_dir(&c).unwrap_or_else(|e| panic!("{what}: verify refuses: {e}"));
+        let opened = Inbox::open_with_io(c, Arc::new(FaultyIo::new()))
+            .unwrap_or_else(|e| panic!("{what}: open refuses: {e}"));
+        let served: Vec<Bytes> = opened.pull(Uid(2), &[(CONV, MsgSeq(0))], 500).unwrap()[0]
+            .messages
+            .iter()
+            .filter(|m| m.kind == MessageKind::Normal && !m.tombstone)
+            .map(|m| m.payload.clone())
+            .collect();
+        assert_eq!(served.len(), kept, "{what}");
+        assert!(
+            served == acked[..kept],
+            "{what}: not the acknowledged sends"
+        );
+        drop(opened);
+
+        let img = cut_image(dir.path(), newest, cut, true);
+        let at = img.path().join(newest.strip_prefix(dir.path()).unwrap());
+        assert_refused_short(&format!("{what}, shortened"), img.path(), &at, &clock);
+        checked += 1;
+    }
+    assert_eq!(checked, batches.len() * 5);
+    drop(ib);
+}
+
+#[test]
+fn an_older_segment_truncated_at_or_inside_any_batch_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let io = CutIo::new(dir.path());
+    let ib = setup(dir.path(), &clock, &io, 40);
+    let segments = evt_batches(dir.path());
+    let (older, batches) = &segments[segments.len() - 2];
+    for cut in cuts_of(batches) {
+        let img = cut_image(dir.path(), older, cut, true);
+        let at = img.path().join(older.strip_prefix(dir.path()).unwrap());
+        assert_refused_short(
+            &format!("older segment cut to {cut}"),
+            img.path(),
+            &at,
+            &clock,
+        );
+    }
+    drop(ib);
 }

@@ -167,6 +167,87 @@ fn replicated_round(ib: &Inbox) {
     pump.join().unwrap();
 }
 
+/// Tears the `evt` log's last batch as a power cut before its fdatasync
+/// may (its frame's CRC no longer verifies, its records' own still do),
+/// and removes the checkpoint the shutdown wrote after it.
+fn tear_last_batch(dir: &std::path::Path) {
+    let newest = std::fs::read_dir(dir.join("checkpoint")).unwrap();
+    let newest = newest.flatten().map(|e| e.path()).max().unwrap();
+    std::fs::remove_file(newest).unwrap();
+    let report = inbox_engine::log::verify(&dir.join("evt")).unwrap();
+    let seg = report.segments.iter().rfind(|s| !s.prepared).unwrap();
+    let path = dir.join("evt").join(format!("{:010}.seg", seg.id));
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mut at = inbox_engine::log::format::SEGMENT_HEADER_LEN;
+    loop {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        if at + len >= seg.bytes as usize {
+            break;
+        }
+        at += len;
+    }
+    // The frame's CRC, bytes 20..24 of its header.
+    bytes[at + 20] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+}
+
+/// The fan-out kinds, on a store of group 1 that owns half the slots: an
+/// outbox entry for group 2 and its trim, and a delivery from group 2 and
+/// its dedup trim.
+fn fanout_rounds(dir: &std::path::Path, clock: &Arc<ManualClock>) {
+    use inbox_engine::inbox::{
+        slot, FanoutMessage, GroupId, OutboxEntry, Placement, Recipient, Slot, SlotRange, SLOTS,
+    };
+    let half = |first: u16, last: u16, g: u32| SlotRange {
+        first: Slot(first),
+        last: Slot(last),
+        group: GroupId(g),
+    };
+    let ranges = vec![half(0, SLOTS / 2 - 1, 1), half(SLOTS / 2, SLOTS - 1, 2)];
+    let placement = Arc::new(Placement::new(1, GroupId(1), ranges).unwrap());
+    let here = |id: &u64| placement.owns(slot(*id));
+    let (conv, a) = {
+        let mut ids = (1u64..).filter(here);
+        (ids.next().unwrap(), ids.next().unwrap())
+    };
+    let b = (1u64..).find(|id| !here(id)).unwrap();
+    let mut c = InboxConfig::new(dir);
+    c.sync = SyncPolicy::None;
+    c.token_key = [42; 32];
+    c.clock = clock.clone();
+    c.compaction_interval = None;
+    c.placement = Some(Arc::clone(&placement));
+    let ib = Inbox::open(c).unwrap();
+    ib.join(Uid(a), ConvId(conv)).wait().unwrap();
+    ib.join(Uid(b), ConvId(conv)).wait().unwrap();
+    assert_eq!(ib.fanout_trim(GroupId(2), 1).wait().unwrap(), 1);
+    let entry = OutboxEntry {
+        seq: 1,
+        message: FanoutMessage {
+            conv: ConvId(b),
+            msg_seq: MsgSeq(1),
+            msg_id: MsgId(1),
+            sender: Uid(b),
+            kind: MessageKind::Normal,
+            msg_type: 1,
+            target_seq: MsgSeq(0),
+            at_ms: T0,
+            client_msg_id: 1,
+            summary: Bytes::from_static(b"hi"),
+        },
+        recipients: vec![Recipient {
+            uid: Uid(a),
+            period_id: 0,
+        }],
+        uncount: vec![],
+    };
+    ib.fanout_deliver(GroupId(2), vec![entry], 0)
+        .wait()
+        .unwrap();
+    ib.fanout_deliver(GroupId(2), vec![], 1).wait().unwrap();
+    ib.shutdown().unwrap();
+}
+
 #[test]
 fn dump_describes_every_record_kind_of_a_store_that_has_seen_them_all() {
     let dir = tempfile::tempdir().unwrap();
@@ -174,12 +255,24 @@ fn dump_describes_every_record_kind_of_a_store_that_has_seen_them_all() {
     let ib = open(dir.path(), &clock);
     compacted_rounds(&ib, &clock);
     live_rounds(&ib);
+    // A send whose batch a power cut tore: the open after it cuts the
+    // batch and reserves its numbers (a reservation, a reserved message).
+    send(&ib, SMALL, 2, 2500, "torn by a power cut");
+    ib.shutdown().unwrap();
+    drop(ib);
+    tear_last_batch(dir.path());
+    let ib = open(dir.path(), &clock);
     replicated_round(&ib);
     ib.shutdown().unwrap();
 
+    let placed = tempfile::tempdir().unwrap();
+    fanout_rounds(placed.path(), &clock);
+
     let mut out = Vec::new();
-    for (stream, sub) in [(Stream::Evt, "evt"), (Stream::Msg, "msg")] {
-        dump_stream(&dir.path().join(sub), stream, None, &mut out).unwrap();
+    for dir in [dir.path(), placed.path()] {
+        for (stream, sub) in [(Stream::Evt, "evt"), (Stream::Msg, "msg")] {
+            dump_stream(&dir.join(sub), stream, None, &mut out).unwrap();
+        }
     }
     let text = String::from_utf8(out).unwrap();
     let undescribed: Vec<&str> = text

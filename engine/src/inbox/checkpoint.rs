@@ -67,6 +67,7 @@ use std::sync::Arc;
 use super::codec::{sorted, DecodeError, DecodeResult, Reader, Sink, Writer};
 use super::compaction::record as compaction;
 use super::devices::record as devices;
+use super::fanout::record as fanout;
 use super::messaging::checkpoint as messaging;
 use super::snapshots::record as snapshots;
 use super::state::*;
@@ -116,6 +117,9 @@ pub(crate) mod tag {
     pub const IDEMPOTENCY: u32 = 8;
     /// The replication index of the last round applied: u64.
     pub const REPLICA_INDEX: u32 = 9;
+    /// Outboxes to other groups, applied watermarks and dedup records
+    /// (fan-out); written only when there are any.
+    pub const FANOUT: u32 = 10;
 }
 
 /// Bytes of one entry of the section table: tag u32, length u64.
@@ -310,6 +314,9 @@ fn encode_body(w: &mut Writer, st: &State, at: &dyn Fn(&Writer) -> u64) {
         messaging::put_idempotency_table(w, st)
     });
     section(w, tag::REPLICA_INDEX, &|w| w.u64(st.replica_index));
+    if !st.fanout.is_empty() {
+        section(w, tag::FANOUT, &|w| fanout::put_section(w, &st.fanout));
+    }
     for (tag, len) in &table {
         w.u32(*tag);
         w.u64(*len);
@@ -391,6 +398,7 @@ pub(crate) fn decode_state_in(body: &[u8], scratch: Scratch) -> DecodeResult<Sta
             tag::LARGE_GROUPS => messaging::get_large_groups(&mut r, &mut st)?,
             tag::IDEMPOTENCY => messaging::get_idempotency_table(&mut r, &mut st)?,
             tag::REPLICA_INDEX => st.replica_index = r.u64()?,
+            tag::FANOUT => fanout::get_section(&mut r, &mut st.fanout)?,
             // A section of a later version: what it holds is not this
             // version's to know.
             _ => continue,

@@ -14,7 +14,7 @@ use super::config::InboxConfig;
 use super::messaging::record::MESSAGE_OVERHEAD_MAX;
 use super::round::{Env, Exec, Fail, Sink};
 use super::state::State;
-use super::{compaction, devices, messaging, snapshots};
+use super::{compaction, devices, fanout, messaging, snapshots};
 
 /// A command of one subsystem.
 pub(crate) enum Command {
@@ -22,6 +22,7 @@ pub(crate) enum Command {
     Devices(devices::Command),
     Snapshots(snapshots::Command),
     Compaction(compaction::Command),
+    Fanout(fanout::Command),
 }
 
 /// What the engine's commands need besides the state and the [`Env`].
@@ -41,6 +42,7 @@ impl Exec for Command {
             Command::Devices(c) => devices::exec(c, st, env, sink),
             Command::Snapshots(c) => snapshots::exec(c, st, env, sink, &services.snapshot_jobs),
             Command::Compaction(c) => compaction::exec(c, st, env, sink),
+            Command::Fanout(c) => fanout::exec(c, st, sink),
         }
     }
 
@@ -54,6 +56,7 @@ impl Exec for Command {
                 Some(u64::from(config.payload_bytes_max) + 4 * MESSAGE_OVERHEAD_MAX)
             }
             Command::Compaction(_) => None,
+            Command::Fanout(c) => Some(fanout::record_bytes_max(c)),
         }
     }
 
@@ -63,6 +66,7 @@ impl Exec for Command {
             Command::Devices(c) => devices::fail(c, f),
             Command::Snapshots(c) => snapshots::fail(c, f),
             Command::Compaction(c) => compaction::fail(c, f),
+            Command::Fanout(c) => fanout::fail(c, f),
         }
     }
 }
@@ -81,5 +85,6 @@ command_from!(
     Messaging(messaging::Command),
     Devices(devices::Command),
     Snapshots(snapshots::Command),
-    Compaction(compaction::Command)
+    Compaction(compaction::Command),
+    Fanout(fanout::Command)
 );

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::fanout::slot::Placement;
 use crate::api::TimestampMs;
 use crate::log::{IoBackend, SyncPolicy};
 
@@ -121,6 +122,10 @@ pub struct InboxConfig {
     /// (`crate::placement::join`) on one CPU while rounds hold about one
     /// command and the process uses little CPU (`crate::placement`).
     pub colocate_when_light: bool,
+    /// Which slots this store owns and which group owns the others
+    /// (`fanout::slot`). `None`, or a placement that owns every slot:
+    /// the store owns every user and conversation and writes no outbox.
+    pub placement: Option<Arc<Placement>>,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -159,6 +164,7 @@ impl InboxConfig {
             index_in_file: true,
             large_group_members: LARGE_GROUP_MEMBERS_DEFAULT,
             colocate_when_light: false,
+            placement: None,
             clock: Arc::new(SystemClock),
         }
     }

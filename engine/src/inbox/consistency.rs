@@ -13,8 +13,6 @@
 
 use std::collections::BTreeMap;
 
-use super::config::InboxConfig;
-use super::recover::{self, RecoveryReport};
 use super::state::{body_at, unpack, BodyLog, PackedLoc, State, PENDING_LOC};
 use crate::error::{Error, Result};
 use crate::log::{Log, SegmentId};
@@ -83,14 +81,4 @@ pub(crate) fn check_locations(st: &State, evt: &Ends, msg: &Ends) -> Result<()> 
         }
     }
     Ok(())
-}
-
-/// What `Inbox::open` would conclude about `config.data_dir`, read-only:
-/// both logs scanned as recovery scans them (a torn tail left out, as
-/// open cuts it), the state recovered from the newest usable checkpoint
-/// and the `evt` log after it (a checkpoint beyond the log's end refuses),
-/// then every index location checked against both logs. Never writes.
-pub fn verify_data_dir(config: &InboxConfig) -> Result<RecoveryReport> {
-    // The verdict `Inbox::open` acts on; the caller holds the locks.
-    recover::decide(config, false).map(|v| v.report)
 }

@@ -22,6 +22,7 @@ use super::codec::{DecodeError, DecodeResult, Reader, Writer};
 use super::compaction::record::Records as CompactionRecords;
 use super::devices::ack_view::Before;
 use super::devices::record::Records as DevicesRecords;
+use super::fanout::record::Records as FanoutRecords;
 use super::messaging::record::Records as MessagingRecords;
 use super::replica::record::Records as ReplicaRecords;
 use super::snapshots::record::Records as SnapshotsRecords;
@@ -95,6 +96,12 @@ impl From<CompactionRecords> for Effect {
 impl From<ReplicaRecords> for Effect {
     fn from(r: ReplicaRecords) -> Effect {
         Effect::Replica(r)
+    }
+}
+
+impl From<FanoutRecords> for Effect {
+    fn from(r: FanoutRecords) -> Effect {
+        Effect::Fanout(r)
     }
 }
 
@@ -206,6 +213,7 @@ subsystems! {
     Snapshots(SnapshotsRecords),
     Compaction(CompactionRecords),
     Replica(ReplicaRecords),
+    Fanout(FanoutRecords),
 }
 
 // No two subsystems claim one kind code, and bit 7 is left to copies.
@@ -461,7 +469,9 @@ pub(crate) mod tests {
         // Every kind written before the records moved into their
         // subsystems keeps its code; 9 (message with its body) and 10
         // (body moves) came with the single commit log; 14 (the round
-        // mark) with replication.
+        // mark) with replication; 15 to 18 (the outbox, its trim, a
+        // delivery and the dedup trim) with fan-out across groups; 19 and
+        // 20 (what an open reserves past a cut tail) with the reservation.
         assert_eq!(
             seen.into_iter().collect::<Vec<_>>(),
             [
@@ -478,6 +488,12 @@ pub(crate) mod tests {
                 (12, 0),
                 (13, 0),
                 (14, 4),
+                (15, 5),
+                (16, 5),
+                (17, 5),
+                (18, 5),
+                (19, 0),
+                (20, 0),
             ]
         );
         // The same check the build runs refuses a kind claimed twice.

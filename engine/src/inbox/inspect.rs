@@ -5,8 +5,10 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::handle::Inbox;
+use super::recover::RecoveryReport;
 use super::state::memory::Tally;
-use super::{checkpoint, state, Inbox, RecoveryReport};
+use super::{checkpoint, state};
 use crate::api::{ConvId, MemoryReport, MemoryUse, Stats, Uid};
 use crate::log::SyncPolicy;
 

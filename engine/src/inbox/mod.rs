@@ -16,30 +16,42 @@
 //! sequencer, which writes its own rounds, or the `evt` writer).
 //!
 //! The floor plan, top down. It is written once, as `LAYERS` in
-//! `engine/tests/inbox_layering.rs`, which fails on a use of a unit in the
-//! same layer or above that its `EXCEPTIONS` do not name:
-//! - this file: the [`Inbox`] API; it turns calls into commands, and reads
-//!   into the subsystems' read functions ([`read_api`], [`inspect`] hold
-//!   more of its methods);
+//! `engine/tests/inbox_layering.rs`, which fails on any use of a unit in
+//! the same layer or above (its `EXCEPTIONS` list is empty):
+//! - this file: the [`Inbox`] API's commands and reads, which it turns
+//!   into commands and into the subsystems' read functions; [`read_api`],
+//!   [`inspect`] hold more of its methods;
 //! - [`replica`] and [`salvage`]: replication, and the offline copy of a
-//!   damaged directory's intact data;
+//!   damaged directory's intact data (with their `impl Inbox` blocks);
+//! - [`handle`]: the [`Inbox`] struct itself, opening a store, handing a
+//!   command to the sequencer, stopping; every `impl Inbox` block above
+//!   uses it;
 //! - [`sequencer`]: the generic round-and-commit engine, and its
 //!   completion stage; it runs any [`round::Exec`] and names no
 //!   messaging, devices, snapshots or compaction type;
 //! - [`command`]: the engine's commands, one variant per subsystem, and
 //!   what they need besides the state (the snapshot builder's queue);
 //! - the subsystems' commands, decide functions and reads: [`compaction`]
-//!   (whose pass is a client of the sequencer, like this API),
-//!   [`snapshots`], [`devices`], [`messaging`];
-//! - [`round`]: what a decision hands the sequencer; [`shared`]: what the
-//!   sequencer, the completion stage and readers share;
-//! - [`checkpoint`], [`recover`]: checkpoints and replay (R22);
+//!   (whose pass hands its requests to whoever holds the sequencer, like
+//!   this API), [`snapshots`], [`devices`], [`messaging`], and [`fanout`]
+//!   below messaging, whose send path calls its hook;
+//! - [`round`]: what a decision hands the sequencer; [`pending`] above
+//!   [`read`]: a reply to wait for, then the read it leaves; [`shared`]:
+//!   what the sequencer, the completion stage and readers share, with
+//!   what it holds of the sequencer below it (the completion stage's
+//!   queue, `sequencer/completion_queue.rs`, and a leader's link and
+//!   entries, `replica/link.rs`);
+//! - [`recover`] above [`consistency`] (the check of every location it
+//!   recovered), [`checkpoint`]: replay and checkpoints (R22);
 //! - [`effect`]: one `evt` record variant per subsystem and the one
 //!   `apply`; below it each subsystem's `record.rs` (its record kinds);
 //! - [`state`]: the tables, with their invariants; below it each
-//!   subsystem's `rows.rs`, the row types the tables hold;
+//!   subsystem's `rows.rs`, the row types the tables hold (messaging's
+//!   include the user, which holds the devices' and snapshots' rows);
 //! - [`containers`]: generic compact containers; [`codec`], [`token`],
-//!   [`config`]: byte helpers, batch tokens, the configuration;
+//!   [`config`]: byte helpers, batch tokens, the configuration; [`frames`]:
+//!   the walk of a damaged frame's records (salvage, recovery); [`reply`]:
+//!   how replies travel;
 //! - `crate::log`: the segment logs, which know nothing of the inbox.
 //!
 //! `docs/ARCHITECTURE.md` draws the same plan with the path of one send.
@@ -60,6 +72,9 @@ mod consistency;
 mod containers;
 mod devices;
 mod effect;
+mod fanout;
+mod frames;
+mod handle;
 mod inspect;
 pub mod kinds;
 mod messaging;
@@ -68,6 +83,7 @@ mod read;
 mod read_api;
 mod recover;
 mod replica;
+mod reply;
 mod round;
 mod salvage;
 mod sequencer;
@@ -81,7 +97,14 @@ mod token;
 
 pub use compaction::{CompactionStep, SpaceUsage};
 pub use config::{Clock, InboxConfig, ManualClock, SystemClock};
-pub use consistency::verify_data_dir;
+pub use fanout::rows::{FanoutMessage, OutboxEntry, Recipient};
+pub use fanout::slot::{
+    slot, slot_of_conv, slot_of_uid, GroupId, Placement, PlacementError, Slot, SlotRange, SLOTS,
+};
+pub use fanout::{
+    DeliverReply, FanoutStatus, InboundStatus, OutboxBatch, OutboxStatus, OUTBOX_READ_MAX,
+};
+pub use handle::{verify_data_dir, Inbox};
 pub use pending::Pending;
 pub use read::Read;
 pub use recover::RecoveryReport;
@@ -92,209 +115,15 @@ pub use replica::{
 pub use salvage::{salvage, Damage, LostEvents, LostMessages, RaisedFloor, SalvageReport};
 pub use shared::{Hint, LargeGroupHint};
 
-use std::sync::atomic::AtomicU64;
 use std::sync::{mpsc, Arc};
 
 use bytes::Bytes;
-use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::api::*;
 use crate::error::{Error, Result};
-use crate::log::{Log, LogError, LogOptions};
-use command::Command;
 use messaging::record::{summary_for, StoredPayload, MESSAGE_OVERHEAD_MAX};
-use round::Tx;
-use shared::{Progress, Shared};
-
-/// The embedded inbox. Cheap to share: wrap it in an `Arc`.
-pub struct Inbox {
-    shared: Arc<Shared>,
-    tx: Mutex<Option<sequencer::Queue<Command>>>,
-    /// The sequencer, for a send run on its caller's thread
-    /// ([`Inbox::send_here`]).
-    core: Arc<sequencer::Core<Command>>,
-    threads: Mutex<Vec<crate::threads::Handle>>,
-}
 
 impl Inbox {
-    /// Opens (recovering if needed) the store in `config.data_dir`.
-    pub fn open(config: InboxConfig) -> Result<Inbox> {
-        #[cfg(feature = "failpoints")]
-        if let Some(io) = crate::failpoints::io_from_env(&config.data_dir, config.io)? {
-            return Self::open_inner(config, Some(io));
-        }
-        Self::open_inner(config, None)
-    }
-
-    /// Opens with both logs' IO going through `io`: fault injection
-    /// (`crate::log::FaultyIo`) in tests.
-    #[doc(hidden)]
-    pub fn open_with_io(config: InboxConfig, io: Arc<dyn crate::log::LogIo>) -> Result<Inbox> {
-        Self::open_inner(config, Some(io))
-    }
-
-    fn open_inner(config: InboxConfig, io: Option<Arc<dyn crate::log::LogIo>>) -> Result<Inbox> {
-        let data = &config.data_dir;
-        std::fs::create_dir_all(data).map_err(LogError::Io)?;
-        let log_opts = |name: &str| LogOptions {
-            segment_bytes: config.segment_bytes,
-            sync: config.sync,
-            io: config.io,
-            ..LogOptions::new(data.join(name))
-        };
-        let started = std::time::Instant::now();
-        // The verdict first, from reads alone: a refusal changes nothing.
-        let verdict = recover::decide(&config, true)?;
-        let logs_opened = started.elapsed();
-        let io = match io {
-            Some(io) => io,
-            None => crate::log::default_io(config.io)?,
-        };
-        let open_log = |name: &str, plan| Log::open_planned(log_opts(name), Arc::clone(&io), plan);
-        let msg_log = open_log("msg", verdict.msg)?;
-        let evt_log = open_log("evt", verdict.evt)?;
-        let (state, recovery) = (verdict.state, verdict.report);
-        let state_loaded = started.elapsed();
-        tracing::info!(
-            logs_ms = logs_opened.as_millis() as u64,
-            state_ms = (state_loaded - logs_opened).as_millis() as u64,
-            checks_ms = (started.elapsed() - state_loaded).as_millis() as u64,
-            "inbox store opened"
-        );
-        let checkpoints = checkpoint::durable_list(data)?;
-        let (hints, _) = tokio::sync::broadcast::channel(1024);
-        let (large_group_hints, _) = tokio::sync::broadcast::channel(1024);
-        let snapshots = snapshots::store::Store::new(config.snapshot_cache_bytes);
-        let shared = Arc::new(Shared {
-            config,
-            state: RwLock::new(state),
-            msg_log,
-            evt_log,
-            progress: Mutex::new(Progress::default()),
-            completions: Default::default(),
-            progress_cv: Condvar::new(),
-            settled_watch: tokio::sync::watch::Sender::new((0, false)),
-            hints,
-            large_group_hints,
-            rounds_written: AtomicU64::new(0),
-            pipeline_on_one_cpu: std::sync::atomic::AtomicBool::new(false),
-            rounds_refused_for_space: AtomicU64::new(0),
-            state_reloads_for_space: AtomicU64::new(0),
-            recovery,
-            snapshots,
-            compaction: compaction::runtime::Runtime::default(),
-            checkpoint_hook: Mutex::new(None),
-            checkpoints: Mutex::default(),
-            newest_checkpoint_bytes: AtomicU64::new(0),
-            ack_views: devices::ack_view::AckViews::default(),
-            touches: Arc::default(),
-            round_bases: Mutex::default(),
-        });
-        shared.note_round_base(
-            shared.recovery.checkpoint_replica_index,
-            shared.recovery.checkpoint_lsn,
-        );
-        shared.know_checkpoints(&checkpoints);
-        let (ckpt_tx, ckpt_rx) = mpsc::channel();
-        let (snap_tx, snap_rx) = mpsc::channel();
-        let services = command::Services {
-            snapshot_jobs: snap_tx,
-        };
-        let seq = sequencer::Sequencer::new(Arc::clone(&shared), ckpt_tx, services);
-        let (tx, core, run_sequencer) = sequencer::start(seq);
-        let writer_shared = Arc::clone(&shared);
-        let builder_shared = Arc::clone(&shared);
-        let compaction = shared
-            .config
-            .compaction_interval
-            .map(|every| (Arc::clone(&shared), tx.clone(), every));
-        // The sequencer takes the compaction pass's commands as the
-        // engine's.
-        let compaction = compaction.map(|(shared, tx, every)| {
-            let submit: compaction::submit::OwnedSubmit =
-                Box::new(move |c| tx.send(c.map(Command::Compaction)).is_ok());
-            (shared, submit, every)
-        });
-        let mut threads = vec![
-            // First: `join_threads` joins it before the others.
-            crate::threads::spawn("inbox-sequencer", run_sequencer).map_err(LogError::Io)?,
-            // Exits once the sequencer (its only sender) has stopped and
-            // the final checkpoint is written.
-            crate::threads::spawn("inbox-checkpoint", move || {
-                sequencer::checkpoints::run_writer(writer_shared, ckpt_rx)
-            })
-            .map_err(LogError::Io)?,
-            // Exits once the sequencer has stopped and every round is
-            // finished (begin-snapshot replies hold its queue).
-            crate::threads::spawn("inbox-snapshot", move || {
-                snapshots::build::run_builder(builder_shared, snap_rx)
-            })
-            .map_err(LogError::Io)?,
-        ];
-        if let Some((shared, submit, every)) = compaction {
-            threads.push(
-                crate::threads::spawn("inbox-compaction", move || {
-                    compaction::pass::run_background(shared, submit, every)
-                })
-                .map_err(LogError::Io)?,
-            );
-        }
-        // Rounds are finished by the `evt` pass that made them durable,
-        // on whichever thread ran it (see `sequencer/completion.rs`). The hook holds the engine
-        // weakly and is removed before the engine lets go of it, so the
-        // writer never drops the last handle (which would join itself).
-        let weak = Arc::downgrade(&shared);
-        shared.evt_log.set_durable_hook(Some(Box::new(move || {
-            if let Some(shared) = weak.upgrade() {
-                sequencer::completion::pump(&shared);
-            }
-        })));
-        Ok(Inbox {
-            shared,
-            tx: Mutex::new(Some(tx)),
-            core,
-            threads: Mutex::new(threads),
-        })
-    }
-
-    fn submit<T, C: Into<Command>>(&self, make: impl FnOnce(Tx<T>) -> C) -> Pending<T> {
-        self.submit_or_run_here(make, false)
-    }
-
-    /// Queues the command for the sequencer; with `here`, runs it on the
-    /// calling thread instead when nothing is queued ahead of it
-    /// ([`sequencer::Core::run_here`]).
-    fn submit_or_run_here<T, C: Into<Command>>(
-        &self,
-        make: impl FnOnce(Tx<T>) -> C,
-        here: bool,
-    ) -> Pending<T> {
-        let (tx, pending) = Pending::channel();
-        let mut cmd = make(tx).into();
-        if here {
-            let Some(queue) = self.tx.lock().clone() else {
-                return Pending::ready(Err(Error::ShuttingDown));
-            };
-            match self.core.run_here(cmd, &queue) {
-                None => return pending,
-                Some(given_back) => cmd = given_back,
-            }
-        }
-        let sent = match &*self.tx.lock() {
-            Some(s) => s.send(sequencer::Command::Run(cmd)).is_ok(),
-            None => false,
-        };
-        if sent {
-            pending
-        } else {
-            Pending::ready(Err(Error::ShuttingDown))
-        }
-    }
-
-    fn now_ms(&self) -> TimestampMs {
-        self.shared.config.clock.now_ms()
-    }
-
     /// The configuration this store was opened with (the daemon announces
     /// its limits to clients).
     pub fn config(&self) -> &InboxConfig {
@@ -306,7 +135,7 @@ impl Inbox {
     /// record and its `evt` record, at most [`MESSAGE_OVERHEAD_MAX`] besides
     /// the payload) would not fit the bytes one round may gather.
     pub fn payload_limit(&self) -> u64 {
-        let round = sequencer::round_bytes_max(self.shared.config.segment_bytes);
+        let round = round::round_bytes_max(self.shared.config.segment_bytes);
         u64::from(self.shared.config.payload_bytes_max)
             .min(round.saturating_sub(MESSAGE_OVERHEAD_MAX))
     }
@@ -626,8 +455,8 @@ impl Inbox {
     /// Blocks; call it from a plain thread, not from inside an async
     /// runtime.
     pub fn compact(&self) -> Result<CompactionReport> {
-        let submit = |c: sequencer::Command<compaction::Command>| match &*self.tx.lock() {
-            Some(s) => s.send(c.map(Command::Compaction)).is_ok(),
+        let submit = |r| match &*self.tx.lock() {
+            Some(s) => s.send(handle::compaction_request(r)).is_ok(),
             None => false,
         };
         compaction::pass::pass(&self.shared, &submit)
@@ -685,67 +514,50 @@ impl Inbox {
         }
         rx.recv().unwrap_or(Err(Error::ShuttingDown))
     }
+    /// The outbox for `dest` after entry `after`, at most `limit` entries
+    /// (up to [`OUTBOX_READ_MAX`]; 0 means that many), oldest first. Answered once the round
+    /// that read it is durable, so every entry it hands out is durable:
+    /// what a forwarder delivers.
+    pub fn fanout_outbox(&self, dest: GroupId, after: u64, limit: usize) -> Pending<OutboxBatch> {
+        self.submit(|tx| fanout::Command::Outbox {
+            dest,
+            after,
+            limit,
+            tx,
+        })
+    }
+    /// Applies outbox entries of `source` here, each recipient exactly
+    /// once, in sequence order (an entry after a gap is held back);
+    /// `source_trimmed` is how far the source trimmed its outbox for this
+    /// store, below which dedup records go. The reply's
+    /// `applied_through` is durable when it arrives: what the source may
+    /// trim through.
+    pub fn fanout_deliver(
+        &self,
+        source: GroupId,
+        entries: Vec<OutboxEntry>,
+        source_trimmed: u64,
+    ) -> Pending<DeliverReply> {
+        self.submit(|tx| fanout::Command::Deliver {
+            source,
+            entries,
+            source_trimmed,
+            tx,
+        })
+    }
+    /// Trims the outbox for `dest` through `through`, which `dest` has
+    /// committed (its delivery reply's `applied_through`).
+    pub fn fanout_trim(&self, dest: GroupId, through: u64) -> Pending<u64> {
+        self.submit(|tx| fanout::Command::Trim { dest, through, tx })
+    }
+    /// The outboxes' and the sources' watermarks, from the state as the
+    /// sequencer has it (a round not yet durable included).
+    pub fn fanout_status(&self) -> FanoutStatus {
+        fanout::status(&self.shared.state.read())
+    }
     /// Hints are coalesced per commit round and may be dropped by a slow
     /// receiver; correctness never depends on them (R16).
     pub fn subscribe_hints(&self) -> tokio::sync::broadcast::Receiver<Vec<Hint>> {
         self.shared.hints.subscribe()
-    }
-    /// Stops taking commands, finishes the ones in flight, syncs, and
-    /// writes a checkpoint.
-    pub fn shutdown(&self) -> Result<()> {
-        self.shared.compaction.stop();
-        self.shared.snapshots.stop_builder();
-        let Some(sender) = self.tx.lock().take() else {
-            return Ok(());
-        };
-        let (tx, rx) = mpsc::channel();
-        let result = if sender.send(sequencer::Command::Shutdown { tx }).is_ok() {
-            rx.recv().unwrap_or(Err(Error::ShuttingDown))
-        } else {
-            Err(Error::ShuttingDown)
-        };
-        drop(sender);
-        self.join_threads();
-        result
-    }
-
-    /// Stops the engine's threads the way a killed process stops: no
-    /// final checkpoint, and commands still queued fail with
-    /// `ShuttingDown`. What is on disk stays as the last round left it.
-    /// For crash tests that image the files first and then need the old
-    /// engine gone quickly.
-    #[doc(hidden)]
-    pub fn halt(&self) {
-        self.shared.compaction.stop();
-        self.shared.snapshots.stop_builder();
-        // Dropping the only sender ends the sequencer's loop at its next
-        // receive, without the shutdown command's drain and checkpoint.
-        drop(self.tx.lock().take());
-        self.join_threads();
-    }
-
-    fn join_threads(&self) {
-        let threads: Vec<_> = self.threads.lock().drain(..).collect();
-        let mut threads = threads.into_iter();
-        // The sequencer (spawned first) goes first: once it is gone no
-        // round is queued. The writer then stops finishing rounds, and
-        // those left are finished here once their outcome is known, which
-        // lets the threads that wait on their replies exit.
-        if let Some(sequencer) = threads.next() {
-            let _ = sequencer.join();
-        }
-        self.shared.evt_log.set_durable_hook(None);
-        sequencer::completion::finish_all(&self.shared);
-        for t in threads {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for Inbox {
-    fn drop(&mut self) {
-        if let Err(e) = self.shutdown() {
-            tracing::warn!(error = %e, "inbox shutdown on drop failed");
-        }
     }
 }

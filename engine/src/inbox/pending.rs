@@ -5,33 +5,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::read::Read;
+pub(crate) use super::reply::{Reply, Tx};
 use crate::error::{Error, Result};
-
-/// The sending half of a [`Pending`] reply.
-pub(crate) type Tx<T> = tokio::sync::oneshot::Sender<Reply<T>>;
-
-/// How a reply is delivered: a finished result, or a closure that builds
-/// it on the caller's thread (sync pages read their events there, so the
-/// sequencer never reads the log).
-pub(crate) enum Reply<T> {
-    Done(Result<T>),
-    /// Builds the answer from log records that may have to come from the
-    /// disk: an async server runs it on a blocking thread.
-    Later(Box<dyn FnOnce() -> Result<T> + Send>),
-    /// Builds the answer from memory and from log records written moments
-    /// ago (see [`crate::log::Log::recent_floor`]), which the page cache
-    /// holds: cheap enough to run on any thread, async workers included.
-    Resident(Box<dyn FnOnce() -> Result<T> + Send>),
-}
-
-impl<T> Reply<T> {
-    pub(crate) fn finish(self) -> Result<T> {
-        match self {
-            Reply::Done(r) => r,
-            Reply::Later(f) | Reply::Resident(f) => f(),
-        }
-    }
-}
 
 /// A reply that is released once the command behind it is durable.
 ///

@@ -15,7 +15,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use super::pending::Reply;
+use super::reply::Reply;
 use super::shared::{Miss, Shared};
 use crate::error::Result;
 

@@ -6,9 +6,11 @@
 
 use bytes::Bytes;
 
+use super::handle::Inbox;
 use super::read::Read;
+use super::shared::LargeGroupHint;
 use super::shared::Miss;
-use super::{devices, messaging, snapshots, Inbox};
+use super::{devices, messaging, snapshots};
 use crate::api::*;
 
 impl Inbox {
@@ -34,7 +36,7 @@ impl Inbox {
     /// never depends on them (R16).
     pub fn subscribe_large_group_hints(
         &self,
-    ) -> tokio::sync::broadcast::Receiver<Vec<super::LargeGroupHint>> {
+    ) -> tokio::sync::broadcast::Receiver<Vec<LargeGroupHint>> {
         self.shared.large_group_hints.subscribe()
     }
 

@@ -1,8 +1,10 @@
-//! What a subsystem's decision hands to the sequencer, and how replies
-//! travel: the interface between the generic round-and-commit engine
+//! What a subsystem's decision hands to the sequencer (how its replies
+//! travel is `reply.rs`, re-exported here): the interface between the generic round-and-commit engine
 //! (`sequencer/`) and the subsystems that own the commands. The sequencer
 //! runs any command type that implements [`Exec`]; `inbox/command.rs`
-//! implements it for the enum of every subsystem's commands.
+//! implements it for the enum of every subsystem's commands. The bytes
+//! one round may gather ([`round_bytes_max`]) bound what a command may
+//! add, so they are here too.
 //!
 //! A subsystem's `exec` reads the state, decides, and hands the outcome to
 //! a [`Sink`]: effects (applied at once, so the next command of the round
@@ -15,58 +17,22 @@ use std::sync::Arc;
 
 use super::config::InboxConfig;
 use super::effect::Effect;
-use super::pending::Reply;
 use super::shared::Shared;
 use super::state::State;
 use crate::api::TimestampMs;
-use crate::error::{Error, Result};
-use crate::log::LogError;
+use crate::log::Log;
 
-pub(crate) use super::pending::Tx;
+pub(crate) use super::reply::{fail_now, reply_with, Fail, ReplyFn, Tx};
 
-/// Why a round failed; turned into an [`Error`] per reply.
-#[derive(Clone, Debug)]
-pub(crate) enum Fail {
-    Poisoned(String),
-    NoSpace(String),
-    /// A replicated round that will not commit here: the leadership ended
-    /// first, or this node follows.
-    NotLeader(String),
-}
-
-impl Fail {
-    pub fn from_log(e: &LogError) -> Fail {
-        match e {
-            LogError::NoSpace(m) => Fail::NoSpace(m.clone()),
-            other => Fail::Poisoned(other.to_string()),
-        }
-    }
-    pub fn to_error(&self) -> Error {
-        match self {
-            Fail::Poisoned(m) => Error::Log(LogError::Poisoned(m.clone())),
-            Fail::NoSpace(m) => Error::NoSpace(m.clone()),
-            Fail::NotLeader(m) => Error::NotLeader(m.clone()),
-        }
-    }
-}
-
-/// A reply, released with the round's outcome (`None`: durable).
-pub(crate) type ReplyFn = Box<dyn FnOnce(Option<&Fail>) + Send>;
-
-/// The usual reply: `result` once durable, the failure otherwise.
-pub(crate) fn reply_with<T: Send + 'static>(tx: Tx<T>, result: Result<T>) -> ReplyFn {
-    Box::new(move |fail| {
-        let r = match fail {
-            Some(f) => Err(f.to_error()),
-            None => result,
-        };
-        let _ = tx.send(Reply::Done(r));
-    })
-}
-
-/// Answers a command with a failure without running it.
-pub(crate) fn fail_now<T>(tx: Tx<T>, fail: &Fail) {
-    let _ = tx.send(Reply::Done(Err(fail.to_error())));
+/// Bytes of records a round may gather before it is closed: half of what
+/// one batch of the log may hold. Each round's `msg` batch and its `evt`
+/// batch go into one frame of their log, which must fit a segment; a round
+/// closes once it reaches this, and no single command adds more than this
+/// (payloads and compaction commands are bounded by it), so a batch never
+/// exceeds what the log takes. A batch that did would be refused by the
+/// log after the round's effects were applied.
+pub(crate) fn round_bytes_max(segment_bytes: u64) -> u64 {
+    Log::batch_records_bytes_max_for(segment_bytes) / 2
 }
 
 /// Where a decision goes: the round being built.

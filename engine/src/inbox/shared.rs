@@ -92,7 +92,7 @@ pub(crate) struct Shared {
     pub(crate) evt_log: Log,
     pub(crate) progress: Mutex<Progress>,
     /// Rounds waiting to be finished, in order (`sequencer/completion.rs`).
-    pub(crate) completions: super::sequencer::completion::Completions,
+    pub(crate) completions: super::sequencer::completion_queue::Completions,
     pub(crate) progress_cv: Condvar,
     /// The settled round and whether the engine is poisoned, for readers
     /// that must not block a thread while they wait (async servers): the

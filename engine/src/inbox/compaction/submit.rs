@@ -3,8 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::inbox::pending::Pending;
-use crate::inbox::round::Tx;
-use crate::inbox::sequencer::{round_bytes_max, Command};
+use crate::inbox::round::{round_bytes_max, Tx};
 use crate::inbox::shared::Shared;
 use crate::log::Log;
 
@@ -38,17 +37,28 @@ pub(crate) fn per_command(shared: &Shared, bytes_each: u64, cap: usize) -> usize
         .clamp(1, cap)
 }
 
-/// How a pass hands commands to the sequencer: compaction's own commands
-/// and checkpoints; the caller wraps them into the engine's command type.
-pub(crate) type Submit<'a> = &'a dyn Fn(Command<super::Command>) -> bool;
+/// What a pass asks of the sequencer: to run one of compaction's
+/// commands, or to write a checkpoint now (answered once it is durable).
+/// The caller, which holds the sequencer, turns it into the sequencer's
+/// command; the pass names nothing of the sequencer.
+pub(crate) enum Request {
+    Run(super::Command),
+    Checkpoint {
+        tx: std::sync::mpsc::Sender<Result<()>>,
+    },
+}
+
+/// How a pass hands its requests to the sequencer: false once the engine
+/// takes no more commands.
+pub(crate) type Submit<'a> = &'a dyn Fn(Request) -> bool;
 
 /// A [`Submit`] the background thread owns.
-pub(crate) type OwnedSubmit = Box<dyn Fn(Command<super::Command>) -> bool + Send>;
+pub(crate) type OwnedSubmit = Box<dyn Fn(Request) -> bool + Send>;
 
 /// Submits one compaction command and waits for its reply.
 pub(crate) fn call<T>(submit: Submit<'_>, make: impl FnOnce(Tx<T>) -> super::Command) -> Result<T> {
     let (tx, pending) = Pending::channel();
-    if !submit(Command::Run(make(tx))) {
+    if !submit(Request::Run(make(tx))) {
         return Err(Error::ShuttingDown);
     }
     pending.wait()
@@ -56,7 +66,7 @@ pub(crate) fn call<T>(submit: Submit<'_>, make: impl FnOnce(Tx<T>) -> super::Com
 
 pub(crate) fn checkpoint_now(submit: Submit<'_>) -> Result<()> {
     let (tx, rx) = std::sync::mpsc::channel();
-    if !submit(Command::Checkpoint { tx }) {
+    if !submit(Request::Checkpoint { tx }) {
         return Err(Error::ShuttingDown);
     }
     rx.recv().unwrap_or(Err(Error::ShuttingDown))

@@ -17,10 +17,12 @@ use super::decide::{self as sync, info, SyncOutcome, SyncPlan};
 use super::record::Records;
 use crate::api::*;
 use crate::error::{Error, Result};
-use crate::inbox::effect::Effect;
+use crate::inbox::effect::{Effect, COPY_FLAG};
 use crate::inbox::messaging::read::corrupt;
+use crate::inbox::messaging::record::ReservationEffect;
 use crate::inbox::pending::Reply;
 use crate::inbox::shared::{blocking, Miss, Shared};
+use crate::inbox::state::record::Record;
 use crate::inbox::state::{unpack, DeviceRow, MsgMeta, PackedLoc};
 use crate::inbox::token::TokenClaims;
 
@@ -206,6 +208,8 @@ fn sync_page_once(shared: &Shared, plan: &SyncPlan) -> Result<SyncPage> {
             };
             match Effect::decode_event_in(kind, payload, seq, &mut summaries) {
                 Ok(Some(ev)) => page.push(ev),
+                // A `sync_seq` a cut reserved: skipped, the cursor moves on.
+                Ok(None) if kind & !COPY_FLAG == ReservationEffect::KIND => {}
                 Ok(None) => {
                     events = Err(Error::Invariant(
                         "event index points at a record that is no event".into(),

@@ -4,7 +4,8 @@
 //!
 //! Invariants kept here:
 //! - a conversation's messages are contiguous by `msg_seq` (R1);
-//! - recipients are the members whose period covers the message (R5);
+//! - recipients are the members whose period covers the message (R5),
+//!   except above a large group's switch (R7, `large.rs`);
 //! - a recall tombstones its target and, through the edit links, every
 //!   edit descending from it (R6);
 //! - `unread` counts exactly the normal, not recalled messages from others
@@ -17,7 +18,7 @@ use super::record::MsgEffect;
 use crate::api::*;
 use crate::inbox::state::record::{ApplyError, Touched};
 use crate::inbox::state::{
-    msg_counter, Conv, MsgMeta, PackedLoc, Period, State, Summary, User, FLAG_EDITED,
+    msg_counter, Conv, LastEntry, MsgMeta, PackedLoc, Period, State, Summary, User, FLAG_EDITED,
     FLAG_RECALLED, OPEN,
 };
 
@@ -186,7 +187,12 @@ impl State {
         // One summary per message: the large group's newest entry and every
         // row the message reaches share it.
         let summary = Summary::new(&m.summary);
-        let recipients = super::large::recipients(conv, m, &summary, stamp);
+        let mut recipients = recipients(conv, m, &summary, stamp);
+        // Members that live in other groups get theirs through the
+        // outbox (`fanout::route`).
+        if let Some(placement) = self.fanout.routing.get() {
+            recipients.retain(|&uid| placement.owns_uid(uid));
+        }
         if m.kind == MessageKind::Leave {
             let closed = Arc::make_mut(&mut conv.members)
                 .get_mut(&m.sender)
@@ -256,5 +262,33 @@ impl State {
             msg_id: m.msg_id,
         };
         self.idem.insert(sent, m.at_ms, self.idem_ttl_ms);
+    }
+}
+
+/// Who gets an event for message `m` in `conv`, which `apply` has just
+/// indexed: every member whose period covers it, except above a large
+/// group's switch, where only a joining or leaving member gets its own
+/// entry and the group's newest entry is remembered instead, sharing the
+/// message's `summary` with the rows it reaches.
+pub(crate) fn recipients(
+    conv: &mut Conv,
+    m: &MsgEffect,
+    summary: &Summary,
+    stamp: u64,
+) -> Vec<Uid> {
+    let Some(large) = conv.large.as_mut() else {
+        return conv.members_at(m.msg_seq);
+    };
+    large.last = LastEntry {
+        msg_seq: m.msg_seq,
+        msg_id: m.msg_id,
+        sender: m.sender,
+        summary: summary.clone(),
+        at_ms: m.at_ms,
+    };
+    large.stamp = stamp;
+    match m.kind {
+        MessageKind::Join | MessageKind::Leave => vec![m.sender],
+        _ => Vec::new(),
     }
 }

@@ -39,13 +39,15 @@ pub(crate) fn read_body_record(shared: &Shared, loc: PackedLoc) -> Result<Bytes>
 }
 
 /// The body carried by an encoded message effect (or a copy of one).
+/// A reserved `msg_seq` (kind 20) reads as its tombstone.
 pub(crate) fn body_of_effect(kind: u8, payload: &[u8]) -> std::result::Result<Bytes, String> {
-    match Effect::decode(kind, payload).map_err(|e| e.0.to_string())? {
+    let effect = match Effect::decode(kind, payload).map_err(|e| e.0.to_string())? {
+        Effect::Copied(inner) => *inner,
+        effect => effect,
+    };
+    match effect {
         Effect::Messaging(Records::MsgBody(m)) => Ok(m.body),
-        Effect::Copied(inner) => match *inner {
-            Effect::Messaging(Records::MsgBody(m)) => Ok(m.body),
-            _ => Err("record carries no message body".into()),
-        },
+        Effect::Messaging(Records::Reserved(m)) => Ok(m.body()),
         _ => Err("record carries no message body".into()),
     }
 }

@@ -14,166 +14,26 @@
 //! member, and a marker cannot be lost: it is computed each time it is
 //! read (`docs/SEMANTICS.md`, R7, says why this beats a row per member).
 //!
-//! The switch ([`ModeEffect`]) is one `evt` record at one `msg_seq`: the
+//! The switch ([`ModeEffect`], `large_record.rs`) is one `evt` record at one `msg_seq`: the
 //! entry that made the group large (the join that crossed the threshold)
 //! is the last one fanned out; everything above it is not. The record is
 //! in the same batch as that join, so a crash leaves the group in one mode
 //! or the other. Groups never switch back (R7 in `docs/SEMANTICS.md`).
+//! Above the switch a message reaches only a joining or leaving member
+//! (`apply.rs`, `recipients`).
 //!
 //! Unread above the switch is an approximation, computed on read: the
 //! entries between the read cursor and the target (joins, leaves, recalls,
 //! edits and the member's own messages included). Below the switch the
 //! stored count stays exact, and the two never overlap.
 
-use std::sync::Arc;
-
-use super::record::MsgEffect;
+use super::large_record::{ClearEffect, ModeEffect};
 use crate::api::*;
 use crate::error::{Error, Result};
-use crate::inbox::codec::{DecodeResult, Reader, Writer};
 use crate::inbox::containers::sorted::SortedSet;
 use crate::inbox::round::{reply_with, Sink, Tx};
 use crate::inbox::shared::{blocking, Miss, Shared};
-use crate::inbox::state::record::{ApplyAt, ApplyError, Record};
-use crate::inbox::state::{
-    ActivityKey, Conv, LargeMode, LastEntry, MsgMeta, State, Summary, User, UserConv, OPEN,
-};
-
-/// A conversation becomes a large group at `switch_seq` (its head).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ModeEffect {
-    pub conv: ConvId,
-    pub switch_seq: MsgSeq,
-}
-
-impl Record for ModeEffect {
-    const KIND: u8 = 12;
-    const NAME: &'static str = "large-group";
-    const MAY_APPEND_EVENTS: bool = true;
-
-    fn encode_body(&self, w: &mut Writer) {
-        w.u64(self.conv);
-        w.u64(self.switch_seq);
-    }
-
-    fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
-        Ok(Self {
-            conv: r.id()?,
-            switch_seq: r.id()?,
-        })
-    }
-
-    fn describe(&self) -> String {
-        format!("conv {} switch_seq {}", self.conv, self.switch_seq)
-    }
-
-    fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {
-        let c = st
-            .convs
-            .get_mut(&self.conv)
-            .map(Arc::make_mut)
-            .ok_or_else(|| ApplyError(format!("switch of unknown conv {}", self.conv)))?;
-        if c.large.is_some() || self.switch_seq != c.head() {
-            return Err(ApplyError(format!(
-                "conv {} switches at {} but is large already or its head is {}",
-                self.conv,
-                self.switch_seq,
-                c.head()
-            )));
-        }
-        // Every member holds the switch entry in its own row (it was fanned
-        // out), so `last` is only a placeholder until the next entry.
-        c.large = Some(Box::new(LargeMode {
-            switch_seq: self.switch_seq,
-            last: LastEntry {
-                msg_seq: self.switch_seq,
-                ..LastEntry::default()
-            },
-            stamp: at.stamp,
-        }));
-        Ok(())
-    }
-}
-
-/// A member cleared its dirty marker up to `cleared_seq` (R7).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ClearEffect {
-    pub uid: Uid,
-    pub conv: ConvId,
-    pub cleared_seq: MsgSeq,
-}
-
-impl Record for ClearEffect {
-    const KIND: u8 = 13;
-    const NAME: &'static str = "clear-marker";
-    const MAY_APPEND_EVENTS: bool = false;
-
-    fn encode_body(&self, w: &mut Writer) {
-        w.u64(self.uid);
-        w.u64(self.conv);
-        w.u64(self.cleared_seq);
-    }
-
-    fn decode_body(r: &mut Reader<'_>) -> DecodeResult<Self> {
-        Ok(Self {
-            uid: r.id()?,
-            conv: r.id()?,
-            cleared_seq: r.id()?,
-        })
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "uid {} conv {} cleared_seq {}",
-            self.uid, self.conv, self.cleared_seq
-        )
-    }
-
-    fn apply(&self, st: &mut State, at: ApplyAt<'_>) -> Result<(), ApplyError> {
-        let uc = st
-            .users
-            .get_mut(&self.uid)
-            .map(Arc::make_mut)
-            .and_then(|u| u.convs.get_mut(&self.conv))
-            .ok_or_else(|| {
-                ApplyError(format!(
-                    "clear of conv {} by non-member {}",
-                    self.conv, self.uid
-                ))
-            })?;
-        uc.cleared_seq = uc.cleared_seq.max(self.cleared_seq);
-        uc.stamp = at.stamp;
-        Ok(())
-    }
-}
-
-/// Who gets an event for message `m` in `conv`, which `apply` has just
-/// indexed: every member whose period covers it, except above a large
-/// group's switch, where only a joining or leaving member gets its own
-/// entry and the group's newest entry is remembered instead, sharing the
-/// message's `summary` with the rows it reaches.
-pub(crate) fn recipients(
-    conv: &mut Conv,
-    m: &MsgEffect,
-    summary: &Summary,
-    stamp: u64,
-) -> Vec<Uid> {
-    let Some(large) = conv.large.as_mut() else {
-        return conv.members_at(m.msg_seq);
-    };
-    large.last = LastEntry {
-        msg_seq: m.msg_seq,
-        msg_id: m.msg_id,
-        sender: m.sender,
-        summary: summary.clone(),
-        at_ms: m.at_ms,
-    };
-    large.stamp = stamp;
-    match m.kind {
-        MessageKind::Join | MessageKind::Leave => vec![m.sender],
-        _ => Vec::new(),
-    }
-}
+use crate::inbox::state::{ActivityKey, Conv, MsgMeta, State, Summary, User, UserConv, OPEN};
 
 /// The conversation's newest `msg_seq` up to `head` inside `uid`'s
 /// periods: the marker's target and version (0 if none).

@@ -19,6 +19,7 @@ pub(crate) mod body;
 pub(crate) mod checkpoint;
 pub(crate) mod idem;
 pub(crate) mod large;
+pub(crate) mod large_record;
 pub(crate) mod read;
 pub(crate) mod record;
 pub(crate) mod rows;
@@ -30,6 +31,7 @@ use bytes::Bytes;
 use self::record::{
     encode_msg_record, FlagsEffect, MsgBodyEffect, MsgEffect, MsgHeader, ReadEffect, StoredPayload,
 };
+use super::fanout::{self, rows::FanoutMessage};
 use super::pending::Reply;
 use super::round::{fail_now, reply_with, Env, Fail, Sink, Tx};
 use super::state::{State, FLAG_RECALLED, PENDING_LOC};
@@ -350,8 +352,29 @@ fn push_message(st: &mut State, sink: &mut dyn Sink, m: NewMessage<'_>) -> (MsgI
         summary: m.summary,
     };
     let body = Bytes::from(body);
+    // Only a store that leaves some slots to other groups routes.
+    let routed = st.fanout.routing.get().map(|_| fanout_message(&effect));
     sink.effect(st, MsgBodyEffect { msg: effect, body }.into());
+    if let Some(m) = routed {
+        fanout::route(st, sink, m);
+    }
     (msg_id, msg_seq)
+}
+
+/// The message as an outbox entry carries it.
+fn fanout_message(m: &MsgEffect) -> FanoutMessage {
+    FanoutMessage {
+        conv: m.conv,
+        msg_seq: m.msg_seq,
+        msg_id: m.msg_id,
+        sender: m.sender,
+        kind: m.kind,
+        msg_type: m.msg_type,
+        target_seq: m.target_seq,
+        at_ms: m.at_ms,
+        client_msg_id: m.client_msg_id,
+        summary: m.summary.clone(),
+    }
 }
 
 enum Decision {

@@ -36,17 +36,22 @@
 //! - [`ReadEffect`] (kind 2): uid u64, conv u64, read_seq u64, at_ms u64.
 //! - [`FlagsEffect`] (kind 3): uid u64, conv u64, muted u8, pinned u8,
 //!   at_ms u64.
+//! - [`ReservationEffect`] (kind 19) and [`ReservedMsgEffect`] (kind 20):
+//!   what an open reserves past a cut tail (`record/reservation.rs`).
 
 use bytes::Bytes;
 
 use std::sync::Arc;
 
-use super::large::{ClearEffect, ModeEffect};
+mod reservation;
+
+use super::large_record::{ClearEffect, ModeEffect};
 pub(crate) use super::rows::{kind_code, kind_from_code};
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
 use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
 use crate::inbox::state::{body_in_evt, PackedLoc, State};
+pub(crate) use reservation::{ReservationEffect, ReservedMsgEffect};
 
 record_set! {
     /// The `evt` records messaging owns.
@@ -57,6 +62,8 @@ record_set! {
         Flags(FlagsEffect),
         Mode(ModeEffect),
         Clear(ClearEffect),
+        Reservation(ReservationEffect),
+        Reserved(ReservedMsgEffect),
     }
 }
 

@@ -1,11 +1,16 @@
 //! Messaging's rows in the state: a message's index entry ([`MsgMeta`],
 //! packed in a conversation's tail), a conversation ([`Conv`]) and a
-//! user's row of it ([`UserConv`]), and the flags and markers they carry.
+//! user's row of it ([`UserConv`]), the flags and markers they carry, and
+//! the user ([`User`]): the events messages fan out to it (its sync
+//! stream), its conversation rows and their order, with the devices'
+//! and snapshots' rows it holds beside them.
 //!
-//! `state/` composes them into its tables and re-exports them; only
-//! messaging's records change them (`messaging/apply.rs`). This file uses
-//! nothing above the containers, so the state can hold these types
-//! without depending on messaging's commands or records.
+//! `state/` composes them into its tables and re-exports them; messaging's
+//! records change them (`messaging/apply.rs`), and the devices' and
+//! snapshots' records the parts of a user that are theirs. This file uses
+//! nothing above the containers and those subsystems' rows, so the state
+//! can hold these types without depending on any subsystem's commands or
+//! records.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,7 +21,10 @@ use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult};
 use crate::inbox::containers::loc::{self, body_at, body_in_evt, BodyLog, PackedLoc, PENDING_LOC};
 use crate::inbox::containers::members;
-use crate::inbox::containers::{chunked, rare, spill};
+use crate::inbox::containers::sorted::{SortedMap, SortedSet};
+use crate::inbox::containers::{chunked, event_locs, rare, spill};
+use crate::inbox::devices::rows::Device;
+use crate::inbox::snapshots::rows::SnapshotSlot;
 
 pub(crate) const OPEN: MsgSeq = MsgSeq(u64::MAX);
 pub(crate) const FLAG_RECALLED: u8 = 1;
@@ -422,4 +430,98 @@ pub(crate) fn kind_from_code(code: u8) -> DecodeResult<MessageKind> {
         4 => MessageKind::Edit,
         _ => return Err(DecodeError("unknown message kind")),
     })
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct User {
+    /// `sync_seq` just below the first retained event.
+    pub events_base: SyncSeq,
+    /// Locations of the retained events, 4 or 5 bytes each where they
+    /// allow it ([`event_locs`]).
+    pub events: event_locs::EventLocs,
+    /// Highest durable `sync_seq` (not state: completion stage).
+    pub committed_seq: SyncSeq,
+    /// Registered devices, revoked ones included, in registration order.
+    pub devices: Vec<Device>,
+    /// The user's row of each conversation it is in.
+    pub convs: SortedMap<ConvId, UserConv>,
+    /// The rows' keys by activity: the conversation list's order.
+    pub order: SortedSet<ActivityKey>,
+    /// Snapshots and the lease and snapshot counters: out of line until
+    /// the user has one.
+    pub recovery: rare::Rare<Recovery>,
+}
+
+/// What a user holds once a device of it recovers (R17, R18): its
+/// snapshots by id, and the next lease and snapshot ids. Few users ever
+/// have either, so a [`User`] keeps this out of line ([`rare::Rare`]):
+/// inline, its 40 bytes put every user in the allocator's 192-byte class
+/// instead of the 160-byte one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Recovery {
+    pub snapshots: BTreeMap<u64, SnapshotSlot>,
+    pub next_lease_id: u64,
+    pub next_snapshot_id: u64,
+}
+
+impl rare::Empty for Recovery {
+    fn empty() -> &'static Self {
+        static EMPTY: Recovery = Recovery {
+            snapshots: BTreeMap::new(),
+            next_lease_id: 0,
+            next_snapshot_id: 0,
+        };
+        &EMPTY
+    }
+}
+
+impl User {
+    /// Snapshots by id (R18).
+    pub fn snapshots(&self) -> &BTreeMap<u64, SnapshotSlot> {
+        &self.recovery.snapshots
+    }
+
+    pub fn next_lease_id(&self) -> u64 {
+        self.recovery.next_lease_id
+    }
+
+    pub fn next_snapshot_id(&self) -> u64 {
+        self.recovery.next_snapshot_id
+    }
+
+    /// Raises the next lease id to at least `id`; a user keeps no box for
+    /// a counter at 0.
+    pub fn raise_next_lease_id(&mut self, id: u64) {
+        if id > self.next_lease_id() {
+            self.recovery.make_mut().next_lease_id = id;
+        }
+    }
+
+    /// Raises the next snapshot id to at least `id`, likewise.
+    pub fn raise_next_snapshot_id(&mut self, id: u64) {
+        if id > self.next_snapshot_id() {
+            self.recovery.make_mut().next_snapshot_id = id;
+        }
+    }
+
+    pub fn head(&self) -> SyncSeq {
+        self.events_base.plus(self.events.len() as u64)
+    }
+
+    /// Starts loading the lines a message's apply touches beyond the user
+    /// itself: its events' header and end, where the new one goes, its rows'
+    /// keys and first row, and its order ([`prefetch`]).
+    pub fn prefetch_for_message(&self) {
+        self.events.prefetch();
+        self.convs.prefetch();
+        self.order.prefetch();
+    }
+
+    pub fn device(&self, id: DeviceId) -> Option<&Device> {
+        self.devices.iter().find(|d| d.row.device == id)
+    }
+    pub(crate) fn push_event(&mut self, loc: PackedLoc) -> SyncSeq {
+        self.events.push(loc);
+        self.head()
+    }
 }

@@ -30,7 +30,6 @@ mod guard;
 mod replay;
 mod report;
 mod source;
-pub(crate) mod walk;
 pub(crate) mod write;
 
 pub use report::{Damage, LostEvents, LostMessages, RaisedFloor, SalvageReport};
@@ -40,9 +39,10 @@ use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use super::checkpoint;
 use super::config::InboxConfig;
+use super::handle::Inbox;
 use super::state::State;
-use super::{checkpoint, Inbox};
 use crate::error::{Error, Result};
 pub(crate) use crate::inbox::state::FLAG_LOST;
 use crate::log::{LogError, SegmentPrep};

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use memmap2::Mmap;
 
-use super::walk::walk_frame;
+use crate::inbox::frames::walk_frame;
 use crate::log::format::{
     self, decode_batch, decode_record_header, record_crc_ok, valid_batch_at, FrameError,
     BATCH_HEADER_LEN, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,

@@ -19,35 +19,11 @@
 //! that answers the client. Replies are sent after the queue's lock is
 //! released, so a slow reply never holds up the next round's finish.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
-use crate::api::*;
+use super::completion_queue::{Outcome, RoundDone};
 use crate::inbox::round::{Fail, ReplyFn};
 use crate::inbox::shared::{Hint, LargeGroupHint, Shared};
-use crate::log::AppendTicket;
-
-pub(crate) enum Outcome {
-    Ticket(AppendTicket),
-    Nothing,
-    Failed(Fail),
-}
-
-/// A round handed from the sequencer to the completion stage.
-pub(crate) struct RoundDone {
-    pub id: u64,
-    pub outcome: Outcome,
-    pub replies: Vec<ReplyFn>,
-    /// A leader's round: released once its consensus layer commits this
-    /// index (the round's own, or for a round without an entry of its
-    /// own, the last round applied before it was decided).
-    pub replica: Option<(Arc<crate::inbox::replica::Link>, u64)>,
-    /// What the round appended, per change: see [`highest_per_key`].
-    pub user_marks: Vec<(Uid, SyncSeq)>,
-    pub conv_marks: Vec<(ConvId, MsgSeq)>,
-}
 
 /// Folds `marks` to one entry per key, its highest value, in key order.
 /// A round pushes an entry per change, which is cheaper than keeping a map
@@ -65,37 +41,6 @@ fn highest_per_key<K: Ord + Copy, V: Ord + Copy>(marks: &mut Vec<(K, V)>) {
         }
     });
 }
-
-impl RoundDone {
-    /// Whether the round's outcome is known now (never blocks).
-    fn is_ready(&self) -> bool {
-        let decided = || {
-            self.replica
-                .as_ref()
-                .is_none_or(|(link, index)| link.is_decided(*index))
-        };
-        match &self.outcome {
-            Outcome::Ticket(t) => match t.poll() {
-                None => false,
-                Some(Err(_)) => true,
-                Some(Ok(())) => decided(),
-            },
-            Outcome::Nothing => decided(),
-            Outcome::Failed(_) => true,
-        }
-    }
-}
-
-/// The rounds not yet finished, in order, and the failure that ended the
-/// engine (every later round fails with it).
-#[derive(Default)]
-pub(crate) struct Queue {
-    rounds: VecDeque<RoundDone>,
-    poisoned: Option<Fail>,
-}
-
-/// The completion stage's queue.
-pub(crate) type Completions = Mutex<Queue>;
 
 /// Queues `done` behind the rounds before it and finishes what is ready.
 pub(crate) fn submit(shared: &Shared, done: RoundDone) {

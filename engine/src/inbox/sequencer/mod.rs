@@ -68,34 +68,25 @@ use crate::placement::Placement;
 
 use super::effect::Effect;
 use super::recover;
+use super::round::round_bytes_max;
 use super::round::{Env, Exec, Fail, ReplyFn, Sink};
 use super::shared::Shared;
 use super::state::record::Touched;
 use super::state::{body_in_evt, pack, State, PENDING_LOC};
 use crate::api::*;
 use crate::error::{Error, Result};
-use crate::log::{AppendTicket, Batch, Log, LogError};
+use crate::log::{AppendTicket, Batch, LogError};
 
 pub(crate) mod checkpoints;
 pub(crate) mod completion;
+pub(crate) mod completion_queue;
 pub(crate) mod replica;
 
-use completion::{Outcome, RoundDone};
+use completion_queue::{Outcome, RoundDone};
 use replica::Role;
 
 /// At most this many commands per round, to bound a round's latency.
 const ROUND_COMMANDS_MAX: usize = 4096;
-
-/// Bytes of records a round may gather before it is closed: half of what
-/// one batch of the log may hold. Each round's `msg` batch and its `evt`
-/// batch go into one frame of their log, which must fit a segment; a round
-/// closes once it reaches this, and no single command adds more than this
-/// (payloads and compaction commands are bounded by it), so a batch never
-/// exceeds what the log takes. A batch that did would be refused by the
-/// log after the round's effects were applied.
-pub(crate) fn round_bytes_max(segment_bytes: u64) -> u64 {
-    Log::batch_records_bytes_max_for(segment_bytes) / 2
-}
 
 /// A command for the sequencer: one to run (`C`: see [`Exec`]), or a
 /// control command.
@@ -116,20 +107,6 @@ pub(crate) enum Command<C> {
     /// periodic checkpoint) after a round that ran on a caller's thread
     /// ([`Core::run_here`]) found one due.
     Tick,
-}
-
-impl<C> Command<C> {
-    /// The same command with the command to run turned into another type
-    /// (a client that submits only some commands wraps them).
-    pub fn map<D>(self, f: impl FnOnce(C) -> D) -> Command<D> {
-        match self {
-            Command::Run(c) => Command::Run(f(c)),
-            Command::Checkpoint { tx } => Command::Checkpoint { tx },
-            Command::Shutdown { tx } => Command::Shutdown { tx },
-            Command::Replica(c) => Command::Replica(c),
-            Command::Tick => Command::Tick,
-        }
-    }
 }
 
 #[derive(Default)]
@@ -153,9 +130,9 @@ struct RoundBuf {
     size: u64,
     /// A leader's round: the link to its consensus layer and the round's
     /// replication index (see `replica.rs`).
-    replica: Option<(Arc<crate::inbox::replica::Link>, u64)>,
+    replica: Option<(Arc<crate::inbox::replica::link::Link>, u64)>,
     /// Frame bytes the log guaranteed this round's batch when its first
-    /// command came (see [`Log::room`]).
+    /// command came (see [`crate::log::Log::room`]).
     room: Option<u64>,
     /// The disk had no room for the round's first command: its commands
     /// are decided but nothing is applied or written.

@@ -17,8 +17,8 @@ use crate::inbox::checkpoint;
 use crate::inbox::effect::Effect;
 use crate::inbox::pending::Reply;
 use crate::inbox::recover;
+use crate::inbox::replica::link::{is_replicated_kind, Entry, Link};
 use crate::inbox::replica::record::RoundMark;
-use crate::inbox::replica::{is_replicated_kind, Entry, Link};
 use crate::inbox::round::{reply_with, Exec, Fail, Sink, Tx};
 use crate::inbox::state::record::{Record, Touched};
 use crate::inbox::state::{State, PENDING_LOC};
@@ -66,7 +66,15 @@ impl<C: Exec> Sequencer<C> {
         match c {
             Control::Lead { committed, tx } => {
                 let committed = committed.min(self.shared.state.read().replica_index);
-                let link = Link::new(committed, Arc::downgrade(&self.shared));
+                // The link lets the completion stage finish the rounds a
+                // commit decides; it holds the engine weakly.
+                let engine = Arc::downgrade(&self.shared);
+                let on_decided = Box::new(move || {
+                    if let Some(shared) = engine.upgrade() {
+                        super::completion::pump(&shared);
+                    }
+                });
+                let link = Link::new(committed, on_decided);
                 self.end_leadership("a new term began");
                 self.role = Role::Leader(Arc::clone(&link));
                 let _ = tx.send(Ok(link));

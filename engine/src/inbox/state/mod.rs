@@ -1,12 +1,12 @@
 //! The inbox's in-memory tables. Only the records' `apply` functions
 //! change them ([`record::Record`]; each subsystem owns its records).
 //!
-//! The state composes them: [`State`] and each [`User`] (the per-user
-//! aggregate every subsystem appends to) are here; the row types belong to
-//! their subsystems (`messaging/rows.rs`, `devices/rows.rs`,
-//! `snapshots/rows.rs`, and messaging's idempotency table,
-//! `messaging/idem.rs`), which use nothing above `containers/`, and are
-//! re-exported here.
+//! The state composes them: [`State`] is here; the row types belong to
+//! their subsystems (`messaging/rows.rs`, with the per-user aggregate
+//! [`User`] that holds the devices' and snapshots' rows too,
+//! `devices/rows.rs`, `snapshots/rows.rs`, and messaging's idempotency
+//! table, `messaging/idem.rs`), which use nothing above `containers/`
+//! but each other's rows, and are re-exported here.
 //!
 //! Invariants (checked by [`State::check_invariants`]):
 //! - `apply` is a pure function of (state, record, record location): the
@@ -28,7 +28,6 @@
 //!   committed watermarks are not state proper: readers use them to avoid
 //!   revealing changes that are not durable yet.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 mod invariants;
@@ -38,9 +37,8 @@ mod seg_refs;
 
 use crate::api::*;
 pub(crate) use crate::inbox::containers::members::Period;
-use crate::inbox::containers::sorted::{SortedMap, SortedSet};
-use crate::inbox::containers::{event_locs, loc, rare, spill};
 pub(crate) use crate::inbox::containers::{grow_for_one, IdMap, IdSet};
+use crate::inbox::containers::{loc, spill};
 pub(crate) use crate::inbox::devices::rows::{Device, DeviceRow};
 use crate::inbox::messaging::idem;
 pub(crate) use crate::inbox::messaging::rows::*;
@@ -48,100 +46,6 @@ pub(crate) use crate::inbox::snapshots::rows::{SnapshotPhase, SnapshotRow, Snaps
 use crate::prefetch::prefetch;
 pub(crate) use loc::{body_at, body_in_evt, pack, unpack, BodyLog, PackedLoc, PENDING_LOC};
 pub(crate) use seg_refs::SegRefs;
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct User {
-    /// `sync_seq` just below the first retained event.
-    pub events_base: SyncSeq,
-    /// Locations of the retained events, 4 or 5 bytes each where they
-    /// allow it ([`event_locs`]).
-    pub events: event_locs::EventLocs,
-    /// Highest durable `sync_seq` (not state: completion stage).
-    pub committed_seq: SyncSeq,
-    /// Registered devices, revoked ones included, in registration order.
-    pub devices: Vec<Device>,
-    /// The user's row of each conversation it is in.
-    pub convs: SortedMap<ConvId, UserConv>,
-    /// The rows' keys by activity: the conversation list's order.
-    pub order: SortedSet<ActivityKey>,
-    /// Snapshots and the lease and snapshot counters: out of line until
-    /// the user has one.
-    pub recovery: rare::Rare<Recovery>,
-}
-
-/// What a user holds once a device of it recovers (R17, R18): its
-/// snapshots by id, and the next lease and snapshot ids. Few users ever
-/// have either, so a [`User`] keeps this out of line ([`rare::Rare`]):
-/// inline, its 40 bytes put every user in the allocator's 192-byte class
-/// instead of the 160-byte one.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Recovery {
-    pub snapshots: BTreeMap<u64, SnapshotSlot>,
-    pub next_lease_id: u64,
-    pub next_snapshot_id: u64,
-}
-
-impl rare::Empty for Recovery {
-    fn empty() -> &'static Self {
-        static EMPTY: Recovery = Recovery {
-            snapshots: BTreeMap::new(),
-            next_lease_id: 0,
-            next_snapshot_id: 0,
-        };
-        &EMPTY
-    }
-}
-
-impl User {
-    /// Snapshots by id (R18).
-    pub fn snapshots(&self) -> &BTreeMap<u64, SnapshotSlot> {
-        &self.recovery.snapshots
-    }
-
-    pub fn next_lease_id(&self) -> u64 {
-        self.recovery.next_lease_id
-    }
-
-    pub fn next_snapshot_id(&self) -> u64 {
-        self.recovery.next_snapshot_id
-    }
-
-    /// Raises the next lease id to at least `id`; a user keeps no box for
-    /// a counter at 0.
-    pub fn raise_next_lease_id(&mut self, id: u64) {
-        if id > self.next_lease_id() {
-            self.recovery.make_mut().next_lease_id = id;
-        }
-    }
-
-    /// Raises the next snapshot id to at least `id`, likewise.
-    pub fn raise_next_snapshot_id(&mut self, id: u64) {
-        if id > self.next_snapshot_id() {
-            self.recovery.make_mut().next_snapshot_id = id;
-        }
-    }
-
-    pub fn head(&self) -> SyncSeq {
-        self.events_base.plus(self.events.len() as u64)
-    }
-
-    /// Starts loading the lines a message's apply touches beyond the user
-    /// itself: its events' header and end, where the new one goes, its rows'
-    /// keys and first row, and its order ([`prefetch`]).
-    pub fn prefetch_for_message(&self) {
-        self.events.prefetch();
-        self.convs.prefetch();
-        self.order.prefetch();
-    }
-
-    pub fn device(&self, id: DeviceId) -> Option<&Device> {
-        self.devices.iter().find(|d| d.row.device == id)
-    }
-    pub(crate) fn push_event(&mut self, loc: PackedLoc) -> SyncSeq {
-        self.events.push(loc);
-        self.head()
-    }
-}
 
 /// Where the send an idempotency key names went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,6 +87,9 @@ pub(crate) struct State {
     /// Where conversations keep the full chunks of their message index
     /// (not state: where it is kept, not what it holds).
     pub scratch: Scratch,
+    /// The outboxes to other groups and what was applied from them
+    /// (`fanout`); empty on a store that owns every slot.
+    pub fanout: crate::inbox::fanout::rows::Fanout,
 }
 
 /// The scratch file of a state's message index ([`spill`]), if it has
@@ -279,6 +186,7 @@ impl State {
             msg_refs: SegRefs::default(),
             totals: Totals::default(),
             scratch: Scratch::default(),
+            fanout: Default::default(),
         }
     }
 

@@ -2,7 +2,8 @@
 //! lists grow.
 
 use super::*;
-use crate::inbox::containers::{fitted_capacity, size_class_of};
+use crate::inbox::containers::sorted::SortedSet;
+use crate::inbox::containers::{event_locs, fitted_capacity, size_class_of};
 
 /// Every conversation and every member's row of it is in memory, so
 /// their sizes are the per-conversation floor; these pin them.

@@ -8,6 +8,10 @@
 //! segment and offset, then verifies: the record is then exactly what was
 //! written. A record whose CRC fails stays *damaged*, and the caller
 //! trusts none of it blindly.
+//!
+//! Salvage walks damaged frames with it to copy what they still hold, and
+//! recovery to read the records of a torn tail it cuts; it knows only the
+//! log's format, so both sit above it.
 
 use crate::log::format::{
     decode_record_header, record_crc_ok, BATCH_HEADER_LEN, RECORD_HEADER_LEN,
