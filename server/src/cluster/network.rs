@@ -410,23 +410,7 @@ fn unreachable(e: std::io::Error) -> RPCError<TypeConfig> {
 impl TcpConn {
     async fn connect(&mut self) -> std::io::Result<&mut TcpStream> {
         if self.stream.is_none() {
-            let mut s = tokio::time::timeout(CONNECT_TIMEOUT, open(&self.addr, self.source))
-                .await
-                .map_err(|_| {
-                    std::io::Error::other(format!("connecting to {}: timed out", self.addr))
-                })??;
-            s.set_nodelay(true)?;
-            write_frame(
-                &mut s,
-                &Hello {
-                    token: self.token.to_vec(),
-                },
-            )
-            .await?;
-            read_frame::<Result<(), String>>(&mut s)
-                .await?
-                .map_err(std::io::Error::other)?;
-            self.stream = Some(s);
+            self.stream = Some(self.dial().await?);
         }
         Ok(self.stream.as_mut().expect("just connected"))
     }
@@ -548,6 +532,13 @@ impl TcpConn {
     /// [`Request::AppendStream`]); the connection of the other calls is
     /// left as it is.
     async fn open_append_stream(&self) -> std::io::Result<TcpStream> {
+        let mut s = self.dial().await?;
+        write_frame(&mut s, &Request::AppendStream).await?;
+        Ok(s)
+    }
+
+    /// A new connection to the peer, past the token handshake.
+    async fn dial(&self) -> std::io::Result<TcpStream> {
         let mut s = tokio::time::timeout(CONNECT_TIMEOUT, open(&self.addr, self.source))
             .await
             .map_err(|_| {
@@ -564,7 +555,6 @@ impl TcpConn {
         read_frame::<Result<(), String>>(&mut s)
             .await?
             .map_err(std::io::Error::other)?;
-        write_frame(&mut s, &Request::AppendStream).await?;
         Ok(s)
     }
 
