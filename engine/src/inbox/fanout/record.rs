@@ -26,7 +26,7 @@ use super::rows::{Fanout, FanoutMessage, Inbound, OutboxEntry, Recipient, UNCOUN
 use super::slot::GroupId;
 use crate::api::*;
 use crate::inbox::codec::{DecodeError, DecodeResult, Reader, Writer};
-use crate::inbox::messaging::rows::{kind_code, kind_from_code};
+use crate::inbox::messaging::rows::{kind_code, kind_from_code, RecipientMessage};
 use crate::inbox::state::record::{record_set, ApplyAt, ApplyError, Record};
 use crate::inbox::state::{State, Summary};
 
@@ -314,25 +314,21 @@ impl Record for DeliveredEffect {
         inbound.keys.extend(keys.iter().copied());
         inbound.dedup.insert(self.seq, keys);
         let summary = Summary::new(&m.summary);
+        // Entries of one source come in `msg_seq` order per conversation,
+        // so the newest is the last applied.
+        let taken = RecipientMessage {
+            conv: m.conv,
+            msg_seq: m.msg_seq,
+            msg_id: m.msg_id,
+            sender: m.sender,
+            kind: m.kind,
+            at_ms: m.at_ms,
+            summary: &summary,
+        };
         for r in &self.applied {
             let user = Arc::make_mut(st.users.entry(r.uid).or_default());
-            let seq = user.push_event(at.evt_loc);
+            let seq = user.take_message(r.uid, &taken, at.evt_loc, at.stamp);
             at.touched.events.push((r.uid, seq));
-            let uc = user.convs.get_or_default(m.conv);
-            let old_key = uc.key(m.conv);
-            // Entries of one source come in `msg_seq` order per
-            // conversation, so the newest is the last applied.
-            uc.last_msg_seq = m.msg_seq;
-            uc.last_msg_id = m.msg_id;
-            uc.last_sender = m.sender;
-            uc.last_summary = summary.clone();
-            uc.last_activity_ms = m.at_ms;
-            if m.kind == MessageKind::Normal && m.sender != r.uid {
-                uc.unread = uc.unread.saturating_add(1);
-            }
-            uc.stamp = at.stamp;
-            let new_key = uc.key(m.conv);
-            user.order.replace(&old_key, new_key);
         }
         // A recall takes its target out of the unread count of whoever
         // received it and has not read it, as it does where the

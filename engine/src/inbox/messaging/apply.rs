@@ -16,6 +16,7 @@ use std::sync::Arc;
 use super::idem;
 use super::record::MsgEffect;
 use crate::api::*;
+use crate::inbox::messaging::rows::RecipientMessage;
 use crate::inbox::state::record::{ApplyError, Touched};
 use crate::inbox::state::{
     msg_counter, Conv, LastEntry, MsgMeta, PackedLoc, Period, State, Summary, User, FLAG_EDITED,
@@ -226,23 +227,19 @@ impl State {
             user.convs.prefetch_value(&m.conv);
         }
         drop(found);
+        let taken = RecipientMessage {
+            conv: m.conv,
+            msg_seq: m.msg_seq,
+            msg_id: m.msg_id,
+            sender: m.sender,
+            kind: m.kind,
+            at_ms: m.at_ms,
+            summary: &summary,
+        };
         for uid in recipients {
             let user = Arc::make_mut(self.users.entry(uid).or_default());
-            let seq = user.push_event(evt_loc);
+            let seq = user.take_message(uid, &taken, evt_loc, stamp);
             touched.events.push((uid, seq));
-            let uc = user.convs.get_or_default(m.conv);
-            let old_key = uc.key(m.conv);
-            uc.last_msg_seq = m.msg_seq;
-            uc.last_msg_id = m.msg_id;
-            uc.last_sender = m.sender;
-            uc.last_summary = summary.clone();
-            uc.last_activity_ms = m.at_ms;
-            if m.kind == MessageKind::Normal && m.sender != uid {
-                uc.unread = uc.unread.saturating_add(1);
-            }
-            uc.stamp = stamp;
-            let new_key = uc.key(m.conv);
-            user.order.replace(&old_key, new_key);
         }
         touched.conv = Some((m.conv, m.msg_seq));
         if m.kind != MessageKind::Join && m.kind != MessageKind::Leave {

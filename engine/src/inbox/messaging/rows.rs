@@ -366,6 +366,17 @@ impl Conv {
 /// last message's id (global and increasing) to break ties, then conv.
 pub(crate) type ActivityKey = (TimestampMs, MsgId, ConvId);
 
+/// What a recipient's row keeps of a message ([`User::take_message`]).
+pub(crate) struct RecipientMessage<'a> {
+    pub conv: ConvId,
+    pub msg_seq: MsgSeq,
+    pub msg_id: MsgId,
+    pub sender: Uid,
+    pub kind: MessageKind,
+    pub at_ms: TimestampMs,
+    pub summary: &'a Summary,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct UserConv {
     pub read_seq: MsgSeq,
@@ -523,5 +534,33 @@ impl User {
     pub(crate) fn push_event(&mut self, loc: PackedLoc) -> SyncSeq {
         self.events.push(loc);
         self.head()
+    }
+
+    /// A message's mark on this user, `uid`, as a recipient: its event at
+    /// `evt_loc`, and the conversation's row (last entry, unread, activity
+    /// order). The one place a recipient takes a message, whether the send
+    /// was applied here or delivered from another group.
+    pub(crate) fn take_message(
+        &mut self,
+        uid: Uid,
+        m: &RecipientMessage<'_>,
+        evt_loc: PackedLoc,
+        stamp: u64,
+    ) -> SyncSeq {
+        let seq = self.push_event(evt_loc);
+        let uc = self.convs.get_or_default(m.conv);
+        let old_key = uc.key(m.conv);
+        uc.last_msg_seq = m.msg_seq;
+        uc.last_msg_id = m.msg_id;
+        uc.last_sender = m.sender;
+        uc.last_summary = m.summary.clone();
+        uc.last_activity_ms = m.at_ms;
+        if m.kind == MessageKind::Normal && m.sender != uid {
+            uc.unread = uc.unread.saturating_add(1);
+        }
+        uc.stamp = stamp;
+        let new_key = uc.key(m.conv);
+        self.order.replace(&old_key, new_key);
+        seq
     }
 }
